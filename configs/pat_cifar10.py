@@ -1,0 +1,14 @@
+"""PAT on CIFAR-10 with the paper's settings (Appendix E): ResNet-18, T = 100, 100 epochs.
+
+  python main.py --config=configs/pat_cifar10.py --workdir=runs/pat_c10
+  python main.py --config=configs/pat_cifar10.py --config.model=wrn50_2 --workdir=runs/pat_c10_wrn
+"""
+from patjax.config import default_config
+
+
+def get_config():
+    cfg = default_config()
+    cfg.dataset = "cifar10"
+    cfg.model = "resnet18"
+    cfg.method = "pat"
+    return cfg

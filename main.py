@@ -1,0 +1,32 @@
+"""Train a classifier with PAT or a baseline.
+
+  python main.py --config=configs/pat_cifar10.py --workdir=runs/pat_c10
+  python main.py --config=configs/quickstart.py --config.data_dir=../shared/data --workdir=runs/quick
+
+Running the same command again resumes from the latest checkpoint in --workdir.
+"""
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from patjax import train
+from patjax.cli import guarded
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for the config, checkpoints and metrics.")
+flags.DEFINE_integer("stop_after_steps", None,
+                     "Stop (with a checkpoint) after this many steps of this invocation; rerun to resume.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+@guarded
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS["verbosity"].present:  # keep Orbax's per-save INFO lines out of the way
+        logging.set_verbosity(logging.WARNING)
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+
+
+if __name__ == "__main__":
+    app.run(main)

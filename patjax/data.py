@@ -1,0 +1,146 @@
+"""CIFAR-10/100: loading into device-resident uint8 arrays, shuffling and augmentation in jit.
+
+Two sources:
+- tensorflow-datasets (`config.data_dir=None`): `tfds.data_source` reads the prepared
+  array_record files without TensorFlow. Preparing them the first time (download and
+  conversion) goes through `tf.io.gfile`, which needs TensorFlow: install the extra
+  `patjax[tfds-prepare]` (tensorflow-cpu) once, or use a local directory.
+- a local directory in the official binary layout (`config.data_dir=PATH` holding
+  `cifar-10-batches-bin/` and/or `cifar-100-binary/`), for machines without internet.
+
+The whole split lives on the device as uint8 (150 MB for CIFAR training sets); each step
+gathers its batch by index from a per-epoch permutation and augments it inside the compiled
+step (`augment`), so no host input pipeline can become the bottleneck.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from patjax.errors import UserError
+
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
+
+_BINARY_LAYOUT = {
+    # dataset: (subdir, train files, test files, label byte offset, record length)
+    "cifar10": ("cifar-10-batches-bin", [f"data_batch_{i}.bin" for i in range(1, 6)],
+                ["test_batch.bin"], 0, 3073),
+    "cifar100": ("cifar-100-binary", ["train.bin"], ["test.bin"], 1, 3074),  # fine label
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    images: np.ndarray  # (N, 32, 32, 3) uint8
+    labels: np.ndarray  # (N,) int32
+
+    def __len__(self):
+        return len(self.labels)
+
+
+def check_dataset(name: str):
+    if name not in NUM_CLASSES:
+        raise UserError(f"unknown dataset {name!r}; choose one of {sorted(NUM_CLASSES)}")
+
+
+def load_split(dataset: str, split: str, data_dir: Optional[str]) -> Split:
+    """Loads 'train' or 'test' of cifar10/cifar100 as numpy uint8 images and int32 labels."""
+    check_dataset(dataset)
+    if split not in ("train", "test"):
+        raise UserError(f"unknown split {split!r}")
+    if data_dir is None:
+        return _load_tfds(dataset, split)
+    return _load_binary(dataset, split, data_dir)
+
+
+def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
+    subdir, train_files, test_files, label_offset, record = _BINARY_LAYOUT[dataset]
+    folder = os.path.join(os.path.expanduser(data_dir), subdir)
+    files = [os.path.join(folder, f) for f in (train_files if split == "train" else test_files)]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise UserError(f"data_dir {data_dir!r} lacks the {dataset} {split} split: missing "
+                        f"{', '.join(os.path.relpath(m, data_dir) for m in missing)}")
+    images, labels = [], []
+    for path in files:
+        raw = np.fromfile(path, dtype=np.uint8)
+        if raw.size == 0 or raw.size % record:
+            raise UserError(f"{path} is not in the official CIFAR binary layout "
+                            f"({raw.size} bytes, records of {record})")
+        raw = raw.reshape(-1, record)
+        labels.append(raw[:, label_offset].astype(np.int32))
+        # 1,024 red, 1,024 green, 1,024 blue bytes, each plane row-major 32x32 -> NHWC.
+        images.append(raw[:, record - 3072:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    split_data = Split(np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels))
+    if split_data.labels.max() >= NUM_CLASSES[dataset]:
+        raise UserError(f"{folder} holds labels >= {NUM_CLASSES[dataset]}: not {dataset}")
+    return split_data
+
+
+def _tensorflow_available() -> bool:
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _load_tfds(dataset: str, split: str) -> Split:
+    import tensorflow_datasets as tfds
+
+    try:
+        source = tfds.data_source(dataset, split=split, download=False)
+    except Exception as not_prepared:  # TFDS raises several types for "not prepared here"
+        builder = tfds.builder(dataset, file_format="array_record")
+        if builder.is_prepared():
+            raise UserError(f"tensorflow-datasets could not read {dataset}: {not_prepared}")
+        if not _tensorflow_available():
+            raise UserError(
+                f"{dataset} is not prepared in {builder.data_dir} and preparing it with "
+                "tensorflow-datasets needs TensorFlow: pip install 'patjax[tfds-prepare]', "
+                "or pass --config.data_dir=DIR with the official binary archives extracted")
+        builder.download_and_prepare()
+        source = builder.as_data_source(split=split)
+    images = np.empty((len(source), 32, 32, 3), np.uint8)
+    labels = np.empty((len(source),), np.int32)
+    for i in range(len(source)):
+        example = source[i]
+        images[i] = example["image"]
+        labels[i] = example["label"]
+    return Split(images, labels)
+
+
+# ---------------------------------------------------------------------------------------
+# In-jit batch assembly.
+
+def epoch_permutation(key: jax.Array, epoch, num_examples: int) -> jax.Array:
+    """The order of the training set in `epoch`: a pure function of (key, epoch)."""
+    return jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+
+
+def augment(key: jax.Array, images_uint8: jax.Array) -> jax.Array:
+    """Appendix E augmentation on a uint8 batch: Pad(4, reflect), random 32x32 crop, flip p=0.5.
+
+    Returns float32 images in [0, 1].
+    """
+    batch, height, width, _ = images_uint8.shape
+    images = images_uint8.astype(jnp.float32) / 255.0
+    padded = jnp.pad(images, ((0, 0), (4, 4), (4, 4), (0, 0)), mode="reflect")
+    crop_key, flip_key = jax.random.split(key)
+    offsets = jax.random.randint(crop_key, (batch, 2), 0, 9)  # 0..8 inclusive, as RandomCrop
+    flips = jax.random.bernoulli(flip_key, 0.5, (batch,))
+
+    def crop_and_flip(image, offset, flip):
+        crop = jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (height, width, image.shape[-1]))
+        return jnp.where(flip, crop[:, ::-1, :], crop)
+
+    return jax.vmap(crop_and_flip)(padded, offsets, flips)
+
+
+def to_float(images_uint8: jax.Array) -> jax.Array:
+    return images_uint8.astype(jnp.float32) / 255.0

@@ -1,0 +1,186 @@
+"""Classifiers: inputs in [0, 1] pixel space, normalization inside the model.
+
+Every model takes images in [0, 1] (NHWC) and normalizes them with the dataset's
+per-channel mean and standard deviation as its first operation, so attacks, the
+Langevin sampler and perturbation budgets all act in pixel space.
+
+All convolutions go through `Conv`, so a change to how convolutions are computed
+(e.g. a faster input gradient on one backend) reaches every model at once.
+
+Models:
+- `SmallCNN`: three conv+BN+ReLU+max-pool stages (32/64/128 channels) and a linear
+  head: fast enough for CPU runs and tests.
+- `ResNet18`: the CIFAR form used across adversarial-training code (kuangliu's
+  pytorch-cifar, also the PyTorch peer in ../shared/bench): 3x3 stride-1 stem, no
+  max-pool, four stages of two BasicBlocks, global average pool.
+- `WideResNet50_2`: torchvision's `wide_resnet50_2` (Bottleneck blocks, layers
+  3-4-6-3, bottleneck width doubled: 128/256/512/1024, outputs 256..2048) with the
+  same CIFAR stem as ResNet18. This is the network named "WRN-50-2" by
+  Zagoruyko & Komodakis (2016) for ImageNet and by torchvision; it is *not* the
+  CIFAR WideResNet-depth-width family (WRN-28-10, WRN-34-10) of the TRADES/MART code.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from patjax import ops
+
+# Per-channel statistics of the training splits (pixel values / 255).
+DATASET_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+# PyTorch BatchNorm2d defaults: momentum 0.1 (Flax counts the kept fraction) and eps 1e-5.
+_BN = dict(momentum=0.9, epsilon=1e-5)
+# torchvision's ResNet initialization: Kaiming normal, fan_out, ReLU gain.
+_KAIMING = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+class Conv(nn.Module):
+    """2-D convolution without bias (NHWC, HWIO kernel), computed by `ops.conv2d`."""
+
+    features: int
+    kernel_size: int
+    strides: int = 1
+    padding: int = 0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param(
+            "kernel", _KAIMING, (self.kernel_size, self.kernel_size, x.shape[-1], self.features),
+            jnp.float32,
+        )
+        return ops.conv2d(x.astype(self.dtype), kernel.astype(self.dtype), self.strides, self.padding)
+
+
+class Normalize(nn.Module):
+    mean: Sequence[float]
+    std: Sequence[float]
+
+    def __call__(self, x):
+        return (x - jnp.asarray(self.mean, x.dtype)) / jnp.asarray(self.std, x.dtype)
+
+
+def _batch_norm(train: bool, dtype, name=None):
+    return nn.BatchNorm(use_running_average=not train, dtype=dtype, name=name, **_BN)
+
+
+class SmallCNN(nn.Module):
+    num_classes: int
+    mean: Sequence[float]
+    std: Sequence[float]
+    widths: Sequence[int] = (32, 64, 128)
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = Normalize(self.mean, self.std)(x.astype(self.dtype))
+        for width in self.widths:
+            x = Conv(width, 3, padding=1, dtype=self.dtype)(x)
+            x = nn.relu(_batch_norm(train, self.dtype)(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+class BasicBlock(nn.Module):
+    features: int
+    strides: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        y = Conv(self.features, 3, self.strides, 1, self.dtype)(x)
+        y = nn.relu(_batch_norm(train, self.dtype)(y))
+        y = Conv(self.features, 3, 1, 1, self.dtype)(y)
+        y = _batch_norm(train, self.dtype)(y)
+        if self.strides != 1 or x.shape[-1] != self.features:
+            x = Conv(self.features, 1, self.strides, 0, self.dtype, name="shortcut_conv")(x)
+            x = _batch_norm(train, self.dtype, name="shortcut_bn")(x)
+        return nn.relu(y + x)
+
+
+class Bottleneck(nn.Module):
+    """torchvision Bottleneck (stride on the 3x3 conv, expansion 4)."""
+
+    width: int
+    out_features: int
+    strides: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        y = nn.relu(_batch_norm(train, self.dtype)(Conv(self.width, 1, 1, 0, self.dtype)(x)))
+        y = nn.relu(_batch_norm(train, self.dtype)(Conv(self.width, 3, self.strides, 1, self.dtype)(y)))
+        y = _batch_norm(train, self.dtype)(Conv(self.out_features, 1, 1, 0, self.dtype)(y))
+        if self.strides != 1 or x.shape[-1] != self.out_features:
+            x = Conv(self.out_features, 1, self.strides, 0, self.dtype, name="shortcut_conv")(x)
+            x = _batch_norm(train, self.dtype, name="shortcut_bn")(x)
+        return nn.relu(y + x)
+
+
+class ResNet18(nn.Module):
+    num_classes: int
+    mean: Sequence[float]
+    std: Sequence[float]
+    width: int = 64
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        w = self.width
+        x = Normalize(self.mean, self.std)(x.astype(self.dtype))
+        x = nn.relu(_batch_norm(train, self.dtype)(Conv(w, 3, 1, 1, self.dtype)(x)))
+        for features, strides in [(w, 1), (w, 1), (2 * w, 2), (2 * w, 1),
+                                  (4 * w, 2), (4 * w, 1), (8 * w, 2), (8 * w, 1)]:
+            x = BasicBlock(features, strides, self.dtype)(x, train)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+class WideResNet50_2(nn.Module):
+    num_classes: int
+    mean: Sequence[float]
+    std: Sequence[float]
+    width: int = 64  # stem width; bottleneck widths are 2x torchvision's ResNet-50
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        w = self.width
+        x = Normalize(self.mean, self.std)(x.astype(self.dtype))
+        x = nn.relu(_batch_norm(train, self.dtype)(Conv(w, 3, 1, 1, self.dtype)(x)))
+        for stage, blocks in enumerate((3, 4, 6, 3)):
+            for block in range(blocks):
+                strides = 2 if (stage > 0 and block == 0) else 1
+                x = Bottleneck(2 * w * 2**stage, 4 * w * 2**stage, strides, self.dtype)(x, train)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "small_cnn": SmallCNN,
+    "resnet18": ResNet18,
+    "wrn50_2": WideResNet50_2,
+}
+
+
+def create_model(name: str, dataset: str, num_classes: int, dtype=jnp.float32, **kwargs) -> nn.Module:
+    from patjax.errors import UserError
+
+    if name not in MODELS:
+        raise UserError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    mean, std = DATASET_STATS[dataset]
+    return MODELS[name](num_classes=num_classes, mean=mean, std=std, dtype=dtype, **kwargs)
+
+
+def init_variables(model: nn.Module, key: jax.Array, image_shape=(32, 32, 3)):
+    """Returns (params, batch_stats); batch_stats is {} for a model without BatchNorm."""
+    variables = model.init(key, jnp.zeros((1, *image_shape), jnp.float32), train=False)
+    return variables["params"], variables.get("batch_stats", {})

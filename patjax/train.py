@@ -1,0 +1,198 @@
+"""Training: one compiled step (batch assembly, inner sampler/attack, loss, update) and the loop.
+
+`train_step` is a single `jax.jit` function with the train state donated: it gathers the
+batch from the device-resident uint8 training set, augments it, runs the configured
+method (for PAT: the Langevin sampler of Algorithm 1 and the SNIS-weighted loss of
+Algorithm 2), takes the gradient, applies the optimizer and updates BatchNorm statistics.
+It is written on global-batch arrays; the batch is sharded over a 1-D 'data' mesh, so
+batch reductions (the SNIS softmax included) still run over the whole global batch.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from absl import logging
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from patjax import config as config_lib
+from patjax import data, methods, state as state_lib
+from patjax.errors import UserError
+
+
+def make_mesh():
+    return jax.make_mesh((jax.device_count(),), ("data",))
+
+
+def train_step(state: state_lib.TrainState, images, labels, permutation, *, model_fns, method,
+               cfg, steps_per_epoch: int, tx: optax.GradientTransformation, schedule, batch_sharding):
+    """One step of Algorithm 2 (or of the configured method) on the step's global batch."""
+    batch_size = int(cfg.batch_size)
+    position = state.step % steps_per_epoch
+    indices = jax.lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
+    step_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
+    augment_key, method_key = jax.random.split(step_key)
+    x = data.augment(augment_key, images[indices])
+    y = labels[indices]
+    if batch_sharding is not None:
+        x = jax.lax.with_sharding_constraint(x, batch_sharding)
+        y = jax.lax.with_sharding_constraint(y, batch_sharding)
+
+    grad_fn = jax.value_and_grad(method, has_aux=True)
+    (_, (batch_stats, metrics)), grads = grad_fn(
+        state.params, model_fns, state.batch_stats, x, y, method_key, cfg)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, learning_rate=schedule(state.step),
+                   grad_norm=optax.tree.norm(grads))
+    new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
+                              opt_state=opt_state)
+    return new_state, metrics
+
+
+def make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, batch_sharding=None):
+    method = methods.get_method(cfg.method)
+    step = functools.partial(train_step, model_fns=model_fns, method=method, cfg=cfg,
+                             steps_per_epoch=steps_per_epoch, tx=tx, schedule=schedule,
+                             batch_sharding=batch_sharding)
+    return jax.jit(step, donate_argnums=(0,))
+
+
+class _MetricWriter:
+    """metrics.jsonl (for scripts) and TensorBoard event files (for people)."""
+
+    def __init__(self, workdir: str):
+        from tensorboardX import SummaryWriter
+
+        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, scalars: dict):
+        self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+        self._jsonl.flush()
+        for name, value in scalars.items():
+            self._tb.add_scalar(name, value, step)
+        self._tb.flush()
+
+    def close(self):
+        self._jsonl.close()
+        self._tb.close()
+
+
+def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None):
+    """Trains (or resumes) the configured run in `workdir`; returns the final train state.
+
+    stop_after_steps: leave after this many steps of this invocation (with a checkpoint), as
+      a preempted job would; running again resumes exactly where it stopped.
+    """
+    from patjax import evaluate
+
+    config_lib.validate(cfg)
+    mesh = make_mesh()
+    if cfg.batch_size % mesh.size:
+        raise UserError(f"batch_size {cfg.batch_size} is not divisible by the {mesh.size} devices")
+    resuming = os.path.isfile(state_lib.config_path(workdir))
+    if resuming:
+        state_lib.check_resume_compatible(cfg, workdir)
+    elif os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise UserError(f"{workdir!r} has checkpoints but no config.json; use a new --workdir")
+
+    # Everything that can fail on bad input happens before the workdir is written.
+    train_split = data.load_split(cfg.dataset, "train", cfg.data_dir)
+    test_split = data.load_split(cfg.dataset, "test", cfg.data_dir)
+    steps_per_epoch = len(train_split) // cfg.batch_size  # the last partial batch is dropped
+    if steps_per_epoch == 0:
+        raise UserError(f"batch_size {cfg.batch_size} exceeds the {len(train_split)} training images")
+    num_steps = state_lib.total_steps(cfg, steps_per_epoch)
+    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
+    tx = state_lib.make_optimizer(cfg, schedule)
+    _, model_fns, state = state_lib.create_train_state(cfg, tx)
+
+    state_lib.save_config(cfg, workdir)
+    manager = state_lib.checkpoint_manager(workdir, cfg.max_checkpoints_to_keep)
+    restored = state_lib.restore_latest(manager, state)
+    if restored is not None:
+        state = restored
+        logging.info("resumed from step %d", int(state.step))
+
+    replicated = NamedSharding(mesh, P())
+    batch_sharding = NamedSharding(mesh, P("data"))
+    state = jax.device_put(state, replicated)
+    train_images = jax.device_put(train_split.images, replicated)
+    train_labels = jax.device_put(train_split.labels, replicated)
+    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch,
+                              batch_sharding if mesh.size > 1 else None)
+    permute = jax.jit(data.epoch_permutation, static_argnums=2)
+    data_key = jax.random.fold_in(state.rng, 0)
+    test_accuracy_fn = evaluate.make_clean_accuracy_fn(model_fns, cfg.eval.batch_size)
+
+    checkpoint_every = cfg.checkpoint_every_steps if cfg.checkpoint_every_steps > 0 else steps_per_epoch
+    log_every = cfg.log_every_steps if cfg.log_every_steps > 0 else steps_per_epoch
+    start = int(state.step)
+    end = num_steps if stop_after_steps is None else min(num_steps, start + stop_after_steps)
+    writer = _MetricWriter(workdir)
+    progress = _progress_bar(cfg, start, num_steps)
+    pending, window_start, window_steps = [], time.perf_counter(), 0
+    permutation, permutation_epoch = None, None
+    try:
+        for step in range(start, end):
+            epoch = step // steps_per_epoch
+            if epoch != permutation_epoch:
+                permutation, permutation_epoch = permute(data_key, epoch, len(train_split)), epoch
+            state, metrics = step_fn(state, train_images, train_labels, permutation)
+            pending.append(metrics)
+            window_steps += 1
+            if len(pending) > 2:  # bound run-ahead so the progress bar shows real throughput
+                jax.block_until_ready(pending[-3]["loss"])
+            if progress is not None:
+                progress.update(1)
+            done = step + 1
+            if done % log_every == 0 or done == end:
+                summary = _summarize(pending)
+                elapsed = time.perf_counter() - window_start
+                summary["images_per_s"] = window_steps * cfg.batch_size / max(elapsed, 1e-9)
+                summary["epoch"] = done / steps_per_epoch
+                summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split)
+                writer.write(done, summary)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{summary['loss']:.3f}",
+                                         test_acc=f"{summary['test_clean_accuracy']:.3f}",
+                                         img_s=f"{summary['images_per_s']:.1f}")
+                logging.info("step %d: %s", done, summary)
+                pending, window_start, window_steps = [], time.perf_counter(), 0
+                if not np.isfinite(summary["loss"]):
+                    raise UserError(f"loss is {summary['loss']} at step {done}; stopping")
+            if done % checkpoint_every == 0 or done == end:
+                manager.save(done, args=ocp.args.StandardSave(state))
+        manager.wait_until_finished()
+    finally:
+        writer.close()
+        manager.close()
+        if progress is not None:
+            progress.close()
+    return state
+
+
+def _summarize(step_metrics: list) -> dict:
+    """Means over the logging window (maxima for *_max, the last learning rate), one transfer."""
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *step_metrics)
+    reduced = {k: (jnp.max(v) if k.endswith("_max") else v[-1] if k == "learning_rate" else jnp.mean(v))
+               for k, v in stacked.items()}
+    return {k: float(v) for k, v in jax.device_get(reduced).items()}
+
+
+def _progress_bar(cfg, start, total):
+    if not cfg.progress_bar:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, desc=f"train {cfg.method}")

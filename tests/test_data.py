@@ -1,0 +1,100 @@
+"""Data loading (official binary layout, TFDS) and the in-jit augmentation."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from patjax import data
+from patjax.errors import UserError
+
+
+def write_binary(path, labels, images, coarse=None):
+    """Records in the official layout: [coarse], label, R plane, G plane, B plane (row-major)."""
+    with open(path, "wb") as f:
+        for i, (label, image) in enumerate(zip(labels, images)):
+            head = bytes([label]) if coarse is None else bytes([coarse[i], label])
+            f.write(head + bytes(image[:, :, 0].ravel()) + bytes(image[:, :, 1].ravel())
+                    + bytes(image[:, :, 2].ravel()))
+
+
+def test_binary_layout_is_parsed_to_nhwc(tmp_path):
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    write_binary(folder / "test_batch.bin", [7, 0, 9], images)
+    split = data.load_split("cifar10", "test", str(tmp_path))
+    np.testing.assert_array_equal(split.images, images)
+    np.testing.assert_array_equal(split.labels, [7, 0, 9])
+
+
+def test_cifar100_uses_the_fine_label(tmp_path):
+    folder = tmp_path / "cifar-100-binary"
+    folder.mkdir()
+    images = np.zeros((2, 32, 32, 3), np.uint8)
+    write_binary(folder / "test.bin", [42, 99], images, coarse=[3, 19])
+    np.testing.assert_array_equal(data.load_split("cifar100", "test", str(tmp_path)).labels, [42, 99])
+
+
+def test_missing_files_and_unknown_dataset_are_user_errors(tmp_path, data_dir):
+    with pytest.raises(UserError, match="data_batch_1.bin"):
+        data.load_split("cifar10", "train", str(tmp_path))
+    with pytest.raises(UserError, match="train.bin"):  # ../shared/data has the CIFAR-100 test split only
+        data.load_split("cifar100", "train", data_dir)
+    with pytest.raises(UserError, match="unknown dataset"):
+        data.load_split("mnist", "train", str(tmp_path))
+
+
+def test_real_cifar10_matches_published_statistics(data_dir):
+    train = data.load_split("cifar10", "train", data_dir)
+    test = data.load_split("cifar10", "test", data_dir)
+    assert train.images.shape == (50000, 32, 32, 3) and test.images.shape == (10000, 32, 32, 3)
+    np.testing.assert_array_equal(np.bincount(train.labels), np.full(10, 5000))
+    # Published per-channel means of the CIFAR-10 training set (pixel values 0-255).
+    np.testing.assert_allclose(train.images.reshape(-1, 3).mean(0), [125.31, 122.95, 113.87], atol=0.01)
+    cifar100 = data.load_split("cifar100", "test", data_dir)
+    assert cifar100.images.shape == (10000, 32, 32, 3) and cifar100.labels.max() == 99
+
+
+def test_tfds_mock_data_path():
+    with tfds.testing.mock_data(num_examples=12):
+        split = data.load_split("cifar10", "train", None)
+    assert split.images.shape == (12, 32, 32, 3) and split.images.dtype == np.uint8
+    assert split.labels.dtype == np.int32 and split.labels.max() < 10
+
+
+def test_tfds_unprepared_without_tensorflow_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(tfds.core.constants, "DATA_DIR", str(tmp_path), raising=False)
+    monkeypatch.setattr(data, "_tensorflow_available", lambda: False)
+    with pytest.raises(UserError, match=r"patjax\[tfds-prepare\]"):
+        data.load_split("cifar10", "test", None)
+
+
+def test_augment_returns_a_reflect_padded_crop_possibly_flipped():
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8)
+    out = np.asarray(jax.jit(data.augment)(jax.random.PRNGKey(0), images))
+    assert out.shape == (64, 32, 32, 3) and out.dtype == np.float32
+    padded = np.pad(images / 255.0, ((0, 0), (4, 4), (4, 4), (0, 0)), mode="reflect")
+    flips, offsets = 0, set()
+    for i in range(len(images)):
+        matches = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)
+                   if np.allclose(out[i], (lambda c: c[:, ::-1] if f else c)(padded[i, dy:dy + 32, dx:dx + 32]))]
+        assert matches, f"image {i} is not a crop of its padded image"
+        flips += matches[0][2]
+        offsets.add(matches[0][:2])
+    assert 16 <= flips <= 48  # p = 0.5 of 64 (4 sigma)
+    assert len(offsets) > 20  # offsets spread over the 81 possible
+
+
+def test_epoch_permutation_is_a_permutation_that_changes_per_epoch():
+    key = jax.random.PRNGKey(0)
+    p0 = np.asarray(data.epoch_permutation(key, 0, 100))
+    p1 = np.asarray(data.epoch_permutation(key, 1, 100))
+    np.testing.assert_array_equal(np.sort(p0), np.arange(100))
+    assert not np.array_equal(p0, p1)
+    np.testing.assert_array_equal(p0, data.epoch_permutation(key, 0, 100))

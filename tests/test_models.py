@@ -1,0 +1,51 @@
+"""Model shapes, parameter counts against the reference architectures, normalization."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from patjax import models
+
+
+def count(params):
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+
+
+def abstract_params(model):
+    return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3))))
+
+
+@pytest.mark.parametrize("dataset,classes", [("cifar10", 10), ("cifar100", 100)])
+def test_resnet18_matches_kuangliu_parameter_count(dataset, classes):
+    # kuangliu/pytorch-cifar ResNet18: 11,173,962 parameters with 10 classes (BN affine included);
+    # the head adds 513 per class.
+    variables = abstract_params(models.create_model("resnet18", dataset, classes))
+    assert count(variables["params"]) == 11_173_962 + 513 * (classes - 10)
+
+
+def test_wrn50_2_matches_torchvision_with_cifar_stem():
+    # torchvision wide_resnet50_2: 68,883,240 parameters (7x7 stem, 1000-class head). CIFAR form:
+    # 3x3 stem (-7*7*3*64 + 3*3*3*64) and a 10-class head (-2048*1000-1000 + 2048*10+10).
+    expected = 68_883_240 - 7 * 7 * 3 * 64 + 3 * 3 * 3 * 64 - (2048 * 1000 + 1000) + (2048 * 10 + 10)
+    variables = abstract_params(models.create_model("wrn50_2", "cifar10", 10))
+    assert count(variables["params"]) == expected
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_logit_shape_and_dtype(name):
+    kwargs = {} if name == "small_cnn" else {"width": 4}
+    model = models.create_model(name, "cifar100", 100, **kwargs)
+    x = jnp.zeros((2, 32, 32, 3))
+    out = jax.eval_shape(lambda: model.apply(model.init(jax.random.PRNGKey(0), x), x))
+    assert out.shape == (2, 100) and out.dtype == jnp.float32
+
+
+def test_normalization_is_inside_the_model():
+    model = models.create_model("small_cnn", "cifar10", 10)
+    x = jax.random.uniform(jax.random.PRNGKey(0), (2, 32, 32, 3))
+    variables = model.init(jax.random.PRNGKey(1), x)
+    mean, std = models.DATASET_STATS["cifar10"]
+    # A model without normalization fed pre-normalized images gives the same logits.
+    plain = models.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
+    normalized = (x - jnp.asarray(mean)) / jnp.asarray(std)
+    np.testing.assert_allclose(model.apply(variables, x), plain.apply(variables, normalized), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,35 @@
+"""Appendix E's optimizer and schedule against PyTorch's SGD update written out by hand."""
+import jax.numpy as jnp
+import numpy as np
+
+from patjax import state as state_lib
+from patjax.config import default_config
+
+
+def test_sgd_nesterov_coupled_weight_decay_matches_pytorch_formula():
+    cfg = default_config()
+    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch=10)
+    tx = state_lib.make_optimizer(cfg, schedule)
+    p = jnp.array([1.0, -2.0, 0.5])
+    grads = [jnp.array([0.1, 0.2, -0.3]), jnp.array([-0.5, 0.1, 0.0]), jnp.array([0.2, 0.2, 0.2])]
+    opt_state = tx.init(p)
+    # torch.optim.SGD(lr, momentum=m, nesterov=True, weight_decay=wd), dampening 0:
+    #   g = grad + wd * p; buf = g (first step) else m * buf + g; p -= lr * (g + m * buf)
+    ref, buf = np.array(p), None
+    lr, m, wd = 0.01, 0.9, 5e-4
+    for g in grads:
+        updates, opt_state = tx.update(g, opt_state, p)
+        p = p + updates
+        gg = np.asarray(g) + wd * ref
+        buf = gg if buf is None else m * buf + gg
+        ref = ref - lr * (gg + m * buf)
+    np.testing.assert_allclose(p, ref, rtol=1e-6)
+
+
+def test_multistep_schedule_decays_at_epochs_75_and_90_of_100():
+    cfg = default_config()
+    spe = 195  # 50,000 // 256
+    schedule = state_lib.learning_rate_schedule(cfg, spe)
+    for step, lr in [(0, 0.01), (75 * spe - 1, 0.01), (75 * spe, 0.001),
+                     (90 * spe - 1, 0.001), (90 * spe, 0.0001), (100 * spe - 1, 0.0001)]:
+        np.testing.assert_allclose(float(schedule(step)), lr, rtol=1e-5)

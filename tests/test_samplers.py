@@ -1,0 +1,127 @@
+"""Algorithm 1 (the Langevin sampler) against closed forms and hand-computed steps."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from patjax.samplers import LangevinSettings, langevin_sample
+from helpers import Linear, np_softmax
+
+B, SHAPE, K = 4, (4, 4, 3), 3
+
+
+def linear_setup(seed=0):
+    model = Linear(K)
+    x = jax.random.uniform(jax.random.PRNGKey(seed), (B, *SHAPE))
+    y = jnp.array([0, 1, 2, 1])
+    variables = model.init(jax.random.PRNGKey(1), x)
+    W = np.asarray(variables["params"]["Dense_0"]["kernel"]) * 5.0  # a sharper classifier
+    b = np.asarray(variables["params"]["Dense_0"]["bias"])
+    variables = {"params": {"Dense_0": {"kernel": jnp.asarray(W), "bias": jnp.asarray(b)}}}
+    logits_fn = lambda xa: model.apply(variables, xa)
+    return logits_fn, x, y, W, b
+
+
+def sample(logits_fn, key, x, y, **kw):
+    return langevin_sample(logits_fn, key, x, y, LangevinSettings(**kw))
+
+
+@pytest.mark.parametrize("use_jit", [True, False])
+def test_stays_in_unit_box_and_keeps_shape(use_jit):
+    logits_fn, x, y, _, _ = linear_setup()
+    run = lambda key, x, y: sample(logits_fn, key, x, y, steps=5, noise_scale=0.5)
+    out = (jax.jit(run) if use_jit else run)(jax.random.PRNGKey(0), x, y)
+    chex.assert_shape(out, x.shape)
+    chex.assert_type(out, jnp.float32)
+    assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
+
+
+def test_zero_steps_return_the_uniform_start_independent_of_x():
+    logits_fn, x, y, _, _ = linear_setup()
+    key = jax.random.PRNGKey(3)
+    start = sample(logits_fn, key, x, y, steps=0)
+    assert jnp.array_equal(start, sample(logits_fn, key, 1.0 - x, (y + 1) % K, steps=0))
+    constant_logits = lambda xa: jnp.zeros((xa.shape[0], K))
+    big = sample(constant_logits, key, jnp.zeros((64, 16, 16, 3)), jnp.zeros(64, jnp.int32), steps=0)
+    # Uniform[0,1]: mean 1/2, variance 1/12 (49k draws: 5-sigma bands).
+    assert abs(float(big.mean()) - 0.5) < 5 * np.sqrt(1 / 12 / big.size)
+    assert abs(float(big.var()) - 1 / 12) < 0.003
+
+
+def test_same_key_same_output_other_key_other_output():
+    logits_fn, x, y, _, _ = linear_setup()
+    a = sample(logits_fn, jax.random.PRNGKey(0), x, y, steps=3)
+    b = sample(logits_fn, jax.random.PRNGKey(0), x, y, steps=3)
+    c = sample(logits_fn, jax.random.PRNGKey(1), x, y, steps=3)
+    assert jnp.array_equal(a, b)
+    assert not jnp.allclose(a, c)
+
+
+def test_one_step_matches_hand_computed_langevin_update():
+    """sigma = 0: x1 = clip(x0 - eta * clip(2 c1 (x0 - x) - c2 W^T (p - onehot), -rho, rho))."""
+    logits_fn, x, y, W, b = linear_setup()
+    key = jax.random.PRNGKey(5)
+    eta, rho, c1, c2 = 0.3, 0.05, 0.3, 0.42
+    x0 = np.asarray(sample(logits_fn, key, x, y, steps=0))
+    x1 = np.asarray(sample(logits_fn, key, x, y, steps=1, noise_scale=0.0, step_size=eta,
+                           grad_clip=rho, c1=c1, c2=c2))
+    flat0 = x0.reshape(B, -1)
+    p = np_softmax(flat0 @ W + b)
+    onehot = np.eye(K)[np.asarray(y)]
+    # d/dx CE(Wx+b, y) = W (p - onehot); the energy subtracts c2 * CE (untargeted).
+    grad = 2 * c1 * (flat0 - np.asarray(x).reshape(B, -1)) - c2 * (p - onehot) @ W.T
+    expected = np.clip(flat0 - eta * np.clip(grad, -rho, rho), 0, 1).reshape(x0.shape)
+    np.testing.assert_allclose(x1, expected, atol=1e-5)
+
+
+def test_targeted_step_descends_cross_entropy_to_target():
+    logits_fn, x, y, W, b = linear_setup()
+    key = jax.random.PRNGKey(5)
+    target = (y + 1) % K
+    x0 = np.asarray(sample(logits_fn, key, x, y, steps=0))
+    x1 = np.asarray(langevin_sample(logits_fn, key, x, y, LangevinSettings(steps=1, noise_scale=0.0),
+                                    target=target))
+    flat0 = x0.reshape(B, -1)
+    p = np_softmax(flat0 @ W + b)
+    grad = 2 * 0.3 * (flat0 - np.asarray(x).reshape(B, -1)) + 0.42 * (p - np.eye(K)[np.asarray(target)]) @ W.T
+    expected = np.clip(flat0 - 0.3 * np.clip(grad, -1, 1), 0, 1).reshape(x0.shape)
+    np.testing.assert_allclose(x1, expected, atol=1e-5)
+
+
+def test_each_step_moves_a_coordinate_by_at_most_eta_rho_plus_noise():
+    logits_fn, x, y, _, _ = linear_setup()
+    key = jax.random.PRNGKey(2)
+    eta, rho = 0.3, 0.01
+    x0 = sample(logits_fn, key, x, y, steps=0)
+    x1 = sample(logits_fn, key, x, y, steps=1, noise_scale=0.0, step_size=eta, grad_clip=rho)
+    move = jnp.abs(x1 - x0)
+    assert float(move.max()) <= eta * rho + 1e-6
+    assert float(move.max()) >= eta * rho - 1e-6  # the clip is active somewhere
+    # With noise sigma the move is at most sigma|z| + eta*rho; |z| < 6 for these few draws.
+    sigma = 1e-3
+    x1n = sample(logits_fn, key, x, y, steps=1, noise_scale=sigma, step_size=eta, grad_clip=rho)
+    assert float(jnp.abs(x1n - x0).max()) <= eta * rho + 6 * sigma
+
+
+def test_without_noise_and_victim_term_converges_to_x_at_the_closed_form_rate():
+    """sigma = 0, c2 = 0: E = c1||x_adv - x||^2, so x_t - x = (1 - 2 eta c1)^t (x_0 - x)."""
+    logits_fn, x, y, _, _ = linear_setup()
+    key = jax.random.PRNGKey(4)
+    x0 = sample(logits_fn, key, x, y, steps=0)
+    for t in (1, 5, 20):
+        xt = sample(logits_fn, key, x, y, steps=t, noise_scale=0.0, c2=0.0)
+        np.testing.assert_allclose(xt, x + (1 - 2 * 0.3 * 0.3) ** t * (x0 - x), atol=1e-5)
+    x100 = sample(logits_fn, key, x, y, steps=100, noise_scale=0.0, c2=0.0)
+    np.testing.assert_allclose(x100, x, atol=1e-6)
+
+
+def test_sample_depends_only_on_its_own_example():
+    logits_fn, x, y, _, _ = linear_setup()
+    key = jax.random.PRNGKey(7)
+    full = sample(logits_fn, key, x, y, steps=4)
+    changed = sample(logits_fn, key, x.at[1:].set(1.0 - x[1:]), y.at[1:].set(0), steps=4)
+    np.testing.assert_array_equal(full[0], changed[0])
+    assert not jnp.allclose(full[1:], changed[1:])
+    # Nor on the batch size: the first two of a batch of four equal a batch of two.
+    np.testing.assert_array_equal(full[:2], sample(logits_fn, key, x[:2], y[:2], steps=4))

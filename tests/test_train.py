@@ -1,0 +1,124 @@
+"""End to end: train, checkpoint, resume (bitwise), evaluate; bad input fails cleanly."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from patjax import evaluate, train
+from patjax.errors import UserError
+from conftest import REPO
+
+
+def tiny_config(**overrides):
+    sys.path.insert(0, str(REPO / "configs"))
+    import quickstart
+
+    cfg = quickstart.get_config()
+    cfg.batch_size = 8
+    cfg.num_train_steps = 4
+    cfg.langevin.steps = 2
+    cfg.checkpoint_every_steps = 2
+    cfg.log_every_steps = 2
+    cfg.progress_bar = False
+    cfg.eval.num_examples = 16
+    cfg.eval.batch_size = 8
+    cfg.eval.pr_samples = 4
+    cfg.eval.pr_chunk_size = 2
+    for key, value in overrides.items():
+        target = cfg
+        *path, last = key.split(".")
+        for p in path:
+            target = target[p]
+        target[last] = value
+    return cfg
+
+
+def params_of(state):
+    return jax.device_get(state.params), jax.device_get(state.batch_stats), jax.device_get(state.opt_state)
+
+
+def assert_trees_equal(a, b):
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_path):
+    workdir = str(tmp_path / "run")
+    with tfds.testing.mock_data(num_examples=24):
+        state = train.train_and_evaluate(tiny_config(), workdir)
+        assert int(state.step) == 4
+        assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
+        # Resume with a longer run: continues from step 4, not from scratch.
+        state = train.train_and_evaluate(tiny_config(num_train_steps=6), workdir)
+        assert int(state.step) == 6
+        results = evaluate.run(workdir, progress=False)
+    lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert [l["step"] for l in lines] == [2, 4, 6]
+    for key in ("loss", "adv_accuracy", "snis_weight_mean", "snis_weight_max", "learning_rate",
+                "images_per_s", "test_clean_accuracy"):
+        assert np.isfinite(lines[-1][key]), key
+    assert os.listdir(os.path.join(workdir, "tensorboard"))
+    saved = json.load(open(os.path.join(workdir, "eval", "results.json")))
+    assert saved == json.loads(json.dumps(results))
+    assert 0.0 <= saved["clean_accuracy"] <= 1.0
+    assert set(saved["pr"]) == {"0.1", "0.12", "0.15", "0.2"}
+    assert saved["settings"]["pr_samples"] == 4 and saved["settings"]["num_examples"] == 16
+
+
+def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_dir):
+    cfg = tiny_config(data_dir=data_dir)
+    straight = train.train_and_evaluate(cfg, str(tmp_path / "a"))
+    first = train.train_and_evaluate(cfg, str(tmp_path / "b"), stop_after_steps=2)
+    assert int(first.step) == 2
+    resumed = train.train_and_evaluate(cfg, str(tmp_path / "b"))
+    assert int(resumed.step) == 4
+    assert_trees_equal(params_of(straight), params_of(resumed))
+
+
+def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
+    cfg = tiny_config(data_dir=data_dir, num_train_steps=2)
+    workdir = tmp_path / "run"
+    train.train_and_evaluate(cfg, str(workdir))
+    # What a kill during a save leaves behind: Orbax's temporary directory for step 4.
+    (workdir / "checkpoints" / "4.orbax-checkpoint-tmp-1234").mkdir()
+    state = train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3), str(workdir))
+    assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
+
+
+def test_resume_with_a_different_config_is_refused_and_leaves_the_workdir(tmp_path, data_dir):
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
+    before = open(os.path.join(workdir, "config.json")).read()
+    with pytest.raises(UserError, match="langevin.c1"):
+        train.train_and_evaluate(tiny_config(data_dir=data_dir, **{"langevin.c1": 0.5}), workdir)
+    assert open(os.path.join(workdir, "config.json")).read() == before
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+
+
+def run_cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.model=resnet1000", "unknown model"),
+    ("--config.dataset=mnist", "unknown dataset"),
+    ("--config.method=magic", "unknown method"),
+    ("--config.data_dir=/nonexistent", "lacks the cifar10 train split"),
+])
+def test_main_rejects_bad_input_with_one_line_and_nonzero_exit(tmp_path, override, message):
+    workdir = tmp_path / "run"
+    proc = run_cli("main.py", "--config=configs/quickstart.py", override, f"--workdir={workdir}")
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (workdir / "config.json").exists()  # nothing written for a bad config
+
+
+def test_evaluate_without_checkpoint_fails_cleanly(tmp_path):
+    proc = run_cli("-m", "patjax.evaluate", f"--workdir={tmp_path}")
+    assert proc.returncode == 2 and "not a patjax workdir" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -30,7 +30,8 @@ from patjax.errors import UserError
 
 
 def make_mesh():
-    return jax.make_mesh((jax.device_count(),), ("data",))
+    # Auto axes: XLA propagates the batch sharding set in the step through the computation.
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def train_step(state: state_lib.TrainState, images, labels, permutation, *, model_fns, method,

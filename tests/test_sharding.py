@@ -1,0 +1,47 @@
+"""The step on a batch split over two devices equals the single-device step.
+
+The SNIS softmax of Algorithm 2 must normalize over the whole global batch, not per device:
+per-device normalization would change the weights (each device's weights would sum to 1)
+and hence the update. Devices are faked on the CPU in a subprocess, since the device count
+is fixed when JAX starts.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import REPO
+
+SCRIPT = r"""
+import sys, numpy as np, jax
+sys.path.insert(0, {tests!r})
+from test_train import tiny_config
+from patjax import train
+cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=2, **{{"pat.beta": 2.0}})
+state = train.train_and_evaluate(cfg, {workdir!r})
+assert jax.device_count() == {devices}, jax.devices()
+leaves = jax.tree.leaves(jax.device_get((state.params, state.batch_stats)))
+np.savez({out!r}, *leaves)
+"""
+
+
+def run_training(tmp_path, data_dir, devices):
+    out = tmp_path / f"params_{devices}.npz"
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu")
+    script = SCRIPT.format(tests=str(REPO / "tests"), data_dir=data_dir,
+                           workdir=str(tmp_path / f"run{devices}"), devices=devices, out=str(out))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = np.load(out)
+    return [loaded[k] for k in sorted(loaded.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def test_two_device_data_parallel_step_equals_single_device(tmp_path, data_dir):
+    single = run_training(tmp_path, data_dir, 1)
+    split = run_training(tmp_path, data_dir, 2)
+    assert len(single) == len(split)
+    for a, b in zip(single, split):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)

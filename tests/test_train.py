@@ -84,7 +84,9 @@ def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     workdir = tmp_path / "run"
     train.train_and_evaluate(cfg, str(workdir))
     # What a kill during a save leaves behind: Orbax's temporary directory for step 4.
-    (workdir / "checkpoints" / "4.orbax-checkpoint-tmp-1234").mkdir()
+    partial = workdir / "checkpoints" / "4.orbax-checkpoint-tmp"
+    (partial / "default.orbax-checkpoint-tmp").mkdir(parents=True)
+    (partial / "default.orbax-checkpoint-tmp" / "manifest.ocdbt").write_bytes(b"\0" * 10)
     state = train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3), str(workdir))
     assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
 

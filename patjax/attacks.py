@@ -7,7 +7,7 @@ with [0, 1]^d.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,3 +59,134 @@ def pgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps:
         return project_linf(x_adv + step_size * jnp.sign(grad), x, eps)
 
     return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_adv))
+
+
+# ---------------------------------------------------------------------------------------
+# APGD (Croce & Hein 2020, "Reliable evaluation of adversarial robustness with an ensemble
+# of diverse parameter-free attacks"), L-inf, following fra31/auto-attack
+# autoattack/autopgd_base.py (APGDAttack.attack_single_run and perturb).
+
+def dlr_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
+    """Difference of logits ratio: -(z_y - max_{i!=y} z_i) / (z_pi1 - z_pi3 + 1e-12).
+
+    z_pi1 >= z_pi2 >= z_pi3 are the sorted logits (autopgd_base.py: dlr_loss); needs >= 3 classes.
+    """
+    sorted_logits = jnp.sort(logits, axis=-1)
+    true_logit = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
+    other = jnp.max(jnp.where(jax.nn.one_hot(y, logits.shape[-1], dtype=bool), -jnp.inf, logits), axis=-1)
+    return -(true_logit - other) / (sorted_logits[:, -1] - sorted_logits[:, -3] + 1e-12)
+
+
+APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss}
+
+
+def apgd_checkpoints(steps: int) -> list[int]:
+    """Iterations after which the step size may be halved (0-based indices of `apgd`'s loop).
+
+    autopgd_base.py: first interval n_iter_2 = max(int(0.22 N), 1) iterations, then each
+    interval shrinks by size_decr = max(int(0.03 N), 1) down to n_iter_min = max(int(0.06 N), 1),
+    i.e. the checkpoints p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06).
+    """
+    first, minimum, decrement = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), max(int(0.03 * steps), 1)
+    points, length, at = [], first, 0
+    while at + length <= steps:
+        at += length
+        points.append(at - 1)
+        length = max(length - decrement, minimum)
+    return points
+
+
+class ApgdResult(NamedTuple):
+    x_adv: jax.Array      # last misclassified iterate where the attack succeeded, else the best-loss point
+    robust: jax.Array     # (B,) bool: x and every iterate (start included) classified correctly
+    best_loss: jax.Array  # (B,) the highest loss reached
+
+
+def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
+         steps: int = 100, loss: str = "ce", rho: float = 0.75, momentum: float = 0.75) -> ApgdResult:
+    """One run of L-inf APGD (autopgd_base.py, APGDAttack with n_restarts=1).
+
+    - start: x + eps * t / max|t|, t ~ U(-1, 1)^d, clipped to [0, 1];
+    - step size 2 eps per example; update z = P(x_k + eta sign(grad)),
+      x_{k+1} = P(x_k + a (z - x_k) + (1 - a)(x_k - x_{k-1})) with a = 1 at the first
+      iteration and `momentum` (0.75) afterwards;
+    - at every checkpoint (`apgd_checkpoints`) the step size of an example is halved and it
+      restarts from its best-loss point (with that point's gradient) if its loss increased in
+      at most rho * (interval length) of the interval's steps, or if its step size was not
+      halved at the last checkpoint and its best loss has not improved since then;
+    - an example counts as robust only if the clean x and every iterate are correctly
+      classified (the reference's per-example `acc`).
+    Deviation: the count of loss increases in the first interval compares the first iterate's
+    loss with the loss at the starting point (Croce & Hein 2020, condition 1); the reference
+    compares it with 0 (an unfilled row of its loss buffer).
+    """
+    if loss not in APGD_LOSSES:
+        raise ValueError(f"unknown APGD loss {loss!r}; choose one of {sorted(APGD_LOSSES)}")
+    loss_fn = APGD_LOSSES[loss]
+    batch = x.shape[0]
+    bshape = (batch,) + (1,) * (x.ndim - 1)
+    first, minimum, decrement = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), max(int(0.03 * steps), 1)
+
+    def loss_and_grad(z):
+        def total(z):
+            logits = logits_fn(z)
+            per_example = loss_fn(logits, y)
+            return jnp.sum(per_example), (per_example, logits)
+        (_, (per_example, logits)), grad = jax.value_and_grad(total, has_aux=True)(z)
+        return per_example, jnp.argmax(logits, axis=-1) == y, grad
+
+    clean_correct = jnp.argmax(logits_fn(x), axis=-1) == y
+    t = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
+    t_max = jnp.max(jnp.abs(t).reshape(batch, -1), axis=1).reshape(bshape)
+    x_start = jnp.clip(x + eps * t / (t_max + 1e-12), 0.0, 1.0)
+    loss0, correct0, grad0 = loss_and_grad(x_start)
+
+    def project(z):
+        return project_linf(z, x, eps)
+
+    def body(i, s):
+        momentum_term = s["x_adv"] - s["x_old"]
+        a = jnp.where(i > 0, momentum, 1.0)
+        z = project(s["x_adv"] + s["step"].reshape(bshape) * jnp.sign(s["grad"]))
+        x_new = project(s["x_adv"] + (z - s["x_adv"]) * a + momentum_term * (1 - a))
+        loss_new, correct, grad = loss_and_grad(x_new)
+        fooled = ~correct
+        improved = loss_new > s["best_loss"]
+        e = lambda mask: mask.reshape(bshape)
+        n = dict(s)
+        n["x_old"] = s["x_adv"]
+        n["robust"] = s["robust"] & correct
+        n["x_best_adv"] = jnp.where(e(fooled), x_new, s["x_best_adv"])
+        n["x_best"] = jnp.where(e(improved), x_new, s["x_best"])
+        n["grad_best"] = jnp.where(e(improved), grad, s["grad_best"])
+        n["best_loss"] = jnp.where(improved, loss_new, s["best_loss"])
+        n["increases"] = s["increases"] + (loss_new > s["prev_loss"]).astype(jnp.int32)
+        n["prev_loss"] = loss_new
+        counter = s["counter"] + 1
+        at_checkpoint = counter == s["interval"]
+        # autopgd_base.py: check_oscillation (t <= k * rho) or no improvement without a reduction.
+        oscillating = n["increases"] <= s["interval"] * rho
+        not_improved = (~s["reduced_last"]) & (s["best_loss_last"] >= n["best_loss"])
+        reduce = at_checkpoint & (oscillating | not_improved)
+        n["step"] = jnp.where(reduce, s["step"] / 2.0, s["step"])
+        n["x_adv"] = jnp.where(e(reduce), n["x_best"], x_new)
+        n["grad"] = jnp.where(e(reduce), n["grad_best"], grad)
+        n["reduced_last"] = jnp.where(at_checkpoint, reduce, s["reduced_last"])
+        n["best_loss_last"] = jnp.where(at_checkpoint, n["best_loss"], s["best_loss_last"])
+        n["increases"] = jnp.where(at_checkpoint, 0, n["increases"])
+        n["interval"] = jnp.where(at_checkpoint, jnp.maximum(s["interval"] - decrement, minimum), s["interval"])
+        n["counter"] = jnp.where(at_checkpoint, 0, counter)
+        return n
+
+    state = {
+        "x_adv": x_start, "x_old": x_start, "grad": grad0,
+        "step": jnp.full((batch,), 2.0 * eps, x.dtype),
+        "x_best": x_start, "grad_best": grad0, "best_loss": loss0, "x_best_adv": x_start,
+        "robust": clean_correct & correct0,
+        "prev_loss": loss0, "increases": jnp.zeros((batch,), jnp.int32),
+        "counter": jnp.zeros((), jnp.int32), "interval": jnp.asarray(first, jnp.int32),
+        "reduced_last": jnp.ones((batch,), bool), "best_loss_last": loss0,
+    }
+    s = jax.lax.fori_loop(0, steps, body, state)
+    x_adv = jnp.where(s["robust"].reshape(bshape), s["x_best"], s["x_best_adv"])
+    return ApgdResult(jax.lax.stop_gradient(x_adv), s["robust"], jax.lax.stop_gradient(s["best_loss"]))

@@ -67,6 +67,23 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.pr_distribution = "gaussian"  # 'gaussian' (sigma = eps, clipped) | 'uniform' (Linf ball)
     cfg.eval.pr_chunk_size = 25      # perturbations evaluated at once per image
     cfg.eval.seed = 0
+    # Evaluators of issue 4 (`--evaluators` overrides): 'clean', 'pgd20', 'cw20', 'apgd_ce',
+    # 'apgd_dlr' ('apgd' = both), 'pr'. Old workdirs without these fields get these defaults.
+    cfg.eval.evaluators = ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")
+    cfg.eval.attack_eps = 8 / 255          # PGD-20 / CW-20 / APGD budget (Appendix E)
+    cfg.eval.attack_step_size = 2 / 255    # PGD-20 / CW-20 alpha
+    cfg.eval.attack_steps = 20
+    cfg.eval.cw_kappa = 50.0               # CW-inf margin loss confidence
+    cfg.eval.apgd_steps = 100
+    cfg.eval.apgd_rho = 0.75
+    # PR is computed for every distribution listed ('pdis' = the paper's p_dis with c1 below);
+    # the top-level `pr` of results.json is always pr_distribution's.
+    cfg.eval.pr_distributions = ("gaussian", "uniform", "pdis")
+    cfg.eval.pdis_c1 = -1.0                # <= 0: langevin.c1; p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d
+    cfg.eval.entropic_lambda = -1.0        # < 0: langevin.c2 - pat.beta (Proposition 10)
+    cfg.eval.prob_acc_q = (0.2, 0.1, 0.05, 0.01)
+    cfg.eval.confidence = 0.95
+    cfg.eval.bootstrap_resamples = 2000
     return cfg
 
 

@@ -1,31 +1,47 @@
-"""Evaluation of a trained run: clean accuracy and probabilistic robustness.
+"""Evaluation of trained runs: clean accuracy, PGD-20, CW-20, APGD, probabilistic robustness.
 
   python -m patjax.evaluate --workdir=runs/pat_c10 [--num_examples=1000] [--batch_size=500]
+      [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=gaussian,uniform,pdis]
+  python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
 
-Restores the latest checkpoint and the workdir's config, evaluates the test split and
-writes DIR/eval/results.json:
+Restores the latest checkpoint and the workdir's config (eval fields missing from an older
+config take today's defaults), evaluates the test split and writes DIR/eval/results.json:
   clean_accuracy      fraction of test images classified correctly
-  pr                  {"0.1": mean per-image PR over all evaluated images, ...} (default distribution)
+  pr                  {"0.1": mean per-image PR over all evaluated images, ...} (pr_distribution)
   pr_clean_correct    the same mean over clean-correct images only (AT-PR's convention)
-  settings            distribution, N, seed, number of images, checkpoint step
-Every batch has the same shape (the last one is padded and masked), so each compiled
-function is compiled once.
+  figures             every figure with its interval, method, number of images and settings
+  settings            seed, number of images, checkpoint step, every evaluator's settings
+  evaluator_wall_time_s, wall_time_s
+and DIR/eval/per_image.npz (per-image outcomes and PR statistics, for paired comparisons).
+
+Each evaluator is one jitted function over a batch; every batch has the same shape (the
+last one is padded and masked), so each is compiled once. Randomness is keyed by the image's
+index in the test split (and the sample's index for PR): batch size and chunk size change no
+figure, and two models evaluated with the same seed see the same perturbations (common
+random numbers), which makes paired comparisons much tighter than unpaired ones.
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from patjax import config as config_lib
+from patjax import attacks, config as config_lib
 from patjax import data, robustness, state as state_lib
 from patjax.errors import UserError
+
+EVALUATORS = ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")
+EVALUATOR_ALIASES = {"apgd": ("apgd_ce", "apgd_dlr"), "all": EVALUATORS}
+WORST_CASE_ATTACKS = ("pgd20", "cw20", "apgd_ce", "apgd_dlr")
+# Independent key streams of the attacks' random starts (PR uses PRNGKey(seed) itself, as the
+# spine did, so `pr` keeps its values): jax.random.split(PRNGKey(seed), 5)[1:].
+_ATTACK_STREAM = {"pgd20": 1, "cw20": 2, "apgd_ce": 3, "apgd_dlr": 4}
 
 
 def _padded_batches(split: data.Split, num_examples: int, batch_size: int):
@@ -57,64 +73,305 @@ def make_clean_accuracy_fn(model_fns, batch_size: int):
     return accuracy
 
 
-def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: int = -1,
-                   batch_size: int = 500, progress: bool = True) -> dict:
-    """Clean accuracy and PR(eps) of a train state on `split` (a library call)."""
-    ev = cfg.eval
-    n = len(split) if num_examples <= 0 else min(num_examples, len(split))
-    epsilons = tuple(float(e) for e in ev.pr_epsilons)
-    distribution = ev.pr_distribution
-    if distribution not in robustness.DISTRIBUTIONS:
-        raise UserError(f"unknown PR distribution {distribution!r}")
+# ---------------------------------------------------------------------------------------
+# Settings.
+
+def eval_settings(cfg) -> ml_collections.ConfigDict:
+    """cfg.eval completed with today's defaults (older workdirs lack the newer fields)."""
+    return ml_collections.ConfigDict({**config_lib.default_config().eval.to_dict(), **cfg.eval.to_dict()})
+
+
+def parse_evaluators(spec) -> tuple:
+    """'clean,pgd20,apgd' or a sequence -> the evaluators in canonical order."""
+    names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    chosen = set()
+    for name in names:
+        if not name:
+            continue
+        if name in EVALUATOR_ALIASES:
+            chosen.update(EVALUATOR_ALIASES[name])
+        elif name in EVALUATORS:
+            chosen.add(name)
+        else:
+            raise UserError(f"unknown evaluator {name!r}; choose from "
+                            f"{', '.join(EVALUATORS + tuple(EVALUATOR_ALIASES))}")
+    if not chosen:
+        raise UserError("no evaluator chosen")
+    return tuple(e for e in EVALUATORS if e in chosen)
+
+
+def _resolve(cfg, ev) -> dict:
+    """Validated evaluation settings as plain Python values (static for jit)."""
+    distributions = [ev.pr_distribution] + [d for d in ev.pr_distributions if d != ev.pr_distribution]
+    for d in distributions:
+        if d not in robustness.ALL_DISTRIBUTIONS:
+            raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
+    if ev.pr_distribution not in robustness.DISTRIBUTIONS:
+        raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
     if ev.pr_samples <= 0 or ev.pr_chunk_size <= 0:
         raise UserError("eval.pr_samples and eval.pr_chunk_size must be positive")
-    key = jax.random.PRNGKey(int(ev.seed))
+    if ev.attack_eps < 0 or ev.attack_steps < 0 or ev.apgd_steps <= 0:
+        raise UserError("eval.attack_eps and eval.attack_steps must be >= 0 and eval.apgd_steps > 0")
+    if not 0 < ev.confidence < 1:
+        raise UserError(f"eval.confidence must be in (0, 1), got {ev.confidence}")
+    if ev.bootstrap_resamples < 100:
+        raise UserError("eval.bootstrap_resamples must be at least 100")
+    c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
+    lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
+    epsilons = tuple(float(e) for e in ev.pr_epsilons)
+    if not epsilons or min(epsilons) < 0:
+        raise UserError("eval.pr_epsilons must be non-empty and non-negative")
+    return {
+        "epsilons": epsilons, "distributions": tuple(distributions), "pdis_c1": c1,
+        "pdis_sigma": robustness.pdis_sigma(c1), "entropic_lambda": max(lam, 0.0),
+        "pr_samples": int(ev.pr_samples), "pr_chunk_size": int(ev.pr_chunk_size),
+        "eps": float(ev.attack_eps), "step_size": float(ev.attack_step_size),
+        "steps": int(ev.attack_steps), "kappa": float(ev.cw_kappa),
+        "apgd_steps": int(ev.apgd_steps), "apgd_rho": float(ev.apgd_rho),
+        "prob_acc_q": tuple(float(q) for q in ev.prob_acc_q), "confidence": float(ev.confidence),
+        "bootstrap_resamples": int(ev.bootstrap_resamples), "seed": int(ev.seed),
+    }
 
-    @jax.jit
-    def evaluate_batch(params, batch_stats, images, labels, indices):
-        logits_fn = functools.partial(model_fns.infer, params, batch_stats)
-        x = data.to_float(images)
-        correct = jnp.argmax(logits_fn(x), -1) == labels
-        counts = robustness.non_adversarial_counts(
-            logits_fn, key, x, labels, indices, epsilons, int(ev.pr_samples),
-            int(ev.pr_chunk_size), distribution)
-        return correct, counts
 
-    correct, counts = [], []
-    bar = _bar(progress, n, "evaluate")
-    start_time = time.perf_counter()
+def _levels(s, distribution):
+    """(perturbation levels, their result keys): eps for gaussian/uniform, sigma of p_dis for pdis."""
+    if distribution == robustness.PDIS:
+        return (s["pdis_sigma"],), [f"c1={s['pdis_c1']:g}"]
+    return s["epsilons"], [_eps_key(e) for e in s["epsilons"]]
+
+
+# ---------------------------------------------------------------------------------------
+# Compiled per-batch evaluators: fn(params, batch_stats, images, labels, indices) -> pytree of
+# arrays whose leading axis is the batch.
+
+def _per_example(attack, key, indices, x, y):
+    """Runs `attack(key_i, x_i[None], y_i[None])` per example with key_i = fold_in(key, index_i)."""
+    def one(i, xi, yi):
+        out = attack(jax.random.fold_in(key, i), xi[None], yi[None])
+        return jax.tree.map(lambda a: a[0], out)
+    return jax.vmap(one)(indices, x, y)
+
+
+def _make_batch_fn(name, model_fns, s, distribution=None):
+    root = jax.random.PRNGKey(s["seed"])
+
+    def logits_fn_of(params, batch_stats):
+        return functools.partial(model_fns.infer, jax.lax.stop_gradient(params),
+                                 jax.lax.stop_gradient(batch_stats))
+
+    if name == "clean":
+        def fn(params, batch_stats, images, labels, indices):
+            return {"correct": jnp.argmax(logits_fn_of(params, batch_stats)(data.to_float(images)), -1) == labels}
+    elif name in ("pgd20", "cw20"):
+        loss_fn = attacks.cross_entropy_loss if name == "pgd20" else functools.partial(
+            attacks.cw_margin_loss, kappa=s["kappa"])
+        key = jax.random.split(root, 5)[_ATTACK_STREAM[name]]
+
+        def fn(params, batch_stats, images, labels, indices):
+            logits_fn = logits_fn_of(params, batch_stats)
+            x = data.to_float(images)
+            x_adv = _per_example(lambda k, xi, yi: attacks.pgd(
+                logits_fn, k, xi, yi, eps=s["eps"], step_size=s["step_size"], steps=s["steps"],
+                loss_fn=loss_fn, random_start=True), key, indices, x, labels)
+            return {"robust": jnp.argmax(logits_fn(x_adv), -1) == labels}
+    elif name in ("apgd_ce", "apgd_dlr"):
+        loss = name.split("_")[1]
+        key = jax.random.split(root, 5)[_ATTACK_STREAM[name]]
+
+        def fn(params, batch_stats, images, labels, indices):
+            logits_fn = logits_fn_of(params, batch_stats)
+            result = _per_example(lambda k, xi, yi: attacks.apgd(
+                logits_fn, k, xi, yi, eps=s["eps"], steps=s["apgd_steps"], loss=loss, rho=s["apgd_rho"]),
+                key, indices, data.to_float(images), labels)
+            return {"robust": result.robust}
+    elif name == "pr":
+        levels, _ = _levels(s, distribution)
+
+        def fn(params, batch_stats, images, labels, indices):
+            logits_fn = logits_fn_of(params, batch_stats)
+            x = data.to_float(images)
+            stats = robustness.pr_statistics(
+                logits_fn, root, x, labels, indices, levels, s["pr_samples"], s["pr_chunk_size"],
+                distribution, s["entropic_lambda"])
+            return {k: v.T for k, v in stats.items()}  # (batch, levels)
+    else:
+        raise UserError(f"unknown evaluator {name!r}")
+    return jax.jit(fn)
+
+
+def _run_evaluator(batch_fn, state, split, n, batch_size, desc, progress):
+    """Per-example outputs over the first n images (padding removed) and the wall time."""
+    outputs = []
+    bar = _bar(progress, n, desc)
+    start = time.perf_counter()
     for images, labels, indices, mask in _padded_batches(split, n, batch_size):
-        c, k = evaluate_batch(state.params, state.batch_stats, images, labels, indices)
-        c, k = jax.device_get((c, k))
-        correct.append(c[mask])
-        counts.append(k[:, mask])
+        out = jax.device_get(batch_fn(state.params, state.batch_stats, images, labels, indices))
+        outputs.append(jax.tree.map(lambda a: np.asarray(a)[mask], out))
         if bar is not None:
             bar.update(int(mask.sum()))
-            bar.set_postfix(img_s=f"{bar.n / (time.perf_counter() - start_time):.1f}")
+            bar.set_postfix(img_s=f"{bar.n / (time.perf_counter() - start):.1f}")
     if bar is not None:
         bar.close()
-    correct = np.concatenate(correct)
-    per_image_pr = np.concatenate(counts, axis=1) / float(ev.pr_samples)  # (E, n)
-    eps_keys = [_eps_key(e) for e in epsilons]
-    results = {
-        "clean_accuracy": float(correct.mean()),
-        "pr": {k: float(v) for k, v in zip(eps_keys, per_image_pr.mean(axis=1))},
-        "pr_clean_correct": {k: (float(v) if correct.any() else None) for k, v in zip(
-            eps_keys, per_image_pr[:, correct].mean(axis=1) if correct.any() else [None] * len(eps_keys))},
-        "settings": {
-            "num_examples": int(n),
-            "num_clean_correct": int(correct.sum()),
-            "pr_distribution": distribution,
-            "pr_samples": int(ev.pr_samples),
-            "pr_epsilons": list(epsilons),
-            "seed": int(ev.seed),
-            "dataset": cfg.dataset,
-            "split": "test",
-            "step": int(state.step),
-        },
-        "wall_time_s": round(time.perf_counter() - start_time, 2),
+    wall = time.perf_counter() - start
+    return jax.tree.map(lambda *a: np.concatenate(a), *outputs), wall
+
+
+# ---------------------------------------------------------------------------------------
+# Figures with intervals (host side, float64).
+
+def _proportion(hits, confidence) -> dict:
+    hits = np.asarray(hits, bool)
+    lo, hi = robustness.clopper_pearson(hits.sum(), hits.size, confidence)
+    return {"value": float(hits.mean()) if hits.size else None, "interval": [float(lo), float(hi)],
+            "interval_method": "clopper-pearson", "n": int(hits.size)}
+
+
+def _mean_with_interval(values, s, method="bootstrap") -> dict:
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        return {"value": None, "interval": [None, None], "n": 0}
+    idx = robustness.bootstrap_indices(values.size, s["bootstrap_resamples"], s["seed"])
+    lo, hi = robustness.bootstrap_mean_interval(values, idx, s["confidence"])
+    return {"value": float(values.mean()), "interval": [float(lo), float(hi)], "n": int(values.size),
+            "interval_method": f"percentile bootstrap over images ({s['bootstrap_resamples']} resamples)"}
+
+
+def pr_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
+    """Figures of one perturbation level from per-image statistics (arrays over images)."""
+    n_samples = s["pr_samples"]
+    per_image = np.asarray(counts, np.float64) / n_samples
+    lam = s["entropic_lambda"]
+    mean_loss = np.asarray(sum_loss, np.float64) / n_samples
+    risk = robustness.entropic_risk(lse_loss, n_samples, lam, sum_loss)
+    cp_lo, cp_hi = robustness.clopper_pearson(counts, n_samples, s["confidence"])
+    out = {}
+    for subset, mask in (("all", np.ones_like(correct, bool)), ("clean_correct", np.asarray(correct, bool))):
+        fig = _mean_with_interval(per_image[mask], s)
+        if mask.sum() > 1:
+            fig.update({k: float(v) for k, v in robustness.variance_decomposition(per_image[mask], n_samples).items()})
+        out[subset] = fig
+    out["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image > 1 - q, s) for q in s["prob_acc_q"]}
+    out["expected_loss"] = _mean_with_interval(mean_loss, s)
+    out["lower_bound"] = _mean_with_interval(robustness.lower_bound(mean_loss), s)
+    out["entropic_risk"] = _mean_with_interval(risk, s)
+    out["lower_bound_entropic"] = _mean_with_interval(robustness.lower_bound(risk), s)
+    out["per_image_clopper_pearson_mean_width"] = float(np.mean(cp_hi - cp_lo)) if per_image.size else None
+    return out
+
+
+def _summarize(per_image, evaluators, s, n) -> dict:
+    conf = s["confidence"]
+    figures = {}
+    correct = per_image.get("clean", {}).get("correct")
+    if correct is not None:
+        figures["clean_accuracy"] = _proportion(correct, conf)
+    attack_settings = {
+        "pgd20": {"eps": s["eps"], "step_size": s["step_size"], "steps": s["steps"], "loss": "ce",
+                  "random_start": "uniform"},
+        "cw20": {"eps": s["eps"], "step_size": s["step_size"], "steps": s["steps"],
+                 "loss": "cw_margin", "kappa": s["kappa"], "random_start": "uniform"},
+        "apgd_ce": {"eps": s["eps"], "steps": s["apgd_steps"], "rho": s["apgd_rho"], "loss": "ce",
+                    "restarts": 1},
+        "apgd_dlr": {"eps": s["eps"], "steps": s["apgd_steps"], "rho": s["apgd_rho"], "loss": "dlr",
+                     "restarts": 1},
     }
+    ran_attacks = [a for a in WORST_CASE_ATTACKS if a in evaluators]
+    for a in ran_attacks:
+        figures[a] = dict(_proportion(per_image[a]["robust"], conf), settings=attack_settings[a])
+    if ran_attacks:
+        worst = np.logical_and.reduce([per_image[a]["robust"] for a in ran_attacks])
+        if correct is not None:
+            worst = worst & correct
+        figures["worst_case"] = dict(_proportion(worst, conf), attacks=ran_attacks)
+    if "pr" in evaluators:
+        pr_correct = per_image["pr_correct"]
+        figures["pr"] = {}
+        for d in s["distributions"]:
+            _, keys = _levels(s, d)
+            st = per_image[f"pr_{d}"]
+            figures["pr"][d] = {k: pr_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j],
+                                              pr_correct, s) for j, k in enumerate(keys)}
+    return figures
+
+
+def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: int = -1,
+                   batch_size: int = 500, progress: bool = True, evaluators=None,
+                   per_image_out: dict | None = None) -> dict:
+    """Every chosen evaluator on `split` (a library call); see the module docstring.
+
+    evaluators: names or a comma-separated string (default cfg.eval.evaluators).
+    per_image_out: if a dict, receives the per-image arrays (as in per_image.npz).
+    """
+    ev = eval_settings(cfg)
+    s = _resolve(cfg, ev)
+    evaluators = parse_evaluators(ev.evaluators if evaluators is None else evaluators)
+    n = len(split) if num_examples <= 0 else min(num_examples, len(split))
+    if batch_size <= 0:
+        raise UserError(f"batch_size must be positive, got {batch_size}")
+    start_time = time.perf_counter()
+    per_image, walls = {}, {}
+    for name in evaluators:
+        if name == "pr":
+            for d in s["distributions"]:
+                out, walls[f"pr_{d}"] = _run_evaluator(_make_batch_fn("pr", model_fns, s, d), state, split, n,
+                                                       batch_size, f"PR {d}", progress)
+                per_image[f"pr_{d}"] = out
+        else:
+            per_image[name], walls[name] = _run_evaluator(_make_batch_fn(name, model_fns, s), state, split, n,
+                                                          batch_size, name, progress)
+    if "clean" not in per_image and "pr" in evaluators:  # PR's clean-correct subset needs it
+        per_image["clean"], walls["clean"] = _run_evaluator(_make_batch_fn("clean", model_fns, s), state,
+                                                            split, n, batch_size, "clean", progress)
+    if "pr" in evaluators:
+        per_image["pr_correct"] = per_image["clean"]["correct"]
+    figures = _summarize(per_image, evaluators, s, n)
+
+    results = {}
+    if "clean" in per_image:
+        results["clean_accuracy"] = float(per_image["clean"]["correct"].mean())
+    if "pr" in evaluators:
+        default = figures["pr"][ev.pr_distribution]
+        results["pr"] = {k: v["all"]["value"] for k, v in default.items()}
+        results["pr_clean_correct"] = {k: v["clean_correct"]["value"] for k, v in default.items()}
+    results["figures"] = figures
+    results["settings"] = {
+        "num_examples": int(n),
+        "num_clean_correct": int(per_image["clean"]["correct"].sum()) if "clean" in per_image else None,
+        "evaluators": list(evaluators),
+        "pr_distribution": ev.pr_distribution,
+        "pr_distributions": list(s["distributions"]),
+        "pr_samples": s["pr_samples"],
+        "pr_epsilons": list(s["epsilons"]),
+        "pr_chunk_size": s["pr_chunk_size"],
+        "pdis_c1": s["pdis_c1"], "pdis_sigma": s["pdis_sigma"],
+        "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
+        "gaussian": "x + eps * N(0, I), clipped to [0,1]",
+        "uniform": "x + eps * U[-1,1]^d, clipped to [0,1]",
+        "entropic_lambda": s["entropic_lambda"],
+        "attack_eps": s["eps"], "attack_step_size": s["step_size"], "attack_steps": s["steps"],
+        "cw_kappa": s["kappa"], "apgd_steps": s["apgd_steps"], "apgd_rho": s["apgd_rho"],
+        "prob_acc_q": list(s["prob_acc_q"]),
+        "confidence": s["confidence"], "bootstrap_resamples": s["bootstrap_resamples"],
+        "seed": s["seed"],
+        "dataset": cfg.dataset,
+        "split": "test",
+        "batch_size": int(batch_size),
+        "step": int(state.step),
+    }
+    results["evaluator_wall_time_s"] = {k: round(v, 2) for k, v in walls.items()}
+    results["wall_time_s"] = round(time.perf_counter() - start_time, 2)
+    if per_image_out is not None:
+        per_image_out.update(_flatten_per_image(per_image, s, n))
     return results
+
+
+def _flatten_per_image(per_image, s, n) -> dict:
+    flat = {"image_index": np.arange(n, dtype=np.int32)}
+    for name, out in per_image.items():
+        if isinstance(out, dict):
+            for k, v in out.items():
+                flat[f"{name}.{k}"] = v
+    return flat
 
 
 def _eps_key(eps: float) -> str:
@@ -151,35 +408,207 @@ def restore_for_eval(workdir: str):
     return cfg, model_holder["fns"], state
 
 
+def apply_overrides(cfg, overrides: dict | None):
+    """cfg with eval fields replaced (e.g. {'pr_samples': 20}); unknown fields are refused."""
+    if not overrides:
+        return cfg
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    ev = eval_settings(cfg)
+    for key, value in overrides.items():
+        if key not in ev:
+            raise UserError(f"unknown eval setting {key!r}")
+        ev[key] = value
+    cfg.eval = ev
+    return cfg
+
+
 def run(workdir: str, num_examples: int | None = None, batch_size: int | None = None,
-        progress: bool = True) -> dict:
+        progress: bool = True, evaluators=None, overrides: dict | None = None) -> dict:
+    """Evaluates a workdir's latest checkpoint; writes eval/results.json and eval/per_image.npz."""
     cfg, model_fns, state = restore_for_eval(workdir)
+    cfg = apply_overrides(cfg, overrides)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
+    per_image = {}
     results = evaluate_state(
         cfg, model_fns, state, split,
         num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
         batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
-        progress=progress)
+        progress=progress, evaluators=evaluators, per_image_out=per_image)
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
-    tmp = os.path.join(out_dir, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2)
-    os.replace(tmp, os.path.join(out_dir, "results.json"))
+    _write_json(os.path.join(out_dir, "results.json"), results)
+    tmp = os.path.join(out_dir, "per_image.tmp.npz")
+    np.savez_compressed(tmp, **per_image)
+    os.replace(tmp, os.path.join(out_dir, "per_image.npz"))
     return results
 
 
+def _write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def load_results(workdir: str):
+    """(results dict, per-image arrays) written by `run`."""
+    out_dir = os.path.join(workdir, "eval")
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.isfile(path):
+        raise UserError(f"no evaluation in {workdir!r}; run python -m patjax.evaluate --workdir={workdir}")
+    with open(path) as f:
+        results = json.load(f)
+    npz = os.path.join(out_dir, "per_image.npz")
+    per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
+    return results, per_image
+
+
+# ---------------------------------------------------------------------------------------
+# Tables, comparison and plot.
+
+def _pct(fig) -> str:
+    if not fig or fig.get("value") is None:
+        return "-"
+    lo, hi = fig["interval"]
+    return f"{100 * fig['value']:.2f} [{100 * lo:.1f},{100 * hi:.1f}]"
+
+
+def _table(header, rows) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def _run_name(workdir):
+    return os.path.basename(os.path.normpath(workdir))
+
+
 def format_table(workdir: str, results: dict) -> str:
-    eps = list(results["pr"])
-    header = ["run", "Acc %"] + [f"PR({e}) %" for e in eps]
-    row = [os.path.basename(os.path.normpath(workdir)), f"{100 * results['clean_accuracy']:.2f}"]
-    row += [f"{100 * results['pr'][e]:.2f}" for e in eps]
-    widths = [max(len(h), len(r)) for h, r in zip(header, row)]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
-    s = results["settings"]
-    return "\n".join([line(header), line(row),
-                      f"({s['num_examples']} test images, PR: {s['pr_distribution']} noise, "
-                      f"N={s['pr_samples']}, seed {s['seed']}, step {s['step']})"])
+    return format_comparison([workdir], [results])
+
+
+def format_comparison(workdirs, results_list) -> str:
+    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with 95% intervals, one row per run."""
+    first = results_list[0]
+    dist = first["settings"]["pr_distribution"]
+    eps_keys = list(first.get("pr", {}))
+    header = ["run", "Acc %", "PGD %", "CW %"] + [f"PR({e}) %" for e in eps_keys]
+    rows = []
+    for workdir, r in zip(workdirs, results_list):
+        f = r.get("figures", {})
+        pr = f.get("pr", {}).get(dist, {})
+        rows.append([_run_name(workdir), _pct(f.get("clean_accuracy")), _pct(f.get("pgd20")), _pct(f.get("cw20"))]
+                    + [_pct(pr.get(e, {}).get("all")) for e in eps_keys])
+    extra_header = ["run", "APGD-CE %", "APGD-DLR %", "worst %"] + [f"LB({e}) %" for e in eps_keys]
+    extra = []
+    for workdir, r in zip(workdirs, results_list):
+        f = r.get("figures", {})
+        pr = f.get("pr", {}).get(dist, {})
+        extra.append([_run_name(workdir), _pct(f.get("apgd_ce")), _pct(f.get("apgd_dlr")), _pct(f.get("worst_case"))]
+                     + [_pct(pr.get(e, {}).get("lower_bound")) for e in eps_keys])
+    s = first["settings"]
+    note = (f"({s['num_examples']} test images; PR: {dist} noise, N={s['pr_samples']}, seed {s['seed']}; "
+            f"[95% intervals]: Clopper-Pearson for accuracies, bootstrap over images for PR; "
+            f"LB = Theorem 2 lower bound 1 - E[f]/log 2)")
+    return "\n".join([_table(header, rows), "", _table(extra_header, extra), note])
+
+
+def paired_differences(results_list, per_images, workdirs) -> list:
+    """PR(run) - PR(first run) per eps with a paired bootstrap interval over images (same samples)."""
+    base_res, base = results_list[0], per_images[0]
+    s = _resolve_from_results(base_res)
+    out = []
+    for workdir, res, pi in zip(workdirs[1:], results_list[1:], per_images[1:]):
+        _check_common_random_numbers(base_res, res, workdirs[0], workdir)
+        row = {"run": _run_name(workdir), "baseline": _run_name(workdirs[0]), "distributions": {}}
+        for d in res["settings"]["pr_distributions"]:
+            key = f"pr_{d}.counts"
+            if key not in pi or key not in base:
+                continue
+            diff = (pi[key].astype(np.float64) - base[key].astype(np.float64)) / s["pr_samples"]
+            keys = list(res["figures"]["pr"][d])
+            row["distributions"][d] = {k: _mean_with_interval(diff[:, j], s) for j, k in enumerate(keys)}
+        out.append(row)
+    return out
+
+
+def _resolve_from_results(results):
+    st = results["settings"]
+    return {"pr_samples": st["pr_samples"], "bootstrap_resamples": st["bootstrap_resamples"],
+            "seed": st["seed"], "confidence": st["confidence"]}
+
+
+def _check_common_random_numbers(a, b, wa, wb):
+    keys = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1")
+    differing = [k for k in keys if a["settings"].get(k) != b["settings"].get(k)]
+    if differing:
+        raise UserError(f"{wa!r} and {wb!r} were evaluated with different settings "
+                        f"({', '.join(differing)}): not comparable on common random numbers")
+
+
+def format_differences(diffs, dist) -> str:
+    if not diffs:
+        return ""
+    eps_keys = list(diffs[0]["distributions"].get(dist, {}))
+    header = ["run - " + diffs[0]["baseline"]] + [f"dPR({e}) pp" for e in eps_keys]
+    rows = []
+    for row in diffs:
+        cells = [row["run"]]
+        for e in eps_keys:
+            fig = row["distributions"].get(dist, {}).get(e)
+            cells.append("-" if fig is None else
+                         f"{100 * fig['value']:+.2f} [{100 * fig['interval'][0]:+.2f},{100 * fig['interval'][1]:+.2f}]")
+        rows.append(cells)
+    return _table(header, rows) + "\n(paired: same images and perturbations; bootstrap over images)"
+
+
+def plot_pr(workdirs, results_list, path) -> None:
+    """PNG: PR against eps with interval bands, one line per run, one panel per eps-distribution."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dists = [d for d in results_list[0]["settings"]["pr_distributions"] if d in robustness.DISTRIBUTIONS]
+    fig, axes = plt.subplots(1, len(dists), figsize=(5 * len(dists), 4), squeeze=False)
+    for ax, d in zip(axes[0], dists):
+        for workdir, r in zip(workdirs, results_list):
+            pr = r.get("figures", {}).get("pr", {}).get(d)
+            if not pr:
+                continue
+            eps = [float(e) for e in pr]
+            val = [100 * pr[e]["all"]["value"] for e in pr]
+            lo = [100 * pr[e]["all"]["interval"][0] for e in pr]
+            hi = [100 * pr[e]["all"]["interval"][1] for e in pr]
+            line, = ax.plot(eps, val, marker="o", label=_run_name(workdir))
+            ax.fill_between(eps, lo, hi, alpha=0.25, color=line.get_color())
+        s = results_list[0]["settings"]
+        ax.set_title(f"{d} noise, N={s['pr_samples']}, {s['num_examples']} images")
+        ax.set_xlabel("eps")
+        ax.set_ylabel("PR % (95% bootstrap interval)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare(workdirs, plot_path=None) -> str:
+    """Table, paired differences and PNG plot for evaluated workdirs; returns the printed text."""
+    loaded = [load_results(w) for w in workdirs]
+    results_list = [r for r, _ in loaded]
+    text = format_comparison(workdirs, results_list)
+    plot_path = plot_path or os.path.join(workdirs[0], "eval", "pr_vs_eps.png")
+    if any("pr" in r.get("figures", {}) for r in results_list):
+        plot_pr(workdirs, results_list, plot_path)
+        text += f"\nplot: {plot_path}"
+    if len(workdirs) > 1:
+        diffs = paired_differences(results_list, [p for _, p in loaded], workdirs)
+        dist = results_list[0]["settings"]["pr_distribution"]
+        text += "\n\n" + format_differences(diffs, dist)
+        _write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
+    return text
 
 
 def main(argv):
@@ -194,18 +623,42 @@ def main(argv):
         raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
-    for workdir in FLAGS.workdir:
-        results = run(workdir, FLAGS.num_examples, FLAGS.batch_size)
-        print(format_table(workdir, results))
-        print(f"wrote {os.path.join(workdir, 'eval', 'results.json')}")
+    overrides = {}
+    if FLAGS.pr_samples is not None:
+        overrides["pr_samples"] = FLAGS.pr_samples
+    if FLAGS.pr_chunk_size is not None:
+        overrides["pr_chunk_size"] = FLAGS.pr_chunk_size
+    if FLAGS.pr_distributions is not None:
+        overrides["pr_distributions"] = tuple(d.strip() for d in FLAGS.pr_distributions.split(",") if d.strip())
+    if FLAGS.seed is not None:
+        overrides["seed"] = FLAGS.seed
+    if FLAGS.apgd_steps is not None:
+        overrides["apgd_steps"] = FLAGS.apgd_steps
+    evaluators = parse_evaluators(FLAGS.evaluators) if FLAGS.evaluators else None
+    if not FLAGS.compare_only:
+        for workdir in FLAGS.workdir:
+            results = run(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators=evaluators,
+                          overrides=overrides)
+            print(f"{_run_name(workdir)}: wrote {os.path.join(workdir, 'eval', 'results.json')} "
+                  f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})")
+    print(compare(FLAGS.workdir, FLAGS.plot))
 
 
 def _define_flags():
     from absl import flags
 
-    flags.DEFINE_multi_string("workdir", None, "Workdir(s) of trained runs.")
+    flags.DEFINE_multi_string("workdir", None, "Workdir(s) of trained runs (several: one comparison).")
     flags.DEFINE_integer("num_examples", None, "Test images to evaluate (default: config.eval).")
     flags.DEFINE_integer("batch_size", None, "Images per evaluation batch (default: config.eval).")
+    flags.DEFINE_string("evaluators", None, "Comma-separated: clean,pgd20,cw20,apgd (=apgd_ce,apgd_dlr),"
+                        "apgd_ce,apgd_dlr,pr,all (default: config.eval.evaluators).")
+    flags.DEFINE_integer("pr_samples", None, "N perturbations per image for PR.")
+    flags.DEFINE_integer("pr_chunk_size", None, "Perturbations per image evaluated at once (memory).")
+    flags.DEFINE_string("pr_distributions", None, "Comma-separated: gaussian,uniform,pdis.")
+    flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
+    flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
+    flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")
+    flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
 
 
 def cli():

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DISTRIBUTIONS = ("gaussian", "uniform")
 
@@ -73,3 +74,151 @@ def non_adversarial_counts(logits_fn: Callable[[jax.Array], jax.Array], key: jax
         return counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
 
     return jax.lax.fori_loop(0, num_chunks, chunk, jnp.zeros((len(epsilons), batch), jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------
+# Monte-Carlo statistics for PR, the paper's lower bound and the entropic risk (issue 4).
+#
+# One pass over the N samples of every image gives, per perturbation level and image:
+#   counts       number of non-adversarial samples (s(x) < 0)          -> PR_i
+#   sum_loss     sum_j f(X_j, y), f the cross-entropy                  -> R_0 and the bound
+#   lse_loss     log sum_j exp(lambda f(X_j, y))                       -> R_lambda
+# from the SAME samples, so the lower bound and PR can be compared sample by sample.
+
+PDIS = "pdis"
+ALL_DISTRIBUTIONS = DISTRIBUTIONS + (PDIS,)
+
+
+def pdis_sigma(c1: float) -> float:
+    """Standard deviation of p_dis(x' ; x) ~ exp(-c1 ||x' - x||^2) (Sec. 2.2/3): 1/sqrt(2 c1)."""
+    return float((2.0 * c1) ** -0.5)
+
+
+def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
+                      sample_ids: jax.Array, levels: jax.Array, distribution: str) -> jax.Array:
+    """Perturbed images of shape (levels, batch, samples, H, W, C), all in [0, 1].
+
+    'gaussian' / 'uniform': `base_noise` (common random numbers) scaled by every level eps,
+    then clipped to [0, 1] -- exactly the samples `non_adversarial_counts` evaluates.
+    'pdis': the paper's p_dis(x'; x) proportional to exp(-c1 ||x' - x||^2) on [0,1]^d
+    (Theorem 2 needs a density on [0,1]^d): per pixel a Gaussian around x with standard
+    deviation sigma = 1/sqrt(2 c1) truncated (not clipped) to [0, 1]; `levels` holds the sigmas.
+    Sample j of image i uses fold_in(fold_in(key, i), j) in every case.
+    """
+    shape = x.shape[1:]
+    if distribution in DISTRIBUTIONS:
+        noise = jax.vmap(lambda i: jax.vmap(
+            lambda j: base_noise(key, i, j, shape, distribution))(sample_ids))(image_indices)
+        return jnp.clip(x[None, :, None] + levels[:, None, None, None, None, None] * noise[None], 0.0, 1.0)
+    if distribution == PDIS:
+        def one_level(sigma):
+            def one_image(i, xi):
+                def one_sample(j):
+                    k = jax.random.fold_in(jax.random.fold_in(key, i), j)
+                    z = jax.random.truncated_normal(k, -xi / sigma, (1.0 - xi) / sigma, shape, xi.dtype)
+                    return jnp.clip(xi + sigma * z, 0.0, 1.0)  # the clip only guards rounding
+                return jax.vmap(one_sample)(sample_ids)
+            return jax.vmap(one_image)(image_indices, x)
+        return jax.vmap(one_level)(levels)
+    raise ValueError(f"unknown distribution {distribution!r}; choose one of {ALL_DISTRIBUTIONS}")
+
+
+def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x: jax.Array,
+                  y: jax.Array, image_indices: jax.Array, levels: Sequence[float], num_samples: int,
+                  chunk_size: int, distribution: str = "gaussian",
+                  entropic_lambda: float = 0.0) -> dict:
+    """Per-(level, image) sufficient statistics of N perturbed samples, chunk_size at a time.
+
+    Returns {'counts': int32 (L, B) non-adversarial samples, 'sum_loss': (L, B) sum of the
+    cross-entropy f(X_j, y), 'lse_loss': (L, B) log sum_j exp(entropic_lambda * f(X_j, y))}.
+    Memory is bounded by batch * chunk_size images; a `lax.fori_loop` runs over the chunks.
+    """
+    batch = x.shape[0]
+    num_levels = len(levels)
+    num_chunks = -(-num_samples // chunk_size)
+    levels_arr = jnp.asarray(levels, x.dtype)
+    lam = float(entropic_lambda)
+
+    def chunk(c, carry):
+        counts, sum_loss, lse_loss = carry
+        sample_ids = c * chunk_size + jnp.arange(chunk_size)
+        valid = sample_ids < num_samples
+        perturbed = perturbed_samples(key, x, image_indices, sample_ids, levels_arr, distribution)
+        logits = logits_fn(perturbed.reshape(-1, *x.shape[1:])).astype(jnp.float32)
+        labels = jnp.broadcast_to(y[None, :, None], (num_levels, batch, chunk_size)).reshape(-1)
+        robust = (margin(logits, labels) < 0).reshape(num_levels, batch, chunk_size) & valid
+        loss = (jax.nn.logsumexp(logits, axis=-1)
+                - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0])
+        loss = loss.reshape(num_levels, batch, chunk_size)
+        counts = counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
+        sum_loss = sum_loss + jnp.sum(jnp.where(valid, loss, 0.0), axis=-1)
+        lse_loss = jnp.logaddexp(lse_loss, jax.nn.logsumexp(jnp.where(valid, lam * loss, -jnp.inf), axis=-1))
+        return counts, sum_loss, lse_loss
+
+    init = (jnp.zeros((num_levels, batch), jnp.int32), jnp.zeros((num_levels, batch), jnp.float32),
+            jnp.full((num_levels, batch), -jnp.inf, jnp.float32))
+    counts, sum_loss, lse_loss = jax.lax.fori_loop(0, num_chunks, chunk, init)
+    return {"counts": counts, "sum_loss": sum_loss, "lse_loss": lse_loss}
+
+
+# ---------------------------------------------------------------------------------------
+# Host-side estimators and intervals (numpy/scipy, float64).
+
+def clopper_pearson(successes, trials, confidence: float = 0.95):
+    """Exact binomial (Clopper-Pearson) interval: arrays (lower, upper), elementwise."""
+    from scipy import stats
+
+    k = np.asarray(successes, np.float64)
+    n = np.asarray(trials, np.float64)
+    alpha = 1.0 - confidence
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lower = np.where(k > 0, stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
+        upper = np.where(k < n, stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+    return lower, upper
+
+
+def bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:
+    """(num_resamples, num_items) indices of images drawn with replacement."""
+    return np.random.default_rng(seed).integers(0, num_items, size=(num_resamples, num_items))
+
+
+def bootstrap_mean_interval(values, indices: np.ndarray, confidence: float = 0.95):
+    """Percentile bootstrap interval of the mean over the last axis of `values`.
+
+    `values` holds one estimate per image (e.g. PR_i = counts_i / N): resampling images with
+    replacement reproduces both the spread of the true per-image values and the binomial
+    Monte-Carlo noise inside each estimate, because both are in the spread of the PR_i.
+    """
+    v = np.asarray(values, np.float64)
+    means = v[..., indices].mean(axis=-1)  # (..., resamples)
+    alpha = 1.0 - confidence
+    return (np.quantile(means, alpha / 2, axis=-1), np.quantile(means, 1 - alpha / 2, axis=-1))
+
+
+def variance_decomposition(per_image_pr, num_samples: int) -> dict:
+    """Var(mean PR_i-hat) = (between-image variance + mean binomial variance) / n, estimated.
+
+    within: mean over images of PR_i-hat (1 - PR_i-hat) / (N - 1) (unbiased binomial variance
+    of one image's estimate); between: the rest of the sample variance of the PR_i-hat.
+    """
+    p = np.asarray(per_image_pr, np.float64)
+    n = p.shape[-1]
+    total = p.var(axis=-1, ddof=1) if n > 1 else np.zeros(p.shape[:-1])
+    within = (p * (1 - p)).mean(axis=-1) / max(num_samples - 1, 1)
+    return {"standard_error": np.sqrt(total / n), "between_image_variance": np.maximum(total - within, 0.0),
+            "monte_carlo_variance": within}
+
+
+def entropic_risk(lse_loss, num_samples: int, entropic_lambda: float, sum_loss=None):
+    """Monte-Carlo R_lambda = (1/lambda) log((1/N) sum_j exp(lambda f_j)); R_0 = mean f at lambda = 0.
+
+    The log-sum-exp is accumulated in the compiled pass (`pr_statistics`), so no exp overflows.
+    """
+    if entropic_lambda <= 0:
+        return np.asarray(sum_loss, np.float64) / num_samples
+    return (np.asarray(lse_loss, np.float64) - np.log(num_samples)) / entropic_lambda
+
+
+def lower_bound(mean_loss):
+    """Theorem 2 with gamma* >= c2 log 2: PR >= 1 - E_p[f(X, y)] / log 2 (Proposition 10(ii) with R_lambda)."""
+    return 1.0 - np.asarray(mean_loss, np.float64) / np.log(2.0)

@@ -147,8 +147,9 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
         logits = logits_fn(perturbed.reshape(-1, *x.shape[1:])).astype(jnp.float32)
         labels = jnp.broadcast_to(y[None, :, None], (num_levels, batch, chunk_size)).reshape(-1)
         robust = (margin(logits, labels) < 0).reshape(num_levels, batch, chunk_size) & valid
-        loss = (jax.nn.logsumexp(logits, axis=-1)
-                - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0])
+        # f = log sum_j exp(z_j - z_y): the differences first, so f >= 0 (and >= log 2 on
+        # adversarial samples) holds in floating point too, even for logits of size 1e4.
+        loss = jax.nn.logsumexp(logits - jnp.take_along_axis(logits, labels[:, None], axis=-1), axis=-1)
         loss = loss.reshape(num_levels, batch, chunk_size)
         counts = counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
         sum_loss = sum_loss + jnp.sum(jnp.where(valid, loss, 0.0), axis=-1)

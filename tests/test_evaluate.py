@@ -1,0 +1,149 @@
+"""The evaluation driver: batch/chunk invariance, intervals against scipy, the comparison table,
+paired differences and the plot, and clean CLI errors."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import REPO
+from helpers import Linear
+from patjax import config as config_lib, data, evaluate
+from patjax.methods import ModelFns
+
+
+def tiny_setup(scale=1.0, num_images=7):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(num_images, 4, 4, 3), dtype=np.uint8)
+    model = Linear(num_classes=10)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 3)))["params"]
+    params = jax.tree.map(lambda p: p * 8.0 * scale, params)
+    logits = np.asarray(model.apply({"params": params}, data.to_float(images)))
+    labels = logits.argmax(1).astype(np.int32)
+    labels[::3] = (labels[::3] + 1) % 10  # some clean errors
+    state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(3))
+    return ModelFns(model.apply), state, data.Split(images, labels)
+
+
+def tiny_config(**eval_overrides):
+    cfg = config_lib.default_config()
+    cfg.eval.pr_samples = 6
+    cfg.eval.pr_chunk_size = 4
+    cfg.eval.attack_steps = 3
+    cfg.eval.apgd_steps = 6
+    cfg.eval.attack_eps = 0.05
+    cfg.eval.attack_step_size = 0.02
+    cfg.eval.bootstrap_resamples = 200
+    for k, v in eval_overrides.items():
+        cfg.eval[k] = v
+    return cfg
+
+
+def figures_close(a, b, path=""):
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            figures_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            figures_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=path)
+    else:
+        assert a == b, path
+
+
+def test_batch_size_and_chunk_size_change_no_figure():
+    model_fns, state, split = tiny_setup()
+    runs = []
+    for batch_size, chunk in ((4, 4), (3, 5)):
+        per_image = {}
+        results = evaluate.evaluate_state(tiny_config(pr_chunk_size=chunk), model_fns, state, split,
+                                          batch_size=batch_size, progress=False, per_image_out=per_image)
+        runs.append((results, per_image))
+    (a, pa), (b, pb) = runs
+    figures_close(a["figures"], b["figures"])
+    assert a["pr"] == b["pr"] and a["clean_accuracy"] == b["clean_accuracy"]
+    for key in pa:
+        if key.endswith(("counts", "robust", "correct")):
+            np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(pa[key], pb[key], rtol=1e-5, err_msg=key)
+    # Every PR figure of every distribution and level is there, with its interval and size.
+    assert set(a["figures"]["pr"]) == {"gaussian", "uniform", "pdis"}
+    assert list(a["figures"]["pr"]["pdis"]) == ["c1=0.3"]
+    level = a["figures"]["pr"]["gaussian"]["0.12"]
+    for name in ("all", "clean_correct", "lower_bound", "lower_bound_entropic", "entropic_risk"):
+        lo, hi = level[name]["interval"]
+        assert lo <= level[name]["value"] <= hi and level[name]["n"] > 0, name
+    assert set(level["prob_acc"]) == {"0.2", "0.1", "0.05", "0.01"}
+    assert a["settings"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
+    assert set(a["evaluator_wall_time_s"]) == {"clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr_gaussian",
+                                               "pr_uniform", "pr_pdis"}
+
+
+def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example():
+    model_fns, state, split = tiny_setup()
+    per_image = {}
+    results = evaluate.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
+                                      batch_size=4, progress=False, per_image_out=per_image,
+                                      evaluators="clean,pgd20,apgd")
+    fig = results["figures"]
+    correct = per_image["clean.correct"]
+    ci = stats.binomtest(int(correct.sum()), len(correct)).proportion_ci(0.95, method="exact")
+    np.testing.assert_allclose(fig["clean_accuracy"]["interval"], [ci.low, ci.high], rtol=1e-7, atol=1e-12)
+    worst = correct & per_image["pgd20.robust"] & per_image["apgd_ce.robust"] & per_image["apgd_dlr.robust"]
+    assert fig["worst_case"]["value"] == worst.mean()
+    assert fig["worst_case"]["attacks"] == ["pgd20", "apgd_ce", "apgd_dlr"]
+    assert "pr" not in results and "cw20" not in fig
+
+
+def write_eval(workdir, scale):
+    model_fns, state, split = tiny_setup(scale)
+    per_image = {}
+    results = evaluate.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
+                                      batch_size=4, progress=False, per_image_out=per_image,
+                                      evaluators="clean,pr")
+    os.makedirs(os.path.join(workdir, "eval"))
+    with open(os.path.join(workdir, "eval", "results.json"), "w") as f:
+        json.dump(results, f)
+    np.savez(os.path.join(workdir, "eval", "per_image.npz"), **per_image)
+    return per_image
+
+
+def test_comparison_table_paired_differences_and_plot(tmp_path):
+    a, b = str(tmp_path / "run_a"), str(tmp_path / "run_b")
+    pa, pb = write_eval(a, 1.0), write_eval(b, 0.3)
+    plot = str(tmp_path / "plot.png")
+    text = evaluate.compare([a, b], plot)
+    for column in ("Acc %", "PGD %", "CW %", "PR(0.1) %", "PR(0.12) %", "PR(0.15) %", "PR(0.2) %", "dPR(0.1) pp"):
+        assert column in text
+    assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    diffs = json.load(open(str(tmp_path / "plot_paired_differences.json")))
+    counts_a, counts_b = pa["pr_gaussian.counts"], pb["pr_gaussian.counts"]
+    for j, eps in enumerate(("0.1", "0.12", "0.15", "0.2")):
+        fig = diffs[0]["distributions"]["gaussian"][eps]
+        expected = np.mean((counts_b[:, j] - counts_a[:, j]) / 6)
+        assert fig["value"] == pytest.approx(expected)
+        assert fig["interval"][0] <= fig["value"] <= fig["interval"][1]
+    # The CLI prints the same comparison without re-evaluating.
+    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}",
+                          "--compare_only", f"--plot={plot}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "dPR(0.2) pp" in out.stdout and "run_b" in out.stdout
+
+
+def test_bad_evaluator_is_one_line_user_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={tmp_path}", "--evaluators=pgd7"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, "
+                                               "apgd_ce, apgd_dlr, pr, apgd, all"]

@@ -53,6 +53,40 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.pat = ml_collections.ConfigDict()
     cfg.pat.beta = 0.001             # SNIS smoothing factor (Eq. 1); 0 is PAT(WOS)
 
+    # Baselines (README "Baselines"). Inner attack shared by fgsm, pgd, alp, clp, trades, mart,
+    # atpr, pgd_cor, fgsm_cor: Appendix E, "10-step attack, L-inf <= 8/255"; alpha = 2/255 as
+    # MadryLab/cifar10_challenge and AT-PR (TRADES and MART use their own step sizes below).
+    cfg.attack = ml_collections.ConfigDict()
+    cfg.attack.epsilon = 8 / 255
+    cfg.attack.step_size = 2 / 255
+    cfg.attack.steps = 10
+    # BatchNorm during the attack: 'auto' = the baseline's reference code (batch statistics for
+    # fgsm/pgd/alp/clp/atpr and the COR variants, running statistics for trades/mart);
+    # 'inference' | 'train' force one mode for all. Never updates the running statistics.
+    cfg.attack.bn_mode = "auto"
+    cfg.fgsm = ml_collections.ConfigDict()
+    cfg.fgsm.random_start = False    # True: gradient at x + U(-eps, eps) as AT-PR's fgsm_loss
+    cfg.trades = ml_collections.ConfigDict()
+    cfg.trades.beta = 6.0            # yaodongyu/TRADES train_trades_cifar10.py
+    cfg.trades.step_size = 0.007     # ditto (AT-PR's reimplementation uses 2/255)
+    cfg.trades.init_noise = 0.001    # start x + 0.001 * N(0, 1)
+    cfg.mart = ml_collections.ConfigDict()
+    cfg.mart.beta = -1.0             # < 0: 5 for resnet18 (MART train_resnet.py), 6 otherwise
+    cfg.mart.step_size = 0.007       # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
+    cfg.mart.init_noise = 0.001
+    cfg.alp = ml_collections.ConfigDict()
+    cfg.alp.weight = 0.01            # wellzline/AT-PR ALP: CE(adv) + 0.01 mean ||z_adv - z||_2
+    cfg.clp = ml_collections.ConfigDict()
+    cfg.clp.weight = 0.3             # wellzline/AT-PR CLP: CE(clean) + 0.3 mean ||z_adv - z||_2
+    cfg.atpr = ml_collections.ConfigDict()  # wellzline/AT-PR attack_algorithms.py PR, pick_best_ae
+    cfg.atpr.num_candidates = 10     # the standard PGD + 9 randomized PGDs
+    cfg.atpr.eps_spread = 0.02       # eps' ~ U(eps - 0.02, eps)
+    cfg.atpr.step_size_spread = 0.003  # alpha' ~ U(alpha - 0.003, alpha + 0.003)
+    cfg.atpr.steps_below = 2         # steps' ~ randint(steps - 2, steps + 10), inclusive
+    cfg.atpr.steps_above = 10
+    cfg.atpr.refine_max_iters = 40   # cap of the refinement loop
+    cfg.atpr.refine_stop_fraction = 0.1  # refine while > 10% of the batch is misclassified
+
     cfg.checkpoint_every_steps = -1  # <= 0: every epoch
     cfg.max_checkpoints_to_keep = 3
     cfg.log_every_steps = -1         # <= 0: every epoch
@@ -105,6 +139,33 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise UserError(f"langevin.steps must be >= 0, got {cfg.langevin.steps}")
     if cfg.langevin.bn_mode not in ("inference", "train"):
         raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {cfg.langevin.bn_mode!r}")
+    _validate_baselines(cfg)
     if cfg.eval.pr_distribution not in ("gaussian", "uniform"):
         raise UserError(f"eval.pr_distribution must be 'gaussian' or 'uniform', "
                         f"got {cfg.eval.pr_distribution!r}")
+
+
+def _validate_baselines(cfg) -> None:
+    """Settings of the baseline methods (absent from configs written before they existed)."""
+    if "attack" not in cfg:
+        if cfg.method not in ("pat", "pat_wos"):
+            raise UserError(f"method {cfg.method!r} needs the attack settings of default_config()")
+        return
+    a = cfg.attack
+    if a.bn_mode not in ("auto", "inference", "train"):
+        raise UserError(f"attack.bn_mode must be 'auto', 'inference' or 'train', got {a.bn_mode!r}")
+    if a.epsilon < 0 or a.step_size < 0 or a.steps < 0:
+        raise UserError("attack.epsilon, attack.step_size and attack.steps must be >= 0")
+    if cfg.trades.step_size < 0 or cfg.mart.step_size < 0:
+        raise UserError("trades.step_size and mart.step_size must be >= 0")
+    if cfg.trades.beta < 0:
+        raise UserError(f"trades.beta must be >= 0, got {cfg.trades.beta}")
+    p = cfg.atpr
+    if p.num_candidates < 1:
+        raise UserError(f"atpr.num_candidates must be >= 1, got {p.num_candidates}")
+    if p.steps_below < 0 or p.steps_above < 0 or p.refine_max_iters < 0:
+        raise UserError("atpr.steps_below, atpr.steps_above and atpr.refine_max_iters must be >= 0")
+    if not 0.0 <= p.refine_stop_fraction <= 1.0:
+        raise UserError(f"atpr.refine_stop_fraction must be in [0, 1], got {p.refine_stop_fraction}")
+    if p.step_size_spread > a.step_size:
+        raise UserError("atpr.step_size_spread must not exceed attack.step_size (negative step sizes)")

@@ -8,12 +8,22 @@ differentiated with respect to `params` by the train step, so the compiled step 
 for every method and `--config.method=NAME` selects one. `model` is a `ModelFns` pair of
 pure apply functions (inference mode / training mode); `cfg` is the full ConfigDict (static).
 
+Methods (README "Baselines"): clean, fgsm, pgd, alp, clp, trades, mart, atpr (the
+baselines of Table 1), pat, pat_wos (Algorithm 2 and its ablation), pgd_cor, fgsm_cor (PGD /
+FGSM batches with the PAT weights, Table 2). Every method returns at least the metrics
+'loss', 'adv_accuracy' (accuracy of the training-mode pass on the adversarial batch; on the
+clean batch for `clean`), 'snis_weight_mean' and 'snis_weight_max' (1/B for methods
+without importance weights).
+
 Conventions shared by all methods:
-- Inner attacks/samplers see the parameters under `stop_gradient` and run BatchNorm in
-  inference mode (running statistics, nothing updated) unless `cfg.langevin.bn_mode` says
-  'train' -- the PyTorch reference calls `model.eval()` before the sampler.
-- The outer loss runs the model in training mode on the adversarial batch: batch statistics
-  normalize it and the running statistics are updated from it (Algorithm 2, line 16).
+- Inner attacks/samplers see the parameters under `stop_gradient`. BatchNorm during the
+  sampler is `cfg.langevin.bn_mode` (inference by default: the PyTorch reference calls
+  `model.eval()` before the sampler); during a baseline's attack it is `cfg.attack.bn_mode`,
+  whose default 'auto' is the mode of that baseline's reference code
+  (`REFERENCE_ATTACK_BN_MODE`). An attack never updates the running statistics.
+- The outer loss runs the model in training mode: batch statistics normalize each pass,
+  and the running statistics receive one momentum update per forward pass, in the order
+  the reference code makes its passes (`train_passes`; e.g. TRADES: x, x_adv, x).
 - Reductions over the batch are over the *global* batch: the step is written on global
   arrays, so under `jax.sharding` the SNIS softmax still normalizes over every example.
 """
@@ -26,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax import samplers
+from patjax import attacks, samplers
 from patjax.errors import UserError
 
 
@@ -110,9 +120,219 @@ def pat_wos(params, model, batch_stats, x, y, key, cfg):
     return _weighted_update(params, model, batch_stats, x_adv, y, 0.0)
 
 
+# ---------------------------------------------------------------------------------------
+# Baselines (README "Baselines"). Shared settings: cfg.attack.{epsilon, step_size, steps,
+# bn_mode}; per method: cfg.fgsm, cfg.trades, cfg.mart, cfg.alp, cfg.clp, cfg.atpr.
+
+# BatchNorm during the inner attack in each baseline's reference code:
+# - 'train' (batch statistics): MadryLab/cifar10_challenge builds the attack on the
+#   Model(mode='train') graph, and wellzline/AT-PR attack_algorithms.py runs pgd_loss,
+#   fgsm_loss, ALP, CLP and PR in model.train(); both also update the running averages at
+#   every attack step, which is not reproduced here (see README, "Baselines").
+# - 'inference': yaodongyu/TRADES trades.py and YisenWang/MART mart.py call model.eval()
+#   before the attack and model.train() after it.
+REFERENCE_ATTACK_BN_MODE = {
+    "fgsm": "train", "fgsm_cor": "train", "pgd": "train", "pgd_cor": "train",
+    "alp": "train", "clp": "train", "atpr": "train",
+    "trades": "inference", "mart": "inference",
+}
+
+
+def attack_bn_mode(cfg, method: str) -> str:
+    """BatchNorm mode of `method`'s inner attack: cfg.attack.bn_mode, 'auto' = the reference's."""
+    mode = cfg.attack.bn_mode
+    return REFERENCE_ATTACK_BN_MODE[method] if mode == "auto" else mode
+
+
+def mart_beta(cfg) -> float:
+    """cfg.mart.beta, or where it is negative the reference's: 5 for ResNet-18 (MART
+    train_resnet.py, AT-PR mart_loss), 6 otherwise (MART train_wideresnet.py, mart.py default)."""
+    beta = float(cfg.mart.beta)
+    if beta >= 0:
+        return beta
+    return 5.0 if cfg.model == "resnet18" else 6.0
+
+
+def train_passes(model: ModelFns, params, batch_stats, inputs):
+    """Training-mode forward passes on `inputs` in order, as consecutive PyTorch calls under
+    model.train(): each pass is normalized by its own batch statistics and makes one
+    momentum update of the running statistics. Returns ([logits per input], new_batch_stats).
+    Repeated inputs give identical logits; they are repeated for the statistics only."""
+    all_logits = []
+    for x in inputs:
+        logits, batch_stats = model.train(params, batch_stats, x)
+        all_logits.append(logits)
+    return all_logits, batch_stats
+
+
+def _mean_ce(logits, y):
+    return jnp.mean(attacks.cross_entropy_loss(logits, y))
+
+
+def _uniform_weights(batch: int) -> dict:
+    return {"snis_weight_mean": jnp.float32(1.0 / batch), "snis_weight_max": jnp.float32(1.0 / batch)}
+
+
+def _safe_l2_norm(v):
+    """Row-wise L2 norm whose gradient at 0 is 0 (torch.norm's backward), not NaN."""
+    squared = jnp.sum(jnp.square(v), axis=-1)
+    positive = squared > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def fgsm_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg, method="fgsm"):
+    """FGSM (Goodfellow et al. 2015) from x; cfg.fgsm.random_start: gradient at a uniform point
+    of the ball, as AT-PR's fgsm_loss."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, method))
+    eps = float(cfg.attack.epsilon)
+    if cfg.fgsm.random_start:
+        return attacks.fgsm_random_point(logits_fn, key, x, y, eps)
+    return attacks.fgsm(logits_fn, x, y, eps)
+
+
+def pgd_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg, method="pgd"):
+    """L-inf PGD with a uniform random start (Madry et al.; MadryLab/cifar10_challenge)."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, method))
+    return attacks.pgd(logits_fn, key, x, y, eps=float(cfg.attack.epsilon),
+                       step_size=float(cfg.attack.step_size), steps=int(cfg.attack.steps))
+
+
+def clean(params, model, batch_stats, x, y, key, cfg):
+    """Standard training: mean CE(f(x), y); adv_accuracy is the accuracy on the clean batch."""
+    (logits,), new_batch_stats = train_passes(model, params, batch_stats, [x])
+    loss = _mean_ce(logits, y)
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(logits, y),
+                                    **_uniform_weights(y.shape[0])})
+
+
+def fgsm(params, model, batch_stats, x, y, key, cfg):
+    """FGSM adversarial training: mean CE(f(x_fgsm), y)."""
+    x_adv = fgsm_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "fgsm")
+    return _weighted_update(params, model, batch_stats, x_adv, y, 0.0)
+
+
+def pgd(params, model, batch_stats, x, y, key, cfg):
+    """PGD adversarial training (Madry et al. 2018): mean CE(f(x_pgd), y)."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "pgd")
+    return _weighted_update(params, model, batch_stats, x_adv, y, 0.0)
+
+
+def pgd_cor(params, model, batch_stats, x, y, key, cfg):
+    """PGD-COR (Table 2): the PGD batch with the PAT weights, sum_i w_i CE_i, beta = cfg.pat.beta."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "pgd_cor")
+    return _weighted_update(params, model, batch_stats, x_adv, y, float(cfg.pat.beta))
+
+
+def fgsm_cor(params, model, batch_stats, x, y, key, cfg):
+    """FGSM-COR (Table 2): the FGSM batch with the PAT weights, beta = cfg.pat.beta."""
+    x_adv = fgsm_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "fgsm_cor")
+    return _weighted_update(params, model, batch_stats, x_adv, y, float(cfg.pat.beta))
+
+
+def alp(params, model, batch_stats, x, y, key, cfg):
+    """Adversarial logit pairing as in wellzline/AT-PR `ALP`:
+    mean CE(z(x_pgd), y) + cfg.alp.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x_pgd, x_pgd, x)."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "alp")
+    (adv_logits, _, clean_logits), new_batch_stats = train_passes(
+        model, params, batch_stats, [x_adv, x_adv, x])
+    ce = _mean_ce(adv_logits, y)
+    pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
+    loss = ce + float(cfg.alp.weight) * pairing
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
+                                    "pairing_loss": pairing, **_uniform_weights(y.shape[0])})
+
+
+def clp(params, model, batch_stats, x, y, key, cfg):
+    """Clean logit pairing as in wellzline/AT-PR `CLP`:
+    mean CE(z(x), y) + cfg.clp.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x, x_pgd, x)."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "clp")
+    (clean_logits, adv_logits, _), new_batch_stats = train_passes(
+        model, params, batch_stats, [x, x_adv, x])
+    ce = _mean_ce(clean_logits, y)
+    pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
+    loss = ce + float(cfg.clp.weight) * pairing
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
+                                    "pairing_loss": pairing, **_uniform_weights(y.shape[0])})
+
+
+def trades(params, model, batch_stats, x, y, key, cfg):
+    """TRADES (yaodongyu/TRADES trades.py): mean CE(z(x), y) + beta * mean_i KL(p(x_i) || p(x_adv_i)),
+    x_adv from `attacks.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
+    arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "trades"))
+    x_adv = attacks.trades_kl_attack(logits_fn, key, x, eps=float(cfg.attack.epsilon),
+                                     step_size=float(cfg.trades.step_size), steps=int(cfg.attack.steps),
+                                     init_noise=float(cfg.trades.init_noise))
+    (clean_logits, adv_logits, _), new_batch_stats = train_passes(
+        model, params, batch_stats, [x, x_adv, x])
+    natural = _mean_ce(clean_logits, y)
+    robust = jnp.mean(attacks.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
+    loss = natural + float(cfg.trades.beta) * robust
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
+                                    "natural_loss": natural, "robust_loss": robust,
+                                    **_uniform_weights(y.shape[0])})
+
+
+def mart(params, model, batch_stats, x, y, key, cfg):
+    """MART (YisenWang/MART mart.py), passes x, x_adv:
+    mean_i [CE(z(x_adv_i), y_i) - log(1.0001 - p_{k_i}(x_adv_i) + 1e-12)]
+      + beta * mean_i KL(p(x_i) || p(x_adv_i)) (1.0000001 - p_{y_i}(x_i)),
+    k_i = argmax_{k != y_i} p_k(x_adv_i); log p(x_adv) is log(p + 1e-12) inside the KL, and the
+    weight (1 - p_y(x)) is not detached, as in the reference. beta = `mart_beta(cfg)`."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "mart"))
+    x_adv = attacks.mart_attack(logits_fn, key, x, y, eps=float(cfg.attack.epsilon),
+                                step_size=float(cfg.mart.step_size), steps=int(cfg.attack.steps),
+                                init_noise=float(cfg.mart.init_noise))
+    (clean_logits, adv_logits), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv])
+    adv_probs = jax.nn.softmax(adv_logits, axis=-1)
+    is_label = jax.nn.one_hot(y, adv_logits.shape[-1], dtype=bool)
+    runner_up = jnp.argmax(jnp.where(is_label, -jnp.inf, adv_probs), axis=-1)
+    runner_up_prob = jnp.take_along_axis(adv_probs, runner_up[:, None], axis=-1)[:, 0]
+    boosted_ce = _mean_ce(adv_logits, y) + jnp.mean(-jnp.log(1.0001 - runner_up_prob + 1e-12))
+    clean_probs = jax.nn.softmax(clean_logits, axis=-1)
+    true_prob = jnp.take_along_axis(clean_probs, y[:, None], axis=-1)[:, 0]
+    safe_log_clean = jnp.log(jnp.where(clean_probs > 0, clean_probs, 1.0))
+    kl = jnp.sum(clean_probs * (safe_log_clean - jnp.log(adv_probs + 1e-12)), axis=-1)
+    robust = jnp.mean(kl * (1.0000001 - true_prob))
+    loss = boosted_ce + mart_beta(cfg) * robust
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
+                                    "boosted_ce": boosted_ce, "robust_loss": robust,
+                                    **_uniform_weights(y.shape[0])})
+
+
+def atpr_settings(cfg) -> attacks.AtprSettings:
+    a = cfg.atpr
+    return attacks.AtprSettings(
+        eps=float(cfg.attack.epsilon), step_size=float(cfg.attack.step_size), steps=int(cfg.attack.steps),
+        num_candidates=int(a.num_candidates), eps_spread=float(a.eps_spread),
+        step_size_spread=float(a.step_size_spread), steps_below=int(a.steps_below),
+        steps_above=int(a.steps_above), refine_max_iters=int(a.refine_max_iters),
+        refine_stop_fraction=float(a.refine_stop_fraction))
+
+
+def atpr(params, model, batch_stats, x, y, key, cfg):
+    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `attacks.atpr_search`."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "atpr"))
+    result = attacks.atpr_search(logits_fn, key, x, y, atpr_settings(cfg))
+    loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, result.x_adv, y, 0.0)
+    metrics = dict(metrics, atpr_pgd_fraction=jnp.mean(result.choice == 0),
+                   atpr_refine_iters=jnp.mean(result.refine_iters.astype(jnp.float32)))
+    return loss, (new_batch_stats, metrics)
+
+
 METHODS: dict[str, Callable[..., Any]] = {
+    "clean": clean,
+    "fgsm": fgsm,
+    "pgd": pgd,
+    "alp": alp,
+    "clp": clp,
+    "trades": trades,
+    "mart": mart,
+    "atpr": atpr,
     "pat": pat,
     "pat_wos": pat_wos,
+    "pgd_cor": pgd_cor,
+    "fgsm_cor": fgsm_cor,
 }
 
 

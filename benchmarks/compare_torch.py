@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""patjax vs the plain PyTorch peer, run alternately (A B A B ...) in one run; prints the ratio of medians.
+
+The machine is shared and noisy, so each round runs every arm once, one after the other, in
+fresh processes, and the figure quoted is median(images/s of patjax) / median(images/s of
+the peer) over the rounds.
+
+  python benchmarks/compare_torch.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --rounds 3
+
+Arms: the peer (../shared/bench/torch_pat_reference.py for resnet18,
+benchmarks/torch_small_cnn_peer.py -- the same pat_step on models.SmallCNN -- for small_cnn)
+and one patjax arm per --patjax-variant (extra flags for epoch_throughput.py; default: none),
+e.g. --patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
+measures the convolution input-gradient switch against the same peer runs.
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REFERENCE = os.environ.get("PATJAX_TORCH_REFERENCE",
+                           os.path.join(HERE, "..", "..", "shared", "bench", "torch_pat_reference.py"))
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="resnet18", choices=("resnet18", "small_cnn"))
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--langevin-steps", type=int, default=10)
+    p.add_argument("--iters", type=int, default=3, help="timed steps per run (after one warm-up)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--patjax-variant", action="append", default=None,
+                   help="extra flags for epoch_throughput.py; repeat for several patjax arms")
+    p.add_argument("--peak-gflops", type=float, default=0.0)
+    p.add_argument("--json", action="store_true", help="also print one JSON line with every run")
+    a = p.parse_args()
+    variants = a.patjax_variant or [""]
+    common = ["--batch", str(a.batch), "--langevin-steps", str(a.langevin_steps), "--iters", str(a.iters)]
+    if a.model == "resnet18":
+        peer = [sys.executable, REFERENCE, "--width", str(a.width), *common]
+    else:
+        peer = [sys.executable, os.path.join(HERE, "torch_small_cnn_peer.py"), *common]
+    arms = {"torch": peer}
+    for v in variants:
+        arms[f"patjax {v}".strip()] = [
+            sys.executable, os.path.join(HERE, "epoch_throughput.py"), "--json", "--model", a.model,
+            "--width", str(a.width), "--peak-gflops", str(a.peak_gflops), *common, *shlex.split(v)]
+    runs = {name: [] for name in arms}
+    for r in range(a.rounds):
+        for name, cmd in arms.items():
+            result = run_json(cmd)
+            runs[name].append(result)
+            extra = (f" compile {result['compile_s']:.1f}s" if "compile_s" in result else "")
+            print(f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra}", flush=True)
+    medians = {name: statistics.median(x["images_per_s"] for x in rs) for name, rs in runs.items()}
+    print(f"\n{a.model} batch {a.batch} T={a.langevin_steps}, {a.rounds} alternating rounds "
+          f"of {a.iters} timed steps")
+    for name, m in medians.items():
+        print(f"  {name:>40}: median {m:8.2f} img/s   ratio to torch {m / medians['torch']:.2f}")
+    if a.json:
+        print(json.dumps({"model": a.model, "batch": a.batch, "langevin_steps": a.langevin_steps,
+                          "medians": medians,
+                          "ratios": {n: m / medians["torch"] for n, m in medians.items()},
+                          "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Inner attacks of the baselines against closed forms and independent numpy re-computations."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from patjax import attacks
+from helpers import Linear, np_softmax
+
+EPS = 0.1
+
+
+def linear_setup(batch=6, k=3, shape=(2, 2, 3), seed=0, interior=False):
+    """A linear classifier z = flatten(x) W + b and a batch; interior: x in [EPS, 1 - EPS]."""
+    model = Linear(k)
+    x = jax.random.uniform(jax.random.PRNGKey(seed), (batch, *shape))
+    if interior:
+        x = EPS + (1 - 2 * EPS) * x
+    else:  # pixels on the box faces, where the [0, 1] clip binds
+        x = x.at[:, 0].set(0.0).at[:, -1].set(1.0)
+    y = jnp.arange(batch) % k
+    params = model.init(jax.random.PRNGKey(seed + 1), x)["params"]
+    params = jax.tree.map(lambda p: 3.0 * p, params)
+    logits_fn = lambda z: model.apply({"params": params}, z)
+    W = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(params["Dense_0"]["bias"], np.float64)
+    return logits_fn, x, y, W, b
+
+
+def assert_in_ball_and_box(x_adv, x, eps):
+    x_adv, x = np.asarray(x_adv), np.asarray(x)
+    assert np.all(np.abs(x_adv - x) <= eps + 1e-6)
+    assert np.all((x_adv >= 0.0) & (x_adv <= 1.0))
+
+
+def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
+    logits_fn, x, y, _, _ = linear_setup()
+    key = jax.random.PRNGKey(5)
+    results = {
+        "fgsm": attacks.fgsm(logits_fn, x, y, EPS),
+        "fgsm_random_point": attacks.fgsm_random_point(logits_fn, key, x, y, EPS),
+        "pgd": attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
+        "trades": attacks.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.03, steps=5),
+        "mart": attacks.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
+    }
+    settings = attacks.AtprSettings(eps=EPS, step_size=0.03, steps=3, num_candidates=3,
+                                    eps_spread=0.05, steps_above=2, refine_max_iters=5)
+    search = attacks.atpr_search(logits_fn, key, x, y, settings)
+    results["atpr"] = search.x_adv
+    for c in range(3):
+        results[f"atpr candidate {c}"] = search.candidates[c]
+    for name, x_adv in results.items():
+        assert_in_ball_and_box(x_adv, x, EPS)
+        assert np.max(np.abs(np.asarray(x_adv) - np.asarray(x))) > EPS / 2, name
+
+
+@pytest.mark.parametrize("label", [0, 1])
+def test_pgd_on_a_binary_linear_model_reaches_the_closed_form_worst_case(label):
+    # CE of a 2-class linear model decreases in the margin (w_y - w_j).x + b_y - b_j, so its
+    # L-inf worst case is x - eps * sign(w_y - w_j); x is interior, so the box clip is inactive.
+    logits_fn, x, _, W, _ = linear_setup(batch=4, k=2, interior=True)
+    y = jnp.full((4,), label)
+    x_adv = attacks.pgd(logits_fn, jax.random.PRNGKey(3), x, y, eps=EPS, step_size=0.05, steps=6)
+    direction = np.sign(W[:, label] - W[:, 1 - label]).reshape(x.shape[1:])
+    expected = np.asarray(x) - EPS * direction
+    np.testing.assert_allclose(x_adv, expected, atol=1e-6)
+
+
+def test_pgd_with_a_margin_loss_reaches_the_closed_form_worst_case_for_four_classes():
+    # For the margin to a fixed class j, -(z_y - z_j), the worst case is x - eps * sign(w_y - w_j).
+    logits_fn, x, y, W, _ = linear_setup(batch=4, k=4, interior=True, seed=2)
+    j = (np.asarray(y) + 1) % 4
+    margin_loss = lambda z, t: -(jnp.take_along_axis(z, t[:, None], -1)[:, 0]
+                                 - jnp.take_along_axis(z, jnp.asarray(j)[:, None], -1)[:, 0])
+    x_adv = attacks.pgd(logits_fn, jax.random.PRNGKey(4), x, y, eps=EPS, step_size=0.05, steps=6,
+                        loss_fn=margin_loss)
+    direction = np.stack([np.sign(W[:, int(t)] - W[:, jj]) for t, jj in zip(np.asarray(y), j)])
+    expected = np.asarray(x) - EPS * direction.reshape(x.shape)
+    np.testing.assert_allclose(x_adv, expected, atol=1e-6)
+
+
+def np_sign_ascent(x_start, x, grad_fn, eps, step_size, steps):
+    z = x_start.copy()
+    for _ in range(steps):
+        z = np.clip(np.clip(z + step_size * np.sign(grad_fn(z)), x - eps, x + eps), 0, 1)
+    return np.clip(np.clip(z, x - eps, x + eps), 0, 1)
+
+
+def test_trades_and_mart_attacks_equal_a_numpy_recomputation_on_a_linear_model():
+    logits_fn, x, y, W, b = linear_setup(batch=5, k=3)
+    key = jax.random.PRNGKey(11)
+    xn, yn = np.asarray(x, np.float64), np.asarray(y)
+    flat = lambda z: z.reshape(len(z), -1)
+    noise = 0.001 * np.asarray(jax.random.normal(key, x.shape), np.float64)  # the attacks' start
+    p_clean = np_softmax(flat(xn) @ W + b)
+
+    def kl_grad(z):  # d/dx KL(p || softmax(xW + b)) = (q - p) W^T
+        return ((np_softmax(flat(z) @ W + b) - p_clean) @ W.T).reshape(z.shape)
+
+    def ce_grad(z):  # d/dx CE = (q - onehot(y)) W^T
+        return ((np_softmax(flat(z) @ W + b) - np.eye(3)[yn]) @ W.T).reshape(z.shape)
+
+    trades = attacks.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.02, steps=4)
+    np.testing.assert_allclose(trades, np_sign_ascent(xn + noise, xn, kl_grad, EPS, 0.02, 4), atol=1e-5)
+    mart = attacks.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.02, steps=4)
+    np.testing.assert_allclose(mart, np_sign_ascent(xn + noise, xn, ce_grad, EPS, 0.02, 4), atol=1e-5)
+    # The KL ascent increases the divergence it ascends.
+    kl = lambda z: np.sum(p_clean * (np.log(p_clean) - np.log(np_softmax(flat(z) @ W + b))), axis=1)
+    assert np.all(kl(np.asarray(trades, np.float64)) > kl(xn + noise))
+
+
+def np_pick_best_ae(candidates, y, predict, grad_fn, step_size, max_iters, fraction=0.1):
+    """wellzline/AT-PR pick_best_ae, transcribed to numpy (with the 40-iteration style cap)."""
+    best = candidates[0].copy()
+    max_distance = np.zeros(len(y))
+    choice = np.zeros(len(y), int)
+    for c, x_adv in enumerate(candidates):
+        z = x_adv.copy()
+        is_ae = predict(z) != y
+        count = 0
+        while is_ae.sum() > len(y) * fraction:
+            if count >= max_iters:
+                break
+            count += 1
+            g = grad_fn(z)
+            z[is_ae] = np.clip(z[is_ae] - step_size * np.sign(g[is_ae]), 0, 1)
+            is_ae = predict(z) != y
+        distance = np.abs(x_adv - z).reshape(len(y), -1).max(axis=1)
+        better = distance > max_distance
+        best[better] = x_adv[better]
+        choice[better] = c
+        max_distance[better] = distance[better]
+    return best, choice
+
+
+def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_reference_does():
+    logits_fn, x, y, W, b = linear_setup(batch=8, k=3, seed=4)
+    settings = attacks.AtprSettings(eps=EPS, step_size=0.02, steps=3, num_candidates=4,
+                                    eps_spread=0.05, step_size_spread=0.01, steps_above=3,
+                                    refine_max_iters=6)
+    result = attacks.atpr_search(logits_fn, jax.random.PRNGKey(8), x, y, settings)
+    candidates = np.asarray(result.candidates, np.float64)
+    x_sel, choice = np.asarray(result.x_adv), np.asarray(result.choice)
+    # Per example, the selected point is one of the candidates (the one `choice` names).
+    for i in range(len(y)):
+        assert any(np.array_equal(x_sel[i], candidates[c, i].astype(np.float32)) for c in range(4))
+        np.testing.assert_array_equal(x_sel[i], candidates[choice[i], i].astype(np.float32))
+    # The choice is the reference's, recomputed in numpy from the same candidates.
+    yn = np.asarray(y)
+    flat = lambda z: z.reshape(len(z), -1)
+    predict = lambda z: np.argmax(flat(z) @ W + b, axis=1)
+    grad = lambda z: ((np_softmax(flat(z) @ W + b) - np.eye(3)[yn]) @ W.T).reshape(z.shape)
+    expected, expected_choice = np_pick_best_ae(candidates, yn, predict, grad, 0.02, 6)
+    np.testing.assert_array_equal(choice, expected_choice)
+    np.testing.assert_allclose(x_sel, expected, atol=1e-6)
+    assert len(set(choice.tolist())) > 1  # several candidates are picked: the test can fail
+
+
+def test_atpr_falls_back_to_the_standard_pgd_point_and_caps_the_refinement():
+    model_bias = lambda label: (lambda z: jnp.zeros((z.shape[0], 3)).at[:, label].set(5.0))
+    x = jax.random.uniform(jax.random.PRNGKey(0), (6, 2, 2, 3))
+    y = jnp.zeros((6,), jnp.int32)
+    settings = attacks.AtprSettings(eps=EPS, step_size=0.02, steps=2, num_candidates=3, refine_max_iters=7)
+    # Always correct: every distance is 0, so the standard PGD point (candidate 0) is kept.
+    correct = attacks.atpr_search(model_bias(0), jax.random.PRNGKey(1), x, y, settings)
+    np.testing.assert_array_equal(correct.choice, 0)
+    np.testing.assert_array_equal(correct.x_adv, correct.candidates[0])
+    np.testing.assert_array_equal(correct.refine_iters, 0)
+    # Always wrong: the refinement never succeeds and stops at the cap.
+    wrong = attacks.atpr_search(model_bias(1), jax.random.PRNGKey(1), x, y, settings)
+    np.testing.assert_array_equal(wrong.refine_iters, 7)
+
+
+def test_atpr_candidate_settings_lie_in_the_reference_ranges():
+    s = attacks.AtprSettings()
+    eps, alpha, steps = attacks.atpr_candidate_settings(jax.random.PRNGKey(0), s._replace(num_candidates=400))
+    eps, alpha, steps = np.asarray(eps), np.asarray(alpha), np.asarray(steps)
+    assert (eps[0], alpha[0], steps[0]) == (np.float32(8 / 255), np.float32(2 / 255), 10)
+    assert np.all((eps[1:] >= 8 / 255 - 0.02 - 1e-7) & (eps[1:] <= 8 / 255 + 1e-7))
+    assert np.all((alpha[1:] >= 2 / 255 - 0.003 - 1e-7) & (alpha[1:] <= 2 / 255 + 0.003 + 1e-7))
+    assert steps[1:].min() == 8 and steps[1:].max() == 20  # randint(steps - 2, steps + 10) inclusive

@@ -252,7 +252,10 @@ def pr_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
         out[subset] = fig
     out["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image > 1 - q, s) for q in s["prob_acc_q"]}
     out["expected_loss"] = _mean_with_interval(mean_loss, s)
-    out["lower_bound"] = _mean_with_interval(robustness.lower_bound(mean_loss), s)
+    bound = robustness.lower_bound(mean_loss)
+    out["lower_bound"] = _mean_with_interval(bound, s)
+    # PR_i >= max(0, bound_i) too, so the mean of the positive parts is a (tighter) valid bound.
+    out["lower_bound_positive_part"] = _mean_with_interval(np.maximum(bound, 0.0), s)
     out["entropic_risk"] = _mean_with_interval(risk, s)
     out["lower_bound_entropic"] = _mean_with_interval(robustness.lower_bound(risk), s)
     out["per_image_clopper_pearson_mean_width"] = float(np.mean(cp_hi - cp_lo)) if per_image.size else None

@@ -84,6 +84,10 @@ def test_batch_size_and_chunk_size_change_no_figure():
         lo, hi = level[name]["interval"]
         assert lo <= level[name]["value"] <= hi and level[name]["n"] > 0, name
     assert set(level["prob_acc"]) == {"0.2", "0.1", "0.05", "0.01"}
+    for d, levels in a["figures"]["pr"].items():
+        for eps, f in levels.items():  # the bounds, from the same samples, never exceed PR
+            assert (f["lower_bound_entropic"]["value"] <= f["lower_bound"]["value"] + 1e-9
+                    <= f["lower_bound_positive_part"]["value"] + 2e-9 <= f["all"]["value"] + 3e-9), (d, eps)
     assert a["settings"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
     assert set(a["evaluator_wall_time_s"]) == {"clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr_gaussian",
                                                "pr_uniform", "pr_pdis"}

@@ -319,6 +319,7 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
     os.makedirs(workdir, exist_ok=True)
     progress = _Progress(len(runs), stream)
     invocation_start = time.perf_counter()
+    provenance = _provenance()  # the code this process runs: taken now, before anything can change it
     worked = 0
     for index, run in enumerate(runs, 1):
         directory = run_dir(workdir, run)
@@ -362,7 +363,7 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
     wall = time.perf_counter() - invocation_start
     with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
         f.write(json.dumps({"finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "wall_s": round(wall, 1), "runs_worked_on": worked, **_provenance(),
+                            "wall_s": round(wall, 1), "runs_worked_on": worked, **provenance,
                             "groups": list(groups or []), "methods": list(methods or [])}) + "\n")
     print(f"suite {suite.name}: {report['num_done']}/{report['num_runs']} runs done; this invocation "
           f"{wall / 60:.1f} min; wrote {os.path.join(workdir, 'results.md')}", file=stream or sys.stdout,

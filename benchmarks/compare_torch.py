@@ -42,6 +42,9 @@ def main():
     p.add_argument("--patjax-variant", action="append", default=None,
                    help="extra flags for epoch_throughput.py; repeat for several patjax arms")
     p.add_argument("--peak-gflops", type=float, default=0.0)
+    p.add_argument("--cpus", default="",
+                   help="pin every arm to these CPUs with taskset (e.g. 0) and give the peer as many "
+                        "threads: a per-core comparison that other load on the machine disturbs less")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every run")
     a = p.parse_args()
     variants = a.patjax_variant or [""]
@@ -55,20 +58,27 @@ def main():
         arms[f"patjax {v}".strip()] = [
             sys.executable, os.path.join(HERE, "epoch_throughput.py"), "--json", "--model", a.model,
             "--width", str(a.width), "--peak-gflops", str(a.peak_gflops), *common, *shlex.split(v)]
+    if a.cpus:
+        ncpus = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1)) for r in a.cpus.split(","))
+        arms["torch"] = arms["torch"] + ["--threads", str(ncpus)]
+        arms = {name: ["taskset", "-c", a.cpus, *cmd] for name, cmd in arms.items()}
     runs = {name: [] for name in arms}
     for r in range(a.rounds):
         for name, cmd in arms.items():
             result = run_json(cmd)
             runs[name].append(result)
             extra = (f" compile {result['compile_s']:.1f}s" if "compile_s" in result else "")
-            print(f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra}", flush=True)
+            print(f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra}"
+                  f" (load {os.getloadavg()[0]:.1f})", flush=True)
     medians = {name: statistics.median(x["images_per_s"] for x in rs) for name, rs in runs.items()}
     print(f"\n{a.model} batch {a.batch} T={a.langevin_steps}, {a.rounds} alternating rounds "
-          f"of {a.iters} timed steps")
+          f"of {a.iters} timed steps" + (f", pinned to CPUs {a.cpus}" if a.cpus else "")
+          + f"; load average at the end {os.getloadavg()[0]:.2f}")
     for name, m in medians.items():
         print(f"  {name:>40}: median {m:8.2f} img/s   ratio to torch {m / medians['torch']:.2f}")
     if a.json:
         print(json.dumps({"model": a.model, "batch": a.batch, "langevin_steps": a.langevin_steps,
+                          "cpus": a.cpus or None, "load_average": os.getloadavg(),
                           "medians": medians,
                           "ratios": {n: m / medians["torch"] for n, m in medians.items()},
                           "runs": runs}))

@@ -34,12 +34,16 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=64, help="ResNet/WRN stem width (ignored by small_cnn)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--langevin-steps", type=int, default=10, help="T")
-    p.add_argument("--iters", type=int, default=3, help="timed steps after --warmup steps")
+    p.add_argument("--iters", type=int, default=3,
+                   help="timed steps after --warmup steps; 0: compile, FLOPs and memory only")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--conv-input-grad", default="auto", choices=("auto", "reordered", "autodiff"),
                    help="patjax.ops convolution input gradient (auto: reordered kernel on CPU only)")
+    p.add_argument("--max-pool", default="model", choices=("model", "ops"),
+                   help="ops: run models.SmallCNN with patjax.ops.max_pool in place of flax's "
+                        "nn.max_pool (a preview of that one-line model change; see benchmarks/README.md)")
     p.add_argument("--peak-gflops", type=float, default=0.0,
                    help="device peak for the utilization figure (e.g. 310 for this 2-core CPU, fp32)")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (saves two lowerings)")
@@ -104,6 +108,16 @@ def run(args) -> dict:
     from patjax import ops
 
     ops.set_conv_input_grad_mode(args.conv_input_grad)
+    if args.max_pool == "ops":
+        import flax.linen as nn
+
+        def max_pool(x, window_shape, strides=None, padding="VALID"):
+            if tuple(window_shape) != tuple(strides or window_shape) or window_shape[0] != window_shape[1] \
+                    or padding != "VALID":
+                raise ValueError("--max-pool=ops covers square non-overlapping VALID pooling only")
+            return ops.max_pool(x, window_shape[0])
+
+        nn.max_pool = max_pool  # models.SmallCNN calls nn.max_pool at trace time
     T = args.langevin_steps
     step_fn, state, images, labels, permutation = build(args, T)
 
@@ -121,28 +135,28 @@ def run(args) -> dict:
         flops_per_image = (f0 + T * (f1 - f0)) / args.batch
 
     times = []
-    for i in range(args.warmup + args.iters):
+    for i in range((args.warmup + args.iters) if args.iters > 0 else 0):
         t0 = time.perf_counter()
         state, metrics = compiled(state, images, labels, permutation)
         jax.block_until_ready((state, metrics))
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    median = statistics.median(times)
+    median = statistics.median(times) if times else float("nan")
     images_per_s = args.batch / median
     device = jax.devices()[0]
     result = {
         "impl": "patjax", "method": args.method, "model": args.model,
         "width": args.width if args.model != "small_cnn" else None,
         "batch": args.batch, "langevin_steps": T, "compute_dtype": args.compute_dtype,
-        "conv_input_grad": ops.conv_input_grad_mode(),
+        "conv_input_grad": ops.conv_input_grad_mode(), "max_pool": args.max_pool,
         "lower_s": round(lower_s, 3), "compile_s": round(compile_s, 3),
-        "median_step_s": round(median, 4), "step_times_s": [round(t, 4) for t in times],
-        "images_per_s": round(images_per_s, 3),
-        "epoch_s_projected": round(EPOCH_IMAGES / images_per_s, 1),
+        "median_step_s": round(median, 4) if times else None, "step_times_s": [round(t, 4) for t in times],
+        "images_per_s": round(images_per_s, 3) if times else None,
+        "epoch_s_projected": round(EPOCH_IMAGES / images_per_s, 1) if times else None,
         "flops_per_image": flops_per_image,
-        "achieved_gflops": round(flops_per_image * images_per_s / 1e9, 2) if flops_per_image else None,
+        "achieved_gflops": round(flops_per_image * images_per_s / 1e9, 2) if flops_per_image and times else None,
         "utilization": (round(flops_per_image * images_per_s / 1e9 / args.peak_gflops, 4)
-                        if flops_per_image and args.peak_gflops else None),
+                        if flops_per_image and args.peak_gflops and times else None),
         **peak_memory_bytes(compiled),
         "backend": jax.default_backend(), "device": device.device_kind,
         "device_count": jax.device_count(), "jax": jax.__version__,
@@ -151,6 +165,7 @@ def run(args) -> dict:
     if stats and "peak_bytes_in_use" in stats:
         result["device_peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
     result["peak_memory_bytes"] = result.get("peak_memory_bytes")
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
     return result
 
 

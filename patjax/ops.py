@@ -16,6 +16,10 @@ in/out swapped) held behind `jax.lax.optimization_barrier`, so XLA cannot fold t
 reorder back into the convolution; the weight gradient stays plain autodiff. The result
 equals autodiff's up to float summation order (tests/test_ops.py).
 
+The RGB stem: inputs with a channel count that is not a multiple of 4 (3) are zero-padded
+to one on CPU (input and kernel alike, so no value changes): the library kernels run a
+4-channel convolution about 2.5x faster than a 3-channel one.
+
 The switch: `set_conv_input_grad_mode('reordered' | 'autodiff' | 'auto')`, or the
 environment variable PATJAX_CONV_INPUT_GRAD with the same values; 'auto' (the default)
 uses the reordered kernel on the CPU backend only, where it was measured to help
@@ -62,8 +66,24 @@ def _conv(x, kernel, strides, padding):
     )
 
 
+# XLA:CPU's convolution library runs a 3-channel input (the RGB stem) about 2.5x slower than
+# a 4-channel one (benchmarks/README.md); zero channels added to input and kernel change no
+# value. None: 4 on the CPU backend, 1 (no padding) elsewhere.
+_pad_input_channels_to_multiple: int | None = None
+
+
+def _channel_multiple() -> int:
+    if _pad_input_channels_to_multiple is not None:
+        return _pad_input_channels_to_multiple
+    return 4 if jax.default_backend() == "cpu" else 1
+
+
 def conv2d(x: jax.Array, kernel: jax.Array, strides: int, padding: int) -> jax.Array:
     """NHWC input, HWIO kernel, symmetric zero padding, no bias."""
+    extra = -x.shape[-1] % _channel_multiple()
+    if extra:  # zero input channels meet zero kernel rows: the same sums
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra)))
+        kernel = jnp.pad(kernel, ((0, 0), (0, 0), (0, extra), (0, 0)))
     if conv_input_grad_mode() == "reordered":
         return _conv_reordered_input_grad(x, kernel, strides, padding)
     return _conv(x, kernel, strides, padding)

@@ -374,6 +374,10 @@ def _flatten_per_image(per_image, s, n) -> dict:
         if isinstance(out, dict):
             for k, v in out.items():
                 flat[f"{name}.{k}"] = v
+            if "counts" in out:  # per-image PR_i = counts / N and its Clopper-Pearson interval
+                flat[f"{name}.pr"] = out["counts"] / s["pr_samples"]
+                flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = robustness.clopper_pearson(
+                    out["counts"], s["pr_samples"], s["confidence"])
     return flat
 
 

@@ -76,6 +76,12 @@ def test_batch_size_and_chunk_size_change_no_figure():
             np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
         else:
             np.testing.assert_allclose(pa[key], pb[key], rtol=1e-5, err_msg=key)
+    lo, hi = stats.beta.ppf(0.025, 3, 4), stats.beta.ppf(0.975, 4, 3)  # Clopper-Pearson of 3 of 6, by hand
+    k = pa["pr_gaussian.counts"]
+    assert (k == 3).any()
+    np.testing.assert_allclose(pa["pr_gaussian.cp_lower"][k == 3], lo)
+    np.testing.assert_allclose(pa["pr_gaussian.cp_upper"][k == 3], hi)
+    np.testing.assert_array_equal(pa["pr_gaussian.pr"], k / 6)
     # Every PR figure of every distribution and level is there, with its interval and size.
     assert set(a["figures"]["pr"]) == {"gaussian", "uniform", "pdis"}
     assert list(a["figures"]["pr"]["pdis"]) == ["c1=0.3"]

@@ -7,7 +7,9 @@ Perturbation distributions around a clean image x (pixel space, results clipped 
 - 'gaussian': x + eps * z, z ~ N(0, I), clipped to [0, 1] (the default; the paper's
   Gaussian p_dis family with standard deviation eps per pixel);
 - 'uniform': x + eps * u, u ~ U[-1, 1]^d, clipped: uniform on the L-inf ball of radius eps
-  intersected with [0,1]^d up to the clipping (the protocol of the AT-PR code's evaluate.py).
+  intersected with [0,1]^d up to the clipping (the protocol of the AT-PR code's evaluate.py);
+- 'pdis' (`perturbed_samples`, `pr_statistics` only): the paper's p_dis ~ exp(-c1 ||x'-x||^2)
+  on [0,1]^d, a Gaussian of variance 1/(2 c1) per pixel truncated to [0, 1].
 
 Common random numbers: the base noise of sample j of image i is drawn from
 fold_in(fold_in(key, i), j), with i the image's index in the evaluated split, and the same

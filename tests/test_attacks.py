@@ -36,16 +36,20 @@ def assert_in_ball_and_box(x_adv, x, eps):
 def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
     logits_fn, x, y, _, _ = linear_setup()
     key = jax.random.PRNGKey(5)
-    results = {
-        "fgsm": attacks.fgsm(logits_fn, x, y, EPS),
-        "fgsm_random_point": attacks.fgsm_random_point(logits_fn, key, x, y, EPS),
-        "pgd": attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
-        "trades": attacks.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.03, steps=5),
-        "mart": attacks.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
-    }
     settings = attacks.AtprSettings(eps=EPS, step_size=0.03, steps=3, num_candidates=3,
                                     eps_spread=0.05, steps_above=2, refine_max_iters=5)
-    search = attacks.atpr_search(logits_fn, key, x, y, settings)
+
+    @jax.jit
+    def run_all(x, y, key):
+        return {
+            "fgsm": attacks.fgsm(logits_fn, x, y, EPS),
+            "fgsm_random_point": attacks.fgsm_random_point(logits_fn, key, x, y, EPS),
+            "pgd": attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
+            "trades": attacks.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.03, steps=5),
+            "mart": attacks.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
+        }, attacks.atpr_search(logits_fn, key, x, y, settings)
+
+    results, search = run_all(x, y, key)
     results["atpr"] = search.x_adv
     for c in range(3):
         results[f"atpr candidate {c}"] = search.candidates[c]

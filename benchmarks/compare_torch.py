@@ -41,6 +41,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--patjax-variant", action="append", default=None,
                    help="extra flags for epoch_throughput.py; repeat for several patjax arms")
+    p.add_argument("--peer-threads", type=int, action="append", default=None,
+                   help="also run the peer with --threads N (repeatable): under load from other "
+                        "processes, OpenMP's default thread count can fare much worse than 1 thread")
     p.add_argument("--peak-gflops", type=float, default=0.0)
     p.add_argument("--cpus", default="",
                    help="pin every arm to these CPUs with taskset (e.g. 0) and give the peer as many "
@@ -54,13 +57,16 @@ def main():
     else:
         peer = [sys.executable, os.path.join(HERE, "torch_small_cnn_peer.py"), *common]
     arms = {"torch": peer}
+    for n in a.peer_threads or []:
+        arms[f"torch --threads {n}"] = peer + ["--threads", str(n)]
     for v in variants:
         arms[f"patjax {v}".strip()] = [
             sys.executable, os.path.join(HERE, "epoch_throughput.py"), "--json", "--model", a.model,
             "--width", str(a.width), "--peak-gflops", str(a.peak_gflops), *common, *shlex.split(v)]
     if a.cpus:
         ncpus = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1)) for r in a.cpus.split(","))
-        arms["torch"] = arms["torch"] + ["--threads", str(ncpus)]
+        arms = {name: (cmd + ["--threads", str(ncpus)] if name == "torch" else cmd)
+                for name, cmd in arms.items()}
         arms = {name: ["taskset", "-c", a.cpus, *cmd] for name, cmd in arms.items()}
     runs = {name: [] for name in arms}
     for r in range(a.rounds):
@@ -75,7 +81,9 @@ def main():
           f"of {a.iters} timed steps" + (f", pinned to CPUs {a.cpus}" if a.cpus else "")
           + f"; load average at the end {os.getloadavg()[0]:.2f}")
     for name, m in medians.items():
-        print(f"  {name:>40}: median {m:8.2f} img/s   ratio to torch {m / medians['torch']:.2f}")
+        print(f"  {name:>40}: median {m:8.2f} img/s   ratio to torch {m / medians['torch']:.2f}"
+              + "".join(f", to {peer} {m / medians[peer]:.2f}" for peer in medians
+                        if peer.startswith("torch ")))
     if a.json:
         print(json.dumps({"model": a.model, "batch": a.batch, "langevin_steps": a.langevin_steps,
                           "cpus": a.cpus or None, "load_average": os.getloadavg(),

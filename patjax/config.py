@@ -98,7 +98,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.num_examples = -1       # <= 0: the whole test split
     cfg.eval.pr_epsilons = (0.1, 0.12, 0.15, 0.2)
     cfg.eval.pr_samples = 100        # N perturbations per image
-    cfg.eval.pr_distribution = "gaussian"  # 'gaussian' (sigma = eps, clipped) | 'uniform' (Linf ball)
+    # 'gaussian': x + eps N(0, I) clipped to [0,1] | 'uniform': uniform on the Linf ball of radius
+    # eps intersected with [0,1]^d (U[max(x - eps, 0), min(x + eps, 1)] per pixel; no atoms on 0/1).
+    cfg.eval.pr_distribution = "gaussian"
     cfg.eval.pr_chunk_size = 25      # perturbations evaluated at once per image
     cfg.eval.seed = 0
     # Evaluators of issue 4 (`--evaluators` overrides): 'clean', 'pgd20', 'cw20', 'apgd_ce',

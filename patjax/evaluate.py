@@ -349,7 +349,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
         "pdis_c1": s["pdis_c1"], "pdis_sigma": s["pdis_sigma"],
         "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
         "gaussian": "x + eps * N(0, I), clipped to [0,1]",
-        "uniform": "x + eps * U[-1,1]^d, clipped to [0,1]",
+        "uniform": "U[max(x - eps, 0), min(x + eps, 1)] per pixel (uniform on the Linf ball and [0,1]^d)",
         "entropic_lambda": s["entropic_lambda"],
         "attack_eps": s["eps"], "attack_step_size": s["step_size"], "attack_steps": s["steps"],
         "cw_kappa": s["kappa"], "apgd_steps": s["apgd_steps"], "apgd_rho": s["apgd_rho"],

@@ -3,17 +3,20 @@
 PR(p, s) = P_{X~p}(s(X) < 0), with the margin s(x) = max_{j != y} z_j(x) - z_y(x); a
 perturbed input with s(x) >= 0 is adversarial (ties count as adversarial).
 
-Perturbation distributions around a clean image x (pixel space, results clipped to [0,1]):
+Perturbation distributions around a clean image x (pixel space, every sample in [0,1]^d):
 - 'gaussian': x + eps * z, z ~ N(0, I), clipped to [0, 1] (the default; the paper's
   Gaussian p_dis family with standard deviation eps per pixel);
-- 'uniform': x + eps * u, u ~ U[-1, 1]^d, clipped: uniform on the L-inf ball of radius eps
-  intersected with [0,1]^d up to the clipping (the protocol of the AT-PR code's evaluate.py);
+- 'uniform': uniform on the L-inf ball of radius eps intersected with [0,1]^d, i.e. per pixel
+  x' = lo + (hi - lo) * u with lo = max(x - eps, 0), hi = min(x + eps, 1), u ~ U[0, 1]: no
+  point masses on 0 or 1 (the protocol of the AT-PR code's evaluate.py,
+  dist.Uniform(low=max(x - eps, 0), high=min(x + eps, 1)));
 - 'pdis' (`perturbed_samples`, `pr_statistics` only): the paper's p_dis ~ exp(-c1 ||x'-x||^2)
   on [0,1]^d, a Gaussian of variance 1/(2 c1) per pixel truncated to [0, 1].
 
-Common random numbers: the base noise of sample j of image i is drawn from
-fold_in(fold_in(key, i), j), with i the image's index in the evaluated split, and the same
-base noise is scaled by every eps. So every model evaluated with the same seed sees the same
+Common random numbers: the base noise (z for 'gaussian', u for 'uniform') of sample j of
+image i is drawn from fold_in(fold_in(key, i), j), with i the image's index in the evaluated
+split, and the same base noise is used for every eps (scaled by eps, or mapped onto every
+eps's interval [lo, hi]). So every model evaluated with the same seed sees the same
 perturbations, and batch size and chunk size do not change any figure.
 """
 from __future__ import annotations
@@ -40,12 +43,35 @@ def is_adversarial(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 def base_noise(key: jax.Array, image_index: jax.Array, sample_index: jax.Array, shape,
                distribution: str) -> jax.Array:
-    """Unit-scale noise of sample `sample_index` of image `image_index` (common random numbers)."""
+    """Base noise of sample `sample_index` of image `image_index` (common random numbers).
+
+    'gaussian': z ~ N(0, I); 'uniform': u ~ U[0, 1]^d. `perturb` turns it into the sample
+    of every eps; the key is fold_in(fold_in(key, image_index), sample_index).
+    """
     k = jax.random.fold_in(jax.random.fold_in(key, image_index), sample_index)
     if distribution == "gaussian":
         return jax.random.normal(k, shape)
     if distribution == "uniform":
-        return jax.random.uniform(k, shape, minval=-1.0, maxval=1.0)
+        return jax.random.uniform(k, shape)
+    raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
+
+
+def perturb(x: jax.Array, epsilons: jax.Array, noise: jax.Array, distribution: str) -> jax.Array:
+    """Samples of shape (E, B, S, H, W, C) from images x (B, H, W, C), levels eps (E,) and the
+    base noise (B, S, H, W, C) of `base_noise`; every eps uses the same base noise.
+
+    'gaussian': clip(x + eps * z, 0, 1).
+    'uniform': lo + (hi - lo) * u with lo = max(x - eps, 0), hi = min(x + eps, 1): uniform on
+    the L-inf ball of radius eps intersected with [0,1]^d (the final clip only guards rounding).
+    """
+    xb = x[None, :, None]
+    eps = epsilons[:, None, None, None, None, None]
+    if distribution == "gaussian":
+        return jnp.clip(xb + eps * noise[None], 0.0, 1.0)
+    if distribution == "uniform":
+        lo = jnp.maximum(xb - eps, 0.0)
+        hi = jnp.minimum(xb + eps, 1.0)
+        return jnp.clip(lo + (hi - lo) * noise[None], 0.0, 1.0)
     raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
 
 
@@ -56,7 +82,8 @@ def non_adversarial_counts(logits_fn: Callable[[jax.Array], jax.Array], key: jax
     """Counts, per eps and image, the perturbed samples that are not adversarial.
 
     Evaluates num_samples perturbations per image, chunk_size at a time (memory is bounded by
-    batch * chunk_size images), in a `lax.fori_loop` -- no Python loop over samples.
+    len(epsilons) * batch * chunk_size images), in a `lax.fori_loop` -- no Python loop over
+    samples.
     Returns int32 counts of shape (len(epsilons), batch).
     """
     batch = x.shape[0]
@@ -67,8 +94,7 @@ def non_adversarial_counts(logits_fn: Callable[[jax.Array], jax.Array], key: jax
         sample_ids = c * chunk_size + jnp.arange(chunk_size)
         noise = jax.vmap(lambda i: jax.vmap(
             lambda j: base_noise(key, i, j, x.shape[1:], distribution))(sample_ids))(image_indices)
-        # (E, B, S, H, W, C): every eps scales the same base noise.
-        perturbed = jnp.clip(x[None, :, None] + eps[:, None, None, None, None, None] * noise[None], 0.0, 1.0)
+        perturbed = perturb(x, eps, noise, distribution)  # (E, B, S, H, W, C), one base noise for every eps
         logits = logits_fn(perturbed.reshape(-1, *x.shape[1:]))
         labels = jnp.broadcast_to(y[None, :, None], (len(epsilons), batch, chunk_size)).reshape(-1)
         robust = ~is_adversarial(logits, labels)
@@ -100,8 +126,8 @@ def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
                       sample_ids: jax.Array, levels: jax.Array, distribution: str) -> jax.Array:
     """Perturbed images of shape (levels, batch, samples, H, W, C), all in [0, 1].
 
-    'gaussian' / 'uniform': `base_noise` (common random numbers) scaled by every level eps,
-    then clipped to [0, 1] -- exactly the samples `non_adversarial_counts` evaluates.
+    'gaussian' / 'uniform': `base_noise` (common random numbers) turned into a sample of every
+    level eps by `perturb` -- exactly the samples `non_adversarial_counts` evaluates.
     'pdis': the paper's p_dis(x'; x) proportional to exp(-c1 ||x' - x||^2) on [0,1]^d
     (Theorem 2 needs a density on [0,1]^d): per pixel a Gaussian around x with standard
     deviation sigma = 1/sqrt(2 c1) truncated (not clipped) to [0, 1]; `levels` holds the sigmas.
@@ -111,7 +137,7 @@ def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
     if distribution in DISTRIBUTIONS:
         noise = jax.vmap(lambda i: jax.vmap(
             lambda j: base_noise(key, i, j, shape, distribution))(sample_ids))(image_indices)
-        return jnp.clip(x[None, :, None] + levels[:, None, None, None, None, None] * noise[None], 0.0, 1.0)
+        return perturb(x, levels, noise, distribution)
     if distribution == PDIS:
         def one_level(sigma):
             def one_image(i, xi):
@@ -133,7 +159,8 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
 
     Returns {'counts': int32 (L, B) non-adversarial samples, 'sum_loss': (L, B) sum of the
     cross-entropy f(X_j, y), 'lse_loss': (L, B) log sum_j exp(entropic_lambda * f(X_j, y))}.
-    Memory is bounded by batch * chunk_size images; a `lax.fori_loop` runs over the chunks.
+    Memory is bounded by len(levels) * batch * chunk_size images (with their activations); a
+    `lax.fori_loop` runs over the chunks.
     """
     batch = x.shape[0]
     num_levels = len(levels)
@@ -148,11 +175,16 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
         perturbed = perturbed_samples(key, x, image_indices, sample_ids, levels_arr, distribution)
         logits = logits_fn(perturbed.reshape(-1, *x.shape[1:])).astype(jnp.float32)
         labels = jnp.broadcast_to(y[None, :, None], (num_levels, batch, chunk_size)).reshape(-1)
-        robust = (margin(logits, labels) < 0).reshape(num_levels, batch, chunk_size) & valid
-        # f = log sum_j exp(z_j - z_y): the differences first, so f >= 0 (and >= log 2 on
-        # adversarial samples) holds in floating point too, even for logits of size 1e4.
+        s = margin(logits, labels)
+        robust = (s < 0).reshape(num_levels, batch, chunk_size) & valid
+        # f = log sum_j exp(z_j - z_y): the differences first, so large logits do not overflow.
+        # Exactly, f >= softplus(s) (>= log 2 on adversarial samples, > 0 always). XLA may
+        # recompute the logits inside a fusion with other rounding (an FMA-contracted
+        # scale * dot), so z_y - z_y need not be 0 there (|error| ~ 1e-4 for logits ~ 1e3) and
+        # f came out ~ -1e-4; the max restores the inequality, so 1 - f/log 2 <= 1[s < 0]
+        # holds sample by sample.
         loss = jax.nn.logsumexp(logits - jnp.take_along_axis(logits, labels[:, None], axis=-1), axis=-1)
-        loss = loss.reshape(num_levels, batch, chunk_size)
+        loss = jnp.maximum(loss, jax.nn.softplus(s)).reshape(num_levels, batch, chunk_size)
         counts = counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
         sum_loss = sum_loss + jnp.sum(jnp.where(valid, loss, 0.0), axis=-1)
         lse_loss = jnp.logaddexp(lse_loss, jax.nn.logsumexp(jnp.where(valid, lam * loss, -jnp.inf), axis=-1))
@@ -216,6 +248,8 @@ def entropic_risk(lse_loss, num_samples: int, entropic_lambda: float, sum_loss=N
     """Monte-Carlo R_lambda = (1/lambda) log((1/N) sum_j exp(lambda f_j)); R_0 = mean f at lambda = 0.
 
     The log-sum-exp is accumulated in the compiled pass (`pr_statistics`), so no exp overflows.
+    For finite N the estimate is biased low (Jensen: E log(mean) <= log E), so the bound
+    `lower_bound(entropic_risk(...))` computed from it is biased high (optimistic).
     """
     if entropic_lambda <= 0:
         return np.asarray(sum_loss, np.float64) / num_samples

@@ -88,9 +88,13 @@ def test_statistics_equal_an_independent_numpy_computation_and_the_spine_counts(
                 losses, robust = [], 0
                 for j in range(n):
                     k = jax.random.fold_in(jax.random.fold_in(key, int(idx[b])), j)
-                    z = (np.asarray(jax.random.normal(k, SHAPE)) if distribution == "gaussian"
-                         else np.asarray(jax.random.uniform(k, SHAPE, minval=-1.0, maxval=1.0)))
-                    logits = np.clip(x[b] + e * z, 0, 1).reshape(-1) @ w
+                    if distribution == "gaussian":  # clip(x + eps z, 0, 1), z ~ N(0, I)
+                        sample = np.clip(x[b] + e * np.asarray(jax.random.normal(k, SHAPE)), 0, 1)
+                    else:  # U[max(x - eps, 0), min(x + eps, 1)] per pixel, from u ~ U[0, 1)
+                        u = np.asarray(jax.random.uniform(k, SHAPE), np.float64)
+                        low, high = np.maximum(x[b] - e, 0.0), np.minimum(x[b] + e, 1.0)
+                        sample = low + (high - low) * u
+                    logits = sample.reshape(-1) @ w
                     robust += logits[y[b]] > np.delete(logits, y[b]).max()
                     losses.append(special.logsumexp(logits) - logits[y[b]])
                 assert out["counts"][e_i, b] == robust
@@ -120,6 +124,35 @@ def test_lower_bound_never_exceeds_pr_from_the_same_samples_and_entropic_risk_is
             assert (mean_loss <= risk * (1 + 1e-5) + 1e-6).all()
             assert (risk <= 20 * mean_loss * (1 + 1e-5) + 1e-6).all()
             assert (robustness.lower_bound(risk) <= bound + 1e-6).all()
+
+
+def test_uniform_is_uniform_on_the_linf_ball_intersected_with_the_unit_cube():
+    """Pixel 0.02, eps 0.1: U[0, 0.12] with no atom at 0 (clipping x + eps U[-1, 1] would put
+    40 % of the mass on 0); pixel 0.5: U[0.4, 0.6]; pixel 0.97: U[0.87, 1] with no atom at 1."""
+    x = jnp.asarray(np.stack([np.full(SHAPE, v) for v in (0.02, 0.5, 0.97)]).astype(np.float32))
+    num = 1000
+    samples = np.asarray(robustness.perturbed_samples(jax.random.PRNGKey(3), x, jnp.arange(3), jnp.arange(num),
+                                                      jnp.asarray([0.1, 0.2], jnp.float32), "uniform"),
+                         np.float64)  # (levels, images, samples, H, W, C)
+    for b, (low, high) in enumerate(((0.0, 0.12), (0.4, 0.6), (0.87, 1.0))):
+        values = samples[0, b].reshape(-1)
+        assert values.min() >= low - 1e-6 and values.max() <= high + 1e-6
+        assert np.mean(values <= low + 1e-7) < 1e-3 and np.mean(values >= high - 1e-7) < 1e-3  # no atoms
+        # One pixel per sample (pixels of one sample are independent too, but keep it i.i.d.).
+        law = stats.uniform(loc=low, scale=high - low)
+        assert stats.kstest(samples[0, b, :, 0, 0, 0], law.cdf).pvalue > 1e-3, (low, high)
+        assert stats.kstest(values[::5], law.cdf).pvalue > 1e-3, (low, high)
+    # The clipped law is rejected by the same test (it is what the fix removed).
+    u = np.random.default_rng(0).uniform(-1, 1, num)
+    assert stats.kstest(np.clip(0.02 + 0.1 * u, 0, 1), stats.uniform(0, 0.12).cdf).pvalue < 1e-6
+    # Common random numbers: eps = 0.2 maps the same u onto its own interval [lo, hi].
+    x_np = np.asarray(x, np.float64)[:, None]
+    u01 = (samples[0] - np.maximum(x_np - 0.1, 0)) / (np.minimum(x_np + 0.1, 1) - np.maximum(x_np - 0.1, 0))
+    u02 = (samples[1] - np.maximum(x_np - 0.2, 0)) / (np.minimum(x_np + 0.2, 1) - np.maximum(x_np - 0.2, 0))
+    np.testing.assert_allclose(u01, u02, atol=1e-4)
+    # ... and it is the documented draw: u = uniform(fold_in(fold_in(key, i), j)).
+    k = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(3), 1), 7)
+    np.testing.assert_allclose(u01[1, 7], np.asarray(jax.random.uniform(k, SHAPE)), atol=1e-4)
 
 
 def test_pdis_is_the_truncated_gaussian_on_the_unit_cube():

@@ -100,27 +100,57 @@ def parse_evaluators(spec) -> tuple:
     return tuple(e for e in EVALUATORS if e in chosen)
 
 
+SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
+
+
+def _integer(name, value, minimum, maximum=None) -> int:
+    """value as an int, or a one-line UserError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum or (
+            maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
+def check_run_settings(num_examples, batch_size) -> None:
+    """num_examples (<= 0: the whole split) and batch_size (> 0), before anything is evaluated."""
+    _integer("num_examples", num_examples, -(2 ** 63))
+    _integer("batch_size", batch_size, 1)
+
+
 def _resolve(cfg, ev) -> dict:
-    """Validated evaluation settings as plain Python values (static for jit)."""
+    """Validated evaluation settings as plain Python values (static for jit).
+
+    Every check runs before any evaluator, so a bad setting fails in a second, not after
+    the evaluation (the bootstrap, say, would refuse a negative seed only at the end).
+    """
     distributions = [ev.pr_distribution] + [d for d in ev.pr_distributions if d != ev.pr_distribution]
     for d in distributions:
         if d not in robustness.ALL_DISTRIBUTIONS:
             raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
     if ev.pr_distribution not in robustness.DISTRIBUTIONS:
         raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
-    if ev.pr_samples <= 0 or ev.pr_chunk_size <= 0:
-        raise UserError("eval.pr_samples and eval.pr_chunk_size must be positive")
-    if ev.attack_eps < 0 or ev.attack_steps < 0 or ev.apgd_steps <= 0:
-        raise UserError("eval.attack_eps and eval.attack_steps must be >= 0 and eval.apgd_steps > 0")
+    _integer("eval.seed", ev.seed, 0, SEED_LIMIT - 1)
+    _integer("eval.pr_samples", ev.pr_samples, 1)
+    _integer("eval.pr_chunk_size", ev.pr_chunk_size, 1)
+    _integer("eval.attack_steps", ev.attack_steps, 0)
+    _integer("eval.apgd_steps", ev.apgd_steps, 1)
+    _integer("eval.bootstrap_resamples", ev.bootstrap_resamples, 100)
+    if ev.attack_eps < 0 or ev.attack_step_size < 0:
+        raise UserError("eval.attack_eps and eval.attack_step_size must be >= 0")
+    if not 0 < ev.apgd_rho <= 1:
+        raise UserError(f"eval.apgd_rho must be in (0, 1], got {ev.apgd_rho}")
     if not 0 < ev.confidence < 1:
         raise UserError(f"eval.confidence must be in (0, 1), got {ev.confidence}")
-    if ev.bootstrap_resamples < 100:
-        raise UserError("eval.bootstrap_resamples must be at least 100")
+    if any(not 0 < q < 1 for q in ev.prob_acc_q):
+        raise UserError(f"eval.prob_acc_q must lie in (0, 1), got {tuple(ev.prob_acc_q)}")
     c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
     lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
     epsilons = tuple(float(e) for e in ev.pr_epsilons)
     if not epsilons or min(epsilons) < 0:
         raise UserError("eval.pr_epsilons must be non-empty and non-negative")
+    if robustness.PDIS in distributions and not c1 > 0:
+        raise UserError(f"p_dis needs c1 > 0 (eval.pdis_c1, else langevin.c1), got {c1}")
     return {
         "epsilons": epsilons, "distributions": tuple(distributions), "pdis_c1": c1,
         "pdis_sigma": robustness.pdis_sigma(c1), "entropic_lambda": max(lam, 0.0),
@@ -308,9 +338,8 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     ev = eval_settings(cfg)
     s = _resolve(cfg, ev)
     evaluators = parse_evaluators(ev.evaluators if evaluators is None else evaluators)
+    check_run_settings(num_examples, batch_size)
     n = len(split) if num_examples <= 0 else min(num_examples, len(split))
-    if batch_size <= 0:
-        raise UserError(f"batch_size must be positive, got {batch_size}")
     start_time = time.perf_counter()
     per_image, walls = {}, {}
     for name in evaluators:
@@ -393,14 +422,43 @@ def _bar(enabled, total, desc):
     return tqdm(total=total, unit="img", desc=desc, dynamic_ncols=True)
 
 
+def _latest_checkpoint_step(workdir: str) -> int:
+    """The step of the workdir's latest complete checkpoint, or a UserError."""
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    manager = state_lib.checkpoint_manager(workdir, create=False)
+    try:
+        step = manager.latest_step()
+    finally:
+        manager.close()
+    if step is None:
+        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    return int(step)
+
+
+def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=None,
+                  overrides: dict | None = None):
+    """Everything `run` needs that can be checked without evaluating: config.json, a
+    checkpoint, the eval settings with the overrides, evaluators, num_examples and
+    batch_size. Returns the config with the overrides applied."""
+    cfg = state_lib.load_workdir_config(workdir)
+    config_lib.validate(cfg)
+    cfg = apply_overrides(cfg, overrides)
+    ev = eval_settings(cfg)
+    _resolve(cfg, ev)
+    parse_evaluators(ev.evaluators if evaluators is None else evaluators)
+    check_run_settings(ev.num_examples if num_examples is None else num_examples,
+                       ev.batch_size if batch_size is None else batch_size)
+    _latest_checkpoint_step(workdir)
+    return cfg
+
+
 def restore_for_eval(workdir: str):
     """(cfg, model_fns, state) from a workdir's config and latest checkpoint."""
     cfg = state_lib.load_workdir_config(workdir)
     config_lib.validate(cfg)
-    manager = state_lib.checkpoint_manager(workdir, create=False) \
-        if os.path.isdir(os.path.join(workdir, "checkpoints")) else None
-    if manager is None or manager.latest_step() is None:
-        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    _latest_checkpoint_step(workdir)
+    manager = state_lib.checkpoint_manager(workdir, create=False)
     tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
     model_holder = {}
 
@@ -432,6 +490,7 @@ def apply_overrides(cfg, overrides: dict | None):
 def run(workdir: str, num_examples: int | None = None, batch_size: int | None = None,
         progress: bool = True, evaluators=None, overrides: dict | None = None) -> dict:
     """Evaluates a workdir's latest checkpoint; writes eval/results.json and eval/per_image.npz."""
+    check_workdir(workdir, num_examples, batch_size, evaluators, overrides)
     cfg, model_fns, state = restore_for_eval(workdir)
     cfg = apply_overrides(cfg, overrides)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
@@ -643,6 +702,10 @@ def main(argv):
         overrides["apgd_steps"] = FLAGS.apgd_steps
     evaluators = parse_evaluators(FLAGS.evaluators) if FLAGS.evaluators else None
     if not FLAGS.compare_only:
+        # Every workdir is checked (config, checkpoint, settings) before any is evaluated, so a
+        # mistake in the last one does not surface after the first ones ran for hours.
+        for workdir in FLAGS.workdir:
+            check_workdir(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators, overrides)
         for workdir in FLAGS.workdir:
             results = run(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators=evaluators,
                           overrides=overrides)

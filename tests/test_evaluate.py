@@ -14,7 +14,8 @@ from scipy import stats
 
 from conftest import REPO
 from helpers import Linear
-from patjax import config as config_lib, data, evaluate
+from patjax import config as config_lib, data, evaluate, state as state_lib
+from patjax.errors import UserError
 from patjax.methods import ModelFns
 
 
@@ -157,3 +158,51 @@ def test_bad_evaluator_is_one_line_user_error(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, "
                                                "apgd_ce, apgd_dlr, pr, apgd, all"]
+
+
+def dummy_checkpoint(workdir):
+    """A config.json and an Orbax checkpoint (of a placeholder tree): what the up-front checks look at."""
+    import orbax.checkpoint as ocp
+
+    state_lib.save_config(config_lib.default_config(), workdir)
+    manager = state_lib.checkpoint_manager(workdir)
+    manager.save(1, args=ocp.args.StandardSave({"w": np.zeros(2, np.float32)}))
+    manager.wait_until_finished()
+    manager.close()
+
+
+def listing(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_cli_checks_every_workdir_before_evaluating_any(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    dummy_checkpoint(a)
+    state_lib.save_config(config_lib.default_config(), b)  # a config but no checkpoint
+    before = listing(tmp_path)
+    # A is fine (it would be evaluated first; its placeholder checkpoint would then fail to
+    # restore with a traceback): B's missing checkpoint must be reported first, in one line.
+    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [f"error: no checkpoint in {b!r}; train first"]
+    assert listing(tmp_path) == before  # nothing written
+    assert not os.path.exists(os.path.join(a, "eval"))
+
+
+def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_path):
+    a = str(tmp_path / "a")
+    dummy_checkpoint(a)
+    before = listing(tmp_path)
+    cases = [({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
+             ({"overrides": {"seed": 2 ** 32}}, "eval.seed must be an integer in [0, 4294967295]"),
+             ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer >= 1, got 0"),
+             ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer >= 1"),
+             ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+             ({"num_examples": 2.5}, "num_examples must be an integer"),
+             ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)")]
+    for kwargs, message in cases:
+        with pytest.raises(UserError) as error:
+            evaluate.run(a, progress=False, **kwargs)  # the placeholder checkpoint is never restored
+        assert message in str(error.value) and "\n" not in str(error.value), kwargs
+    assert listing(tmp_path) == before

@@ -394,6 +394,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     results["wall_time_s"] = round(time.perf_counter() - start_time, 2)
     if per_image_out is not None:
         per_image_out.update(_flatten_per_image(per_image, s, n))
+        per_image_out.update(_identity(results["settings"]))
     return results
 
 
@@ -408,6 +409,44 @@ def _flatten_per_image(per_image, s, n) -> dict:
                 flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = robustness.clopper_pearson(
                     out["counts"], s["pr_samples"], s["confidence"])
     return flat
+
+
+# Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
+# checked against results.json's settings wherever the two are paired (`check_per_image`).
+META_PREFIX = "meta."
+IDENTITY_FIELDS = ("step", "seed", "num_examples", "pr_samples", "pr_epsilons", "pr_distributions",
+                   "evaluators", "dataset")
+
+
+def _identity(settings) -> dict:
+    return {META_PREFIX + k: np.asarray(settings[k]) for k in IDENTITY_FIELDS}
+
+
+def check_per_image(results: dict, per_image: dict, where: str) -> None:
+    """Raises UserError unless `per_image` (per_image.npz) was written by the evaluation that
+    wrote `results` (results.json): a kill between the two writes, or a copied file, would
+    otherwise pair one evaluation's figures with another's per-image outcomes.
+
+    Files written before the identity was stored are checked on their number of images only.
+    """
+    if not per_image:
+        return
+    settings = results.get("settings", {})
+    if META_PREFIX + "step" not in per_image:
+        n = len(per_image.get("image_index", ()))
+        if n != settings.get("num_examples"):
+            raise UserError(f"{where}: per_image.npz holds {n} images but results.json "
+                            f"{settings.get('num_examples')}; re-run the evaluation")
+        return
+    differing = []
+    for k in IDENTITY_FIELDS:
+        stored = np.asarray(per_image.get(META_PREFIX + k))
+        expected = np.asarray(settings.get(k))
+        if stored.shape != expected.shape or not np.array_equal(stored, expected):
+            differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
+    if differing:
+        raise UserError(f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); "
+                        f"re-run the evaluation")
 
 
 def _eps_key(eps: float) -> str:
@@ -489,7 +528,13 @@ def apply_overrides(cfg, overrides: dict | None):
 
 def run(workdir: str, num_examples: int | None = None, batch_size: int | None = None,
         progress: bool = True, evaluators=None, overrides: dict | None = None) -> dict:
-    """Evaluates a workdir's latest checkpoint; writes eval/results.json and eval/per_image.npz."""
+    """Evaluates a workdir's latest checkpoint; writes eval/per_image.npz, then eval/results.json.
+
+    Both are written atomically (temp file + os.replace), results.json last: it is the commit
+    marker, so a kill never leaves a new results.json beside an older per_image.npz, and
+    per_image.npz carries the identity of its evaluation (`check_per_image`).
+    Returns the results as written (non-finite numbers as None).
+    """
     check_workdir(workdir, num_examples, batch_size, evaluators, overrides)
     cfg, model_fns, state = restore_for_eval(workdir)
     cfg = apply_overrides(cfg, overrides)
@@ -502,18 +547,35 @@ def run(workdir: str, num_examples: int | None = None, batch_size: int | None = 
         progress=progress, evaluators=evaluators, per_image_out=per_image)
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
-    _write_json(os.path.join(out_dir, "results.json"), results)
     tmp = os.path.join(out_dir, "per_image.tmp.npz")
     np.savez_compressed(tmp, **per_image)
     os.replace(tmp, os.path.join(out_dir, "per_image.npz"))
-    return results
+    return _write_json(os.path.join(out_dir, "results.json"), results)
+
+
+def _json_safe(obj):
+    """obj with NaN and +-inf (also as numpy scalars) replaced by None, for strict JSON."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
 
 
 def _write_json(path, obj):
+    """Writes strict JSON (NaN/inf as null) atomically; returns what it wrote."""
+    obj = _json_safe(obj)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        json.dump(obj, f, indent=2, allow_nan=False)
     os.replace(tmp, path)
+    return obj
 
 
 def load_results(workdir: str):
@@ -526,6 +588,7 @@ def load_results(workdir: str):
         results = json.load(f)
     npz = os.path.join(out_dir, "per_image.npz")
     per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
+    check_per_image(results, per_image, workdir)
     return results, per_image
 
 

@@ -72,8 +72,9 @@ def test_batch_size_and_chunk_size_change_no_figure():
     (a, pa), (b, pb) = runs
     figures_close(a["figures"], b["figures"])
     assert a["pr"] == b["pr"] and a["clean_accuracy"] == b["clean_accuracy"]
+    assert set(pa) == set(pb)
     for key in pa:
-        if key.endswith(("counts", "robust", "correct")):
+        if key.startswith(evaluate.META_PREFIX) or key.endswith(("counts", "robust", "correct")):
             np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
         else:
             np.testing.assert_allclose(pa[key], pb[key], rtol=1e-5, err_msg=key)
@@ -158,6 +159,63 @@ def test_bad_evaluator_is_one_line_user_error(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, "
                                                "apgd_ce, apgd_dlr, pr, apgd, all"]
+
+
+def strict_json(path):
+    """results.json parsed as strict JSON: NaN / Infinity are refused."""
+    def refuse(token):
+        raise AssertionError(f"{path} holds {token}")
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
+    """A workdir whose 'checkpoint' is the tiny linear model (restore and data patched)."""
+    model_fns, state, split = tiny_setup(scale)
+    workdir = str(tmp_path / "run")
+    state_lib.save_config(cfg, workdir)
+    monkeypatch.setattr(evaluate, "_latest_checkpoint_step", lambda w: 3)
+    monkeypatch.setattr(evaluate, "restore_for_eval",
+                        lambda w: (state_lib.load_workdir_config(w), model_fns, state))
+    monkeypatch.setattr(data, "load_split", lambda *a: split)
+    return workdir, state, split
+
+
+def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
+    cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
+    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
+    results_path = os.path.join(workdir, "eval", "results.json")
+    before = open(results_path).read()
+    evaluate.load_results(workdir)  # consistent: loads
+
+    def killed(path, obj):
+        raise KeyboardInterrupt
+
+    # Re-evaluated with another seed and killed while writing: per_image.npz is written first,
+    # results.json (the commit marker) is not, and the mismatch is refused, not paired.
+    monkeypatch.setattr(evaluate, "_write_json", killed)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr",
+                     overrides={"seed": 1})
+    assert open(results_path).read() == before
+    assert int(np.load(os.path.join(workdir, "eval", "per_image.npz"))["meta.seed"]) == 1
+    with pytest.raises(UserError, match=r"per_image.npz does not belong to results.json \(seed 1 vs 0\)"):
+        evaluate.load_results(workdir)
+    with pytest.raises(UserError, match="does not belong"):
+        evaluate.compare([workdir, workdir], str(tmp_path / "p.png"))
+    # A file written before the identity was stored is checked on its number of images.
+    np.savez(os.path.join(workdir, "eval", "per_image.npz"), image_index=np.arange(4))
+    with pytest.raises(UserError, match="holds 4 images but results.json 5"):
+        evaluate.load_results(workdir)
+
+
+def test_results_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path):
+    path = str(tmp_path / "r.json")
+    written = evaluate._write_json(path, {"a": float("nan"), "b": [np.float32(np.inf), 1.5, -np.inf],
+                                          "c": np.int64(3), "d": {"e": np.float64(2.0)}})
+    expected = {"a": None, "b": [None, 1.5, None], "c": 3, "d": {"e": 2.0}}
+    assert strict_json(path) == expected and written == expected
 
 
 def dummy_checkpoint(workdir):

@@ -4,15 +4,19 @@
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=gaussian,uniform,pdis]
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
 
-Restores the latest checkpoint and the workdir's config (eval fields missing from an older
-config take today's defaults), evaluates the test split and writes DIR/eval/results.json:
+Checks every workdir (config, checkpoint, settings) first, then restores the latest
+checkpoint and the workdir's config (eval fields missing from an older config take today's
+defaults), evaluates the test split and writes DIR/eval/per_image.npz (per-image outcomes
+and PR statistics, for paired comparisons, with the evaluation's identity under meta.*) and
+then, last, DIR/eval/results.json (strict JSON; NaN/inf as null):
   clean_accuracy      fraction of test images classified correctly
   pr                  {"0.1": mean per-image PR over all evaluated images, ...} (pr_distribution)
   pr_clean_correct    the same mean over clean-correct images only (AT-PR's convention)
-  figures             every figure with its interval, method, number of images and settings
+  figures             every figure with its interval, method, number of images and settings;
+                      per distribution and level: all, clean_correct (with its own prob_acc,
+                      AT-PR's Prob.Acc), prob_acc, expected_loss, the lower bounds, entropic_risk
   settings            seed, number of images, checkpoint step, every evaluator's settings
   evaluator_wall_time_s, wall_time_s
-and DIR/eval/per_image.npz (per-image outcomes and PR statistics, for paired comparisons).
 
 Each evaluator is one jitted function over a batch; every batch has the same shape (the
 last one is padded and masked), so each is compiled once. Randomness is keyed by the image's
@@ -256,11 +260,20 @@ def _proportion(hits, confidence) -> dict:
             "interval_method": "clopper-pearson", "n": int(hits.size)}
 
 
-def _mean_with_interval(values, s, method="bootstrap") -> dict:
+@functools.lru_cache(maxsize=4)
+def _bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:
+    """robustness.bootstrap_indices, drawn once per (subset size, resamples, seed): every figure
+    of a subset (all images, clean-correct images) resamples the same images (read-only)."""
+    idx = robustness.bootstrap_indices(num_items, num_resamples, seed)
+    idx.setflags(write=False)
+    return idx
+
+
+def _mean_with_interval(values, s) -> dict:
     values = np.asarray(values, np.float64)
     if values.size == 0:
         return {"value": None, "interval": [None, None], "n": 0}
-    idx = robustness.bootstrap_indices(values.size, s["bootstrap_resamples"], s["seed"])
+    idx = _bootstrap_indices(int(values.size), int(s["bootstrap_resamples"]), int(s["seed"]))
     lo, hi = robustness.bootstrap_mean_interval(values, idx, s["confidence"])
     return {"value": float(values.mean()), "interval": [float(lo), float(hi)], "n": int(values.size),
             "interval_method": f"percentile bootstrap over images ({s['bootstrap_resamples']} resamples)"}
@@ -275,18 +288,25 @@ def pr_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     risk = robustness.entropic_risk(lse_loss, n_samples, lam, sum_loss)
     cp_lo, cp_hi = robustness.clopper_pearson(counts, n_samples, s["confidence"])
     out = {}
-    for subset, mask in (("all", np.ones_like(correct, bool)), ("clean_correct", np.asarray(correct, bool))):
+    clean_correct = np.asarray(correct, bool)
+    for subset, mask in (("all", np.ones_like(clean_correct)), ("clean_correct", clean_correct)):
         fig = _mean_with_interval(per_image[mask], s)
         if mask.sum() > 1:
             fig.update({k: float(v) for k, v in robustness.variance_decomposition(per_image[mask], n_samples).items()})
         out[subset] = fig
+    # ProbAcc_q: fraction of images with PR_i > 1 - q, over all images (`prob_acc`) and over
+    # clean-correct images (`clean_correct.prob_acc`, AT-PR's Prob.Acc convention).
     out["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image > 1 - q, s) for q in s["prob_acc_q"]}
+    out["clean_correct"]["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image[clean_correct] > 1 - q, s)
+                                        for q in s["prob_acc_q"]}
     out["expected_loss"] = _mean_with_interval(mean_loss, s)
     bound = robustness.lower_bound(mean_loss)
     out["lower_bound"] = _mean_with_interval(bound, s)
-    # PR_i >= max(0, bound_i) too, so the mean of the positive parts is a (tighter) valid bound.
+    # PR_i >= max(0, bound_i) too, so the mean of the positive parts is a (tighter) valid bound;
+    # its Monte-Carlo estimate is biased up, though (E max(0, B-hat) >= max(0, E B-hat)).
     out["lower_bound_positive_part"] = _mean_with_interval(np.maximum(bound, 0.0), s)
     out["entropic_risk"] = _mean_with_interval(risk, s)
+    # Biased high for finite N (the Monte-Carlo R_lambda is biased low, Jensen).
     out["lower_bound_entropic"] = _mean_with_interval(robustness.lower_bound(risk), s)
     out["per_image_clopper_pearson_mean_width"] = float(np.mean(cp_hi - cp_lo)) if per_image.size else None
     return out
@@ -608,6 +628,10 @@ def _table(header, rows) -> str:
     return "\n".join([line(header)] + [line(r) for r in rows])
 
 
+def _confidence_pct(settings) -> str:
+    return f"{100 * float(settings.get('confidence', 0.95)):g}%"  # 0.95 -> "95%", 0.9 -> "90%"
+
+
 def _run_name(workdir):
     return os.path.basename(os.path.normpath(workdir))
 
@@ -617,7 +641,7 @@ def format_table(workdir: str, results: dict) -> str:
 
 
 def format_comparison(workdirs, results_list) -> str:
-    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with 95% intervals, one row per run."""
+    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run."""
     first = results_list[0]
     dist = first["settings"]["pr_distribution"]
     eps_keys = list(first.get("pr", {}))
@@ -637,7 +661,7 @@ def format_comparison(workdirs, results_list) -> str:
                      + [_pct(pr.get(e, {}).get("lower_bound")) for e in eps_keys])
     s = first["settings"]
     note = (f"({s['num_examples']} test images; PR: {dist} noise, N={s['pr_samples']}, seed {s['seed']}; "
-            f"[95% intervals]: Clopper-Pearson for accuracies, bootstrap over images for PR; "
+            f"[{_confidence_pct(s)} intervals]: Clopper-Pearson for accuracies, bootstrap over images for PR; "
             f"LB = Theorem 2 lower bound 1 - E[f]/log 2)")
     return "\n".join([_table(header, rows), "", _table(extra_header, extra), note])
 
@@ -714,7 +738,7 @@ def plot_pr(workdirs, results_list, path) -> None:
         s = results_list[0]["settings"]
         ax.set_title(f"{d} noise, N={s['pr_samples']}, {s['num_examples']} images")
         ax.set_xlabel("eps")
-        ax.set_ylabel("PR % (95% bootstrap interval)")
+        ax.set_ylabel(f"PR % ({_confidence_pct(s)} bootstrap interval)")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

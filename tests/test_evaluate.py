@@ -181,6 +181,82 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     return workdir, state, split
 
 
+def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, monkeypatch):
+    lam, conf, resamples, seed = 0.5, 0.9, 300, 4
+    cfg = tiny_config(pr_distribution="uniform", pr_distributions=("uniform",), entropic_lambda=lam,
+                      confidence=conf, bootstrap_resamples=resamples, seed=seed)
+    workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
+    returned = evaluate.run(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
+    saved = strict_json(os.path.join(workdir, "eval", "results.json"))
+    assert saved == returned
+    z = dict(np.load(os.path.join(workdir, "eval", "per_image.npz")))
+    n, N = 7, 6
+
+    # The npz itself, independently: clean predictions and PR counts of the linear model on
+    # U[max(x - eps, 0), min(x + eps, 1)] samples from u = uniform(fold_in(fold_in(PRNGKey(seed), i), j)).
+    w = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(state.params["Dense_0"]["bias"], np.float64)
+    x = split.images.astype(np.float64) / 255.0
+    correct = (x.reshape(n, -1) @ w + b).argmax(1) == split.labels
+    np.testing.assert_array_equal(z["clean.correct"], correct)
+    assert 0 < correct.sum() < n
+    epsilons = [float(e) for e in cfg.eval.pr_epsilons]
+    expected_counts = np.zeros((n, len(epsilons)), int)
+    for i in range(n):
+        for j in range(N):
+            k = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), i), j)
+            u = np.asarray(jax.random.uniform(k, x.shape[1:]), np.float64)
+            for e_i, e in enumerate(epsilons):
+                low, high = np.maximum(x[i] - e, 0), np.minimum(x[i] + e, 1)
+                logits = (low + (high - low) * u).reshape(-1) @ w + b
+                expected_counts[i, e_i] += logits[split.labels[i]] > np.delete(logits, split.labels[i]).max()
+    counts = z["pr_uniform.counts"]
+    np.testing.assert_array_equal(counts, expected_counts)
+    assert 0 < counts.sum() < counts.size * N  # not a degenerate all-or-nothing case
+    for i in range(n):  # per-image exact intervals against scipy
+        ci = stats.binomtest(int(counts[i, 0]), N).proportion_ci(conf, method="exact")
+        np.testing.assert_allclose([z["pr_uniform.cp_lower"][i, 0], z["pr_uniform.cp_upper"][i, 0]],
+                                   [ci.low, ci.high], rtol=1e-7, atol=1e-12)
+    # Identity of the evaluation, stored beside the outcomes.
+    assert int(z["meta.step"]) == 3 and int(z["meta.seed"]) == seed and int(z["meta.num_examples"]) == n
+    assert int(z["meta.pr_samples"]) == N and list(z["meta.pr_epsilons"]) == epsilons
+
+    # results.json from the npz, with numpy only.
+    assert saved["clean_accuracy"] == pytest.approx(correct.mean())
+    pr = counts / N
+    alpha = 1 - conf
+
+    def bootstrap(values):  # the documented percentile bootstrap over images
+        idx = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
+        means = values[idx].mean(axis=1)
+        return [np.quantile(means, alpha / 2), np.quantile(means, 1 - alpha / 2)]
+
+    for j, e in enumerate(epsilons):
+        key = repr(e)
+        fig = saved["figures"]["pr"]["uniform"][key]
+        assert saved["pr"][key] == pytest.approx(pr[:, j].mean())
+        assert saved["pr_clean_correct"][key] == pytest.approx(pr[correct, j].mean())
+        assert fig["all"]["value"] == pytest.approx(pr[:, j].mean())
+        assert fig["clean_correct"]["value"] == pytest.approx(pr[correct, j].mean())
+        np.testing.assert_allclose(fig["all"]["interval"], bootstrap(pr[:, j]), rtol=1e-12)
+        np.testing.assert_allclose(fig["clean_correct"]["interval"], bootstrap(pr[correct, j]), rtol=1e-12)
+        for q in (0.2, 0.1, 0.05, 0.01):
+            assert fig["prob_acc"][repr(q)]["value"] == pytest.approx(np.mean(pr[:, j] > 1 - q))
+            assert fig["clean_correct"]["prob_acc"][repr(q)]["value"] == pytest.approx(
+                np.mean(pr[correct, j] > 1 - q))
+            assert fig["clean_correct"]["prob_acc"][repr(q)]["n"] == correct.sum()
+        mean_loss = z["pr_uniform.sum_loss"][:, j].astype(np.float64) / N
+        bound = 1 - mean_loss / np.log(2)
+        risk = (z["pr_uniform.lse_loss"][:, j].astype(np.float64) - np.log(N)) / lam
+        for name, values in (("expected_loss", mean_loss), ("lower_bound", bound),
+                             ("lower_bound_positive_part", np.maximum(bound, 0)), ("entropic_risk", risk),
+                             ("lower_bound_entropic", 1 - risk / np.log(2))):
+            assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
+            np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
+    # The comparison note states the configured confidence, not a hard-coded 95 %.
+    assert "[90% intervals]" in evaluate.compare([workdir], str(tmp_path / "plot.png"))
+
+
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
     cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)

@@ -260,11 +260,15 @@ def _proportion(hits, confidence) -> dict:
             "interval_method": "clopper-pearson", "n": int(hits.size)}
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def _bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:
     """robustness.bootstrap_indices, drawn once per (subset size, resamples, seed): every figure
-    of a subset (all images, clean-correct images) resamples the same images (read-only)."""
-    idx = robustness.bootstrap_indices(num_items, num_resamples, seed)
+    of a subset (all images, clean-correct images) resamples the same images (read-only).
+
+    Two entries (the two subsets) of resamples x images int32 (80 MB at 2,000 x 10,000);
+    `evaluate_state` clears them once its figures are computed.
+    """
+    idx = robustness.bootstrap_indices(num_items, num_resamples, seed).astype(np.int32)
     idx.setflags(write=False)
     return idx
 
@@ -377,6 +381,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     if "pr" in evaluators:
         per_image["pr_correct"] = per_image["clean"]["correct"]
     figures = _summarize(per_image, evaluators, s, n)
+    _bootstrap_indices.cache_clear()
 
     results = {}
     if "clean" in per_image:

@@ -140,19 +140,44 @@ def _conv_bwd(strides, padding, residuals, g):
 _conv_reordered_input_grad.defvjp(_conv_fwd, _conv_bwd)
 
 
+def _pool_windows(x: jax.Array, window: int) -> jax.Array:
+    """(B, H', W', C, window*window): each non-overlapping window's values, row-major."""
+    b, h, w, c = x.shape
+    h, w = h // window, w // window
+    x = x[:, :h * window, :w * window, :].reshape(b, h, window, w, window, c)
+    return x.transpose(0, 1, 3, 5, 2, 4).reshape(b, h, w, c, window * window)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def max_pool(x: jax.Array, window: int) -> jax.Array:
     """Non-overlapping window x window max pooling of NHWC input (stride = window, VALID).
 
-    Equal to `flax.linen.max_pool(x, (window, window), strides=(window, window))` in value.
-    Written as a reshape and a max so its gradient is an elementwise mask (fast everywhere);
-    XLA:CPU expands the `select-and-scatter` of `reduce_window`'s gradient into an argmax
-    reduce-window carrying four int32 index arrays and a scatter, which took about 40% of
-    the small CNN's PAT step (issue 5, benchmarks/README.md). The one difference is at ties
-    within a window: `jnp.max` splits the gradient equally among the tied maxima, while
-    `reduce_window` gives it to one of them; both are valid subgradients, and after a ReLU
-    ties are zeros whose gradient the ReLU discards either way.
+    Equal to `flax.linen.max_pool(x, (window, window), strides=(window, window))` in value
+    and in gradient: the gradient of each window goes to its first maximum in row-major
+    order, as `reduce_window`'s select-and-scatter (and PyTorch's max_pool2d) give it.
+    Written as a reshape, a max and, in the backward pass, a one-hot of the argmax, because
+    XLA:CPU expands select-and-scatter into an argmax reduce-window carrying four int32
+    index arrays and a scatter, which took about 40% of the small CNN's PAT step
+    (issue 5, benchmarks/README.md). Not the gradient of `jnp.max`, which splits it among
+    tied maxima and finds the ties by comparing each value with the recomputed maximum: CIFAR
+    images and clipped samples have flat regions, so exact ties are common, and whether a
+    tie is seen then depends on how XLA fuses (and rounds) the recomputation.
     """
-    b, h, w, c = x.shape
-    h, w = h // window * window, w // window * window
-    x = x[:, :h, :w, :].reshape(b, h // window, window, w // window, window, c)
-    return jnp.max(x, axis=(2, 4))
+    return jnp.max(_pool_windows(x, window), axis=-1)
+
+
+def _max_pool_fwd(x, window):
+    return max_pool(x, window), x
+
+
+def _max_pool_bwd(window, x, g):
+    windows = _pool_windows(x, window)
+    first_max = jax.nn.one_hot(jnp.argmax(windows, axis=-1), window * window, dtype=g.dtype)
+    b, h, w, c = g.shape
+    grad = (first_max * g[..., None]).reshape(b, h, w, c, window, window)
+    grad = grad.transpose(0, 1, 4, 2, 5, 3).reshape(b, h * window, w * window, c)
+    # Rows and columns beyond the last full window (odd sizes) get no gradient.
+    return (jnp.pad(grad, ((0, 0), (0, x.shape[1] - h * window), (0, x.shape[2] - w * window), (0, 0))),)
+
+
+max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)

@@ -96,6 +96,23 @@ def test_max_pool_values_and_gradient():
     np.testing.assert_allclose(grad, expected, rtol=1e-6)
 
 
+def test_max_pool_gradient_with_ties_goes_to_the_first_maximum_as_reduce_window():
+    """Flat regions (saturated pixels, clipped samples) give exact ties: the gradient must go
+    to one element per window, the first maximum in row-major order, as flax's reduce_window
+    max-pool (XLA select-and-scatter) and PyTorch give it -- not split among the ties."""
+    x = jnp.round(jax.random.uniform(jax.random.PRNGKey(2), (2, 6, 5, 3)) * 2) / 2  # many ties
+    weights = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 2, 3))
+    reference = jax.grad(lambda x: jnp.sum(weights * nn.max_pool(x, (2, 2), strides=(2, 2))))(x)
+    for fn in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        grad = fn(lambda x: jnp.sum(weights * ops.max_pool(x, 2)))(x)
+        np.testing.assert_array_equal(grad, reference)
+    xn = np.asarray(x)
+    ties = [(xn[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, c] == xn[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, c].max()).sum()
+            for b, i, j, c in np.ndindex(2, 3, 2, 3)]
+    assert max(ties) > 1  # the case is exercised
+    assert np.count_nonzero(np.asarray(reference)) == weights.size  # one element per window
+
+
 def test_bf16_sampler_stays_close_to_fp32():
     """The same small CNN and parameters, computed in float32 and in bfloat16."""
     x = jax.random.uniform(jax.random.PRNGKey(0), (8, 16, 16, 3))

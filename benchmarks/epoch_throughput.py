@@ -41,9 +41,9 @@ def parse_args(argv=None):
     p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--conv-input-grad", default="auto", choices=("auto", "reordered", "autodiff"),
                    help="patjax.ops convolution input gradient (auto: reordered kernel on CPU only)")
-    p.add_argument("--max-pool", default="model", choices=("model", "ops"),
-                   help="ops: run models.SmallCNN with patjax.ops.max_pool in place of flax's "
-                        "nn.max_pool (a preview of that one-line model change; see benchmarks/README.md)")
+    p.add_argument("--cpu-devices", type=int, default=0,
+                   help="JAX CPU devices the batch is split over (0: one per usable core, as main.py "
+                        "does; 1: a single device, plain JAX's default)")
     p.add_argument("--peak-gflops", type=float, default=0.0,
                    help="device peak for the utilization figure (e.g. 310 for this 2-core CPU, fp32)")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (saves two lowerings)")
@@ -78,9 +78,11 @@ def build(args, langevin_steps):
     schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
     tx = state_lib.make_optimizer(cfg, schedule)
     _, model_fns, state = state_lib.create_train_state(cfg, tx)
-    step_fn = train.make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch)
-    images, labels = jax.device_put(images), jax.device_put(labels)
-    permutation = jax.device_put(np.arange(len(images), dtype=np.int32))
+    mesh = train.make_mesh(args.batch)  # as train.train_and_evaluate does
+    step_fn = train.make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch,
+                                    train.batch_sharding_for(mesh))
+    permutation = np.arange(len(images), dtype=np.int32)
+    state, images, labels, permutation = train.place_on_mesh(mesh, state, images, labels, permutation)
     return step_fn, state, images, labels, permutation
 
 
@@ -108,16 +110,6 @@ def run(args) -> dict:
     from patjax import ops
 
     ops.set_conv_input_grad_mode(args.conv_input_grad)
-    if args.max_pool == "ops":
-        import flax.linen as nn
-
-        def max_pool(x, window_shape, strides=None, padding="VALID"):
-            if tuple(window_shape) != tuple(strides or window_shape) or window_shape[0] != window_shape[1] \
-                    or padding != "VALID":
-                raise ValueError("--max-pool=ops covers square non-overlapping VALID pooling only")
-            return ops.max_pool(x, window_shape[0])
-
-        nn.max_pool = max_pool  # models.SmallCNN calls nn.max_pool at trace time
     T = args.langevin_steps
     step_fn, state, images, labels, permutation = build(args, T)
 
@@ -148,7 +140,7 @@ def run(args) -> dict:
         "impl": "patjax", "method": args.method, "model": args.model,
         "width": args.width if args.model != "small_cnn" else None,
         "batch": args.batch, "langevin_steps": T, "compute_dtype": args.compute_dtype,
-        "conv_input_grad": ops.conv_input_grad_mode(), "max_pool": args.max_pool,
+        "conv_input_grad": ops.conv_input_grad_mode(),
         "lower_s": round(lower_s, 3), "compile_s": round(compile_s, 3),
         "median_step_s": round(median, 4) if times else None, "step_times_s": [round(t, 4) for t in times],
         "images_per_s": round(images_per_s, 3) if times else None,
@@ -159,7 +151,8 @@ def run(args) -> dict:
                         if flops_per_image and args.peak_gflops and times else None),
         **peak_memory_bytes(compiled),
         "backend": jax.default_backend(), "device": device.device_kind,
-        "device_count": jax.device_count(), "jax": jax.__version__,
+        "device_count": jax.device_count(), "mesh_devices": int(state.step.sharding.num_devices),
+        "jax": jax.__version__,
     }
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "peak_bytes_in_use" in stats:
@@ -172,6 +165,11 @@ def run(args) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.cpu_devices:
+        os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
+    from patjax import cli
+
+    cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     result = run(args)
     if args.json:
         print(json.dumps(result))

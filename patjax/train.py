@@ -29,9 +29,33 @@ from patjax import data, methods, state as state_lib
 from patjax.errors import UserError
 
 
-def make_mesh():
-    # Auto axes: XLA propagates the batch sharding set in the step through the computation.
-    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(batch_size: int):
+    """A 1-D 'data' mesh over the devices that share the global batch.
+
+    Accelerators: all of them, and the batch must divide evenly. CPU devices (one per core,
+    `cli.use_cpu_cores_as_devices`): the most that divide the batch, since they are a way to
+    use the cores, not hardware the user chose. Auto axes: XLA propagates the batch sharding
+    set in the step through the computation.
+    """
+    devices = jax.devices()
+    count = len(devices)
+    if jax.default_backend() == "cpu":
+        count = max(k for k in range(1, count + 1) if batch_size % k == 0)
+    elif batch_size % count:
+        raise UserError(f"batch_size {batch_size} is not divisible by the {count} devices")
+    return jax.make_mesh((count,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=devices[:count])
+
+
+def place_on_mesh(mesh, state, *arrays):
+    """Replicates the train state and the device-resident data set over the mesh."""
+    replicated = NamedSharding(mesh, P())
+    return jax.device_put((state, *arrays), replicated)
+
+
+def batch_sharding_for(mesh):
+    """The sharding the step gives its batch: split over 'data' (None on a single device)."""
+    return NamedSharding(mesh, P("data")) if mesh.size > 1 else None
 
 
 def train_step(state: state_lib.TrainState, images, labels, permutation, *, model_fns, method,
@@ -98,9 +122,7 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
     from patjax import evaluate
 
     config_lib.validate(cfg)
-    mesh = make_mesh()
-    if cfg.batch_size % mesh.size:
-        raise UserError(f"batch_size {cfg.batch_size} is not divisible by the {mesh.size} devices")
+    mesh = make_mesh(cfg.batch_size)
     resuming = os.path.isfile(state_lib.config_path(workdir))
     if resuming:
         state_lib.check_resume_compatible(cfg, workdir)
@@ -125,13 +147,8 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
         state = restored
         logging.info("resumed from step %d", int(state.step))
 
-    replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P("data"))
-    state = jax.device_put(state, replicated)
-    train_images = jax.device_put(train_split.images, replicated)
-    train_labels = jax.device_put(train_split.labels, replicated)
-    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch,
-                              batch_sharding if mesh.size > 1 else None)
+    state, train_images, train_labels = place_on_mesh(mesh, state, train_split.images, train_split.labels)
+    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, batch_sharding_for(mesh))
     permute = jax.jit(data.epoch_permutation, static_argnums=2)
     data_key = jax.random.fold_in(state.rng, 0)
     test_accuracy_fn = evaluate.make_clean_accuracy_fn(model_fns, cfg.eval.batch_size)
@@ -162,6 +179,7 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
                 elapsed = time.perf_counter() - window_start
                 summary["images_per_s"] = window_steps * cfg.batch_size / max(elapsed, 1e-9)
                 summary["epoch"] = done / steps_per_epoch
+                summary["devices"] = mesh.size
                 summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split)
                 writer.write(done, summary)
                 if progress is not None:

@@ -274,11 +274,20 @@ def _trained(run: Run, directory: str) -> Optional[dict]:
     return record
 
 
-def _eval_matches(suite: Suite, results: Optional[dict], step: int) -> bool:
-    """Whether eval/results.json was written for this checkpoint with the suite's settings."""
+def _eval_matches(suite: Suite, results: Optional[dict], step: int, directory: str) -> bool:
+    """Whether eval/results.json was written for this checkpoint with the suite's settings, and
+    eval/per_image.npz by the same evaluation (a kill between the two writes leaves a pair that
+    does not match: the run is then evaluated again)."""
     from patjax import evaluate
 
     if results is None:
+        return False
+    npz = os.path.join(directory, "eval", "per_image.npz")
+    if not os.path.isfile(npz):
+        return False
+    try:
+        evaluate.check_per_image(results, dict(np.load(npz)), directory)
+    except UserError:
         return False
     s = results.get("settings", {})
     wanted = {"evaluators": list(evaluate.parse_evaluators(list(suite.evaluators))), "step": step}
@@ -327,7 +336,7 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
         cfg.progress_bar = bool(progress_bars)
         record = _trained(run, directory)
         results_path = os.path.join(directory, "eval", "results.json")
-        if record is not None and _eval_matches(suite, _read_json(results_path), record["step"]):
+        if record is not None and _eval_matches(suite, _read_json(results_path), record["step"], directory):
             progress(index, run, "reused (trained and evaluated earlier)")
             continue
         if max_runs is not None and worked >= max_runs:
@@ -413,6 +422,9 @@ def load_outcome(workdir: str, run: Run) -> Optional[RunOutcome]:
     if record is None or results is None or "eval_wall_s" not in record or not os.path.isfile(npz):
         return None
     per_image = dict(np.load(npz))
+    from patjax import evaluate
+
+    evaluate.check_per_image(results, per_image, directory)  # the two files of one evaluation
     settings = results["settings"]
     eps_keys = [repr(float(e)) for e in settings["pr_epsilons"]]
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ("pgd20", "cw20") if f"{a}.robust" in per_image}

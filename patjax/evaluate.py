@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from patjax import attacks, config as config_lib
 from patjax import data, robustness, state as state_lib
@@ -234,12 +236,23 @@ def _make_batch_fn(name, model_fns, s, distribution=None):
 
 
 def _run_evaluator(batch_fn, state, split, n, batch_size, desc, progress):
-    """Per-example outputs over the first n images (padding removed) and the wall time."""
+    """Per-example outputs over the first n images (padding removed) and the wall time.
+
+    Each batch is split over the devices of `train.make_mesh` (on a CPU host one per core,
+    see cli.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
+    index), so the split changes which core computes an image, not what is computed.
+    """
+    from patjax import train
+
+    mesh = train.make_mesh(batch_size)
+    params, batch_stats = jax.device_put((state.params, state.batch_stats), NamedSharding(mesh, P()))
+    batch_sharding = NamedSharding(mesh, P("data"))
     outputs = []
     bar = _bar(progress, n, desc)
     start = time.perf_counter()
     for images, labels, indices, mask in _padded_batches(split, n, batch_size):
-        out = jax.device_get(batch_fn(state.params, state.batch_stats, images, labels, indices))
+        images, labels, indices = jax.device_put((images, labels, indices), batch_sharding)
+        out = jax.device_get(batch_fn(params, batch_stats, images, labels, indices))
         outputs.append(jax.tree.map(lambda a: np.asarray(a)[mask], out))
         if bar is not None:
             bar.update(int(mask.sum()))

@@ -1,9 +1,11 @@
-"""The step on a batch split over two devices equals the single-device step.
+"""The step on a batch split over two devices equals the single-device step, and so does
+the evaluation of the resulting checkpoint.
 
 The SNIS softmax of Algorithm 2 must normalize over the whole global batch, not per device:
 per-device normalization would change the weights (each device's weights would sum to 1)
-and hence the update. Devices are faked on the CPU in a subprocess, since the device count
-is fixed when JAX starts.
+and hence the update. BatchNorm statistics likewise. Evaluation batches are split over the
+devices too; every evaluator is per example, so the split must change nothing. Devices are
+faked on the CPU in a subprocess, since the device count is fixed when JAX starts.
 """
 import os
 import subprocess
@@ -17,11 +19,15 @@ SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
-from patjax import train
+from patjax import evaluate, train
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=2, **{{"pat.beta": 2.0}})
 state = train.train_and_evaluate(cfg, {workdir!r})
 assert jax.device_count() == {devices}, jax.devices()
+assert train.make_mesh(cfg.eval.batch_size).size == {devices}
 leaves = jax.tree.leaves(jax.device_get((state.params, state.batch_stats)))
+results = evaluate.run({workdir!r}, progress=False, evaluators=["clean", "pr"])
+_, per_image = evaluate.load_results({workdir!r})
+leaves += [per_image["pr_gaussian.sum_loss"], per_image["clean.correct"], per_image["pr_gaussian.counts"]]
 np.savez({out!r}, *leaves)
 """
 
@@ -39,9 +45,15 @@ def run_training(tmp_path, data_dir, devices):
     return [loaded[k] for k in sorted(loaded.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def test_two_device_data_parallel_step_equals_single_device(tmp_path, data_dir):
+def test_two_device_data_parallel_step_and_evaluation_equal_single_device(tmp_path, data_dir):
     single = run_training(tmp_path, data_dir, 1)
     split = run_training(tmp_path, data_dir, 2)
     assert len(single) == len(split)
-    for a, b in zip(single, split):
+    for a, b in zip(single[:-3], split[:-3]):  # parameters and BatchNorm statistics
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+    # Per image: sum over the PR samples of the cross-entropy (a continuous check), clean
+    # correctness and non-adversarial counts (exact).
+    np.testing.assert_allclose(single[-3], split[-3], rtol=1e-4)
+    assert split[-3].shape[0] == 16 and np.all(split[-3] > 0)
+    for a, b in zip(single[-2:], split[-2:]):
+        np.testing.assert_array_equal(a, b)

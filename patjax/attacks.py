@@ -254,9 +254,10 @@ def apgd_checkpoints(steps: int) -> list[int]:
 
 
 class ApgdResult(NamedTuple):
-    x_adv: jax.Array      # last misclassified iterate where the attack succeeded, else the best-loss point
+    x_adv: jax.Array      # as perturb returns it: for a clean-correct image the run fooled, the last misclassified
+                          # point (start included); x itself for robust and clean-misclassified images
     robust: jax.Array     # (B,) bool: x and every iterate (start included) classified correctly
-    best_loss: jax.Array  # (B,) the highest loss reached
+    best_loss: jax.Array  # (B,) the highest loss reached (start included), for every image
 
 
 def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
@@ -272,7 +273,10 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
       at most rho * (interval length) of the interval's steps, or if its step size was not
       halved at the last checkpoint and its best loss has not improved since then;
     - an example counts as robust only if the clean x and every iterate are correctly
-      classified (the reference's per-example `acc`).
+      classified (the reference's per-example `acc`);
+    - x_adv: as perturb returns it, so argmax logits_fn(x_adv) != y exactly where robust is
+      False: for a clean-correct image the run fooled, the last misclassified point among the
+      start and the iterates; x itself otherwise (robust images and clean-misclassified ones).
     Deviation: the count of loss increases in the first interval compares the first iterate's
     loss with the loss at the starting point (Croce & Hein 2020, condition 1); the reference
     compares it with 0 (an unfilled row of its loss buffer).
@@ -345,5 +349,7 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
         "reduced_last": jnp.ones((batch,), bool), "best_loss_last": loss0,
     }
     s = jax.lax.fori_loop(0, steps, body, state)
-    x_adv = jnp.where(s["robust"].reshape(bshape), s["x_best"], s["x_best_adv"])
+    # perturb: adv = x, overwritten by attack_single_run's x_best_adv where a clean-correct image was fooled.
+    fooled = clean_correct & ~s["robust"]
+    x_adv = jnp.where(fooled.reshape(bshape), s["x_best_adv"], x)
     return ApgdResult(jax.lax.stop_gradient(x_adv), s["robust"], jax.lax.stop_gradient(s["best_loss"]))

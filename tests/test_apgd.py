@@ -119,3 +119,36 @@ def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
         assert np.abs(np.asarray(result.x_adv) - x).max() <= eps + 1e-6
     assert robust["ce"].sum() <= pgd_robust.sum()
     assert (robust["ce"] & robust["dlr"]).sum() <= pgd_robust.sum()
+
+
+def test_apgd_x_adv_is_what_perturb_returns_and_misclassified_exactly_where_not_robust():
+    # Effectively binary linear model: robust and fooled images (closed form). Four robust images
+    # are made clean-misclassified by a bump in the logits that only the clean image itself sees:
+    # not robust, yet the start and every iterate are classified correctly. perturb returns x there
+    # (it attacks only clean-correct images) and for robust images; the start is neither.
+    eps = 0.05
+    base_fn, x, y, w, b = linear_problem()
+    robust_cf, gap = closed_form_robust(x, y, w, b, eps)
+    bumped = np.zeros(len(y), bool)
+    bumped[np.flatnonzero(robust_cf & (gap > 1e-3))[:4]] = True
+    assert bumped.sum() == 4 and (~robust_cf & (gap > 1e-3)).sum() >= 4
+    wrong = jax.nn.one_hot((y + 1) % 2, 3) * 100.0 * bumped[:, None]
+    x_clean = jnp.asarray(x)
+
+    def logits_fn(z):
+        at_clean = jnp.max(jnp.abs(z - x_clean), axis=1, keepdims=True) < 1e-6
+        return base_fn(z) + jnp.where(at_clean, wrong, 0.0)
+
+    clean_pred = np.asarray(logits_fn(x_clean)).argmax(1)
+    assert ((clean_pred != y) == bumped).all()
+    for loss in ("ce", "dlr"):
+        result = attacks.apgd(logits_fn, jax.random.PRNGKey(1), x_clean, jnp.asarray(y), eps=eps, steps=10, loss=loss)
+        robust, x_adv = np.asarray(result.robust), np.asarray(result.x_adv)
+        assert not robust[bumped].any()
+        keep_x = robust | bumped
+        assert keep_x.sum() > bumped.sum() and (~keep_x).sum() >= 4
+        np.testing.assert_array_equal(x_adv[keep_x], x[keep_x])
+        fooled = ~keep_x
+        assert (np.abs(x_adv[fooled] - x[fooled]).max(axis=1) > eps / 2).all()
+        assert np.abs(x_adv - x).max() <= eps + 1e-6
+        np.testing.assert_array_equal(np.asarray(logits_fn(result.x_adv)).argmax(1) != y, ~robust)

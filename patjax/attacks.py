@@ -238,7 +238,8 @@ APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss}
 
 
 def apgd_checkpoints(steps: int) -> list[int]:
-    """Iterations after which the step size may be halved (0-based indices of `apgd`'s loop).
+    """Iterations after which the step size may be halved (0-based indices of `apgd`'s loop,
+    which takes its schedule from here).
 
     autopgd_base.py: first interval n_iter_2 = max(int(0.22 N), 1) iterations, then each
     interval shrinks by size_decr = max(int(0.03 N), 1) down to n_iter_min = max(int(0.06 N), 1),
@@ -262,31 +263,45 @@ class ApgdResult(NamedTuple):
 
 def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
          steps: int = 100, loss: str = "ce", rho: float = 0.75, momentum: float = 0.75) -> ApgdResult:
-    """One run of L-inf APGD (autopgd_base.py, APGDAttack with n_restarts=1).
+    """One run of L-inf APGD (autopgd_base.py: APGDAttack.perturb with n_restarts=1, i.e. one
+    attack_single_run on the clean-correct images).
 
     - start: x + eps * t / max|t|, t ~ U(-1, 1)^d, clipped to [0, 1];
-    - step size 2 eps per example; update z = P(x_k + eta sign(grad)),
+    - step size eta = 2 eps per example; update z = P(x_k + eta sign(grad)),
       x_{k+1} = P(x_k + a (z - x_k) + (1 - a)(x_k - x_{k-1})) with a = 1 at the first
-      iteration and `momentum` (0.75) afterwards;
-    - at every checkpoint (`apgd_checkpoints`) the step size of an example is halved and it
-      restarts from its best-loss point (with that point's gradient) if its loss increased in
-      at most rho * (interval length) of the interval's steps, or if its step size was not
-      halved at the last checkpoint and its best loss has not improved since then;
-    - an example counts as robust only if the clean x and every iterate are correctly
-      classified (the reference's per-example `acc`);
+      iteration and `momentum` (0.75) afterwards, P the projection onto the eps-ball ∩ [0, 1]^d;
+    - checkpoints: the last iteration of each interval (`apgd_checkpoints`, which the loop uses
+      for its schedule). At a checkpoint ending an interval of k iterations, an example's step
+      size is halved, and it restarts from its best-loss point with that point's gradient, when
+        (a) its loss rose (strictly, from one point to the next) in at most rho * k of the
+            interval's k steps (rho = 0.75), OR
+        (b) its best loss did not improve (strictly) since the previous checkpoint AND its step
+            size was not halved at the previous checkpoint
+      (autopgd_base.py: check_oscillation, or fl_reduce_no_impr). The start counts as a
+      checkpoint at which the step was halved (reduced_last_check = 1), so only (a) can fire at
+      the first checkpoint;
+    - robust: the clean x and every iterate (start included) are correctly classified (perturb's
+      clean check AND attack_single_run's per-example `acc`);
     - x_adv: as perturb returns it, so argmax logits_fn(x_adv) != y exactly where robust is
       False: for a clean-correct image the run fooled, the last misclassified point among the
-      start and the iterates; x itself otherwise (robust images and clean-misclassified ones).
-    Deviation: the count of loss increases in the first interval compares the first iterate's
-    loss with the loss at the starting point (Croce & Hein 2020, condition 1); the reference
-    compares it with 0 (an unfilled row of its loss buffer).
+      start and the iterates; x itself otherwise (robust images and clean-misclassified ones);
+    - best_loss: attack_single_run's loss_best (highest loss over the start and every iterate),
+      also for clean-misclassified images, which perturb does not attack.
+    The one departure from the reference: in the first interval, (a) compares the first
+    iterate's loss with the loss at the start (Croce & Hein 2020, condition 1), whereas the
+    reference's check_oscillation compares it with loss_steps[-1], a row of its loss buffer not
+    yet filled (0). Every other comparison is the reference's.
     """
     if loss not in APGD_LOSSES:
         raise ValueError(f"unknown APGD loss {loss!r}; choose one of {sorted(APGD_LOSSES)}")
     loss_fn = APGD_LOSSES[loss]
     batch = x.shape[0]
     bshape = (batch,) + (1,) * (x.ndim - 1)
-    first, minimum, decrement = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), max(int(0.03 * steps), 1)
+    # interval_length[i]: the length of the interval that iteration i closes, 0 off checkpoints.
+    interval_length, previous = [0] * steps, -1
+    for point in apgd_checkpoints(steps):
+        interval_length[point], previous = point - previous, point
+    interval_length = jnp.asarray(interval_length, jnp.int32)
 
     def loss_and_grad(z):
         def total(z):
@@ -323,10 +338,10 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
         n["best_loss"] = jnp.where(improved, loss_new, s["best_loss"])
         n["increases"] = s["increases"] + (loss_new > s["prev_loss"]).astype(jnp.int32)
         n["prev_loss"] = loss_new
-        counter = s["counter"] + 1
-        at_checkpoint = counter == s["interval"]
+        length = interval_length[i]
+        at_checkpoint = length > 0
         # autopgd_base.py: check_oscillation (t <= k * rho) or no improvement without a reduction.
-        oscillating = n["increases"] <= s["interval"] * rho
+        oscillating = n["increases"] <= length * rho
         not_improved = (~s["reduced_last"]) & (s["best_loss_last"] >= n["best_loss"])
         reduce = at_checkpoint & (oscillating | not_improved)
         n["step"] = jnp.where(reduce, s["step"] / 2.0, s["step"])
@@ -335,8 +350,6 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
         n["reduced_last"] = jnp.where(at_checkpoint, reduce, s["reduced_last"])
         n["best_loss_last"] = jnp.where(at_checkpoint, n["best_loss"], s["best_loss_last"])
         n["increases"] = jnp.where(at_checkpoint, 0, n["increases"])
-        n["interval"] = jnp.where(at_checkpoint, jnp.maximum(s["interval"] - decrement, minimum), s["interval"])
-        n["counter"] = jnp.where(at_checkpoint, 0, counter)
         return n
 
     state = {
@@ -345,7 +358,6 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
         "x_best": x_start, "grad_best": grad0, "best_loss": loss0, "x_best_adv": x_start,
         "robust": clean_correct & correct0,
         "prev_loss": loss0, "increases": jnp.zeros((batch,), jnp.int32),
-        "counter": jnp.zeros((), jnp.int32), "interval": jnp.asarray(first, jnp.int32),
         "reduced_last": jnp.ones((batch,), bool), "best_loss_last": loss0,
     }
     s = jax.lax.fori_loop(0, steps, body, state)

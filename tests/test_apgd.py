@@ -1,5 +1,8 @@
 """APGD and CW against independent computations: hand-written losses, the checkpoint formula of
-Croce & Hein (2020), closed-form worst cases of a linear classifier, and PGD-20 on a trained MLP."""
+Croce & Hein (2020), closed-form worst cases of a linear classifier, PGD-20 on a trained MLP, and a
+float64 numpy transcription of fra31/auto-attack's APGD on an MLP with a hand-written gradient."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,6 +124,183 @@ def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
     assert (robust["ce"] & robust["dlr"]).sum() <= pgd_robust.sum()
 
 
+# ---------------------------------------------------------------------------------------------
+# APGD against a float64 numpy transcription of fra31/auto-attack autopgd_base.py (APGDAttack,
+# Linf, n_restarts=1): attack_single_run line by line, and perturb's clean check and return value.
+# The model is a tanh MLP whose input gradient is written out by hand, so the reference shares no
+# code with patjax (not even the autodiff).
+
+def np_mlp_logits(p, z):
+    return np.tanh(z @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def np_mlp_input_grad(p, z, dlogits):
+    """d/dz of sum_i <dlogits_i, logits(z_i)>: back through W2, tanh' = 1 - tanh^2, W1."""
+    hidden = np.tanh(z @ p["w1"] + p["b1"])
+    return ((dlogits @ p["w2"].T) * (1.0 - hidden ** 2)) @ p["w1"].T
+
+
+def np_ce_and_dlogits(z, y):
+    """nn.CrossEntropyLoss(reduction='none') and its gradient softmax(z) - onehot(y)."""
+    shifted = z - z.max(1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    return -log_p[np.arange(len(y)), y], np.exp(log_p) - np.eye(z.shape[1])[y]
+
+
+def np_dlr_and_dlogits(z, y):
+    """APGDAttack.dlr_loss, -(z_y - z_other) / (z_pi1 - z_pi3 + 1e-12) with z_other the largest
+    logit if it is not z_y and the second largest if it is, and its gradient in the logits."""
+    u = np.arange(len(y))
+    order = np.argsort(z, axis=1)
+    top_is_y = order[:, -1] == y
+    other = np.where(top_is_y, order[:, -2], order[:, -1])
+    num = z[u, y] - z[u, other]
+    den = z[u, order[:, -1]] - z[u, order[:, -3]] + 1e-12
+    g = np.zeros_like(z)
+    np.add.at(g, (u, y), -1.0 / den)
+    np.add.at(g, (u, other), 1.0 / den)
+    np.add.at(g, (u, order[:, -1]), num / den ** 2)
+    np.add.at(g, (u, order[:, -3]), -num / den ** 2)
+    return -num / den, g
+
+
+def np_attack_single_run(x, y, t, eps, n_iter, loss_logits_grad, rho=0.75, literal=False):
+    """APGDAttack.attack_single_run (Linf), t the uniform draw in [-1, 1). Returns (x_best, acc,
+    loss_best, x_best_adv) as the reference does, and per checkpoint (i, rule a, rule b) masks.
+
+    literal=False makes the one change patjax documents: check_oscillation's comparison of
+    loss_steps[0] with loss_steps[-1] (a row not yet filled, 0) compares with the start's loss."""
+    n = len(y)
+    bshape = (n,) + (1,) * (x.ndim - 1)
+    n_iter_2, n_iter_min, size_decr = max(int(0.22 * n_iter), 1), max(int(0.06 * n_iter), 1), max(int(0.03 * n_iter), 1)
+    x_adv = x + eps * t / (np.abs(t).reshape(n, -1).max(1).reshape(bshape) + 1e-12)  # normalize
+    x_adv = np.clip(x_adv, 0.0, 1.0)
+    x_best, x_best_adv = x_adv.copy(), x_adv.copy()
+    loss_steps = np.zeros((n_iter, n))
+    loss_indiv, logits, grad = loss_logits_grad(x_adv, y)
+    loss_start = loss_indiv.copy()
+    grad_best = grad.copy()
+    acc = logits.argmax(1) == y
+    loss_best = loss_indiv.copy()
+    step_size = 2.0 * eps * np.ones(bshape)
+    x_adv_old = x_adv.copy()
+    k = n_iter_2
+    counter3 = 0
+    loss_best_last_check = loss_best.copy()
+    reduced_last_check = np.ones(n)
+    decisions = []
+    for i in range(n_iter):
+        grad2 = x_adv - x_adv_old
+        x_adv_old = x_adv.copy()
+        a = 0.75 if i > 0 else 1.0
+        x_adv_1 = x_adv + step_size * np.sign(grad)
+        x_adv_1 = np.clip(np.minimum(np.maximum(x_adv_1, x - eps), x + eps), 0.0, 1.0)
+        x_adv_1 = np.clip(np.minimum(np.maximum(x_adv + (x_adv_1 - x_adv) * a + grad2 * (1 - a),
+                                                x - eps), x + eps), 0.0, 1.0)
+        x_adv = x_adv_1 + 0.0
+        loss_indiv, logits, grad = loss_logits_grad(x_adv, y)
+        pred = logits.argmax(1) == y
+        acc = np.minimum(acc, pred)
+        x_best_adv[~pred] = x_adv[~pred]
+        y1 = loss_indiv.copy()
+        loss_steps[i] = y1
+        ind = y1 > loss_best
+        x_best[ind] = x_adv[ind]
+        grad_best[ind] = grad[ind]
+        loss_best[ind] = y1[ind]
+        counter3 += 1
+        if counter3 == k:
+            increases = np.zeros(n)  # check_oscillation
+            for counter5 in range(k):
+                before = loss_steps[i - counter5 - 1]  # index -1: the last row, as in torch
+                if i - counter5 - 1 < 0 and not literal:
+                    before = loss_start
+                increases += loss_steps[i - counter5] > before
+            fl_oscillation = (increases <= k * rho).astype(float)
+            fl_reduce_no_impr = (1.0 - reduced_last_check) * (loss_best_last_check >= loss_best)
+            decisions.append((i, fl_oscillation > 0, fl_reduce_no_impr > 0))
+            fl_oscillation = np.maximum(fl_oscillation, fl_reduce_no_impr)
+            reduced_last_check = fl_oscillation.copy()
+            loss_best_last_check = loss_best.copy()
+            ind_fl_osc = fl_oscillation > 0
+            step_size[ind_fl_osc] /= 2.0
+            x_adv[ind_fl_osc] = x_best[ind_fl_osc]
+            grad[ind_fl_osc] = grad_best[ind_fl_osc]
+            k = max(k - size_decr, n_iter_min)
+            counter3 = 0
+    return x_best, acc, loss_best, x_best_adv, decisions
+
+
+def np_perturb(x, y, t, eps, n_iter, loss_logits_grad, predict):
+    """APGDAttack.perturb (best_loss=False, n_restarts=1): attack the clean-correct images only;
+    adv = x, replaced by x_best_adv where the run fooled the image. Returns (adv, robust)."""
+    acc = predict(x).argmax(1) == y
+    adv = x.copy()
+    ind_to_fool = np.nonzero(acc)[0]
+    _, acc_curr, _, adv_curr, _ = np_attack_single_run(x[ind_to_fool], y[ind_to_fool], t[ind_to_fool],
+                                                       eps, n_iter, loss_logits_grad)
+    ind_curr = ~acc_curr
+    acc[ind_to_fool[ind_curr]] = False
+    adv[ind_to_fool[ind_curr]] = adv_curr[ind_curr]
+    return adv, acc
+
+
+def mlp_problem(seed=2, n=48, d=8, h=8, k=4, scale=6.0):
+    """A random tanh MLP with saturating units (so losses climb steadily for some examples and
+    oscillate for others) and a batch with every fifth label wrong."""
+    rng = np.random.default_rng(seed)
+    p = {"w1": rng.normal(size=(d, h)) / np.sqrt(d) * scale, "b1": rng.normal(size=h),
+         "w2": rng.normal(size=(h, k)) / np.sqrt(h) * scale, "b2": 0.1 * rng.normal(size=k)}
+    x = rng.uniform(0.0, 1.0, size=(n, d))
+    y = np_mlp_logits(p, x).argmax(1)
+    y[::5] = (y[::5] + 1) % k
+    return p, x, y
+
+
+APGD_EPS = 0.3
+
+
+def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts_included():
+    p, x, y = mlp_problem()
+    key = jax.random.PRNGKey(7)
+    clean = np_mlp_logits(p, x).argmax(1) == y
+    runs = {}
+    # float64 on both sides, so every loss comparison is decided the same way (float32 vs float64
+    # flips near-ties of the unbounded 4-class DLR); the context restores float32 afterwards.
+    with jax.enable_x64(True):
+        pj = {name: jnp.asarray(v) for name, v in p.items()}
+        logits_fn = lambda z: jnp.tanh(z @ pj["w1"] + pj["b1"]) @ pj["w2"] + pj["b2"]
+        t = np.asarray(jax.random.uniform(key, x.shape, jnp.float64, -1.0, 1.0))  # apgd's draw
+        for steps in (100, 10):
+            for loss, np_loss in (("ce", np_ce_and_dlogits), ("dlr", np_dlr_and_dlogits)):
+                result = attacks.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=APGD_EPS,
+                                      steps=steps, loss=loss)
+                result = jax.tree.map(np.asarray, result)
+                assert result.x_adv.dtype == np.float64
+
+                def loss_logits_grad(z, labels):
+                    logits = np_mlp_logits(p, z)
+                    value, dlogits = np_loss(logits, labels)
+                    return value, logits, np_mlp_input_grad(p, z, dlogits)
+
+                run = functools.partial(np_attack_single_run, x, y, t, APGD_EPS, steps, loss_logits_grad)
+                adv, robust = np_perturb(x, y, t, APGD_EPS, steps, loss_logits_grad, lambda z: np_mlp_logits(p, z))
+                _, _, loss_best, _, decisions = run()
+                what = f"{loss}, {steps} steps"
+                np.testing.assert_array_equal(result.robust, robust, err_msg=what)
+                np.testing.assert_allclose(result.x_adv, adv, rtol=0, atol=1e-12, err_msg=what)
+                np.testing.assert_allclose(result.best_loss, loss_best, rtol=1e-9, atol=1e-12, err_msg=what)
+                assert [i for i, _, _ in decisions] == attacks.apgd_checkpoints(steps)
+                runs[loss, steps] = robust, decisions, np.abs(run(literal=True)[2] - loss_best).max()
+    # The comparison discriminates: robust and fooled clean-correct images, and checkpoints at which
+    # some examples halve their step and others do not, by rule (a) and by rule (b) alone.
+    for loss in ("ce", "dlr"):
+        robust, decisions, _ = runs[loss, 100]
+        assert 0 < robust.sum() < clean.sum(), loss
+        assert sum(0 < (a | b).sum() < len(y) for _, a, b in decisions) >= 3, loss
+    assert any((b & ~a).any() for _, a, b in runs["dlr", 100][1])
+    # The documented departure shows (DLR, 10 steps: first interval of 2) and apgd is on its side.
+    assert runs["dlr", 10][2] > 1e-3
 def test_apgd_x_adv_is_what_perturb_returns_and_misclassified_exactly_where_not_robust():
     # Effectively binary linear model: robust and fooled images (closed form). Four robust images
     # are made clean-misclassified by a bump in the logits that only the clean image itself sees:

@@ -57,3 +57,31 @@ def test_two_device_data_parallel_step_and_evaluation_equal_single_device(tmp_pa
     assert split[-3].shape[0] == 16 and np.all(split[-3] > 0)
     for a, b in zip(single[-2:], split[-2:]):
         np.testing.assert_array_equal(a, b)
+
+
+RESUME_SCRIPT = r"""
+import sys, numpy as np, jax
+sys.path.insert(0, {tests!r})
+from test_train import tiny_config
+from patjax import train
+assert jax.device_count() == 2, jax.devices()
+cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=4)
+whole = train.train_and_evaluate(cfg, {workdir!r} + "/whole")
+train.train_and_evaluate(cfg, {workdir!r} + "/split", stop_after_steps=2)
+resumed = train.train_and_evaluate(cfg, {workdir!r} + "/split")
+a = jax.tree.leaves(jax.device_get((whole.params, whole.batch_stats, whole.opt_state, whole.step)))
+b = jax.tree.leaves(jax.device_get((resumed.params, resumed.batch_stats, resumed.opt_state, resumed.step)))
+assert len(a) == len(b)
+unequal = [i for i, (x, y) in enumerate(zip(a, b)) if not np.array_equal(x, y)]
+assert not unequal, f"leaves differ after resume: {{unequal}}"
+"""
+
+
+def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
+    """Every command line splits the batch over one CPU device per core, so the README's
+    'an interrupted run resumes to the same parameters, bitwise' must hold on two devices."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    script = RESUME_SCRIPT.format(tests=str(REPO / "tests"), data_dir=data_dir, workdir=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,54 @@
+"""The profiling benchmark's FLOP accounting, checked against XLA's own cost analysis."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def _load_profile_step():
+    spec = importlib.util.spec_from_file_location("profile_step", REPO / "benchmarks" / "profile_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_valid_taps_hand_counts():
+    taps = _load_profile_step()._valid_taps
+    # 3-wide window, stride 1, one zero of padding each side, 4 inputs: the border outputs
+    # see 2 real inputs, the inner ones 3.
+    assert taps(4, 4, 3, 1, 1, 1, 1) == 2 + 3 + 3 + 2
+    # stride 2 over 4 inputs, padding 1: outputs at input positions -1..1 and 1..3.
+    assert taps(4, 2, 3, 2, 1, 1, 1) == 2 + 3
+    # Transposed convolution of a stride-2 layer: 2 gradient values dilated to [g0, 0, g1],
+    # padded (1, 2) to give 4 outputs, whose windows hold [g0], [g0, g1], [g1], [g1].
+    assert taps(2, 4, 3, 1, 1, 2, 1) == 1 + 2 + 1 + 1
+    # No padding, window = input: one output, every tap real (a weight-gradient shape).
+    assert taps(8, 1, 8, 1, 0, 1, 1) == 8
+
+
+def test_profile_step_convolution_flops_match_xla_cost_analysis():
+    # At T = 1 XLA's cost analysis (which counts a while body once) is the whole step's FLOPs;
+    # the profiler's per-convolution FLOPs must account for nearly all of it (the rest is
+    # elementwise work and the dense layer) and never exceed it.
+    env = dict(os.environ, PATJAX_CPU_DEVICES="1")
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "profile_step.py"), "--model", "small_cnn",
+         "--batch", "8", "--langevin-steps", "1", "--warmup", "1", "--json"],
+        capture_output=True, text=True, env=env, check=True, timeout=300).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["devices"] == 1
+    groups = {(g["phase"], g["kind"]): g for g in result["groups"]}
+    conv_gflop = sum(g["gflop_per_device"] for g in result["groups"])
+    total = result["xla_cost_analysis_gflop_per_device"]
+    assert 0.9 * total <= conv_gflop <= total, (conv_gflop, total)
+    # Both phases and every convolution direction were found in the trace and timed.
+    for key in [("sampler", "conv forward (library)"), ("sampler", "conv input-grad (library)"),
+                ("update", "conv forward (library)"), ("update", "conv weight-grad (library)")]:
+        assert groups[key]["ms_per_device"] > 0 and groups[key]["gflop_per_device"] > 0, key
+    # One sampler step costs a forward and an input gradient: equal FLOPs each way here
+    # (stride-1 convolutions; the stem's input gradient counts its 4 padded channels).
+    fwd = groups[("sampler", "conv forward (library)")]["gflop_per_device"]
+    assert groups[("update", "conv forward (library)")]["gflop_per_device"] == fwd

@@ -173,10 +173,14 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
         sample_ids = c * chunk_size + jnp.arange(chunk_size)
         valid = sample_ids < num_samples
         perturbed = perturbed_samples(key, x, image_indices, sample_ids, levels_arr, distribution)
+        # Image axis first before flattening, (B, L, S): the batch is what is split over devices,
+        # so each device keeps its own images' samples. Flattening (L, B, S) made XLA gather
+        # every sample onto every device, which then all evaluated the whole chunk.
+        perturbed = jnp.moveaxis(perturbed, 1, 0)
         logits = logits_fn(perturbed.reshape(-1, *x.shape[1:])).astype(jnp.float32)
-        labels = jnp.broadcast_to(y[None, :, None], (num_levels, batch, chunk_size)).reshape(-1)
+        labels = jnp.broadcast_to(y[:, None, None], (batch, num_levels, chunk_size)).reshape(-1)
         s = margin(logits, labels)
-        robust = (s < 0).reshape(num_levels, batch, chunk_size) & valid
+        robust = (s < 0).reshape(batch, num_levels, chunk_size) & valid
         # f = log sum_j exp(z_j - z_y): the differences first, so large logits do not overflow.
         # Exactly, f >= softplus(s) (>= log 2 on adversarial samples, > 0 always). XLA may
         # recompute the logits inside a fusion with other rounding (an FMA-contracted
@@ -184,16 +188,16 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
         # f came out ~ -1e-4; the max restores the inequality, so 1 - f/log 2 <= 1[s < 0]
         # holds sample by sample.
         loss = jax.nn.logsumexp(logits - jnp.take_along_axis(logits, labels[:, None], axis=-1), axis=-1)
-        loss = jnp.maximum(loss, jax.nn.softplus(s)).reshape(num_levels, batch, chunk_size)
+        loss = jnp.maximum(loss, jax.nn.softplus(s)).reshape(batch, num_levels, chunk_size)
         counts = counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
         sum_loss = sum_loss + jnp.sum(jnp.where(valid, loss, 0.0), axis=-1)
         lse_loss = jnp.logaddexp(lse_loss, jax.nn.logsumexp(jnp.where(valid, lam * loss, -jnp.inf), axis=-1))
         return counts, sum_loss, lse_loss
 
-    init = (jnp.zeros((num_levels, batch), jnp.int32), jnp.zeros((num_levels, batch), jnp.float32),
-            jnp.full((num_levels, batch), -jnp.inf, jnp.float32))
+    init = (jnp.zeros((batch, num_levels), jnp.int32), jnp.zeros((batch, num_levels), jnp.float32),
+            jnp.full((batch, num_levels), -jnp.inf, jnp.float32))
     counts, sum_loss, lse_loss = jax.lax.fori_loop(0, num_chunks, chunk, init)
-    return {"counts": counts, "sum_loss": sum_loss, "lse_loss": lse_loss}
+    return {"counts": counts.T, "sum_loss": sum_loss.T, "lse_loss": lse_loss.T}
 
 
 # ---------------------------------------------------------------------------------------

@@ -85,3 +85,31 @@ def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+PR_SCRIPT = r"""
+import re, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from patjax import models, robustness
+model = models.create_model("small_cnn", "cifar10", 10, widths=(4,))
+variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)
+mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+split = NamedSharding(mesh, P("data"))
+x, y, idx = jax.device_put((jnp.full((8, 32, 32, 3), 0.5), jnp.zeros(8, jnp.int32), jnp.arange(8)), split)
+fn = lambda x, y, idx: robustness.pr_statistics(
+    lambda v: model.apply(variables, v, train=False), jax.random.PRNGKey(1), x, y, idx, (0.1, 0.2), 6, 3)
+hlo = jax.jit(fn).lower(x, y, idx).compile().as_text()
+print(len(re.findall(r"all-gather", hlo)), sorted(set(re.findall(r"f32\[(\d+),32,32,4\]\S* convolution\(", hlo))))
+"""
+
+
+def test_pr_statistics_keeps_each_devices_images_on_that_device():
+    # 8 images split over 2 devices, 2 levels x 3 samples per chunk: each device must run the
+    # model on its own 4 x 2 x 3 = 24 perturbed images, with nothing gathered across devices
+    # (a sample layout that mixed the split axis into the flattened batch made XLA gather the
+    # whole chunk, 48 images, onto both devices).
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", PR_SCRIPT], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == "0 ['24']", proc.stdout

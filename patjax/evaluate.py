@@ -414,9 +414,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
         "pr_epsilons": list(s["epsilons"]),
         "pr_chunk_size": s["pr_chunk_size"],
         "pdis_c1": s["pdis_c1"], "pdis_sigma": s["pdis_sigma"],
-        "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
-        "gaussian": "x + eps * N(0, I), clipped to [0,1]",
-        "uniform": "U[max(x - eps, 0), min(x + eps, 1)] per pixel (uniform on the Linf ball and [0,1]^d)",
+        **PR_DISTRIBUTION_DEFINITIONS,
         "entropic_lambda": s["entropic_lambda"],
         "attack_eps": s["eps"], "attack_step_size": s["step_size"], "attack_steps": s["steps"],
         "cw_kappa": s["kappa"], "apgd_steps": s["apgd_steps"], "apgd_rho": s["apgd_rho"],
@@ -447,6 +445,16 @@ def _flatten_per_image(per_image, s, n) -> dict:
                 flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = robustness.clopper_pearson(
                     out["counts"], s["pr_samples"], s["confidence"])
     return flat
+
+
+# What each PR distribution is, recorded in results.json's settings. A definition that changes
+# (the 'uniform' distribution was clip(x + eps * U[-1,1]^d) before 2026-11-22) makes earlier
+# results incomparable: `compare` refuses to pair them, and the experiment runner re-evaluates.
+PR_DISTRIBUTION_DEFINITIONS = {
+    "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
+    "gaussian": "x + eps * N(0, I), clipped to [0,1]",
+    "uniform": "U[max(x - eps, 0), min(x + eps, 1)] per pixel (uniform on the Linf ball and [0,1]^d)",
+}
 
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
@@ -710,7 +718,8 @@ def _resolve_from_results(results):
 
 
 def _check_common_random_numbers(a, b, wa, wb):
-    keys = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1")
+    keys = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1",
+            *PR_DISTRIBUTION_DEFINITIONS)
     differing = [k for k in keys if a["settings"].get(k) != b["settings"].get(k)]
     if differing:
         raise UserError(f"{wa!r} and {wb!r} were evaluated with different settings "

@@ -68,6 +68,16 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
     experiments.run_suite(suite, workdir, stream=io.StringIO())
     assert len(trained) == 4
 
+    # An evaluation made under an earlier definition of a PR distribution is stale: re-evaluated
+    # (not retrained).
+    stale = json.load(open(eval_json))
+    stale["settings"]["uniform"] = "x + eps * U[-1,1]^d, clipped to [0,1]"
+    json.dump(stale, open(eval_json, "w"))
+    log = io.StringIO()
+    experiments.run_suite(suite, workdir, stream=log)
+    assert len(trained) == 4 and "tiny/pat_wos_s0: reused" not in log.getvalue()
+    assert json.load(open(eval_json))["settings"]["uniform"].startswith("U[max(x - eps, 0)")
+
     # Outputs.
     assert open(os.path.join(workdir, "pr_vs_eps.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     saved = json.load(open(os.path.join(workdir, "results.json")))

@@ -348,3 +348,17 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
             evaluate.run(a, progress=False, **kwargs)  # the placeholder checkpoint is never restored
         assert message in str(error.value) and "\n" not in str(error.value), kwargs
     assert listing(tmp_path) == before
+
+
+def test_prob_acc_is_strict_at_the_threshold():
+    # ProbAcc_q counts images with PR_i > 1 - q (AT-PR's Prob.Acc, strict). With N = 100 an
+    # image at exactly 80/90/95/99 non-adversarial samples sits on a threshold and must not
+    # count; counted by hand in integers: #{counts > 100 (1 - q)}.
+    counts = np.array([80, 81, 90, 91, 95, 96, 99, 100])
+    correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
+    s = {"pr_samples": 100, "entropic_lambda": 0.5, "confidence": 0.95, "bootstrap_resamples": 50,
+         "seed": 0, "prob_acc_q": (0.2, 0.1, 0.05, 0.01)}
+    figs = evaluate.pr_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
+    for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
+        assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)
+        assert figs["clean_correct"]["prob_acc"][q]["value"] == pytest.approx((above - 1) / 7)

@@ -686,7 +686,8 @@ def format_comparison(workdirs, results_list) -> str:
         extra.append([_run_name(workdir), _pct(f.get("apgd_ce")), _pct(f.get("apgd_dlr")), _pct(f.get("worst_case"))]
                      + [_pct(pr.get(e, {}).get("lower_bound")) for e in eps_keys])
     s = first["settings"]
-    note = (f"({s['num_examples']} test images; PR: {dist} noise, N={s['pr_samples']}, seed {s['seed']}; "
+    note = (f"({s['num_examples']} test images; PR over all of them (clean-misclassified included): "
+            f"{dist} noise, N={s['pr_samples']}, seed {s['seed']}; "
             f"[{_confidence_pct(s)} intervals]: Clopper-Pearson for accuracies, bootstrap over images for PR; "
             f"LB = Theorem 2 lower bound 1 - E[f]/log 2)")
     return "\n".join([_table(header, rows), "", _table(extra_header, extra), note])

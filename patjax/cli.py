@@ -24,7 +24,6 @@ def use_cpu_cores_as_devices() -> int:
     before JAX initializes its backends; afterwards it does nothing.
     """
     import jax
-    from jax._src import xla_bridge
 
     if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return 0
@@ -35,9 +34,10 @@ def use_cpu_cores_as_devices() -> int:
         raise UserError(f"PATJAX_CPU_DEVICES must be a positive integer, got {requested!r}") from None
     if count < 1:
         raise UserError(f"PATJAX_CPU_DEVICES must be a positive integer, got {requested!r}")
-    if xla_bridge.backends_are_initialized():
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # JAX refuses once its backends are initialized (e.g. called in-process twice)
         return 0
-    jax.config.update("jax_num_cpu_devices", count)
     return count
 
 

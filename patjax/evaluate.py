@@ -341,9 +341,9 @@ def _summarize(per_image, evaluators, s, n) -> dict:
         "cw20": {"eps": s["eps"], "step_size": s["step_size"], "steps": s["steps"],
                  "loss": "cw_margin", "kappa": s["kappa"], "random_start": "uniform"},
         "apgd_ce": {"eps": s["eps"], "steps": s["apgd_steps"], "rho": s["apgd_rho"], "loss": "ce",
-                    "restarts": 1},
+                    "restarts": 1, "departure": APGD_DEPARTURE},
         "apgd_dlr": {"eps": s["eps"], "steps": s["apgd_steps"], "rho": s["apgd_rho"], "loss": "dlr",
-                     "restarts": 1},
+                     "restarts": 1, "departure": APGD_DEPARTURE},
     }
     ran_attacks = [a for a in WORST_CASE_ATTACKS if a in evaluators]
     for a in ran_attacks:
@@ -362,6 +362,12 @@ def _summarize(per_image, evaluators, s, n) -> dict:
             figures["pr"][d] = {k: pr_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j],
                                               pr_correct, s) for j, k in enumerate(keys)}
     return figures
+
+
+# attacks.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded
+# with every APGD figure (README, Evaluation).
+APGD_DEPARTURE = ("first interval: the first iterate's loss is compared with the starting loss, "
+                  "where auto-attack compares it with an unfilled (zero) entry of its loss buffer")
 
 
 def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: int = -1,
@@ -424,6 +430,9 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
         "dataset": cfg.dataset,
         "split": "test",
         "batch_size": int(batch_size),
+        # Devices each batch was split over (_run_evaluator): the figures are the same on any
+        # count up to float summation order (tests/test_sharding.py).
+        "devices": _mesh_size(batch_size),
         "step": int(state.step),
     }
     results["evaluator_wall_time_s"] = {k: round(v, 2) for k, v in walls.items()}
@@ -432,6 +441,12 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
         per_image_out.update(_flatten_per_image(per_image, s, n))
         per_image_out.update(_identity(results["settings"]))
     return results
+
+
+def _mesh_size(batch_size: int) -> int:
+    from patjax import train
+
+    return int(train.make_mesh(batch_size).size)
 
 
 def _flatten_per_image(per_image, s, n) -> dict:

@@ -301,6 +301,8 @@ def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts
     assert any((b & ~a).any() for _, a, b in runs["dlr", 100][1])
     # The documented departure shows (DLR, 10 steps: first interval of 2) and apgd is on its side.
     assert runs["dlr", 10][2] > 1e-3
+
+
 def test_apgd_x_adv_is_what_perturb_returns_and_misclassified_exactly_where_not_robust():
     # Effectively binary linear model: robust and fooled images (closed form). Four robust images
     # are made clean-misclassified by a bump in the logits that only the clean image itself sees:

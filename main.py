@@ -9,7 +9,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from patjax import train
-from patjax.cli import guarded
+from patjax.cli import guarded, parse_flags
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -29,4 +29,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -53,3 +53,34 @@ def guarded(main: Callable) -> Callable:
             print("interrupted; the latest complete checkpoint is kept", file=sys.stderr)
             sys.exit(130)
     return wrapped
+
+
+def parse_flags(argv):
+    """absl's flag parsing, with a config file that cannot be loaded (a missing path, a field
+    the config does not have, a value of the wrong type) reported in one line, exit 2.
+
+    ml_collections' config flags load the file and apply `--config.x=...` overrides while absl
+    parses the command line, before `main` (and `guarded`) run, and raise plain Python errors
+    there (or, for a missing file, leave a stand-in that raises on first use). absl's own flag
+    errors (an unknown flag, a value of the wrong type) are reported the same way.
+    """
+    from absl import flags
+
+    try:
+        args = flags.FLAGS(argv)
+        config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+        if config is not None:
+            config.keys()  # a config that failed to load is a stand-in that raises on any use
+        return args
+    except flags.Error as error:
+        print(f"error: {_one_line(error)} (--helpshort lists the flags)", file=sys.stderr)
+        sys.exit(2)
+    except (OSError, AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
+        detail = _one_line(error) or type(error).__name__
+        print(f"error: cannot load the config given on the command line: {type(error).__name__}: {detail}",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())

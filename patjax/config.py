@@ -137,8 +137,20 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise UserError(f"batch_size must be positive, got {cfg.batch_size}")
     if cfg.num_train_steps <= 0 and cfg.num_epochs <= 0:
         raise UserError("set num_epochs > 0 or num_train_steps > 0")
+    if not cfg.learning_rate > 0:
+        raise UserError(f"learning_rate must be > 0, got {cfg.learning_rate}")
+    if not 0 <= cfg.momentum < 1 or cfg.weight_decay < 0:
+        raise UserError(f"momentum must be in [0, 1) and weight_decay >= 0, got {cfg.momentum}, {cfg.weight_decay}")
     if cfg.langevin.steps < 0:
         raise UserError(f"langevin.steps must be >= 0, got {cfg.langevin.steps}")
+    lv = cfg.langevin
+    # Algorithm 1: eta, sigma, c1, c2 >= 0 and rho > 0; a negative step or weight would turn the
+    # sampler's descent on the energy into an ascent and still train without complaint.
+    if min(lv.step_size, lv.noise_scale, lv.c1, lv.c2) < 0 or not lv.grad_clip > 0:
+        raise UserError("langevin.step_size, noise_scale, c1 and c2 must be >= 0 and langevin.grad_clip > 0, got "
+                        f"{lv.step_size}, {lv.noise_scale}, {lv.c1}, {lv.c2}, {lv.grad_clip}")
+    if cfg.pat.beta < 0:
+        raise UserError(f"pat.beta must be >= 0 (0 is PAT(WOS)), got {cfg.pat.beta}")
     if cfg.langevin.bn_mode not in ("inference", "train"):
         raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {cfg.langevin.bn_mode!r}")
     _validate_baselines(cfg)

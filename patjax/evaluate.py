@@ -536,6 +536,15 @@ def _latest_checkpoint_step(workdir: str) -> int:
     return int(step)
 
 
+def check_eval_config(cfg) -> None:
+    """The config's evaluation settings and evaluators, checked when training starts so that a
+    bad value fails then, not after the training time was spent."""
+    ev = eval_settings(cfg)
+    _resolve(cfg, ev)
+    parse_evaluators(ev.evaluators)
+    check_run_settings(ev.num_examples, ev.batch_size)
+
+
 def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=None,
                   overrides: dict | None = None):
     """Everything `run` needs that can be checked without evaluating: config.json, a
@@ -864,10 +873,10 @@ def _define_flags():
 def cli():
     from absl import app
 
-    from patjax.cli import guarded
+    from patjax.cli import guarded, parse_flags
 
     _define_flags()
-    app.run(guarded(main))
+    app.run(guarded(main), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

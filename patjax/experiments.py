@@ -827,10 +827,10 @@ def _define_flags():
 def cli():
     from absl import app
 
-    from patjax.cli import guarded
+    from patjax.cli import guarded, parse_flags
 
     _define_flags()
-    app.run(guarded(main))
+    app.run(guarded(main), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

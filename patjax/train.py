@@ -121,7 +121,10 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
     """
     from patjax import evaluate
 
+    if stop_after_steps is not None and stop_after_steps < 1:
+        raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
     config_lib.validate(cfg)
+    evaluate.check_eval_config(cfg)
     mesh = make_mesh(cfg.batch_size)
     resuming = os.path.isfile(state_lib.config_path(workdir))
     if resuming:

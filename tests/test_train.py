@@ -110,6 +110,15 @@ def run_cli(*args, cwd=REPO):
     ("--config.dataset=mnist", "unknown dataset"),
     ("--config.method=magic", "unknown method"),
     ("--config.data_dir=/nonexistent", "lacks the cifar10 train split"),
+    # Values that used to train without complaint (a new user's trial, 2026-11-22):
+    ("--config.langevin.step_size=-0.3", "langevin.step_size"),
+    ("--config.learning_rate=-0.05", "learning_rate must be > 0"),
+    ("--config.eval.pr_epsilons=(-0.1,0.2)", "eval.pr_epsilons must be non-empty and non-negative"),
+    ("--stop_after_steps=-1", "stop_after_steps must be >= 1"),
+    # Errors raised while absl loads the config, before main runs (were Python tracebacks):
+    ("--config.nonexistent_field=1", "nonexistent_field"),
+    ("--config.batch_size=abc", "invalid literal"),
+    ("--config=configs/no_such_config.py", "No such file or directory: 'configs/no_such_config.py'"),
 ])
 def test_main_rejects_bad_input_with_one_line_and_nonzero_exit(tmp_path, override, message):
     workdir = tmp_path / "run"
@@ -117,7 +126,9 @@ def test_main_rejects_bad_input_with_one_line_and_nonzero_exit(tmp_path, overrid
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (workdir / "config.json").exists()  # nothing written for a bad config
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0]  # the message is one line
+    assert not workdir.exists() or not (workdir / "config.json").exists()  # nothing written
 
 
 def test_evaluate_without_checkpoint_fails_cleanly(tmp_path):

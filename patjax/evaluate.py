@@ -546,20 +546,40 @@ def check_eval_config(cfg) -> None:
 
 
 def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=None,
-                  overrides: dict | None = None):
+                  overrides: dict | None = None, overwrite: bool = True):
     """Everything `run` needs that can be checked without evaluating: config.json, a
     checkpoint, the eval settings with the overrides, evaluators, num_examples and
-    batch_size. Returns the config with the overrides applied."""
+    batch_size; with overwrite=False also that an existing eval/results.json holds no
+    evaluator this run would drop. Returns the config with the overrides applied."""
     cfg = state_lib.load_workdir_config(workdir)
     config_lib.validate(cfg)
     cfg = apply_overrides(cfg, overrides)
     ev = eval_settings(cfg)
     _resolve(cfg, ev)
-    parse_evaluators(ev.evaluators if evaluators is None else evaluators)
+    chosen = parse_evaluators(ev.evaluators if evaluators is None else evaluators)
     check_run_settings(ev.num_examples if num_examples is None else num_examples,
                        ev.batch_size if batch_size is None else batch_size)
     _latest_checkpoint_step(workdir)
+    if not overwrite:
+        previous = _read_results_settings(workdir).get("evaluators") or []
+        dropped = [e for e in previous if e not in chosen]
+        if dropped:
+            raise UserError(
+                f"{workdir}: eval/results.json holds {', '.join(dropped)}, which this evaluation "
+                f"({', '.join(chosen)}) would replace and lose; include them in --evaluators, or pass "
+                f"--overwrite")
     return cfg
+
+
+def _read_results_settings(workdir: str) -> dict:
+    path = os.path.join(workdir, "eval", "results.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f).get("settings", {})
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path} is unreadable ({error}); move it away or pass --overwrite") from None
 
 
 def restore_for_eval(workdir: str):
@@ -597,15 +617,17 @@ def apply_overrides(cfg, overrides: dict | None):
 
 
 def run(workdir: str, num_examples: int | None = None, batch_size: int | None = None,
-        progress: bool = True, evaluators=None, overrides: dict | None = None) -> dict:
+        progress: bool = True, evaluators=None, overrides: dict | None = None,
+        overwrite: bool = True) -> dict:
     """Evaluates a workdir's latest checkpoint; writes eval/per_image.npz, then eval/results.json.
 
     Both are written atomically (temp file + os.replace), results.json last: it is the commit
     marker, so a kill never leaves a new results.json beside an older per_image.npz, and
     per_image.npz carries the identity of its evaluation (`check_per_image`).
-    Returns the results as written (non-finite numbers as None).
+    Returns the results as written (non-finite numbers as None). overwrite=False (the command
+    line's default) refuses to replace a results.json holding evaluators this run lacks.
     """
-    check_workdir(workdir, num_examples, batch_size, evaluators, overrides)
+    check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
     cfg, model_fns, state = restore_for_eval(workdir)
     cfg = apply_overrides(cfg, overrides)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
@@ -620,7 +642,11 @@ def run(workdir: str, num_examples: int | None = None, batch_size: int | None = 
     tmp = os.path.join(out_dir, "per_image.tmp.npz")
     np.savez_compressed(tmp, **per_image)
     os.replace(tmp, os.path.join(out_dir, "per_image.npz"))
-    return _write_json(os.path.join(out_dir, "results.json"), results)
+    written = _write_json(os.path.join(out_dir, "results.json"), results)
+    stale_plot = os.path.join(out_dir, "pr_vs_eps.png")  # drawn from the previous results
+    if "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):
+        os.remove(stale_plot)
+    return written
 
 
 def _json_safe(obj):
@@ -844,10 +870,11 @@ def main(argv):
         # Every workdir is checked (config, checkpoint, settings) before any is evaluated, so a
         # mistake in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir:
-            check_workdir(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators, overrides)
+            check_workdir(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators, overrides,
+                          overwrite=FLAGS.overwrite)
         for workdir in FLAGS.workdir:
             results = run(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators=evaluators,
-                          overrides=overrides)
+                          overrides=overrides, overwrite=FLAGS.overwrite)
             print(f"{_run_name(workdir)}: wrote {os.path.join(workdir, 'eval', 'results.json')} "
                   f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})")
     print(compare(FLAGS.workdir, FLAGS.plot))
@@ -867,6 +894,8 @@ def _define_flags():
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
     flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")
+    flags.DEFINE_bool("overwrite", False, "Replace eval/results.json even if it holds evaluators this "
+                      "evaluation does not run (they are lost).")
     flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
 
 

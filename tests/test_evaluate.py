@@ -362,3 +362,24 @@ def test_prob_acc_is_strict_at_the_threshold():
     for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
         assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)
         assert figs["clean_correct"]["prob_acc"][q]["value"] == pytest.approx((above - 1) / 7)
+
+
+def test_an_evaluation_that_would_drop_evaluators_is_refused_unless_overwrite(tmp_path, monkeypatch):
+    cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
+    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
+    evaluate.compare([workdir], None)  # draws eval/pr_vs_eps.png
+    eval_dir = os.path.join(workdir, "eval")
+    before = {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))}
+    assert "pr_vs_eps.png" in before
+    # The command line's default: a clean-only run would lose the PR figures -> refused, untouched.
+    with pytest.raises(UserError, match=r"holds pr, which this evaluation \(clean\) would replace"):
+        evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean",
+                     overwrite=False)
+    assert {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))} == before
+    # The same evaluators (or more) may replace it; so may --overwrite, which also removes the
+    # plot drawn from the replaced PR figures.
+    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False)
+    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True)
+    assert sorted(os.listdir(eval_dir)) == ["per_image.npz", "results.json"]
+    assert evaluate.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]

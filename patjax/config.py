@@ -11,8 +11,11 @@ from patjax.errors import UserError
 
 # Fields that may differ between a run and the checkpoint it resumes from: they change how
 # long the run is and what it logs, not what a given step computes.
+# Fields a resumed run may change: they do not change what a step computes. data_dir is one
+# (the data's location; the dataset itself is `dataset`), so that data moved, or a relative
+# path saved by an earlier version, does not block a resume.
 RESUMABLE_FIELDS = ("num_epochs", "num_train_steps", "checkpoint_every_steps", "log_every_steps",
-                    "max_checkpoints_to_keep", "progress_bar", "eval")
+                    "max_checkpoints_to_keep", "progress_bar", "eval", "data_dir")
 
 
 def default_config() -> ml_collections.ConfigDict:

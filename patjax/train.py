@@ -143,6 +143,8 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
     tx = state_lib.make_optimizer(cfg, schedule)
     _, model_fns, state = state_lib.create_train_state(cfg, tx)
 
+    if cfg.data_dir:  # saved absolute: patjax.evaluate may run from another directory
+        cfg.data_dir = os.path.abspath(cfg.data_dir)
     state_lib.save_config(cfg, workdir)
     manager = state_lib.checkpoint_manager(workdir, cfg.max_checkpoints_to_keep)
     restored = state_lib.restore_latest(manager, state)

@@ -135,3 +135,18 @@ def test_evaluate_without_checkpoint_fails_cleanly(tmp_path):
     proc = run_cli("-m", "patjax.evaluate", f"--workdir={tmp_path}")
     assert proc.returncode == 2 and "not a patjax workdir" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp_path, data_dir, monkeypatch):
+    # A relative --config.data_dir is saved absolute, so patjax.evaluate run from another
+    # directory finds the data; data_dir may change on resume (the data moved), other fields not.
+    workdir = str(tmp_path / "run")
+    monkeypatch.chdir(os.path.dirname(data_dir))
+    train.train_and_evaluate(tiny_config(data_dir=os.path.basename(data_dir), num_train_steps=2), workdir)
+    saved = json.load(open(os.path.join(workdir, "config.json")))
+    assert saved["data_dir"] == os.path.abspath(data_dir)
+    monkeypatch.chdir(tmp_path)
+    link = str(tmp_path / "moved_data")
+    os.symlink(data_dir, link)
+    state = train.train_and_evaluate(tiny_config(data_dir=link, num_train_steps=3), workdir)
+    assert int(state.step) == 3

@@ -6,7 +6,9 @@ core's peak (~155 GFLOP/s fp32 here):
   taskset -c 0 python benchmarks/conv_variants.py --batch 16
 
 For each ResNet-18 stage (32x32x64, 16x16x128, 8x8x256, 4x4x512; a 3x3, stride-1, same-padded
-convolution) it prints GFLOP/s (nominal: 2 x B x H x W x 9 x C x C per pass) of
+convolution) it prints GFLOP/s of (FLOPs per pass counted as XLA's cost analysis and
+profile_step.py count them: multiply-adds on real input elements, padding excluded, i.e.
+2 x B x C x C x (3H - 2) x (3W - 2), so that the rates compare with profile_step.py's)
   lib           patjax.ops.conv2d forward (XLA's convolution, a YNNPACK fusion on CPU)
   shift         the same convolution as one matmul x @ [K_00 .. K_22] followed by a sum of
                 the nine shifted slices of the product (no im2col buffer)
@@ -95,7 +97,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=16, help="per-device batch (32 split over 2 cores: 16)")
     a = p.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"batch {a.batch}, {jax.device_count()} device(s), GFLOP/s (nominal)")
+    print(f"batch {a.batch}, {jax.device_count()} device(s), GFLOP/s (padding excluded)")
     for size, channels in [(32, 64), (16, 128), (8, 256), (4, 512)]:
         x = jnp.asarray(rng.standard_normal((a.batch, size, size, channels)), jnp.float32)
         k = jnp.asarray(rng.standard_normal((3, 3, channels, channels)) * 0.05, jnp.float32)
@@ -104,7 +106,10 @@ def main(argv=None):
         np.testing.assert_allclose(conv_shift(x, k), conv_lib(x, k), rtol=1e-3, atol=1e-3)
         for variant in (wgrad_rows, wgrad_im2col):
             np.testing.assert_allclose(variant(x, g), wgrad_lib(x, g), rtol=2e-3, atol=2e-2)
-        gflop = 2 * a.batch * size * size * 9 * channels * channels / 1e9
+        # Valid taps per axis of a 3-wide same-padded window over n positions: 3n - 2.
+        gflop = 2 * a.batch * channels * channels * (3 * size - 2) ** 2 / 1e9
+        xla_gflop = jax.jit(conv_lib).lower(x, k).cost_analysis()["flops"] / 1e9
+        assert abs(gflop - xla_gflop) <= 1e-6 * gflop, (gflop, xla_gflop)  # the same count as XLA's
         rates = {name: round(passes * gflop / seconds(fn, *args), 1) for name, fn, args, passes in [
             ("lib", conv_lib, (x, k), 1), ("shift", conv_shift, (x, k), 1),
             ("lib_loop", in_loop(conv_lib), (x, k), 6), ("shift_loop", in_loop(conv_shift), (x, k), 6),

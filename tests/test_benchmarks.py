@@ -48,7 +48,7 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis():
     for key in [("sampler", "conv forward (library)"), ("sampler", "conv input-grad (library)"),
                 ("update", "conv forward (library)"), ("update", "conv weight-grad (library)")]:
         assert groups[key]["ms_per_device"] > 0 and groups[key]["gflop_per_device"] > 0, key
-    # One sampler step costs a forward and an input gradient: equal FLOPs each way here
-    # (stride-1 convolutions; the stem's input gradient counts its 4 padded channels).
+    # At T = 1 the sampler runs one forward pass and the update one (train mode): the same
+    # convolutions on the same batch, so the same FLOPs, found in two different phases.
     fwd = groups[("sampler", "conv forward (library)")]["gflop_per_device"]
     assert groups[("update", "conv forward (library)")]["gflop_per_device"] == fwd

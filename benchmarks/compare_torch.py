@@ -11,7 +11,9 @@ Arms: the peer (../shared/bench/torch_pat_reference.py for resnet18,
 benchmarks/torch_small_cnn_peer.py -- the same pat_step on models.SmallCNN -- for small_cnn)
 and one patjax arm per --patjax-variant (extra flags for epoch_throughput.py; default: none),
 e.g. --patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
-measures the convolution input-gradient switch against the same peer runs.
+measures the convolution input-gradient switch against the same peer runs. A variant may
+start with environment assignments (--patjax-variant='PJRT_NPROC=2 --cpu-devices 2'). With
+--no-peer only the patjax arms run, and ratios are to the first one.
 """
 import argparse
 import json
@@ -48,6 +50,8 @@ def main():
     p.add_argument("--cpus", default="",
                    help="pin every arm to these CPUs with taskset (e.g. 0) and give the peer as many "
                         "threads: a per-core comparison that other load on the machine disturbs less")
+    p.add_argument("--no-peer", action="store_true",
+                   help="run only the patjax arms (ratios to the first --patjax-variant)")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every run")
     a = p.parse_args()
     variants = a.patjax_variant or [""]
@@ -56,13 +60,17 @@ def main():
         peer = [sys.executable, REFERENCE, "--width", str(a.width), *common]
     else:
         peer = [sys.executable, os.path.join(HERE, "torch_small_cnn_peer.py"), *common]
-    arms = {"torch": peer}
-    for n in a.peer_threads or []:
+    arms = {} if a.no_peer else {"torch": peer}
+    for n in [] if a.no_peer else a.peer_threads or []:
         arms[f"torch --threads {n}"] = peer + ["--threads", str(n)]
     for v in variants:
-        arms[f"patjax {v}".strip()] = [
+        tokens = shlex.split(v)
+        env = [t for t in tokens if "=" in t and not t.startswith("-")]
+        flags = [t for t in tokens if t not in env]
+        arms[f"patjax {v}".strip()] = (["env", *env] if env else []) + [
             sys.executable, os.path.join(HERE, "epoch_throughput.py"), "--json", "--model", a.model,
-            "--width", str(a.width), "--peak-gflops", str(a.peak_gflops), *common, *shlex.split(v)]
+            "--width", str(a.width), "--peak-gflops", str(a.peak_gflops), *common, *flags]
+    baseline = next(iter(arms))
     if a.cpus:
         ncpus = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1)) for r in a.cpus.split(","))
         arms = {name: (cmd + ["--threads", str(ncpus)] if name == "torch" else cmd)
@@ -81,14 +89,14 @@ def main():
           f"of {a.iters} timed steps" + (f", pinned to CPUs {a.cpus}" if a.cpus else "")
           + f"; load average at the end {os.getloadavg()[0]:.2f}")
     for name, m in medians.items():
-        print(f"  {name:>40}: median {m:8.2f} img/s   ratio to torch {m / medians['torch']:.2f}"
+        print(f"  {name:>40}: median {m:8.2f} img/s   ratio to {baseline} {m / medians[baseline]:.2f}"
               + "".join(f", to {peer} {m / medians[peer]:.2f}" for peer in medians
                         if peer.startswith("torch ")))
     if a.json:
         print(json.dumps({"model": a.model, "batch": a.batch, "langevin_steps": a.langevin_steps,
                           "cpus": a.cpus or None, "load_average": os.getloadavg(),
                           "medians": medians,
-                          "ratios": {n: m / medians["torch"] for n, m in medians.items()},
+                          "ratios": {n: m / medians[baseline] for n, m in medians.items()},
                           "runs": runs}))
 
 

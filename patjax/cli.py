@@ -3,21 +3,41 @@ on a CPU host, every usable core becomes a JAX device (data parallelism, see bel
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Callable
 
 from patjax.errors import UserError
 
 
+def intra_op_threads(devices: int) -> int:
+    """Size of XLA:CPU's intra-op thread pool for `devices` CPU devices in one process.
+
+    Why not the core count (XLA's default): with several CPU devices in one process, an
+    all-reduce is a rendezvous that blocks a thread of this one shared pool until every
+    device reaches it. XLA orders collectives by *scheduling* edges only (a collective may
+    start once the previous one has started, not finished), so a device can hold several
+    collectives at once, e.g. a BatchNorm all-reduce of the clean forward pass while a PGD
+    loop whose body holds BatchNorm all-reduces runs beside it. When one device runs ahead
+    (other processes on the cores delay the other), its blocked collectives can take every
+    thread of a core-sized pool; the lagging device then has no thread left to reach them
+    and both wait until XLA aborts the process (docs/device_layer.md has the trace). A pool
+    with room for every device's blocked collectives plus the threads that compute keeps
+    the lagging device running. Blocked threads sleep, so the extra threads cost no CPU.
+    """
+    cores = len(os.sched_getaffinity(0))
+    return max(cores, 4 * devices) if devices > 1 else cores
+
+
 def use_cpu_cores_as_devices() -> int:
     """Expose one JAX CPU device per usable core; returns the count requested (0: unchanged).
 
-    XLA:CPU runs one convolution on one core at these small CIFAR shapes: a single device
-    left the second core of a 2-core machine nearly idle (ResNet-18 PAT step, batch 32:
-    4.3 images/s on one device with both cores, 4.2 pinned to one core). With one device
-    per core the train step's batch is split over a 'data' mesh (train.make_mesh), and the
-    sampler of each half runs on its own core (benchmarks/README.md). The math is the same
-    on any number of devices (tests/test_sharding.py); float sums are ordered differently.
+    XLA:CPU runs one convolution on one core at these small CIFAR shapes, so a single device
+    leaves the other cores nearly idle; with one device per core the train step's batch is
+    split over a 'data' mesh (train.make_mesh) and each share runs on its own core
+    (benchmarks/README.md). The math is the same on any number of devices
+    (tests/test_sharding.py); float sums are ordered differently. Also sizes XLA's intra-op
+    thread pool for that many devices (`intra_op_threads`) unless PJRT_NPROC is set.
 
     PATJAX_CPU_DEVICES=N overrides the count (1: a single device, as plain JAX); an
     explicit --xla_force_host_platform_device_count in XLA_FLAGS is left alone. Must run
@@ -25,7 +45,9 @@ def use_cpu_cores_as_devices() -> int:
     """
     import jax
 
-    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    forced = re.search(r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    if forced:
+        os.environ.setdefault("PJRT_NPROC", str(intra_op_threads(int(forced.group(1)))))
         return 0
     requested = os.environ.get("PATJAX_CPU_DEVICES", "")
     try:
@@ -38,6 +60,7 @@ def use_cpu_cores_as_devices() -> int:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:  # JAX refuses once its backends are initialized (e.g. called in-process twice)
         return 0
+    os.environ.setdefault("PJRT_NPROC", str(intra_op_threads(count)))  # read when the CPU client starts
     return count
 
 

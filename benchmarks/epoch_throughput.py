@@ -58,7 +58,7 @@ def build(args, langevin_steps):
 
     from patjax import config as config_lib
     from patjax import state as state_lib
-    from patjax import train
+    from patjax import sharding, train
 
     cfg = config_lib.default_config()
     cfg.method = args.method
@@ -78,11 +78,11 @@ def build(args, langevin_steps):
     schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
     tx = state_lib.make_optimizer(cfg, schedule)
     _, model_fns, state = state_lib.create_train_state(cfg, tx)
-    mesh = train.make_mesh(args.batch)  # as train.train_and_evaluate does
+    mesh = sharding.make_mesh(args.batch)  # as train.train_and_evaluate does
     step_fn = train.make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch,
-                                    train.batch_sharding_for(mesh))
+                                    sharding.batch_sharding_for(mesh))
     permutation = np.arange(len(images), dtype=np.int32)
-    state, images, labels, permutation = train.place_on_mesh(mesh, state, images, labels, permutation)
+    state, images, labels, permutation = sharding.place_on_mesh(mesh, state, images, labels, permutation)
     return step_fn, state, images, labels, permutation
 
 

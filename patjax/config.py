@@ -5,6 +5,8 @@ can also be overridden on the command line with --config.KEY=VALUE.
 """
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from patjax.errors import UserError
@@ -98,7 +100,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Evaluation defaults used by `python -m patjax.evaluate` (flags override them).
     cfg.eval = ml_collections.ConfigDict()
     cfg.eval.batch_size = 500
-    cfg.eval.num_examples = -1       # <= 0: the whole test split
+    cfg.eval.num_examples = -1       # -1: the whole test split
     cfg.eval.pr_epsilons = (0.1, 0.12, 0.15, 0.2)
     cfg.eval.pr_samples = 100        # N perturbations per image
     # 'gaussian': x + eps N(0, I) clipped to [0,1] | 'uniform': uniform on the Linf ball of radius
@@ -131,6 +133,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     from patjax import data, methods, models
 
     data.check_dataset(cfg.dataset)
+    _check_finite(cfg.to_dict())
     if cfg.model not in models.MODELS:
         raise UserError(f"unknown model {cfg.model!r}; choose one of {sorted(models.MODELS)}")
     methods.get_method(cfg.method)
@@ -160,6 +163,19 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if cfg.eval.pr_distribution not in ("gaussian", "uniform"):
         raise UserError(f"eval.pr_distribution must be 'gaussian' or 'uniform', "
                         f"got {cfg.eval.pr_distribution!r}")
+
+
+def _check_finite(settings: dict, prefix: str = "") -> None:
+    """Every number in the config is finite: inf or nan in a step size, weight or epsilon
+    would train or evaluate without complaint and give a meaningless number."""
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _check_finite(value, f"{name}.")
+            continue
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UserError(f"{name} must be a finite number, got {value!r}")
 
 
 def _validate_baselines(cfg) -> None:

@@ -39,7 +39,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from patjax import attacks, config as config_lib
-from patjax import data, robustness, state as state_lib
+from patjax import data, robustness, sharding, state as state_lib
+from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
 EVALUATORS = ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")
@@ -118,10 +119,18 @@ def _integer(name, value, minimum, maximum=None) -> int:
     return int(value)
 
 
+WHOLE_SPLIT = -1  # num_examples meaning every image of the test split
+
+
 def check_run_settings(num_examples, batch_size) -> None:
-    """num_examples (<= 0: the whole split) and batch_size (> 0), before anything is evaluated."""
-    _integer("num_examples", num_examples, -(2 ** 63))
+    """num_examples (>= 1, or -1: the whole split) and batch_size (>= 1), before anything is
+    evaluated. 0 is refused rather than read as "all": a full evaluation takes hours on a CPU."""
     _integer("batch_size", batch_size, 1)
+    if num_examples == WHOLE_SPLIT and not isinstance(num_examples, bool):
+        return
+    if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
+        raise UserError(f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test "
+                        f"split, got {num_examples!r}")
 
 
 def _resolve(cfg, ev) -> dict:
@@ -238,13 +247,11 @@ def _make_batch_fn(name, model_fns, s, distribution=None):
 def _run_evaluator(batch_fn, state, split, n, batch_size, desc, progress):
     """Per-example outputs over the first n images (padding removed) and the wall time.
 
-    Each batch is split over the devices of `train.make_mesh` (on a CPU host one per core,
+    Each batch is split over the devices of `sharding.make_mesh` (on a CPU host one per core,
     see cli.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
     index), so the split changes which core computes an image, not what is computed.
     """
-    from patjax import train
-
-    mesh = train.make_mesh(batch_size)
+    mesh = sharding.make_mesh(batch_size)
     params, batch_stats = jax.device_put((state.params, state.batch_stats), NamedSharding(mesh, P()))
     batch_sharding = NamedSharding(mesh, P("data"))
     outputs = []
@@ -382,7 +389,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     s = _resolve(cfg, ev)
     evaluators = parse_evaluators(ev.evaluators if evaluators is None else evaluators)
     check_run_settings(num_examples, batch_size)
-    n = len(split) if num_examples <= 0 else min(num_examples, len(split))
+    n = len(split) if num_examples == WHOLE_SPLIT else min(num_examples, len(split))
     start_time = time.perf_counter()
     per_image, walls = {}, {}
     for name in evaluators:
@@ -444,9 +451,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
 
 
 def _mesh_size(batch_size: int) -> int:
-    from patjax import train
-
-    return int(train.make_mesh(batch_size).size)
+    return int(sharding.make_mesh(batch_size).size)
 
 
 def _flatten_per_image(per_image, s, n) -> dict:
@@ -524,16 +529,10 @@ def _bar(enabled, total, desc):
 
 def _latest_checkpoint_step(workdir: str) -> int:
     """The step of the workdir's latest complete checkpoint, or a UserError."""
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        raise UserError(f"no checkpoint in {workdir!r}; train first")
-    manager = state_lib.checkpoint_manager(workdir, create=False)
-    try:
-        step = manager.latest_step()
-    finally:
-        manager.close()
+    step = workdir_lib.latest_step(workdir)
     if step is None:
         raise UserError(f"no checkpoint in {workdir!r}; train first")
-    return int(step)
+    return step
 
 
 def check_eval_config(cfg) -> None:
@@ -551,7 +550,7 @@ def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=N
     checkpoint, the eval settings with the overrides, evaluators, num_examples and
     batch_size; with overwrite=False also that an existing eval/results.json holds no
     evaluator this run would drop. Returns the config with the overrides applied."""
-    cfg = state_lib.load_workdir_config(workdir)
+    cfg = workdir_lib.load_config(workdir)
     config_lib.validate(cfg)
     cfg = apply_overrides(cfg, overrides)
     ev = eval_settings(cfg)
@@ -582,12 +581,16 @@ def _read_results_settings(workdir: str) -> dict:
         raise UserError(f"{path} is unreadable ({error}); move it away or pass --overwrite") from None
 
 
-def restore_for_eval(workdir: str):
-    """(cfg, model_fns, state) from a workdir's config and latest checkpoint."""
-    cfg = state_lib.load_workdir_config(workdir)
+def restore_for_eval(workdir: str, mesh=None):
+    """(cfg, model_fns, state) from a workdir's config and newest intact checkpoint.
+
+    The state is restored replicated over `mesh` (default: every device of this process), so
+    a checkpoint written on any number of devices restores here. A newest checkpoint that
+    cannot be restored is skipped with a one-line warning (the workdir is not changed).
+    """
+    cfg = workdir_lib.load_config(workdir)
     config_lib.validate(cfg)
     _latest_checkpoint_step(workdir)
-    manager = state_lib.checkpoint_manager(workdir, create=False)
     tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
     model_holder = {}
 
@@ -597,8 +600,13 @@ def restore_for_eval(workdir: str):
         return st
 
     abstract = jax.eval_shape(init)
-    state = state_lib.restore_latest(manager, abstract)
-    manager.close()
+    if mesh is None:
+        mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    manager = workdir_lib.checkpoint_manager(workdir, create=False)
+    try:
+        state, _ = workdir_lib.restore_newest_intact(manager, sharding.replicated_target(abstract, mesh))
+    finally:
+        manager.close()
     return cfg, model_holder["fns"], state
 
 
@@ -628,6 +636,11 @@ def run(workdir: str, num_examples: int | None = None, batch_size: int | None = 
     line's default) refuses to replace a results.json holding evaluators this run lacks.
     """
     check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
+    with workdir_lib.exclusive(workdir, "an evaluation"):
+        return _evaluate_and_write(workdir, num_examples, batch_size, progress, evaluators, overrides)
+
+
+def _evaluate_and_write(workdir, num_examples, batch_size, progress, evaluators, overrides) -> dict:
     cfg, model_fns, state = restore_for_eval(workdir)
     cfg = apply_overrides(cfg, overrides)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
@@ -884,7 +897,8 @@ def _define_flags():
     from absl import flags
 
     flags.DEFINE_multi_string("workdir", None, "Workdir(s) of trained runs (several: one comparison).")
-    flags.DEFINE_integer("num_examples", None, "Test images to evaluate (default: config.eval).")
+    flags.DEFINE_integer("num_examples", None, "Test images to evaluate, the first ones of the split; "
+                         "-1: all of them (default: config.eval).")
     flags.DEFINE_integer("batch_size", None, "Images per evaluation batch (default: config.eval).")
     flags.DEFINE_string("evaluators", None, "Comma-separated: clean,pgd20,cw20,apgd (=apgd_ce,apgd_dlr),"
                         "apgd_ce,apgd_dlr,pr,all (default: config.eval.evaluators).")

@@ -265,12 +265,12 @@ def _write_json(path, obj):
 
 def _trained(run: Run, directory: str) -> Optional[dict]:
     """The run's suite_run.json if it finished training with this config, else None."""
-    from patjax import state as state_lib
+    from patjax import workdir as workdir_lib
 
     record = _read_json(os.path.join(directory, "suite_run.json"))
     if record is None or record.get("step") != _expected_steps(run.config):
         return None
-    state_lib.check_resume_compatible(run.config, directory)  # a changed suite is refused
+    workdir_lib.check_resume_compatible(run.config, directory)  # a changed suite is refused
     return record
 
 

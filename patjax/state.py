@@ -1,28 +1,16 @@
-"""The train state (one pytree that checkpoints whole), the optimizer, and the workdir.
+"""The train state (one pytree that checkpoints whole), the model it belongs to, and the optimizer.
 
-Workdir layout:
-  config.json        the config of the run (checked on resume, read by evaluate)
-  checkpoints/       Orbax CheckpointManager; a step directory appears only once complete
-  metrics.jsonl      one JSON line per logging point (also in tensorboard/)
-  tensorboard/       event files
-  eval/results.json  written by `python -m patjax.evaluate`
-"""
+The workdir that holds a run's config and checkpoints is `patjax.workdir`."""
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
-import orbax.checkpoint as ocp
 
 from patjax import data, models
-from patjax.config import RESUMABLE_FIELDS
-from patjax.errors import UserError
 from patjax.methods import ModelFns
 
 
@@ -81,64 +69,3 @@ def create_train_state(cfg, tx: optax.GradientTransformation):
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats,
                        opt_state=tx.init(params), rng=rng)
     return model, ModelFns(model.apply), state
-
-
-# ---------------------------------------------------------------------------------------
-# Workdir: config and checkpoints.
-
-def config_path(workdir: str) -> str:
-    return os.path.join(workdir, "config.json")
-
-
-def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
-    path = config_path(workdir)
-    if not os.path.isfile(path):
-        raise UserError(f"{workdir!r} is not a patjax workdir (no config.json)")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
-
-
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
-def check_resume_compatible(cfg, workdir: str) -> None:
-    """Refuses to resume a checkpoint with a config that changes what a step computes."""
-    saved = _flatten(json.loads(load_workdir_config(workdir).to_json()))
-    current = _flatten(json.loads(cfg.to_json()))
-    differing = sorted(
-        k for k in set(saved) | set(current)
-        if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k))
-    if differing:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:4])
-        raise UserError(f"config does not match the checkpoint in {workdir!r} ({shown}); "
-                        "use a new --workdir or the saved config")
-
-
-def save_config(cfg, workdir: str) -> None:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = config_path(workdir) + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(cfg.to_json(indent=2))
-    os.replace(tmp, config_path(workdir))  # atomic: a kill never leaves half a config
-
-
-def checkpoint_manager(workdir: str, max_to_keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
-    # Orbax writes each step to a temporary directory and renames it when complete, so a
-    # checkpoint a kill interrupted is never listed or restored.
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                           enable_async_checkpointing=False)
-    return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"), options=options)
-
-
-def restore_latest(manager: ocp.CheckpointManager, abstract_state: TrainState):
-    step = manager.latest_step()
-    if step is None:
-        return None
-    return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))

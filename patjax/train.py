@@ -21,41 +21,11 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from absl import logging
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from patjax import config as config_lib
-from patjax import data, methods, state as state_lib
+from patjax import data, methods, sharding, state as state_lib
+from patjax import workdir as workdir_lib
 from patjax.errors import UserError
-
-
-def make_mesh(batch_size: int):
-    """A 1-D 'data' mesh over the devices that share the global batch.
-
-    Accelerators: all of them, and the batch must divide evenly. CPU devices (one per core,
-    `cli.use_cpu_cores_as_devices`): the most that divide the batch, since they are a way to
-    use the cores, not hardware the user chose. Auto axes: XLA propagates the batch sharding
-    set in the step through the computation.
-    """
-    devices = jax.devices()
-    count = len(devices)
-    if jax.default_backend() == "cpu":
-        count = max(k for k in range(1, count + 1) if batch_size % k == 0)
-    elif batch_size % count:
-        raise UserError(f"batch_size {batch_size} is not divisible by the {count} devices")
-    return jax.make_mesh((count,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
-                         devices=devices[:count])
-
-
-def place_on_mesh(mesh, state, *arrays):
-    """Replicates the train state and the device-resident data set over the mesh."""
-    replicated = NamedSharding(mesh, P())
-    return jax.device_put((state, *arrays), replicated)
-
-
-def batch_sharding_for(mesh):
-    """The sharding the step gives its batch: split over 'data' (None on a single device)."""
-    return NamedSharding(mesh, P("data")) if mesh.size > 1 else None
 
 
 def train_step(state: state_lib.TrainState, images, labels, permutation, *, model_fns, method,
@@ -125,10 +95,17 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
         raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
     config_lib.validate(cfg)
     evaluate.check_eval_config(cfg)
-    mesh = make_mesh(cfg.batch_size)
-    resuming = os.path.isfile(state_lib.config_path(workdir))
+    mesh = sharding.make_mesh(cfg.batch_size)
+    with workdir_lib.exclusive(workdir, "a trainer"):
+        return _train(cfg, workdir, mesh, stop_after_steps)
+
+
+def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
+    from patjax import evaluate
+
+    resuming = os.path.isfile(workdir_lib.config_path(workdir))
     if resuming:
-        state_lib.check_resume_compatible(cfg, workdir)
+        workdir_lib.check_resume_compatible(cfg, workdir)
     elif os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise UserError(f"{workdir!r} has checkpoints but no config.json; use a new --workdir")
 
@@ -145,15 +122,25 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
 
     if cfg.data_dir:  # saved absolute: patjax.evaluate may run from another directory
         cfg.data_dir = os.path.abspath(cfg.data_dir)
-    state_lib.save_config(cfg, workdir)
-    manager = state_lib.checkpoint_manager(workdir, cfg.max_checkpoints_to_keep)
-    restored = state_lib.restore_latest(manager, state)
+    workdir_lib.save_config(cfg, workdir)
+    manager = workdir_lib.checkpoint_manager(workdir, cfg.max_checkpoints_to_keep)
+    moved = []
+
+    def move_aside(step):
+        moved.append(step)
+        return workdir_lib.move_aside(workdir, step)
+
+    # Restored straight onto this run's mesh: a checkpoint written on any device count resumes.
+    restored, restored_step = workdir_lib.restore_newest_intact(
+        manager, sharding.replicated_target(state, mesh), on_damaged=move_aside)
+    if moved:
+        manager.reload()  # the moved steps may be saved again
     if restored is not None:
         state = restored
-        logging.info("resumed from step %d", int(state.step))
+        logging.info("resumed from step %d", restored_step)
 
-    state, train_images, train_labels = place_on_mesh(mesh, state, train_split.images, train_split.labels)
-    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, batch_sharding_for(mesh))
+    state, train_images, train_labels = sharding.place_on_mesh(mesh, state, train_split.images, train_split.labels)
+    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, sharding.batch_sharding_for(mesh))
     permute = jax.jit(data.epoch_permutation, static_argnums=2)
     data_key = jax.random.fold_in(state.rng, 0)
     test_accuracy_fn = evaluate.make_clean_accuracy_fn(model_fns, cfg.eval.batch_size)

@@ -15,6 +15,7 @@ from scipy import stats
 from conftest import REPO
 from helpers import Linear
 from patjax import config as config_lib, data, evaluate, state as state_lib
+from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.methods import ModelFns
 
@@ -181,10 +182,10 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     """A workdir whose 'checkpoint' is the tiny linear model (restore and data patched)."""
     model_fns, state, split = tiny_setup(scale)
     workdir = str(tmp_path / "run")
-    state_lib.save_config(cfg, workdir)
+    workdir_lib.save_config(cfg, workdir)
     monkeypatch.setattr(evaluate, "_latest_checkpoint_step", lambda w: 3)
     monkeypatch.setattr(evaluate, "restore_for_eval",
-                        lambda w: (state_lib.load_workdir_config(w), model_fns, state))
+                        lambda w: (workdir_lib.load_config(w), model_fns, state))
     monkeypatch.setattr(data, "load_split", lambda *a: split)
     return workdir, state, split
 
@@ -306,8 +307,8 @@ def dummy_checkpoint(workdir):
     """A config.json and an Orbax checkpoint (of a placeholder tree): what the up-front checks look at."""
     import orbax.checkpoint as ocp
 
-    state_lib.save_config(config_lib.default_config(), workdir)
-    manager = state_lib.checkpoint_manager(workdir)
+    workdir_lib.save_config(config_lib.default_config(), workdir)
+    manager = workdir_lib.checkpoint_manager(workdir)
     manager.save(1, args=ocp.args.StandardSave({"w": np.zeros(2, np.float32)}))
     manager.wait_until_finished()
     manager.close()
@@ -320,7 +321,7 @@ def listing(root):
 def test_cli_checks_every_workdir_before_evaluating_any(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     dummy_checkpoint(a)
-    state_lib.save_config(config_lib.default_config(), b)  # a config but no checkpoint
+    workdir_lib.save_config(config_lib.default_config(), b)  # a config but no checkpoint
     before = listing(tmp_path)
     # A is fine (it would be evaluated first; its placeholder checkpoint would then fail to
     # restore with a traceback): B's missing checkpoint must be reported first, in one line.
@@ -341,7 +342,9 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
              ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer >= 1, got 0"),
              ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer >= 1"),
              ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
-             ({"num_examples": 2.5}, "num_examples must be an integer"),
+             ({"num_examples": 2.5}, "num_examples must be a positive integer, or -1 for the whole"),
+             ({"num_examples": 0}, "num_examples must be a positive integer, or -1 for the whole test split, got 0"),
+             ({"num_examples": -2}, "num_examples must be a positive integer, or -1"),
              ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)")]
     for kwargs, message in cases:
         with pytest.raises(UserError) as error:

@@ -19,11 +19,11 @@ SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
-from patjax import evaluate, train
+from patjax import evaluate, sharding, train
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=2, **{{"pat.beta": 2.0}})
 state = train.train_and_evaluate(cfg, {workdir!r})
 assert jax.device_count() == {devices}, jax.devices()
-assert train.make_mesh(cfg.eval.batch_size).size == {devices}
+assert sharding.make_mesh(cfg.eval.batch_size).size == {devices}
 leaves = jax.tree.leaves(jax.device_get((state.params, state.batch_stats)))
 results = evaluate.run({workdir!r}, progress=False, evaluators=["clean", "pr"])
 _, per_image = evaluate.load_results({workdir!r})

@@ -1,0 +1,168 @@
+"""A run's workdir: its config, its checkpoints, and the lock that gives it one writer.
+
+Layout:
+  config.json        the config of the run (checked on resume, read by evaluate)
+  checkpoints/       Orbax CheckpointManager; a step directory appears only once complete
+  damaged_checkpoints/  step directories that could not be restored, moved aside on resume
+  metrics.jsonl      one JSON line per logging point (also in tensorboard/)
+  tensorboard/       event files
+  eval/results.json  written by `python -m patjax.evaluate`
+  .lock              held (flock) by the process that writes the workdir
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import ml_collections
+import orbax.checkpoint as ocp
+
+from patjax.config import RESUMABLE_FIELDS
+from patjax.errors import UserError
+
+
+def config_path(workdir: str) -> str:
+    return os.path.join(workdir, "config.json")
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    path = config_path(workdir)
+    if not os.path.isfile(path):
+        raise UserError(f"{workdir!r} is not a patjax workdir (no config.json)")
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def check_resume_compatible(cfg, workdir: str) -> None:
+    """Refuses to resume a checkpoint with a config that changes what a step computes."""
+    saved = _flatten(json.loads(load_config(workdir).to_json()))
+    current = _flatten(json.loads(cfg.to_json()))
+    differing = sorted(
+        k for k in set(saved) | set(current)
+        if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k))
+    if differing:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:4])
+        raise UserError(f"config does not match the checkpoint in {workdir!r} ({shown}); "
+                        "use a new --workdir or the saved config")
+
+
+def save_config(cfg, workdir: str) -> None:
+    os.makedirs(workdir, exist_ok=True)
+    tmp = config_path(workdir) + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(cfg.to_json(indent=2))
+    os.replace(tmp, config_path(workdir))  # atomic: a kill never leaves half a config
+
+
+# ---------------------------------------------------------------------------------------
+# The lock: one writer per workdir.
+
+@contextlib.contextmanager
+def exclusive(workdir: str, role: str):
+    """Holds `workdir`/.lock for a process that writes the workdir (a trainer, an evaluation).
+
+    A second writer is refused in one line naming the holder. The lock is an flock on an open
+    file, which the kernel releases when its process ends however it ends (kill -9 included),
+    so a lock left by a dead process never blocks the resume; the file itself stays.
+    """
+    created = not os.path.isdir(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            raise UserError(f"{workdir!r} is in use by {holder}; wait for it to finish, or use "
+                            "another --workdir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{role} (pid {os.getpid()} on {socket.gethostname()}, since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
+        yield
+    finally:
+        if created and os.listdir(workdir) == [".lock"]:  # failed before writing anything
+            os.remove(path)
+            os.rmdir(workdir)
+        os.close(fd)  # releases the flock
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints.
+
+def checkpoint_manager(workdir: str, max_to_keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
+    # Orbax writes each step to a temporary directory and renames it when complete, so a
+    # checkpoint a kill interrupted is never listed or restored.
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
+                                           enable_async_checkpointing=False)
+    return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"), options=options)
+
+
+def latest_step(workdir: str) -> Optional[int]:
+    """The newest complete checkpoint's step, or None (no checkpoints/ or none complete)."""
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        return None
+    manager = checkpoint_manager(workdir, create=False)
+    try:
+        step = manager.latest_step()
+    finally:
+        manager.close()
+    return None if step is None else int(step)
+
+
+def restore_newest_intact(manager: ocp.CheckpointManager, target: Any, *,
+                          on_damaged: Optional[Callable[[int], str]] = None):
+    """(state, step) from the newest checkpoint that restores onto `target`, or (None, None).
+
+    A step that fails to restore (a truncated or missing file: a full disk, a copy cut short)
+    is skipped with a one-line warning on stderr naming it and the step used instead;
+    `on_damaged(step)` may move it aside and returns what the warning should say it did.
+    If no checkpoint restores, a UserError names the newest one and its error: never a silent
+    restart from step 0.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    failures = []
+    for step in steps:
+        try:
+            state = manager.restore(step, args=ocp.args.StandardRestore(target))
+        except Exception as error:  # Orbax and TensorStore raise many types for damaged files
+            detail = " ".join(str(error).split())[:200]
+            failures.append((step, f"{type(error).__name__}: {detail}"))
+            continue
+        for bad, why in failures:
+            done = on_damaged(bad) if on_damaged is not None else "skipped"
+            print(f"warning: checkpoint step {bad} in {manager.directory} could not be restored "
+                  f"({why}); {done}; restored step {step}", file=sys.stderr)
+        return state, int(step)
+    if failures:
+        step, why = failures[0]
+        raise UserError(f"no checkpoint in {manager.directory} could be restored (newest: step {step}, "
+                        f"{why}); move the damaged step directories away to start over")
+    return None, None
+
+
+def move_aside(workdir: str, step: int) -> str:
+    """Moves checkpoint `step` to damaged_checkpoints/ so a resumed run can save that step again."""
+    source = os.path.join(os.path.abspath(workdir), "checkpoints", str(step))
+    target_dir = os.path.join(os.path.abspath(workdir), "damaged_checkpoints")
+    os.makedirs(target_dir, exist_ok=True)
+    target = os.path.join(target_dir, f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
+    shutil.move(source, target)
+    return f"moved to {target}"

@@ -54,6 +54,12 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.langevin.c1 = 0.3
     cfg.langevin.c2 = 0.42
     cfg.langevin.bn_mode = "inference"  # BatchNorm inside the sampler: 'inference' | 'train'
+    # Opt-in departures from Algorithm 1 that make the sampler cheaper (samplers.LangevinSettings):
+    # 'uniform' (the paper) | 'clean' (start at x); tolerance > 0 ends each chain once its
+    # mean per-pixel drift falls below it (T is then the maximum). `python -m patjax.diagnose`
+    # measures where the chain settles.
+    cfg.langevin.init = "uniform"
+    cfg.langevin.tolerance = 0.0
 
     cfg.pat = ml_collections.ConfigDict()
     cfg.pat.beta = 0.001             # SNIS smoothing factor (Eq. 1); 0 is PAT(WOS)
@@ -157,6 +163,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                         f"{lv.step_size}, {lv.noise_scale}, {lv.c1}, {lv.c2}, {lv.grad_clip}")
     if cfg.pat.beta < 0:
         raise UserError(f"pat.beta must be >= 0 (0 is PAT(WOS)), got {cfg.pat.beta}")
+    if lv.get("init", "uniform") not in ("uniform", "clean"):
+        raise UserError(f"langevin.init must be 'uniform' or 'clean', got {lv.init!r}")
+    if lv.get("tolerance", 0.0) < 0:
+        raise UserError(f"langevin.tolerance must be >= 0 (0: always T steps), got {lv.tolerance}")
     if cfg.langevin.bn_mode not in ("inference", "train"):
         raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {cfg.langevin.bn_mode!r}")
     _validate_baselines(cfg)

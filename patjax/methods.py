@@ -102,22 +102,27 @@ def _weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
 
 
 def langevin_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg):
-    """Phase 1 of Algorithm 2: x_adv from the Langevin sampler, lines 7-14."""
+    """Phase 1 of Algorithm 2: (x_adv, steps each chain took) from the sampler, lines 7-14."""
     logits_fn = model.attack_logits_fn(params, batch_stats, cfg.langevin.get("bn_mode", "inference"))
     settings = samplers.LangevinSettings.from_config(cfg.langevin)
-    return samplers.langevin_sample(logits_fn, key, x, y, settings)
+    return samplers.langevin_sample_with_steps(logits_fn, key, x, y, settings)
+
+
+def _langevin_update(params, model, batch_stats, x, y, key, cfg, beta: float):
+    x_adv, steps = langevin_adversarial_batch(params, model, batch_stats, x, y, key, cfg)
+    loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, x_adv, y, beta)
+    # Gradient steps the sampler took per example (T unless langevin.tolerance ends chains early).
+    return loss, (new_batch_stats, dict(metrics, langevin_steps=jnp.mean(steps.astype(jnp.float32))))
 
 
 def pat(params, model, batch_stats, x, y, key, cfg):
     """PAT (Algorithm 2): Langevin samples, SNIS-weighted cross-entropy with beta = cfg.pat.beta."""
-    x_adv = langevin_adversarial_batch(params, model, batch_stats, x, y, key, cfg)
-    return _weighted_update(params, model, batch_stats, x_adv, y, float(cfg.pat.beta))
+    return _langevin_update(params, model, batch_stats, x, y, key, cfg, float(cfg.pat.beta))
 
 
 def pat_wos(params, model, batch_stats, x, y, key, cfg):
     """PAT(WOS), the ablation without the importance weight: beta = 0 (mean loss)."""
-    x_adv = langevin_adversarial_batch(params, model, batch_stats, x, y, key, cfg)
-    return _weighted_update(params, model, batch_stats, x_adv, y, 0.0)
+    return _langevin_update(params, model, batch_stats, x, y, key, cfg, 0.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,9 +25,21 @@ import optax
 LogitsFn = Callable[[jax.Array], jax.Array]
 
 
+INITS = ("uniform", "clean")
+
+
 @dataclasses.dataclass(frozen=True)
 class LangevinSettings:
-    """Hyperparameters of Algorithm 1; defaults are Appendix E's."""
+    """Hyperparameters of Algorithm 1; defaults are Appendix E's.
+
+    `init` and `tolerance` are opt-in departures that make the sampler cheaper; their
+    defaults are exactly Algorithm 1 (uniform start, T steps):
+      init='clean' starts the chain at x instead of Uniform[0,1]^d;
+      tolerance > 0 freezes each chain once its drift -- the mean over pixels of
+        |x_{t+1} - (x_t + noise)|, the gradient step after projection, without the injected
+        noise whose size never shrinks -- falls below it, and leaves the loop when every
+        chain of the batch is frozen; T stays the maximum.
+    """
 
     steps: int = 100          # T
     step_size: float = 0.3    # eta
@@ -35,12 +47,15 @@ class LangevinSettings:
     grad_clip: float = 1.0    # rho
     c1: float = 0.3
     c2: float = 0.42
+    init: str = "uniform"
+    tolerance: float = 0.0
 
     @classmethod
     def from_config(cls, cfg) -> "LangevinSettings":
         return cls(steps=int(cfg.steps), step_size=float(cfg.step_size),
                    noise_scale=float(cfg.noise_scale), grad_clip=float(cfg.grad_clip),
-                   c1=float(cfg.c1), c2=float(cfg.c2))
+                   c1=float(cfg.c1), c2=float(cfg.c2), init=str(cfg.get("init", "uniform")),
+                   tolerance=float(cfg.get("tolerance", 0.0)))
 
 
 def per_example_keys(key: jax.Array, batch_size: int, offset: jax.Array | int = 0) -> jax.Array:
@@ -51,10 +66,54 @@ def per_example_keys(key: jax.Array, batch_size: int, offset: jax.Array | int = 
 def langevin_energy(logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: float,
                     targeted: bool = False) -> jax.Array:
     """Batch energy of Algorithm 2, line 11 (a scalar: the sum over examples)."""
+    return jnp.sum(per_example_energy(logits_fn, x_adv, x, labels, c1, c2, targeted))
+
+
+def per_example_energy(logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: float,
+                       targeted: bool = False) -> jax.Array:
+    """E(x_adv_i) of each example (B,): c1 ||x_adv_i - x_i||^2 -+ c2 CE(x_adv_i)."""
     cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits_fn(x_adv), labels)
     squared_distance = jnp.sum(jnp.square(x_adv - x), axis=tuple(range(1, x.ndim)))
     sign = 1.0 if targeted else -1.0
-    return jnp.sum(c1 * squared_distance + sign * c2 * cross_entropy)
+    return c1 * squared_distance + sign * c2 * cross_entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """The pieces of Algorithm 1 for one batch, shared by the sampler and its diagnostic."""
+
+    start: jax.Array                     # x_0, (B, H, W, C)
+    step: Callable[[jax.Array, jax.Array], tuple]  # (t, x_t) -> (x_{t+1}, drift (B,))
+
+
+def langevin_chain(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
+                   settings: LangevinSettings, target: Optional[jax.Array] = None,
+                   index_offset: jax.Array | int = 0) -> Chain:
+    """The start and the step of Algorithm 1 (arguments as `langevin_sample`)."""
+    s = settings
+    if s.init not in INITS:
+        raise ValueError(f"langevin init must be one of {INITS}, got {s.init!r}")
+    keys = per_example_keys(key, x.shape[0], index_offset)
+    init_keys, noise_keys = jnp.moveaxis(jax.vmap(lambda k: jax.random.split(k))(keys), 1, 0)
+    sample_shape = x.shape[1:]
+    if s.init == "uniform":  # Algorithm 1, "Initialize": x_adv ~ Uniform[0,1]^d.
+        start = jax.vmap(lambda k: jax.random.uniform(k, sample_shape, x.dtype))(init_keys)
+    else:
+        start = x
+    labels = y if target is None else target
+    energy_grad = jax.grad(
+        lambda xa: langevin_energy(logits_fn, xa, x, labels, s.c1, s.c2, target is not None))
+    pixel_axes = tuple(range(1, x.ndim))
+
+    def step(t, x_adv):
+        noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), sample_shape, x.dtype))(
+            noise_keys)
+        noisy = jnp.clip(x_adv + s.noise_scale * noise, 0.0, 1.0)   # line 10: apply noise
+        v = jnp.clip(energy_grad(noisy), -s.grad_clip, s.grad_clip)  # lines 11-12
+        new = jnp.clip(noisy - s.step_size * v, 0.0, 1.0)           # line 13
+        return new, jnp.mean(jnp.abs(new - noisy), axis=pixel_axes)
+
+    return Chain(start=start, step=step)
 
 
 def langevin_sample(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
@@ -68,28 +127,40 @@ def langevin_sample(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Ar
       key: PRNG key; example i uses `fold_in(key, index_offset + i)`.
       x: clean images in [0, 1], shape (B, H, W, C).
       y: true labels (B,).
-      settings: T, eta, sigma, rho, c1, c2.
+      settings: T, eta, sigma, rho, c1, c2 (and the opt-in init and tolerance).
       target: if given, target labels (B,) for the targeted attack of Zhang et al. (2024).
       index_offset: global index of x[0], for per-example randomness.
     Returns:
       x_adv in [0, 1]^d with the shape and dtype of x, under stop_gradient.
     """
+    return langevin_sample_with_steps(logits_fn, key, x, y, settings, target, index_offset)[0]
+
+
+def langevin_sample_with_steps(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
+                               settings: LangevinSettings, target: Optional[jax.Array] = None,
+                               index_offset: jax.Array | int = 0):
+    """(x_adv, steps (B,) int32): `langevin_sample` and the steps each chain took."""
     s = settings
-    keys = per_example_keys(key, x.shape[0], index_offset)
-    init_keys, noise_keys = jnp.moveaxis(jax.vmap(lambda k: jax.random.split(k))(keys), 1, 0)
-    sample_shape = x.shape[1:]
-    # Algorithm 1, "Initialize": x_adv ~ Uniform[0,1]^d.
-    x_adv = jax.vmap(lambda k: jax.random.uniform(k, sample_shape, x.dtype))(init_keys)
-    labels = y if target is None else target
-    energy_grad = jax.grad(
-        lambda xa: langevin_energy(logits_fn, xa, x, labels, s.c1, s.c2, target is not None))
+    chain = langevin_chain(logits_fn, key, x, y, s, target, index_offset)
+    batch = x.shape[0]
+    if s.tolerance <= 0:
+        x_adv = jax.lax.fori_loop(0, s.steps, lambda t, xa: chain.step(t, xa)[0], chain.start)
+        return jax.lax.stop_gradient(x_adv), jnp.full((batch,), s.steps, jnp.int32)
 
-    def step(t, x_adv):
-        noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), sample_shape, x.dtype))(
-            noise_keys)
-        x_adv = jnp.clip(x_adv + s.noise_scale * noise, 0.0, 1.0)    # line 10: apply noise
-        v = jnp.clip(energy_grad(x_adv), -s.grad_clip, s.grad_clip)  # lines 11-12
-        return jnp.clip(x_adv - s.step_size * v, 0.0, 1.0)           # line 13
+    # Convergence exit: a frozen chain keeps its sample, so example i's result depends only on
+    # its own chain; the rest of the batch decides only when the compiled loop ends.
+    def cond(carry):
+        t, _, active, _ = carry
+        return (t < s.steps) & jnp.any(active)
 
-    x_adv = jax.lax.fori_loop(0, s.steps, step, x_adv)
-    return jax.lax.stop_gradient(x_adv)
+    def body(carry):
+        t, x_adv, active, steps = carry
+        new, drift = chain.step(t, x_adv)
+        keep = active.reshape((batch,) + (1,) * (x.ndim - 1))
+        x_adv = jnp.where(keep, new, x_adv)
+        steps = steps + active.astype(jnp.int32)
+        return t + 1, x_adv, active & (drift >= s.tolerance), steps
+
+    carry = (jnp.int32(0), chain.start, jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32))
+    _, x_adv, _, steps = jax.lax.while_loop(cond, body, carry)
+    return jax.lax.stop_gradient(x_adv), steps

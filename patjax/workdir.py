@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import ml_collections
 import orbax.checkpoint as ocp
 
-from patjax.config import RESUMABLE_FIELDS
+from patjax.config import RESUMABLE_FIELDS, default_config
 from patjax.errors import UserError
 
 
@@ -54,6 +54,8 @@ def check_resume_compatible(cfg, workdir: str) -> None:
     """Refuses to resume a checkpoint with a config that changes what a step computes."""
     saved = _flatten(json.loads(load_config(workdir).to_json()))
     current = _flatten(json.loads(cfg.to_json()))
+    # A field added to the config after the run started was, for that run, its default.
+    saved = {**_flatten(json.loads(default_config().to_json())), **saved}
     differing = sorted(
         k for k in set(saved) | set(current)
         if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k))

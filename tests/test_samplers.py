@@ -125,3 +125,63 @@ def test_sample_depends_only_on_its_own_example():
     assert not jnp.allclose(full[1:], changed[1:])
     # Nor on the batch size: the first two of a batch of four equal a batch of two.
     np.testing.assert_array_equal(full[:2], sample(logits_fn, key, x[:2], y[:2], steps=4))
+
+
+# ---------------------------------------------------------------------------------------
+# The opt-in cheaper sampler: start at x, and the per-chain convergence exit.
+
+def contraction_setup():
+    """c2 = 0 and sigma = 0: x_t - x = (1 - 2 eta c1)^t (u - x) exactly (no clipping: the
+    gradient 2 c1 (x_t - x) stays below rho and x_t stays between u and x)."""
+    logits_fn, x, y, _, _ = linear_setup()
+    settings = dict(steps=60, step_size=0.3, c1=0.3, c2=0.0, noise_scale=0.0)
+    return logits_fn, x, y, settings, 1 - 2 * 0.3 * 0.3
+
+
+def test_convergence_exit_freezes_each_chain_at_its_closed_form_step():
+    logits_fn, x, y, settings, rate = contraction_setup()
+    key = jax.random.PRNGKey(5)
+    u = sample(logits_fn, key, x, y, **dict(settings, steps=0))
+    m = np.mean(np.abs(np.asarray(u - x)), axis=(1, 2, 3))  # mean |u_i - x_i| per example
+    tol = 0.004
+    # Drift of step t (t = 1, 2, ...): (rate^(t-1) - rate^t) m_i; the chain stops after the first
+    # step whose drift is below tol.
+    expected_steps = np.array([next(t for t in range(1, 61) if (1 - rate) * rate ** (t - 1) * mi < tol)
+                               for mi in m])
+    assert len(set(expected_steps.tolist())) > 1  # the examples stop at different steps
+    out, steps = samplers_with_steps(logits_fn, key, x, y, dict(settings, tolerance=tol))
+    np.testing.assert_array_equal(np.asarray(steps), expected_steps)
+    expected = np.asarray(x) + rate ** expected_steps[:, None, None, None] * np.asarray(u - x)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6)
+    # An example's result does not depend on the rest of the batch.
+    for i in range(B):
+        alone, _ = samplers_with_steps(logits_fn, key, x[i:i + 1], y[i:i + 1], dict(settings, tolerance=tol),
+                                       index_offset=i)
+        np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(out[i]))
+
+
+def test_convergence_exit_caps_at_T_and_default_is_T_steps():
+    logits_fn, x, y, settings, rate = contraction_setup()
+    key = jax.random.PRNGKey(5)
+    out, steps = samplers_with_steps(logits_fn, key, x, y, dict(settings, steps=3, tolerance=1e-9))
+    assert np.all(np.asarray(steps) == 3)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(sample(logits_fn, key, x, y, **dict(settings, steps=3))))
+    _, steps = samplers_with_steps(logits_fn, key, x, y, dict(settings, steps=7))
+    assert np.all(np.asarray(steps) == 7)
+
+
+def test_clean_start_is_x_and_x_is_the_fixed_point_without_the_classifier_term():
+    logits_fn, x, y, settings, _ = contraction_setup()
+    key = jax.random.PRNGKey(2)
+    np.testing.assert_array_equal(np.asarray(sample(logits_fn, key, x, y, **dict(settings, steps=0, init="clean"))),
+                                  np.asarray(x))
+    out, steps = samplers_with_steps(logits_fn, key, x, y, dict(settings, init="clean", tolerance=1e-6))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+    assert np.all(np.asarray(steps) == 1)  # zero drift: every chain stops after its first step
+
+
+def samplers_with_steps(logits_fn, key, x, y, settings, index_offset=0):
+    from patjax.samplers import langevin_sample_with_steps
+
+    return jax.jit(lambda k, x, y: langevin_sample_with_steps(
+        logits_fn, k, x, y, LangevinSettings(**settings), index_offset=index_offset))(key, x, y)

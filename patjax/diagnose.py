@@ -1,0 +1,222 @@
+"""Where does the Langevin chain settle? Algorithm 1 re-run step by step from a checkpoint.
+
+  python -m patjax.diagnose --workdir=runs/quickstart [--num_examples=128] [--steps=200]
+      [--chains=4] [--init=uniform|clean] [--out=DIR]
+
+For each step t it reports, averaged over the images (and the K chains of each image):
+mean and max |x_t - x| (per pixel), the L2 distance ||x_t - x||, the energy E_t of
+Algorithm 2 line 11 (per example), CE(x_t), the fraction misclassified, the drift (mean
+per-pixel gradient step, what `langevin.tolerance` compares), the distance to the chain's
+last step mean |x_t - x_T|, and the spread between the K chains of one image (mean
+per-pixel standard deviation across chains). It then states the first step at which the
+chain is within the stationary spread of its endpoint: mean |x_t - x_T| no larger than
+the mean |x_T - x'_T| between two independent chains of the same image -- from there on a
+step is indistinguishable from another draw of the endpoint distribution.
+
+Writes OUT/sampler_diagnostic.json (every curve; OUT defaults to WORKDIR/diagnose) and
+OUT/sampler_diagnostic.png (energy and distances against t).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from patjax import data, samplers
+from patjax.errors import UserError
+
+
+def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chains: int) -> dict:
+    """Per-step statistics of `chains` independent chains per image (arrays of length T+1,
+    entry 0 the start), and "endpoint_spread", the mean |x_T - x'_T| between chains of one
+    image. Pure jnp; jit it.
+
+    Two passes over the same keys: the first finds each chain's endpoint x_T, the second
+    measures every step's distance to it (a chain is deterministic given its key).
+    """
+    T = settings.steps
+    batch = x.shape[0]
+    xs = jnp.repeat(x, chains, axis=0)            # chain k of image i is row i * chains + k
+    ys = jnp.repeat(y, chains, axis=0)
+    chain = samplers.langevin_chain(logits_fn, key, xs, ys, settings)
+    axes = tuple(range(1, x.ndim))
+
+    def run(measure):
+        def body(x_t, t):
+            new, drift = chain.step(t, x_t)
+            return new, measure(new, drift)
+
+        first = measure(chain.start, jnp.full((xs.shape[0],), jnp.nan, xs.dtype))
+        last, rest = jax.lax.scan(body, chain.start, jnp.arange(T))
+        return last, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
+
+    end, _ = run(lambda x_t, drift: jnp.zeros(()))
+
+    def measure(x_t, drift):
+        delta = x_t - xs
+        logits = logits_fn(x_t)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, ys)
+        energy = samplers.per_example_energy(logits_fn, x_t, xs, ys, settings.c1, settings.c2)
+        per_image = x_t.reshape((batch, chains) + x.shape[1:])
+        return {
+            "mean_abs_delta": jnp.mean(jnp.abs(delta)),
+            "max_abs_delta": jnp.mean(jnp.max(jnp.abs(delta), axis=axes)),
+            "l2_delta": jnp.mean(jnp.sqrt(jnp.sum(jnp.square(delta), axis=axes))),
+            "energy": jnp.mean(energy),
+            "cross_entropy": jnp.mean(ce),
+            "misclassified": jnp.mean((jnp.argmax(logits, -1) != ys).astype(jnp.float32)),
+            "drift": jnp.mean(drift),
+            "distance_to_last": jnp.mean(jnp.abs(x_t - end)),
+            "chain_spread": jnp.mean(jnp.std(per_image, axis=1)),
+        }
+
+    _, curves = run(measure)
+    ends = end.reshape((batch, chains) + x.shape[1:])
+    curves["endpoint_spread"] = jnp.mean(jnp.abs(ends[:, 1:] - ends[:, :1])) if chains > 1 else jnp.nan
+    return curves
+
+
+def first_step_within(distance_to_last: np.ndarray, tolerance: float):
+    """First t from which distance_to_last stays <= tolerance; None if only the last step does."""
+    above = np.nonzero(~(np.asarray(distance_to_last) <= tolerance))[0]
+    if len(above) == 0:
+        return 0
+    t = int(above[-1]) + 1
+    return t if t < len(distance_to_last) - 1 else None
+
+
+def check_settings(num_examples: int, chains: int, steps: int, init: str) -> None:
+    if num_examples < 1 or chains < 2 or steps < 1:
+        raise UserError(f"num_examples >= 1, chains >= 2 and steps >= 1 are needed, got "
+                        f"{num_examples}, {chains}, {steps}")
+    if init not in samplers.INITS:
+        raise UserError(f"init must be one of {', '.join(samplers.INITS)}, got {init!r}")
+
+
+def diagnose(cfg, model_fns, state, split: data.Split, *, num_examples: int, chains: int, steps: int,
+             init: str, seed: int, tolerance: float | None = None) -> dict:
+    """The diagnostic's results dict (what sampler_diagnostic.json holds)."""
+    check_settings(num_examples, chains, steps, init)
+    settings = dataclasses.replace(samplers.LangevinSettings.from_config(cfg.langevin), steps=steps,
+                                   init=init, tolerance=0.0)
+    n = min(num_examples, len(split))
+    x = jnp.asarray(split.images[:n], jnp.float32) / 255.0
+    y = jnp.asarray(split.labels[:n], jnp.int32)
+    bn_mode = cfg.langevin.get("bn_mode", "inference")
+    logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, bn_mode)
+    fn = jax.jit(lambda k, x, y: chain_curves(logits_fn, k, x, y, settings, chains))
+    curves = {k: np.asarray(v, np.float64) for k, v in jax.device_get(fn(jax.random.PRNGKey(seed), x, y)).items()}
+    spread = float(curves.pop("endpoint_spread"))
+    result = {
+        "settings": {**dataclasses.asdict(settings), "num_examples": n, "chains": chains, "seed": seed,
+                     "checkpoint_step": int(state.step), "bn_mode": bn_mode},
+        "curves": {k: [None if not np.isfinite(v) else float(v) for v in c] for k, c in curves.items()},
+        "endpoint_spread": spread,
+        "steps_to_endpoint": first_step_within(curves["distance_to_last"], spread),
+    }
+    if tolerance is not None:
+        result["tolerance"] = tolerance
+        result["steps_to_tolerance"] = first_step_within(curves["distance_to_last"], tolerance)
+    return result
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = result["curves"]
+    t = np.arange(len(c["energy"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(t, c["energy"], label="energy E_t")
+    left.set_xlabel("Langevin step t")
+    left.set_ylabel("mean energy per example")
+    left.set_xscale("symlog", linthresh=1)
+    right.plot(t, c["mean_abs_delta"], label="mean |x_t - x|")
+    right.plot(t, c["distance_to_last"], label="mean |x_t - x_T|")
+    right.plot(t, c["drift"], label="drift")
+    right.axhline(result["endpoint_spread"], color="gray", ls=":", label="between-chain spread at T")
+    if result["steps_to_endpoint"] is not None:
+        right.axvline(result["steps_to_endpoint"], color="gray", ls="--", lw=0.8)
+    right.set_xscale("symlog", linthresh=1)
+    right.set_yscale("log")
+    right.set_xlabel("Langevin step t")
+    right.legend(fontsize=7)
+    s = result["settings"]
+    fig.suptitle(f"init={s['init']}, eta={s['step_size']}, c1={s['c1']}, c2={s['c2']}, sigma={s['noise_scale']}, "
+                 f"{s['num_examples']} images x {s['chains']} chains, checkpoint step {s['checkpoint_step']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1, allow_nan=False)
+    os.replace(tmp, path)
+    plot(result, os.path.join(out_dir, f"{name}.png"))
+    return path
+
+
+def main(argv):
+    from absl import flags, logging
+
+    from patjax import evaluate
+
+    FLAGS = flags.FLAGS
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    if len(argv) > 1:
+        raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS.workdir:
+        raise UserError("--workdir is required")
+    check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
+    cfg, model_fns, state = evaluate.restore_for_eval(FLAGS.workdir)
+    split = data.load_split(cfg.dataset, "test", cfg.data_dir)
+    result = diagnose(cfg, model_fns, state, split, num_examples=FLAGS.num_examples, chains=FLAGS.chains,
+                      steps=FLAGS.steps, init=FLAGS.init, seed=FLAGS.seed, tolerance=FLAGS.tolerance)
+    path = write(result, FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"),
+                 f"sampler_diagnostic_{FLAGS.init}")
+    c = result["curves"]
+    marks = sorted({t for t in (0, 1, 5, 10, 25, 50, 100, 200, FLAGS.steps) if t <= FLAGS.steps})
+    print(f"{'t':>5} {'mean|x_t-x|':>12} {'max|x_t-x|':>11} {'|x_t-x_T|':>10} {'drift':>9} {'energy':>9} "
+          f"{'miscls':>7}")
+    for t in marks:
+        drift = c["drift"][t]
+        print(f"{t:>5} {c['mean_abs_delta'][t]:>12.5f} {c['max_abs_delta'][t]:>11.4f} "
+              f"{c['distance_to_last'][t]:>10.5f} {'' if drift is None else f'{drift:.6f}':>9} "
+              f"{c['energy'][t]:>9.4f} {c['misclassified'][t]:>7.3f}")
+    print(f"between-chain spread at T={FLAGS.steps}: {result['endpoint_spread']:.5f}; the chain stays within it "
+          f"from step {result['steps_to_endpoint']}" + (
+              f"; within {FLAGS.tolerance} from step {result['steps_to_tolerance']}" if FLAGS.tolerance else ""))
+    print(f"wrote {path}")
+
+
+def cli():
+    from absl import app, flags
+
+    from patjax.cli import guarded, parse_flags
+
+    flags.DEFINE_string("workdir", None, "Workdir of a trained run (its newest checkpoint is used).")
+    flags.DEFINE_integer("num_examples", 128, "Test images (the first ones of the split).")
+    flags.DEFINE_integer("steps", 200, "Langevin steps T to run.")
+    flags.DEFINE_integer("chains", 4, "Independent chains per image (>= 2, for the spread).")
+    flags.DEFINE_string("init", "uniform", "Chain start: uniform (Algorithm 1) or clean (x).")
+    flags.DEFINE_float("tolerance", None, "Also report the first step within this mean |x_t - x_T|.")
+    flags.DEFINE_integer("seed", 0, "Seed of the chains.")
+    flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/diagnose).")
+    app.run(guarded(main), flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,63 @@
+"""Stress: every method trains on 2 CPU devices while other processes keep the cores busy.
+
+Not part of the default run (about 10 minutes on 2 cores); run it with
+
+  python -m pytest -q -m stress tests/test_stress.py            # PATJAX_STRESS_REPEATS=2 by default
+
+With other processes on the cores one device of the two can run ahead of the other; XLA
+then aborted the process (exit 134, "Termination timeout ... all reduce RendezvousKey")
+when its intra-op thread pool was the core count, which `PJRT_NPROC=2` restores:
+  PJRT_NPROC=2 python -m pytest -q -m stress tests/test_stress.py   # fails: aborts
+Each training runs under a watchdog, so a hang fails the test instead of stalling it.
+"""
+import collections
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from patjax import methods
+
+pytestmark = pytest.mark.stress
+
+WATCHDOG_S = 240  # a 3-step run takes 20-60 s here under load
+
+
+def busy_loops(count):
+    return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(count)]
+
+
+def test_every_method_trains_on_two_devices_while_the_cores_are_busy(tmp_path, data_dir):
+    repeats = int(os.environ.get("PATJAX_STRESS_REPEATS", "2"))
+    env = dict(os.environ, PATJAX_CPU_DEVICES="2")
+    outcomes = collections.Counter()
+    failures = []
+    loops = busy_loops(2)
+    try:
+        for r in range(repeats):
+            for method in sorted(methods.METHODS):
+                workdir = tmp_path / f"{method}-{r}"
+                cmd = [sys.executable, "main.py", "--config=configs/quickstart.py",
+                       f"--config.data_dir={data_dir}", f"--workdir={workdir}", f"--config.method={method}",
+                       "--config.num_train_steps=3", "--config.batch_size=32", "--config.progress_bar=False"]
+                try:
+                    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                                          timeout=WATCHDOG_S)
+                except subprocess.TimeoutExpired:
+                    outcomes["hung"] += 1
+                    failures.append(f"{method} (repeat {r}): no exit within {WATCHDOG_S} s")
+                    continue
+                if proc.returncode == 0:
+                    outcomes["ok"] += 1
+                else:
+                    outcomes[f"exit {proc.returncode}"] += 1
+                    tail = [l for l in proc.stderr.splitlines() if "Termination timeout" in l or "error" in l]
+                    failures.append(f"{method} (repeat {r}): exit {proc.returncode}: {(tail or [''])[-1][:200]}")
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    print(f"\nstress outcomes over {repeats} x {len(methods.METHODS)} runs: {dict(outcomes)}")
+    assert not failures, "\n".join(failures)

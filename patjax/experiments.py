@@ -198,6 +198,63 @@ def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
         ))
 
 
+# The stationary CPU suite (stationary_cpu_suite): 2 epochs of CIFAR-10, the sampler at stationarity.
+STATIONARY_TRAIN_STEPS = 800          # 2.05 epochs of batch 128
+STATIONARY_LANGEVIN_STEPS = 35        # the diagnostic: the uniform-start chain is at its endpoint by step 32
+STATIONARY_EVAL_EXAMPLES = 1000
+STATIONARY_T_SWEEP = (5, 10, 25, 100)  # plus STATIONARY_LANGEVIN_STEPS from the main group
+STATIONARY_CHEAP_SAMPLER = {"langevin.init": "clean", "langevin.tolerance": 3e-4, "langevin.steps": 100}
+
+
+def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, 2 epochs, PAT's sampler at stationarity (T = 25 and 100),
+    PGD with the paper's 10 steps; a T-sweep and the opt-in cheaper sampler, one seed each."""
+    cfg = config_lib.default_config()
+    cfg.dataset = "cifar10"
+    cfg.data_dir = data_dir
+    cfg.model = "small_cnn"
+    cfg.batch_size = CPU_BATCH_SIZE
+    cfg.num_train_steps = STATIONARY_TRAIN_STEPS
+    cfg.learning_rate = 0.05
+    cfg.langevin.steps = STATIONARY_LANGEVIN_STEPS
+    cfg.checkpoint_every_steps = 50
+    cfg.log_every_steps = 200
+    cfg.progress_bar = False
+    cfg.eval.num_examples = STATIONARY_EVAL_EXAMPLES
+    cfg.eval.batch_size = 250
+    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
+    groups = [Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"), seeds=(0, 1))]
+    for steps in STATIONARY_T_SWEEP:
+        swept = copy.deepcopy(cfg)
+        swept.langevin.steps = steps
+        groups.append(Group(f"pat_T{steps}", swept, methods=("pat",), seeds=(0,)))
+    cheap = copy.deepcopy(cfg)
+    for key, value in STATIONARY_CHEAP_SAMPLER.items():
+        set_field(cheap, key, value)
+    groups.append(Group("pat_clean_start_tolerance", cheap, methods=("pat",), seeds=(0,)))
+    return Suite(
+        name="stationary_cpu",
+        description="CPU-scale test of the paper's claim with PAT's sampler at stationarity "
+                    "(small CNN, 2 epochs of CIFAR-10)",
+        groups=tuple(groups),
+        num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
+            f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
+            f"({STATIONARY_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs) instead of 100 epochs of batch 256; "
+            "lr 0.05 (paper 0.01) with the paper's MultiStepLR shape",
+            f"PAT / PAT(WOS): T = {STATIONARY_LANGEVIN_STEPS} (the chain is at its endpoint by then: "
+            "docs/sampler_convergence.md); T = 5, 10, 100 and the clean-start sampler with "
+            "a tolerance in single-seed groups",
+            "PGD / PGD-COR: the paper's 10 steps of alpha 2/255 in the 8/255 L-inf ball",
+            f"evaluation: the first {STATIONARY_EVAL_EXAMPLES} CIFAR-10 test images; PGD-20, CW-20; "
+            "PR with Gaussian noise, N = 100, eps 0.1/0.12/0.15/0.2",
+            "seeds: 2 per method in the main group, 1 in the T-sweep groups",
+        ))
+
+
 PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"),
                 ("cifar100", "wrn50_2"))
 
@@ -225,6 +282,7 @@ def paper_full_suite(data_dir: Optional[str]) -> Suite:
 
 SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "ablation_cpu": ablation_cpu_suite,
+    "stationary_cpu": stationary_cpu_suite,
     "paper_full": paper_full_suite,
 }
 

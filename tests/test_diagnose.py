@@ -55,7 +55,7 @@ def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir)
     assert os.path.isfile(os.path.join(workdir, "diagnose", "sampler_diagnostic_clean.png"))
     assert result["settings"]["init"] == "clean" and result["settings"]["steps"] == 12
     assert len(result["curves"]["energy"]) == 13 and result["curves"]["mean_abs_delta"][0] == 0.0
-    assert "stays within it from step" in proc.stdout
+    assert "the chain stays within 1.1 x of it from step" in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "patjax.diagnose", f"--workdir={workdir}", "--chains=1"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: ") and "Traceback" not in bad.stderr

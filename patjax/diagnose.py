@@ -203,8 +203,8 @@ def main(argv):
         print(f"{t:>5} {c['mean_abs_delta'][t]:>12.5f} {c['max_abs_delta'][t]:>11.4f} "
               f"{c['distance_to_last'][t]:>10.5f} {'' if drift is None else f'{drift:.6f}':>9} "
               f"{c['energy'][t]:>9.4f} {c['misclassified'][t]:>7.3f}")
-    print(f"between-chain spread at T={FLAGS.steps}: {result['endpoint_spread']:.5f}; the chain stays within it "
-          f"from step {result['steps_to_endpoint']}" + (
+    print(f"between-chain spread at T={FLAGS.steps}: {result['endpoint_spread']:.5f}; the chain stays within "
+          f"{ENDPOINT_MARGIN} x of it from step {result['steps_to_endpoint']}" + (
               f"; within {FLAGS.tolerance} from step {result['steps_to_tolerance']}" if FLAGS.tolerance else ""))
     print(f"wrote {path}")
 

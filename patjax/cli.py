@@ -64,9 +64,42 @@ def use_cpu_cores_as_devices() -> int:
     return count
 
 
+def initialize_distributed() -> int:
+    """Starts jax.distributed when the environment asks for it; returns the process count.
+
+    PATJAX_COORDINATOR=host:port with PATJAX_NUM_PROCESSES=N and PATJAX_PROCESS_ID=i (what
+    a launcher script sets), or PATJAX_DISTRIBUTED=auto, which lets JAX read the cluster's
+    own variables (SLURM, Open MPI, cloud TPU/GPU launchers). Neither: one process, nothing
+    started. Must run before JAX initializes its backends. On a CPU host each process then
+    defaults to one device (PATJAX_CPU_DEVICES overrides): start one process per core.
+    """
+    import jax
+
+    coordinator = os.environ.get("PATJAX_COORDINATOR", "")
+    auto = os.environ.get("PATJAX_DISTRIBUTED", "") == "auto"
+    if not coordinator and not auto:
+        return 1
+    if coordinator:
+        try:
+            num_processes = int(os.environ["PATJAX_NUM_PROCESSES"])
+            process_id = int(os.environ["PATJAX_PROCESS_ID"])
+        except (KeyError, ValueError):
+            raise UserError("PATJAX_COORDINATOR needs PATJAX_NUM_PROCESSES and PATJAX_PROCESS_ID "
+                            "(integers)") from None
+        if not 0 <= process_id < num_processes:
+            raise UserError(f"PATJAX_PROCESS_ID must be in [0, {num_processes}), got {process_id}")
+        kwargs = dict(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    else:
+        kwargs = {}
+    os.environ.setdefault("PATJAX_CPU_DEVICES", "1")
+    jax.distributed.initialize(**kwargs)
+    return jax.process_count()
+
+
 def guarded(main: Callable) -> Callable:
     def wrapped(argv):
         try:
+            initialize_distributed()
             use_cpu_cores_as_devices()
             return main(argv)
         except UserError as error:

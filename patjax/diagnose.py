@@ -1,7 +1,7 @@
 """Where does the Langevin chain settle? Algorithm 1 re-run step by step from a checkpoint.
 
   python -m patjax.diagnose --workdir=runs/quickstart [--num_examples=128] [--steps=200]
-      [--chains=4] [--init=uniform|clean] [--out=DIR]
+      [--chains=4] [--init=uniform|clean] [--compare_tolerance=3e-4] [--out=DIR]
 
 For each step t it reports, averaged over the images (and the K chains of each image):
 mean and max |x_t - x| (per pixel), the L2 distance ||x_t - x||, the energy E_t of
@@ -81,6 +81,28 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
     ends = end.reshape((batch, chains) + x.shape[1:])
     curves["endpoint_spread"] = jnp.mean(jnp.abs(ends[:, 1:] - ends[:, :1])) if chains > 1 else jnp.nan
     return curves
+
+
+def compare_samplers(logits_fn, key, x, y, reference: samplers.LangevinSettings,
+                     candidate: samplers.LangevinSettings) -> dict:
+    """How close a cheaper sampler's samples are to the reference sampler's, against the floor.
+
+    Returns the candidate's mean and max gradient steps per example; the mean per-pixel
+    |x_candidate - x_reference| (independent chains of the same image); and the floor, the
+    same distance between two independent reference chains. A candidate at the floor draws
+    from the reference's distribution as far as this distance can tell. Pure jnp; jit it.
+    """
+    ref_key, floor_key, cand_key = jax.random.split(key, 3)
+    ref, _ = samplers.langevin_sample_with_steps(logits_fn, ref_key, x, y, reference)
+    ref2, _ = samplers.langevin_sample_with_steps(logits_fn, floor_key, x, y, reference)
+    cand, steps = samplers.langevin_sample_with_steps(logits_fn, cand_key, x, y, candidate)
+    return {"candidate_steps_mean": jnp.mean(steps.astype(jnp.float32)),
+            "candidate_steps_max": jnp.max(steps),
+            "reference_steps": jnp.float32(reference.steps),
+            "distance_to_reference": jnp.mean(jnp.abs(cand - ref)),
+            "floor": jnp.mean(jnp.abs(ref2 - ref)),
+            "candidate_distance_to_x": jnp.mean(jnp.abs(cand - x)),
+            "reference_distance_to_x": jnp.mean(jnp.abs(ref - x))}
 
 
 ENDPOINT_MARGIN = 1.1
@@ -192,6 +214,22 @@ def main(argv):
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
     result = diagnose(cfg, model_fns, state, split, num_examples=FLAGS.num_examples, chains=FLAGS.chains,
                       steps=FLAGS.steps, init=FLAGS.init, seed=FLAGS.seed, tolerance=FLAGS.tolerance)
+    if FLAGS.compare_tolerance is not None:
+        reference = dataclasses.replace(samplers.LangevinSettings.from_config(cfg.langevin), steps=FLAGS.steps,
+                                        init="uniform", tolerance=0.0)
+        candidate = dataclasses.replace(reference, init=FLAGS.init, tolerance=FLAGS.compare_tolerance)
+        n = min(FLAGS.num_examples, len(split))
+        logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, cfg.langevin.get("bn_mode", "inference"))
+        fn = jax.jit(lambda k, x, y: compare_samplers(logits_fn, k, x, y, reference, candidate))
+        x = jnp.asarray(split.images[:n], jnp.float32) / 255.0
+        figures = jax.device_get(fn(jax.random.PRNGKey(FLAGS.seed + 1), x, jnp.asarray(split.labels[:n], jnp.int32)))
+        result["sampler_comparison"] = {"reference": dataclasses.asdict(reference),
+                                        "candidate": dataclasses.asdict(candidate),
+                                        **{k: float(v) for k, v in figures.items()}}
+        f = result["sampler_comparison"]
+        print(f"init={FLAGS.init}, tolerance={FLAGS.compare_tolerance}: {f['candidate_steps_mean']:.1f} gradient "
+              f"steps per example on average (max {f['candidate_steps_max']:.0f}) vs {FLAGS.steps}; mean "
+              f"|x_cand - x_ref| {f['distance_to_reference']:.5f} vs {f['floor']:.5f} between two reference chains")
     path = write(result, FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"),
                  f"sampler_diagnostic_{FLAGS.init}")
     c = result["curves"]
@@ -220,6 +258,9 @@ def cli():
     flags.DEFINE_integer("chains", 4, "Independent chains per image (>= 2, for the spread).")
     flags.DEFINE_string("init", "uniform", "Chain start: uniform (Algorithm 1) or clean (x).")
     flags.DEFINE_float("tolerance", None, "Also report the first step within this mean |x_t - x_T|.")
+    flags.DEFINE_float("compare_tolerance", None, "Also compare the sampler with --init and this "
+                       "langevin.tolerance against the paper's (uniform start, --steps steps): steps "
+                       "taken and distance of its samples to the paper's against the floor.")
     flags.DEFINE_integer("seed", 0, "Seed of the chains.")
     flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/diagnose).")
     app.run(guarded(main), flags_parser=parse_flags)

@@ -26,6 +26,7 @@ random numbers), which makes paired comparisons much tighter than unpaired ones.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -35,8 +36,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from patjax import attacks, config as config_lib
 from patjax import data, robustness, sharding, state as state_lib
@@ -252,14 +251,13 @@ def _run_evaluator(batch_fn, state, split, n, batch_size, desc, progress):
     index), so the split changes which core computes an image, not what is computed.
     """
     mesh = sharding.make_mesh(batch_size)
-    params, batch_stats = jax.device_put((state.params, state.batch_stats), NamedSharding(mesh, P()))
-    batch_sharding = NamedSharding(mesh, P("data"))
+    params, batch_stats = sharding.place_on_mesh(mesh, (state.params, state.batch_stats))[0]
     outputs = []
     bar = _bar(progress, n, desc)
     start = time.perf_counter()
     for images, labels, indices, mask in _padded_batches(split, n, batch_size):
-        images, labels, indices = jax.device_put((images, labels, indices), batch_sharding)
-        out = jax.device_get(batch_fn(params, batch_stats, images, labels, indices))
+        images, labels, indices = sharding.shard_batch(mesh, images, labels, indices)
+        out = sharding.to_host(batch_fn(params, batch_stats, images, labels, indices))
         outputs.append(jax.tree.map(lambda a: np.asarray(a)[mask], out))
         if bar is not None:
             bar.update(int(mask.sum()))
@@ -636,7 +634,9 @@ def run(workdir: str, num_examples: int | None = None, batch_size: int | None = 
     line's default) refuses to replace a results.json holding evaluators this run lacks.
     """
     check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
-    with workdir_lib.exclusive(workdir, "an evaluation"):
+    # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
+    lock = workdir_lib.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
+    with lock:
         return _evaluate_and_write(workdir, num_examples, batch_size, progress, evaluators, overrides)
 
 
@@ -649,7 +649,9 @@ def _evaluate_and_write(workdir, num_examples, batch_size, progress, evaluators,
         cfg, model_fns, state, split,
         num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
         batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
-        progress=progress, evaluators=evaluators, per_image_out=per_image)
+        progress=progress and sharding.is_writer(), evaluators=evaluators, per_image_out=per_image)
+    if not sharding.is_writer():
+        return _json_safe(results)
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, "per_image.tmp.npz")
@@ -888,9 +890,12 @@ def main(argv):
         for workdir in FLAGS.workdir:
             results = run(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators=evaluators,
                           overrides=overrides, overwrite=FLAGS.overwrite)
+            if not sharding.is_writer():
+                continue
             print(f"{_run_name(workdir)}: wrote {os.path.join(workdir, 'eval', 'results.json')} "
                   f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})")
-    print(compare(FLAGS.workdir, FLAGS.plot))
+    if sharding.is_writer():
+        print(compare(FLAGS.workdir, FLAGS.plot))
 
 
 def _define_flags():

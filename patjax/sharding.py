@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -11,14 +12,15 @@ from patjax.errors import UserError
 def make_mesh(batch_size: int):
     """A 1-D 'data' mesh over the devices that share the global batch.
 
-    Accelerators: all of them, and the batch must divide evenly. CPU devices (one per core,
-    `cli.use_cpu_cores_as_devices`): the most that divide the batch, since they are a way to
-    use the cores, not hardware the user chose. Auto axes: XLA propagates the batch sharding
-    set in the step through the computation.
+    Accelerators, and every device of a multi-process run: all of them, and the batch must
+    divide evenly (a process left out of the mesh would hold no part of any array). CPU
+    devices of one process (one per core, `cli.use_cpu_cores_as_devices`): the most that
+    divide the batch, since they are a way to use the cores, not hardware the user chose.
+    Auto axes: XLA propagates the batch sharding set in the step through the computation.
     """
     devices = jax.devices()
     count = len(devices)
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu" and jax.process_count() == 1:
         count = max(k for k in range(1, count + 1) if batch_size % k == 0)
     elif batch_size % count:
         raise UserError(f"batch_size {batch_size} is not divisible by the {count} devices")
@@ -27,9 +29,43 @@ def make_mesh(batch_size: int):
 
 
 def place_on_mesh(mesh, state, *arrays):
-    """Replicates the train state and the device-resident data set over the mesh."""
+    """Replicates the train state and the device-resident data set over the mesh.
+
+    Every process holds the same host values (the same seed, the whole CIFAR split), so each
+    fills its own devices from them: `make_array_from_callback` moves nothing between
+    processes, where `device_put` onto a global sharding would all-gather every array to
+    check that the processes agree. Arrays already on the mesh (a restored state) stay.
+    """
     replicated = NamedSharding(mesh, P())
-    return jax.device_put((state, *arrays), replicated)
+
+    def place(x):
+        if isinstance(x, jax.Array) and x.sharding == replicated:
+            return x
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, replicated, lambda index: host[index])
+
+    return jax.tree.map(place, (state, *arrays))
+
+
+def shard_batch(mesh, *arrays):
+    """Host arrays of the global batch (the same on every process), split over 'data'."""
+    split = NamedSharding(mesh, P("data"))
+    return tuple(jax.make_array_from_callback(a.shape, split, lambda index, a=a: a[index]) for a in arrays)
+
+
+def to_host(tree):
+    """Every element of `tree` as numpy on every process (an all-gather across processes)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def is_writer() -> bool:
+    """Process 0 writes the workdir's files (config, metrics, results); checkpoints are saved by
+    every process, as Orbax requires."""
+    return jax.process_index() == 0
 
 
 def batch_sharding_for(mesh):

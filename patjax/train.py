@@ -9,6 +9,7 @@ batch reductions (the SNIS softmax included) still run over the whole global bat
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -96,7 +97,9 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
     config_lib.validate(cfg)
     evaluate.check_eval_config(cfg)
     mesh = sharding.make_mesh(cfg.batch_size)
-    with workdir_lib.exclusive(workdir, "a trainer"):
+    # Process 0 writes the workdir's files and holds its lock for the run's processes.
+    lock = workdir_lib.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()
+    with lock:
         return _train(cfg, workdir, mesh, stop_after_steps)
 
 
@@ -122,7 +125,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
 
     if cfg.data_dir:  # saved absolute: patjax.evaluate may run from another directory
         cfg.data_dir = os.path.abspath(cfg.data_dir)
-    workdir_lib.save_config(cfg, workdir)
+    if sharding.is_writer():
+        workdir_lib.save_config(cfg, workdir)
     manager = workdir_lib.checkpoint_manager(workdir, cfg.max_checkpoints_to_keep)
     moved = []
 
@@ -149,8 +153,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
     log_every = cfg.log_every_steps if cfg.log_every_steps > 0 else steps_per_epoch
     start = int(state.step)
     end = num_steps if stop_after_steps is None else min(num_steps, start + stop_after_steps)
-    writer = _MetricWriter(workdir)
-    progress = _progress_bar(cfg, start, num_steps)
+    writer = _MetricWriter(workdir) if sharding.is_writer() else None
+    progress = _progress_bar(cfg, start, num_steps) if sharding.is_writer() else None
     pending, window_start, window_steps = [], time.perf_counter(), 0
     permutation, permutation_epoch = None, None
     try:
@@ -173,7 +177,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
                 summary["epoch"] = done / steps_per_epoch
                 summary["devices"] = mesh.size
                 summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split)
-                writer.write(done, summary)
+                if writer is not None:
+                    writer.write(done, summary)
                 if progress is not None:
                     progress.set_postfix(loss=f"{summary['loss']:.3f}",
                                          test_acc=f"{summary['test_clean_accuracy']:.3f}",
@@ -186,7 +191,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
                 manager.save(done, args=ocp.args.StandardSave(state))
         manager.wait_until_finished()
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         manager.close()
         if progress is not None:
             progress.close()

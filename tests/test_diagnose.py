@@ -59,3 +59,18 @@ def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir)
     bad = subprocess.run([sys.executable, "-m", "patjax.diagnose", f"--workdir={workdir}", "--chains=1"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_sampler_comparison_against_the_closed_form():
+    logits_fn, x, y, _, _ = linear_setup()
+    rate = 1 - 2 * 0.3 * 0.3
+    reference = LangevinSettings(steps=20, c2=0.0, noise_scale=0.0)
+    candidate = LangevinSettings(steps=20, c2=0.0, noise_scale=0.0, init="clean", tolerance=1e-6)
+    f = jax.device_get(jax.jit(lambda k: diagnose.compare_samplers(logits_fn, k, x, y, reference, candidate))(
+        jax.random.PRNGKey(4)))
+    # The clean start is the fixed point: one step of zero drift, the sample stays x; the
+    # reference sits at x + rate^20 (u - x).
+    assert float(f["candidate_steps_mean"]) == 1.0 and float(f["candidate_distance_to_x"]) == 0.0
+    np.testing.assert_allclose(f["distance_to_reference"], f["reference_distance_to_x"], rtol=1e-6)
+    assert 0.1 * rate ** 20 < float(f["reference_distance_to_x"]) < 0.6 * rate ** 20
+    assert 0 < float(f["floor"]) < 0.7 * rate ** 20  # two uniform starts contracted alike

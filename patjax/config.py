@@ -64,7 +64,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.pat = ml_collections.ConfigDict()
     cfg.pat.beta = 0.001             # SNIS smoothing factor (Eq. 1); 0 is PAT(WOS)
 
-    # Baselines (README "Baselines"). Inner attack shared by fgsm, pgd, alp, clp, trades, mart,
+    # Baselines (docs/baselines.md). Inner attack shared by fgsm, pgd, alp, clp, trades, mart,
     # atpr, pgd_cor, fgsm_cor: Appendix E, "10-step attack, L-inf <= 8/255"; alpha = 2/255 as
     # MadryLab/cifar10_challenge and AT-PR (TRADES and MART use their own step sizes below).
     cfg.attack = ml_collections.ConfigDict()
@@ -114,7 +114,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.pr_distribution = "gaussian"
     cfg.eval.pr_chunk_size = 25      # perturbations evaluated at once per image
     cfg.eval.seed = 0
-    # Evaluators of issue 4 (`--evaluators` overrides): 'clean', 'pgd20', 'cw20', 'apgd_ce',
+    # Evaluators (`--evaluators` overrides): 'clean', 'pgd20', 'cw20', 'apgd_ce',
     # 'apgd_dlr' ('apgd' = both), 'pr'. Old workdirs without these fields get these defaults.
     cfg.eval.evaluators = ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")
     cfg.eval.attack_eps = 8 / 255          # PGD-20 / CW-20 / APGD budget (Appendix E)

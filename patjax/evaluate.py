@@ -370,7 +370,7 @@ def _summarize(per_image, evaluators, s, n) -> dict:
 
 
 # attacks.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded
-# with every APGD figure (README, Evaluation).
+# with every APGD figure (docs/evaluation.md).
 APGD_DEPARTURE = ("first interval: the first iterate's loss is compared with the starting loss, "
                   "where auto-attack compares it with an unfilled (zero) entry of its loss buffer")
 

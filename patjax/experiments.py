@@ -150,7 +150,7 @@ def default_data_dir() -> Optional[str]:
     return None
 
 
-# The CPU suite's scale (see ablation_cpu_suite and README "Reproduction at CPU scale").
+# The CPU suite's scale (see ablation_cpu_suite and docs/reproduction.md).
 CPU_TRAIN_STEPS = 100
 CPU_BATCH_SIZE = 128
 CPU_LANGEVIN_STEPS = 5

@@ -8,7 +8,7 @@ differentiated with respect to `params` by the train step, so the compiled step 
 for every method and `--config.method=NAME` selects one. `model` is a `ModelFns` pair of
 pure apply functions (inference mode / training mode); `cfg` is the full ConfigDict (static).
 
-Methods (README "Baselines"): clean, fgsm, pgd, alp, clp, trades, mart, atpr (the
+Methods (docs/baselines.md): clean, fgsm, pgd, alp, clp, trades, mart, atpr (the
 baselines of Table 1), pat, pat_wos (Algorithm 2 and its ablation), pgd_cor, fgsm_cor (PGD /
 FGSM batches with the PAT weights, Table 2). Every method returns at least the metrics
 'loss', 'adv_accuracy' (accuracy of the training-mode pass on the adversarial batch; on the
@@ -126,14 +126,14 @@ def pat_wos(params, model, batch_stats, x, y, key, cfg):
 
 
 # ---------------------------------------------------------------------------------------
-# Baselines (README "Baselines"). Shared settings: cfg.attack.{epsilon, step_size, steps,
+# Baselines (docs/baselines.md). Shared settings: cfg.attack.{epsilon, step_size, steps,
 # bn_mode}; per method: cfg.fgsm, cfg.trades, cfg.mart, cfg.alp, cfg.clp, cfg.atpr.
 
 # BatchNorm during the inner attack in each baseline's reference code:
 # - 'train' (batch statistics): MadryLab/cifar10_challenge builds the attack on the
 #   Model(mode='train') graph, and wellzline/AT-PR attack_algorithms.py runs pgd_loss,
 #   fgsm_loss, ALP, CLP and PR in model.train(); both also update the running averages at
-#   every attack step, which is not reproduced here (see README, "Baselines").
+#   every attack step, which is not reproduced here (see docs/baselines.md).
 # - 'inference': yaodongyu/TRADES trades.py and YisenWang/MART mart.py call model.eval()
 #   before the attack and model.train() after it.
 REFERENCE_ATTACK_BN_MODE = {

@@ -3,7 +3,7 @@
 `conv2d` is the one convolution all models use, so backend-specific work on how
 convolutions and their gradients are computed happens here and nowhere else.
 
-Input gradients on XLA:CPU (issue 5). Autodiff writes the input gradient of a
+Input gradients on XLA:CPU. Autodiff writes the input gradient of a
 convolution as a convolution of the output gradient with the *same* kernel read with its
 in/out dimensions swapped and its window reversed (HLO `dim_labels=b01f_01oi->b01f`).
 In straight-line code XLA materializes that reordered kernel once; inside a `while` loop
@@ -158,7 +158,7 @@ def max_pool(x: jax.Array, window: int) -> jax.Array:
     Written as a reshape, a max and, in the backward pass, a one-hot of the argmax, because
     XLA:CPU expands select-and-scatter into an argmax reduce-window carrying four int32
     index arrays and a scatter, which took about 40% of the small CNN's PAT step
-    (issue 5, benchmarks/README.md). Not the gradient of `jnp.max`, which splits it among
+    (benchmarks/README.md). Not the gradient of `jnp.max`, which splits it among
     tied maxima and finds the ties by comparing each value with the recomputed maximum: CIFAR
     images and clipped samples have flat regions, so exact ties are common, and whether a
     tie is seen then depends on how XLA fuses (and rounds) the recomputation.

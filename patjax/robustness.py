@@ -105,7 +105,7 @@ def non_adversarial_counts(logits_fn: Callable[[jax.Array], jax.Array], key: jax
 
 
 # ---------------------------------------------------------------------------------------
-# Monte-Carlo statistics for PR, the paper's lower bound and the entropic risk (issue 4).
+# Monte-Carlo statistics for PR, the paper's lower bound and the entropic risk.
 #
 # One pass over the N samples of every image gives, per perturbation level and image:
 #   counts       number of non-adversarial samples (s(x) < 0)          -> PR_i

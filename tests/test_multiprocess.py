@@ -48,7 +48,8 @@ def free_port():
 def launch(processes, body, tmp_path, data_dir, name):
     out = str(tmp_path / name)
     script = PRELUDE.format(tests=str(REPO / "tests"), data_dir=data_dir, body=textwrap.dedent(body), out=out)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PATJAX_CPU_DEVICES="1")
+    # JAX_DISABLE_MOST_OPTIMIZATIONS as conftest.py does in-process: compile time dominates.
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PATJAX_CPU_DEVICES="1", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
     env.pop("XLA_FLAGS", None)
     if processes > 1:
         env.update(PATJAX_COORDINATOR=f"localhost:{free_port()}", PATJAX_NUM_PROCESSES=str(processes))

@@ -20,6 +20,9 @@ from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from test_train import params_of, tiny_config
 
+# As conftest.py does in-process: compile time dominates these runs, numerics are unchanged.
+FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+
 SCRIPT = """
 import json, sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
@@ -44,7 +47,7 @@ def run_on(devices, body, tmp_path, data_dir, name):
     out = str(tmp_path / f"{name}.npz")
     script = SCRIPT.format(tests=str(REPO / "tests"), devices=devices, data_dir=data_dir,
                            body=textwrap.dedent(body), out=out)
-    env = dict(os.environ, PATJAX_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PATJAX_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu", **FAST_COMPILE)
     env.pop("XLA_FLAGS", None)
     # cli.use_cpu_cores_as_devices is what every command line runs before JAX starts.
     script = "from patjax import cli; cli.use_cpu_cores_as_devices()\n" + script
@@ -71,7 +74,7 @@ def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_d
         out["a_clean"] = r["clean_accuracy"]
         """, tmp_path, data_dir, "two")
     # The command line of the issue: a 2-device checkpoint evaluated on 1 device.
-    env = dict(os.environ, PATJAX_CPU_DEVICES="1")
+    env = dict(os.environ, PATJAX_CPU_DEVICES="1", **FAST_COMPILE)
     proc = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--evaluators=clean",
                            "--overwrite"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

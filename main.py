@@ -5,11 +5,11 @@
 
 Running the same command again resumes from the latest checkpoint in --workdir.
 """
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from patjax import train
-from patjax.cli import guarded, parse_flags
+from patjax.cli import guarded, parse_flags, start
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -21,10 +21,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 @guarded
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not FLAGS["verbosity"].present:  # keep Orbax's per-save INFO lines out of the way
-        logging.set_verbosity(logging.WARNING)
+    start(argv)
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
 
 

@@ -111,6 +111,17 @@ def guarded(main: Callable) -> Callable:
     return wrapped
 
 
+def start(argv) -> None:
+    """What every command line does first: no positional arguments, and Orbax's and JAX's
+    INFO lines kept out of the way unless --verbosity asks for them."""
+    from absl import flags, logging
+
+    if len(argv) > 1:
+        raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+
+
 def parse_flags(argv):
     """absl's flag parsing, with a config file that cannot be loaded (a missing path, a field
     the config does not have, a value of the wrong type) reported in one line, exit 2.

@@ -21,7 +21,6 @@ OUT/sampler_diagnostic.png (energy and distances against t).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import jax
@@ -30,6 +29,7 @@ import numpy as np
 import optax
 
 from patjax import data, samplers
+from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
 
@@ -189,24 +189,18 @@ def plot(result: dict, path: str) -> None:
 def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1, allow_nan=False)
-    os.replace(tmp, path)
+    workdir_lib.write_json(path, result)
     plot(result, os.path.join(out_dir, f"{name}.png"))
     return path
 
 
 def main(argv):
-    from absl import flags, logging
+    from absl import flags
 
-    from patjax import evaluate
+    from patjax import cli, evaluate
 
     FLAGS = flags.FLAGS
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    if len(argv) > 1:
-        raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+    cli.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)

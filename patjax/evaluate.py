@@ -651,42 +651,17 @@ def _evaluate_and_write(workdir, num_examples, batch_size, progress, evaluators,
         batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
         progress=progress and sharding.is_writer(), evaluators=evaluators, per_image_out=per_image)
     if not sharding.is_writer():
-        return _json_safe(results)
+        return workdir_lib.json_safe(results)
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, "per_image.tmp.npz")
     np.savez_compressed(tmp, **per_image)
     os.replace(tmp, os.path.join(out_dir, "per_image.npz"))
-    written = _write_json(os.path.join(out_dir, "results.json"), results)
+    written = workdir_lib.write_json(os.path.join(out_dir, "results.json"), results)
     stale_plot = os.path.join(out_dir, "pr_vs_eps.png")  # drawn from the previous results
     if "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):
         os.remove(stale_plot)
     return written
-
-
-def _json_safe(obj):
-    """obj with NaN and +-inf (also as numpy scalars) replaced by None, for strict JSON."""
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
-
-
-def _write_json(path, obj):
-    """Writes strict JSON (NaN/inf as null) atomically; returns what it wrote."""
-    obj = _json_safe(obj)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
-    return obj
 
 
 def load_results(workdir: str):
@@ -853,20 +828,17 @@ def compare(workdirs, plot_path=None) -> str:
         diffs = paired_differences(results_list, [p for _, p in loaded], workdirs)
         dist = results_list[0]["settings"]["pr_distribution"]
         text += "\n\n" + format_differences(diffs, dist)
-        _write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
+        workdir_lib.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
     return text
 
 
 def main(argv):
     from absl import flags
 
-    from absl import logging
+    from patjax import cli
 
     FLAGS = flags.FLAGS
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    if len(argv) > 1:
-        raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+    cli.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     overrides = {}

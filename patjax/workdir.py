@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Optional
 
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from patjax.config import RESUMABLE_FIELDS, default_config
@@ -71,6 +72,32 @@ def save_config(cfg, workdir: str) -> None:
     with open(tmp, "w") as f:
         f.write(cfg.to_json(indent=2))
     os.replace(tmp, config_path(workdir))  # atomic: a kill never leaves half a config
+
+
+def json_safe(obj):
+
+    """obj with NaN and +-inf (also as numpy scalars) replaced by None, for strict JSON."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def write_json(path: str, obj) -> Any:
+    """Writes strict JSON (NaN/inf as null) atomically; returns what it wrote."""
+    obj = json_safe(obj)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, allow_nan=False)
+    os.replace(tmp, path)
+    return obj
 
 
 # ---------------------------------------------------------------------------------------

@@ -279,7 +279,7 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
 
     # Re-evaluated with another seed and killed while writing: per_image.npz is written first,
     # results.json (the commit marker) is not, and the mismatch is refused, not paired.
-    monkeypatch.setattr(evaluate, "_write_json", killed)
+    monkeypatch.setattr(evaluate.workdir_lib, "write_json", killed)
     with pytest.raises(KeyboardInterrupt):
         evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr",
                      overrides={"seed": 1})
@@ -297,7 +297,7 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
 
 def test_results_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path):
     path = str(tmp_path / "r.json")
-    written = evaluate._write_json(path, {"a": float("nan"), "b": [np.float32(np.inf), 1.5, -np.inf],
+    written = workdir_lib.write_json(path, {"a": float("nan"), "b": [np.float32(np.inf), 1.5, -np.inf],
                                           "c": np.int64(3), "d": {"e": np.float64(2.0)}})
     expected = {"a": None, "b": [None, 1.5, None], "c": 3, "d": {"e": 2.0}}
     assert strict_json(path) == expected and written == expected

@@ -4,6 +4,7 @@ numbers, and write the paper's Tables 1 and 2 with intervals.
   python -m patjax.experiments --suite=ablation_cpu --workdir=runs/ablation_cpu
   python -m patjax.experiments --suite=paper_full --workdir=runs/paper_full [--groups=cifar10_resnet18]
   python -m patjax.experiments --suite=paper_full --workdir=DIR --dry_run   # the plan, nothing run
+  python -m patjax.experiments --suite=smoke_cpu --workdir=DIR   # 4 tiny runs: try the machinery
 
 Every run of a suite shares one base config; a run changes only `method` and `seed` (and
 the method's own settings, listed in the suite). Each run lives in
@@ -198,6 +199,47 @@ def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
         ))
 
 
+# The smoke suite (smoke_cpu_suite): seconds per run, for tests and for trying out workers.
+SMOKE_TRAIN_STEPS = 4
+SMOKE_BATCH_SIZE = 32
+SMOKE_EVAL_EXAMPLES = 16
+
+
+def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, 4 steps of batch 32, T = 2; clean and PAT x 2 seeds, evaluated
+    on 16 images: every piece of a suite (claims, resume, report) in seconds per run."""
+    cfg = config_lib.default_config()
+    cfg.dataset = "cifar10"
+    cfg.data_dir = data_dir
+    cfg.model = "small_cnn"
+    cfg.batch_size = SMOKE_BATCH_SIZE
+    cfg.num_train_steps = SMOKE_TRAIN_STEPS
+    cfg.learning_rate = 0.05
+    cfg.langevin.steps = 2
+    cfg.attack.steps = 2
+    cfg.checkpoint_every_steps = 2
+    cfg.log_every_steps = SMOKE_TRAIN_STEPS
+    cfg.log_test_examples = 500
+    cfg.progress_bar = False
+    cfg.eval.num_examples = SMOKE_EVAL_EXAMPLES
+    cfg.eval.batch_size = 500  # also the batch of the training log's test accuracy: one batch
+    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
+    group = Group("cifar10_small_cnn", cfg, methods=("clean", "pat"), seeds=(0, 1))
+    return Suite(
+        name="smoke_cpu",
+        description="smoke test of the suite machinery on real CIFAR-10 (a few steps; the figures mean nothing)",
+        groups=(group,),
+        num_eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=SMOKE_EVAL_EXAMPLES,
+        evaluators=("clean", "pgd20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0, "pr_samples": 4, "pr_chunk_size": 4,
+                        "attack_steps": 2, "bootstrap_resamples": 200},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128)",
+            f"training: {SMOKE_TRAIN_STEPS} steps of batch {SMOKE_BATCH_SIZE}; PAT with T = 2",
+            f"evaluation: the first {SMOKE_EVAL_EXAMPLES} test images; PGD with 2 steps; PR with N = 4",
+        ))
+
+
 # The stationary CPU suite (stationary_cpu_suite): 2 epochs of CIFAR-10, the sampler at stationarity.
 STATIONARY_TRAIN_STEPS = 800          # 2.05 epochs of batch 128
 STATIONARY_LANGEVIN_STEPS = 35        # the diagnostic: the uniform-start chain is at its endpoint by step 32
@@ -284,6 +326,7 @@ SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "ablation_cpu": ablation_cpu_suite,
     "stationary_cpu": stationary_cpu_suite,
     "paper_full": paper_full_suite,
+    "smoke_cpu": smoke_cpu_suite,
 }
 
 

@@ -17,7 +17,7 @@ from patjax.errors import UserError
 # (the data's location; the dataset itself is `dataset`), so that data moved, or a relative
 # path saved by an earlier version, does not block a resume.
 RESUMABLE_FIELDS = ("num_epochs", "num_train_steps", "checkpoint_every_steps", "log_every_steps",
-                    "max_checkpoints_to_keep", "progress_bar", "eval", "data_dir")
+                    "log_test_examples", "max_checkpoints_to_keep", "progress_bar", "eval", "data_dir")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -101,6 +101,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.checkpoint_every_steps = -1  # <= 0: every epoch
     cfg.max_checkpoints_to_keep = 3
     cfg.log_every_steps = -1         # <= 0: every epoch
+    # Test images each log measures clean accuracy on (the first N); <= 0: the whole test split.
+    # A smoke test's run is a few steps, and 10,000 images would cost it more than its training.
+    cfg.log_test_examples = -1
     cfg.progress_bar = True
 
     # Evaluation defaults used by `python -m patjax.evaluate` (flags override them).

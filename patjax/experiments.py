@@ -4,6 +4,7 @@ numbers, and write the paper's Tables 1 and 2 with intervals.
   python -m patjax.experiments --suite=ablation_cpu --workdir=runs/ablation_cpu
   python -m patjax.experiments --suite=paper_full --workdir=runs/paper_full [--groups=cifar10_resnet18]
   python -m patjax.experiments --suite=paper_full --workdir=DIR --dry_run   # the plan, nothing run
+  python -m patjax.experiments --suite=smoke_cpu --workdir=DIR   # 4 tiny runs: try the machinery
 
 Every run of a suite shares one base config; a run changes only `method` and `seed` (and
 the method's own settings, listed in the suite). Each run lives in
@@ -20,6 +21,22 @@ DIR/runs/GROUP/METHOD_sSEED (an ordinary patjax workdir: `python -m patjax.evalu
 - rewrites DIR/results.md, DIR/results.json and DIR/pr_vs_eps.png after every run (pending
   runs are listed as such), and prints one progress line per stage.
 
+Workers: any number of processes may run the same suite on the same DIR at once (a SLURM
+job array, several machines on a shared filesystem, several processes on one machine;
+docs/cluster.md).
+- Dynamic claims: a worker holds an flock on the run's DIR/runs/GROUP/METHOD_sSEED/.claim for
+  as long as it trains and evaluates the run; another worker skips a claimed run (its progress
+  line names the holder: pid, host, since when) and goes on to the next. The kernel drops the
+  claim of a worker that dies (kill -9 included), so the next worker to look takes the run
+  over and resumes it from its latest checkpoint. After a pass over its runs a worker looks
+  again at the ones it skipped, and leaves once each is finished or held by a live worker.
+- Static partition: --num_workers=K --worker_index=i (default: the SLURM job array's
+  SLURM_ARRAY_TASK_COUNT and SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else 1 and 0) makes
+  worker i consider only the runs at positions p of the plan with p % K == i. The claims
+  still hold, e.g. for two workers given the same index.
+- The report is rebuilt by one worker at a time (an flock on DIR/.report.lock) from whatever
+  has finished; `--report_only` rebuilds it without running anything.
+
 Intervals (95 % by default, `eval.confidence`):
 - one run: Clopper-Pearson for accuracies; percentile bootstrap over test images for PR;
 - the mean over seeds and every difference between two methods: percentile bootstrap over
@@ -33,6 +50,7 @@ import copy
 import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 from typing import Callable, Optional, Sequence
@@ -41,6 +59,7 @@ import ml_collections
 import numpy as np
 
 from patjax import config as config_lib
+from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
 # The paper's row order (Table 1, then the ablation variants of Table 2) and names.
@@ -198,6 +217,47 @@ def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
         ))
 
 
+# The smoke suite (smoke_cpu_suite): seconds per run, for tests and for trying out workers.
+SMOKE_TRAIN_STEPS = 4
+SMOKE_BATCH_SIZE = 32
+SMOKE_EVAL_EXAMPLES = 16
+
+
+def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, 4 steps of batch 32, T = 2; clean and PAT x 2 seeds, evaluated
+    on 16 images: every piece of a suite (claims, resume, report) in seconds per run."""
+    cfg = config_lib.default_config()
+    cfg.dataset = "cifar10"
+    cfg.data_dir = data_dir
+    cfg.model = "small_cnn"
+    cfg.batch_size = SMOKE_BATCH_SIZE
+    cfg.num_train_steps = SMOKE_TRAIN_STEPS
+    cfg.learning_rate = 0.05
+    cfg.langevin.steps = 2
+    cfg.attack.steps = 2
+    cfg.checkpoint_every_steps = 2
+    cfg.log_every_steps = SMOKE_TRAIN_STEPS
+    cfg.log_test_examples = 500
+    cfg.progress_bar = False
+    cfg.eval.num_examples = SMOKE_EVAL_EXAMPLES
+    cfg.eval.batch_size = 500  # also the batch of the training log's test accuracy: one batch
+    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
+    group = Group("cifar10_small_cnn", cfg, methods=("clean", "pat"), seeds=(0, 1))
+    return Suite(
+        name="smoke_cpu",
+        description="smoke test of the suite machinery on real CIFAR-10 (a few steps; the figures mean nothing)",
+        groups=(group,),
+        num_eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=SMOKE_EVAL_EXAMPLES,
+        evaluators=("clean", "pgd20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0, "pr_samples": 4, "pr_chunk_size": 4,
+                        "attack_steps": 2, "bootstrap_resamples": 200},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128)",
+            f"training: {SMOKE_TRAIN_STEPS} steps of batch {SMOKE_BATCH_SIZE}; PAT with T = 2",
+            f"evaluation: the first {SMOKE_EVAL_EXAMPLES} test images; PGD with 2 steps; PR with N = 4",
+        ))
+
+
 # The stationary CPU suite (stationary_cpu_suite): 2 epochs of CIFAR-10, the sampler at stationarity.
 STATIONARY_TRAIN_STEPS = 800          # 2.05 epochs of batch 128
 STATIONARY_LANGEVIN_STEPS = 35        # the diagnostic: the uniform-start chain is at its endpoint by step 32
@@ -284,6 +344,7 @@ SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "ablation_cpu": ablation_cpu_suite,
     "stationary_cpu": stationary_cpu_suite,
     "paper_full": paper_full_suite,
+    "smoke_cpu": smoke_cpu_suite,
 }
 
 
@@ -314,17 +375,20 @@ def _read_json(path):
         return json.load(f)
 
 
-def _write_json(path, obj):
+def _write_text(path, text):
+    # Atomic: whoever reads the file (a person, another worker) sees the old or the new one whole.
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _write_json(path, obj):
+    _write_text(path, json.dumps(obj, indent=2))
 
 
 def _trained(run: Run, directory: str) -> Optional[dict]:
     """The run's suite_run.json if it finished training with this config, else None."""
-    from patjax import workdir as workdir_lib
-
     record = _read_json(os.path.join(directory, "suite_run.json"))
     if record is None or record.get("step") != _expected_steps(run.config):
         return None
@@ -373,70 +437,174 @@ class _Progress:
               file=self.stream, flush=True)
 
 
-def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs: Optional[int] = None,
-              progress_bars: bool = False, stream=None) -> dict:
-    """Trains and evaluates the suite's runs in order (reusing finished ones) and writes the report.
+CLAIM_FILE = ".claim"   # in each run's directory; held (flock) by the worker on the run
+REPORT_LOCK = ".report.lock"  # in the suite's directory; held while the report is rebuilt
 
+
+def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] = None,
+                environ=None) -> tuple[int, int]:
+    """(K, i): this worker takes the runs at positions p of the plan with p % K == i.
+
+    The values given; when neither is given, a SLURM job array's (K = SLURM_ARRAY_TASK_COUNT,
+    i = SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, so an array need not start at 0); else
+    (1, 0). Bad values are a UserError.
+    """
+    environ = os.environ if environ is None else environ
+    if num_workers is None and worker_index is None and environ.get("SLURM_ARRAY_TASK_ID"):
+        values = {}
+        for name in ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN"):
+            try:
+                values[name] = int(environ.get(name, ""))
+            except ValueError:
+                raise UserError(f"{name} must be an integer in a SLURM job array, got "
+                                f"{environ.get(name)!r}; or give --num_workers and --worker_index") from None
+        num_workers = values["SLURM_ARRAY_TASK_COUNT"]
+        worker_index = values["SLURM_ARRAY_TASK_ID"] - values["SLURM_ARRAY_TASK_MIN"]
+        source = (f"from SLURM_ARRAY_TASK_ID {values['SLURM_ARRAY_TASK_ID']} - SLURM_ARRAY_TASK_MIN "
+                  f"{values['SLURM_ARRAY_TASK_MIN']} of SLURM_ARRAY_TASK_COUNT {num_workers}; an array with "
+                  f"a step or gaps needs --num_workers and --worker_index")
+    else:
+        source = "from --num_workers and --worker_index"
+        num_workers = 1 if num_workers is None else num_workers
+        if worker_index is None:
+            if num_workers != 1:
+                raise UserError(f"--num_workers={num_workers} needs --worker_index (0 to {num_workers - 1})")
+            worker_index = 0
+    if num_workers < 1:
+        raise UserError(f"the number of workers must be at least 1, got {num_workers} ({source})")
+    if not 0 <= worker_index < num_workers:
+        raise UserError(f"worker index {worker_index} is not in 0..{num_workers - 1} for {num_workers} "
+                        f"worker(s) ({source})")
+    return num_workers, worker_index
+
+
+def partition(runs: Sequence[Run], num_workers: int, worker_index: int) -> list[tuple[int, Run]]:
+    """(position, run) of this worker's share of the plan: positions p with p % K == i."""
+    return [(p, r) for p, r in enumerate(runs) if p % num_workers == worker_index]
+
+
+def _finished(suite: Suite, run: Run, directory: str) -> bool:
+    """Whether the run was trained and evaluated with the suite's current settings."""
+    record = _trained(run, directory)
+    results = _read_json(os.path.join(directory, "eval", "results.json"))
+    return record is not None and _eval_matches(suite, results, record["step"], directory)
+
+
+def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs: Optional[int] = None,
+              progress_bars: bool = False, stream=None, num_workers: int = 1, worker_index: int = 0) -> dict:
+    """Trains and evaluates this worker's runs of the suite (reusing finished ones) and writes the report.
+
+    Any number of workers may run at once on one workdir: a worker claims a run (an flock on
+    the run's .claim file) for as long as it trains and evaluates it, and skips runs another
+    worker holds. After a pass over its runs it looks again at the ones it skipped (their
+    worker may have finished or died), until every one is finished or held by a live worker.
+    num_workers, worker_index: the static partition (`partition`); the dynamic claims hold
+      within and across shares.
     max_runs: leave after this many runs were trained or evaluated in this invocation (as an
       interrupted suite would); running again continues with the next run.
     Returns the suite's results (as written to DIR/results.json).
     """
-    from patjax import evaluate, train
-
+    num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
     runs = plan(suite, groups, methods)
     os.makedirs(workdir, exist_ok=True)
+    out = stream or sys.stdout
     progress = _Progress(len(runs), stream)
     invocation_start = time.perf_counter()
     provenance = _provenance()  # the code this process runs: taken now, before anything can change it
+    role = f"suite worker {worker_index} of {num_workers}"
+    todo = partition(runs, num_workers, worker_index)
+    if num_workers > 1:
+        print(f"{role} (pid {os.getpid()} on {socket.gethostname()}): {len(todo)} of the {len(runs)} runs "
+              f"(positions p with p % {num_workers} == {worker_index})", file=out, flush=True)
     worked = 0
-    for index, run in enumerate(runs, 1):
-        directory = run_dir(workdir, run)
-        cfg = copy.deepcopy(run.config)
-        cfg.progress_bar = bool(progress_bars)
-        record = _trained(run, directory)
-        results_path = os.path.join(directory, "eval", "results.json")
-        if record is not None and _eval_matches(suite, _read_json(results_path), record["step"], directory):
-            progress(index, run, "reused (trained and evaluated earlier)")
-            continue
-        if max_runs is not None and worked >= max_runs:
-            progress(index, run, f"left for the next invocation (--max_runs={max_runs})")
+    leaving = False
+    while todo:
+        held_elsewhere = []
+        for position, run in todo:
+            index = position + 1
+            directory = run_dir(workdir, run)
+            if _finished(suite, run, directory):
+                progress(index, run, "reused (trained and evaluated earlier)")
+                continue
+            if max_runs is not None and worked >= max_runs:
+                progress(index, run, f"left for the next invocation (--max_runs={max_runs})")
+                leaving = True
+                break
+            os.makedirs(directory, exist_ok=True)
+            with workdir_lib.lock(os.path.join(directory, CLAIM_FILE), role) as claim:
+                if not claim.held:
+                    progress(index, run, f"skipped: claimed by {claim.holder}")
+                    held_elsewhere.append((position, run))
+                    continue
+                if _finished(suite, run, directory):  # by the worker that held it a moment ago
+                    progress(index, run, "reused (finished by another worker)")
+                    continue
+                worked += 1
+                _train_and_evaluate(suite, run, directory, lambda message: progress(index, run, message),
+                                    progress_bars)
+            report = write_report(suite, workdir)
+            progress(index, run, f"report updated ({report['num_done']}/{report['num_runs']} runs done)")
+        if leaving or held_elsewhere == todo:  # nothing changed since the last look: others hold the rest
             break
-        worked += 1
-        if record is None:
-            config_lib.validate(cfg)
-            existing = _read_json(os.path.join(directory, "suite_run.json")) or {}
-            progress(index, run, f"training {_expected_steps(cfg)} steps"
-                     + (" (resuming from its latest checkpoint)" if os.path.isdir(
-                         os.path.join(directory, "checkpoints")) else ""))
-            t0 = time.perf_counter()
-            state = train.train_and_evaluate(cfg, directory)
-            train_wall = time.perf_counter() - t0
-            record = {"step": int(state.step),
-                      "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
-                      "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)]}
-            del state
-            _write_json(os.path.join(directory, "suite_run.json"), record)
-            progress(index, run, f"trained in {train_wall / 60:.1f} min")
-        progress(index, run, f"evaluating ({', '.join(suite.evaluators)})")
-        t0 = time.perf_counter()
-        evaluate.run(directory, num_examples=suite.num_eval_examples, batch_size=suite.eval_batch_size,
-                     progress=progress_bars, evaluators=list(suite.evaluators),
-                     overrides=dict(suite.eval_overrides))
-        record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
-        _write_json(os.path.join(directory, "suite_run.json"), record)
-        progress(index, run, f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
-        report = write_report(suite, workdir)
-        progress(index, run, f"report updated ({report['num_done']}/{report['num_runs']} runs done)")
-    report = write_report(suite, workdir)
+        todo = held_elsewhere
+        if todo:
+            print(f"{role}: looking again at {len(todo)} run(s) other workers held", file=out, flush=True)
     wall = time.perf_counter() - invocation_start
-    with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
-        f.write(json.dumps({"finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "wall_s": round(wall, 1), "runs_worked_on": worked, **provenance,
-                            "groups": list(groups or []), "methods": list(methods or [])}) + "\n")
-    print(f"suite {suite.name}: {report['num_done']}/{report['num_runs']} runs done; this invocation "
-          f"{wall / 60:.1f} min; wrote {os.path.join(workdir, 'results.md')}", file=stream or sys.stdout,
-          flush=True)
+    _record_invocation(workdir, {
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": round(wall, 1),
+        "runs_worked_on": worked, **provenance, "groups": list(groups or []), "methods": list(methods or []),
+        "num_workers": num_workers, "worker_index": worker_index, "host": socket.gethostname(),
+        "pid": os.getpid()})
+    report = write_report(suite, workdir)  # after the record: the report counts this invocation too
+    print(f"suite {suite.name}: {report['num_done']}/{report['num_runs']} runs done; "
+          f"{role if num_workers > 1 else 'this invocation'} worked on {worked} run(s) in {wall / 60:.1f} min; "
+          f"wrote {os.path.join(workdir, 'results.md')}", file=out, flush=True)
     return report
+
+
+def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[str], None],
+                        progress_bars: bool) -> None:
+    """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it."""
+    from patjax import evaluate, train
+
+    cfg = copy.deepcopy(run.config)
+    cfg.progress_bar = bool(progress_bars)
+    record_path = os.path.join(directory, "suite_run.json")
+    record = _trained(run, directory)
+    if record is None:
+        config_lib.validate(cfg)
+        existing = _read_json(record_path) or {}
+        say(f"training {_expected_steps(cfg)} steps"
+            + (" (resuming from its latest checkpoint)" if os.path.isdir(os.path.join(directory, "checkpoints"))
+               else ""))
+        t0 = time.perf_counter()
+        state = train.train_and_evaluate(cfg, directory)
+        train_wall = time.perf_counter() - t0
+        record = {"step": int(state.step),
+                  "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
+                  "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)]}
+        del state
+        _write_json(record_path, record)
+        say(f"trained in {train_wall / 60:.1f} min")
+    elif "eval_wall_s" in record:
+        # A stale evaluation is about to be replaced: until the new one is complete, the run is
+        # not evaluated (a report built meanwhile, by another worker, leaves it out).
+        del record["eval_wall_s"]
+        _write_json(record_path, record)
+    say(f"evaluating ({', '.join(suite.evaluators)})")
+    t0 = time.perf_counter()
+    evaluate.run(directory, num_examples=suite.num_eval_examples, batch_size=suite.eval_batch_size,
+                 progress=progress_bars, evaluators=list(suite.evaluators), overrides=dict(suite.eval_overrides))
+    record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
+    _write_json(record_path, record)
+    say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
+
+
+def _record_invocation(workdir: str, entry: dict) -> None:
+    """Appends the invocation to DIR/invocations.jsonl, one writer at a time (see write_report)."""
+    with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "invocation log writer", wait=True):
+        with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
 
 def _provenance() -> dict:
@@ -616,6 +784,17 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
 # Report: results.json, results.md, pr_vs_eps.png.
 
 def write_report(suite: Suite, workdir: str) -> dict:
+    """Rebuilds DIR/results.json, results.md and pr_vs_eps.png from the runs finished so far.
+
+    One writer at a time (an flock on DIR/.report.lock, waited for): workers that finish runs
+    at once take turns, and each reads the runs' files only once it holds the lock, so the
+    last report written has seen every run finished before it.
+    """
+    with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
+        return _write_report(suite, workdir)
+
+
+def _write_report(suite: Suite, workdir: str) -> dict:
     from patjax import robustness
 
     runs = plan(suite)
@@ -674,8 +853,7 @@ def write_report(suite: Suite, workdir: str) -> dict:
                                                             confidence) for k in common}}
             g["differences"].append(entry)
     _write_json(os.path.join(workdir, "results.json"), report)
-    with open(os.path.join(workdir, "results.md"), "w") as f:
-        f.write(format_markdown(report))
+    _write_text(os.path.join(workdir, "results.md"), format_markdown(report))
     if done:
         plot_report(report, os.path.join(workdir, "pr_vs_eps.png"))
     return report
@@ -771,8 +949,8 @@ def format_markdown(report: dict) -> str:
               f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else ""] for e in g["runs"]]), ""]
     if report.get("invocations"):
         total = sum(i["wall_s"] for i in report["invocations"])
-        out += [f"Wall time of the suite's invocations so far: {total / 60:.1f} min "
-                f"({len(report['invocations'])} invocation(s)).", ""]
+        out += [f"Time of the suite's invocations so far: {total / 60:.1f} min summed over "
+                f"{len(report['invocations'])} invocation(s) (workers that ran at once each count).", ""]
     return "\n".join(out)
 
 
@@ -844,15 +1022,20 @@ def main(argv):
     groups = [g for g in (FLAGS.groups or "").split(",") if g] or None
     methods = [m for m in (FLAGS.methods or "").split(",") if m] or None
     runs = plan(suite, groups, methods)
+    num_workers, worker_index = worker_slot(FLAGS.num_workers, FLAGS.worker_index)
     if FLAGS.dry_run:
-        print(f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'tensorflow-datasets'}")
-        for r in runs:
+        mine = partition(runs, num_workers, worker_index)
+        print(f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'tensorflow-datasets'}"
+              + (f"; worker {worker_index} of {num_workers} takes {len(mine)}" if num_workers > 1 else ""))
+        for position, r in mine:
             c = r.config
-            print(f"  {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
+            print(f"  run {position + 1}/{len(runs)} {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
                   f"{'steps ' + str(c.num_train_steps) if c.num_train_steps > 0 else str(c.num_epochs) + ' epochs'} "
                   f"T={c.langevin.steps} -> {run_dir(FLAGS.workdir, r)}")
         return
     if FLAGS.report_only:
+        if not os.path.isdir(FLAGS.workdir):
+            raise UserError(f"no suite directory {FLAGS.workdir!r} to report on")
         report = write_report(suite, FLAGS.workdir)
         print(f"wrote {os.path.join(FLAGS.workdir, 'results.md')} ({report['num_done']}/{report['num_runs']} runs done)")
         return
@@ -863,7 +1046,7 @@ def main(argv):
         # same functions: XLA's persistent cache compiles each once per suite.
         jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(FLAGS.workdir), "jax_cache"))
     run_suite(suite, FLAGS.workdir, groups=groups, methods=methods, max_runs=FLAGS.max_runs,
-              progress_bars=FLAGS.progress_bars)
+              progress_bars=FLAGS.progress_bars, num_workers=num_workers, worker_index=worker_index)
 
 
 def _define_flags():
@@ -880,6 +1063,11 @@ def _define_flags():
     flags.DEFINE_bool("report_only", False, "Rewrite results.md/json/png from finished runs only.")
     flags.DEFINE_bool("progress_bars", True, "tqdm bars for training and evaluation (stderr).")
     flags.DEFINE_bool("compilation_cache", True, "Persistent XLA compilation cache in DIR/jax_cache.")
+    flags.DEFINE_integer("num_workers", None, "Static partition: K workers share the suite; this one takes "
+                         "the runs at positions p with p % K == --worker_index (default: SLURM_ARRAY_TASK_COUNT "
+                         "in a SLURM job array, else 1).")
+    flags.DEFINE_integer("worker_index", None, "This worker's index i, 0 to K-1 (default: SLURM_ARRAY_TASK_ID - "
+                         "SLURM_ARRAY_TASK_MIN in a SLURM job array, else 0).")
 
 
 def cli():

@@ -176,7 +176,7 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
                 summary["images_per_s"] = window_steps * cfg.batch_size / max(elapsed, 1e-9)
                 summary["epoch"] = done / steps_per_epoch
                 summary["devices"] = mesh.size
-                summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split)
+                summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split, cfg.log_test_examples)
                 if writer is not None:
                     writer.write(done, summary)
                 if progress is not None:

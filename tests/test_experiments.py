@@ -144,3 +144,151 @@ def test_plans_and_bad_input():
     result = subprocess.run([sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
                             cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith("error: unknown suite")
+
+
+# ---------------------------------------------------------------------------------------
+# Several workers on one suite directory (the smoke_cpu suite: 2 methods x 2 seeds, seconds a run).
+
+SMOKE_RUNS = ["cifar10_small_cnn/clean_s0", "cifar10_small_cnn/pat_s0", "cifar10_small_cnn/clean_s1",
+              "cifar10_small_cnn/pat_s1"]
+TIMEOUT_S = 300  # a hang fails the test instead of stalling the suite
+
+
+def environment(**extra):
+    """This process's environment without a SLURM job array's variables (the tests may run in one)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, **extra}
+
+
+def worker(workdir, data_dir, *args):
+    """A suite worker process, as on a cluster node; one JAX device so that two share 2 cores, and
+    XLA's light compilation, as conftest.py sets for the tests' own process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "patjax.experiments", "--suite=smoke_cpu", f"--workdir={workdir}",
+         f"--data_dir={data_dir}", "--progress_bars=False", *args],
+        cwd=REPO, env=environment(PATJAX_CPU_DEVICES="1", JAX_DISABLE_MOST_OPTIMIZATIONS="1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc):
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"worker still running after {TIMEOUT_S} s:\n{out[-2000:]}\n{err[-2000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+def lines_about(log, run, what):
+    return [line for line in log.splitlines() if f" {run}: {what}" in line]
+
+
+def test_two_workers_share_a_suite_and_train_each_run_once(tmp_path, data_dir):
+    workdir = str(tmp_path / "suite")
+    procs = [worker(workdir, data_dir) for _ in range(2)]  # no partition: the claims alone share the work
+    logs = [finish(p) for p in procs]
+    trained_by = {run: [i for i, log in enumerate(logs) if lines_about(log, run, "training 4 steps")]
+                  for run in SMOKE_RUNS}
+    assert all(len(workers) == 1 for workers in trained_by.values()), trained_by
+    for i, log in enumerate(logs):
+        mine = [run for run in SMOKE_RUNS if trained_by[run] == [i]]
+        assert mine, f"worker {i} trained nothing: the two did not run at once\n{log}"
+        for run in set(SMOKE_RUNS) - set(mine):  # the other worker's: seen held, or found finished
+            assert (lines_about(log, run, "skipped: claimed by suite worker")
+                    or lines_about(log, run, "reused")), f"worker {i}, {run}:\n{log}"
+    # The worker that leaves last has seen every run finished (the other may leave while it works).
+    assert any("suite smoke_cpu: 4/4 runs done" in log.splitlines()[-1] for log in logs), logs
+    for run in SMOKE_RUNS:
+        record = json.load(open(os.path.join(workdir, "runs", run, "suite_run.json")))
+        assert len(record["train_segments_s"]) == 1 and record["step"] == 4 and "eval_wall_s" in record
+    report = json.load(open(os.path.join(workdir, "results.json")))
+    assert report["num_done"] == 4
+    assert [e["status"] for e in report["groups"]["cifar10_small_cnn"]["runs"]] == ["done"] * 4
+    assert len(report["invocations"]) == 2
+    assert "4 of 4 runs trained and evaluated." in open(os.path.join(workdir, "results.md")).read()
+
+
+HOLD_CLAIM = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.ftruncate(fd, 0)
+os.write(fd, f"a test holder (pid {os.getpid()})".encode())
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_claim_held_by_a_live_process_is_skipped_and_a_dead_ones_is_taken(tmp_path, data_dir):
+    workdir = str(tmp_path / "suite")
+    run = "cifar10_small_cnn/clean_s0"
+    os.makedirs(os.path.join(workdir, "runs", run))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, os.path.join(workdir, "runs", run, ".claim")],
+                              stdout=subprocess.PIPE, text=True)
+    # Worker 0 of 2 over the clean runs has clean_s0 alone to do.
+    only_clean_s0 = ("--methods=clean", "--num_workers=2", "--worker_index=0")
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        log = finish(worker(workdir, data_dir, *only_clean_s0))
+        assert lines_about(log, run, f"skipped: claimed by a test holder (pid {holder.pid})"), log
+        assert not lines_about(log, run, "training")
+        assert "0/4 runs done" in log.splitlines()[-1]
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops the flock of a process that dies
+        holder.wait()
+    log = finish(worker(workdir, data_dir, *only_clean_s0))
+    assert lines_about(log, run, "training 4 steps") and lines_about(log, run, "evaluated in")
+    assert "1/4 runs done" in log.splitlines()[-1]
+    statuses = {e["name"]: e["status"] for e in
+                json.load(open(os.path.join(workdir, "results.json")))["groups"]["cifar10_small_cnn"]["runs"]}
+    assert statuses == {r: "done" if r == run else "pending" for r in SMOKE_RUNS}
+
+
+def dry_run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "patjax.experiments", "--suite=ablation_cpu",
+                           "--workdir=/nonexistent/suite", "--dry_run", *args], cwd=REPO,
+                          env=environment(**(env or {})),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_static_partition_flags_slurm_and_bad_values():
+    runs = experiments.plan(experiments.get_suite("ablation_cpu", None))
+    assert len(runs) == 10
+    shares = [experiments.partition(runs, 3, i) for i in range(3)]
+    assert [[p for p, _ in share] for share in shares] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert sorted((p, r.name) for share in shares for p, r in share) == [(p, r.name) for p, r in enumerate(runs)]
+
+    # Flags, and a SLURM array that starts at 4 (--array=4-6): task 5 is worker 1 of 3.
+    by_flags = dry_run("--num_workers=3", "--worker_index=1")
+    by_slurm = dry_run(env={"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_COUNT": "3"})
+    for proc in (by_flags, by_slurm):
+        assert proc.returncode == 0, proc.stderr
+        listed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  run ")]
+        assert listed == ["2/10", "5/10", "8/10"], proc.stdout
+        assert "worker 1 of 3 takes 3" in proc.stdout
+    assert experiments.worker_slot(environ={}) == (1, 0)
+    assert experiments.worker_slot(environ={"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "0",
+                                            "SLURM_ARRAY_TASK_COUNT": "8"}) == (8, 7)
+    # Flags win over the array's variables: --num_workers=1 turns the static partition off.
+    assert experiments.worker_slot(1, None, environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0",
+                                                     "SLURM_ARRAY_TASK_COUNT": "8"}) == (1, 0)
+
+    # Bad values: one line, exit 2 (an index past K, given or from an array with gaps).
+    for args, env, message in [
+            (("--num_workers=2", "--worker_index=2"), None, "worker index 2 is not in 0..1"),
+            ((), {"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "4"},
+             "worker index 6 is not in 0..3")]:
+        proc = dry_run(*args, env=env)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    for num_workers, worker_index, message in [(0, 0, "number of workers must be at least 1"),
+                                               (2, None, "--num_workers=2 needs --worker_index"),
+                                               (2, -1, "worker index -1 is not in 0..1")]:
+        with pytest.raises(UserError, match=message):
+            experiments.worker_slot(num_workers, worker_index, environ={})
+    with pytest.raises(UserError, match="worker index 3"):
+        experiments.run_suite(experiments.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2,
+                              worker_index=3)
+    assert not os.path.exists("/nonexistent/suite")

@@ -84,6 +84,30 @@ class _MetricWriter:
         self._tb.close()
 
 
+def check_collectives_pair_across_processes(cfg) -> None:
+    """Refuses CPU multi-process runs whose step may pair all-reduces wrongly.
+
+    XLA:CPU's cross-process collectives (gloo) carry no tag: two all-reduces in flight at once
+    are paired in the order each process reaches them. An inner attack that runs BatchNorm on
+    batch statistics holds all-reduces inside its loop, beside those of the passes that do not
+    wait for it (ALP's clean forward pass), so the processes can pair different all-reduces:
+    measured for ALP on 2 processes, gloo aborted on mismatched sizes; equal sizes would add
+    the wrong numbers silently (docs/multiprocess.md). GPUs order collectives in one stream.
+    """
+    if jax.process_count() == 1 or jax.default_backend() != "cpu":
+        return
+    if cfg.method in ("pat", "pat_wos"):
+        where, mode, setting = "sampler", cfg.langevin.get("bn_mode", "inference"), "langevin.bn_mode"
+    elif cfg.method in methods.REFERENCE_ATTACK_BN_MODE:
+        where, mode, setting = "attack", methods.attack_bn_mode(cfg, cfg.method), "attack.bn_mode"
+    else:
+        return
+    if mode == "train":
+        raise UserError(f"{cfg.method}'s {where} runs BatchNorm on batch statistics, whose all-reduces several "
+                        f"CPU processes can pair wrongly (docs/multiprocess.md); run one process, or set "
+                        f"--config.{setting}=inference")
+
+
 def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None):
     """Trains (or resumes) the configured run in `workdir`; returns the final train state.
 
@@ -96,6 +120,7 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
         raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
     config_lib.validate(cfg)
     evaluate.check_eval_config(cfg)
+    check_collectives_pair_across_processes(cfg)
     mesh = sharding.make_mesh(cfg.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
     lock = workdir_lib.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()

@@ -79,6 +79,22 @@ def leaves_of(result, prefix):
                                       key=lambda k: int(k.rsplit("_", 1)[1]))]
 
 
+def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cpu_processes(tmp_path, data_dir):
+    body = f"""
+        from patjax.errors import UserError
+        cfg = tiny_config(data_dir={data_dir!r}, method="alp")
+        try:
+            train.train_and_evaluate(cfg, {str(tmp_path / "alp")!r})
+        except UserError as error:
+            out["refused"] = "BatchNorm on batch statistics" in str(error)
+        cfg.attack.bn_mode = "inference"
+        train.check_collectives_pair_across_processes(cfg)  # allowed
+        """
+    for result in launch(2, body, tmp_path, data_dir, "alp"):
+        assert bool(result["refused"])
+    assert not os.path.exists(tmp_path / "alp")  # refused before anything was written
+
+
 def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(tmp_path, data_dir):
     two_dir, one_dir = str(tmp_path / "two"), str(tmp_path / "one")
     two = launch(2, f"""

@@ -38,7 +38,7 @@ import ml_collections
 import numpy as np
 
 from patjax import attacks, config as config_lib
-from patjax import data, robustness, sharding, state as state_lib
+from patjax import data, robustness, sharding, state as state_lib, stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -273,31 +273,32 @@ def _run_evaluator(batch_fn, state, split, n, batch_size, desc, progress):
 
 def _proportion(hits, confidence) -> dict:
     hits = np.asarray(hits, bool)
-    lo, hi = robustness.clopper_pearson(hits.sum(), hits.size, confidence)
+    lo, hi = stats.clopper_pearson(hits.sum(), hits.size, confidence)
     return {"value": float(hits.mean()) if hits.size else None, "interval": [float(lo), float(hi)],
             "interval_method": "clopper-pearson", "n": int(hits.size)}
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=1)
 def _bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:
-    """robustness.bootstrap_indices, drawn once per (subset size, resamples, seed): every figure
-    of a subset (all images, clean-correct images) resamples the same images (read-only).
-
-    Two entries (the two subsets) of resamples x images int32 (80 MB at 2,000 x 10,000);
-    `evaluate_state` clears them once its figures are computed.
-    """
-    idx = robustness.bootstrap_indices(num_items, num_resamples, seed).astype(np.int32)
+    """stats.bootstrap_indices over all evaluated images, drawn once per (images, resamples,
+    seed): every figure resamples the same images (read-only; 80 MB at 2,000 x 10,000 as int32,
+    cleared by `evaluate_state` once its figures are computed)."""
+    idx = stats.bootstrap_indices(num_items, num_resamples, seed).astype(np.int32)
     idx.setflags(write=False)
     return idx
 
 
-def _mean_with_interval(values, s) -> dict:
+def _mean_with_interval(values, s, mask=None) -> dict:
+    """Mean of per-image `values` over the images in `mask` (default: all), with the interval of
+    `stats.ratio_interval`: resampling all images, so a subset such as the clean-correct images
+    is drawn anew in every resample, exactly as the suite tables do."""
     values = np.asarray(values, np.float64)
-    if values.size == 0:
+    mask = np.ones(values.shape) if mask is None else np.asarray(mask, np.float64)
+    if mask.sum() == 0:
         return {"value": None, "interval": [None, None], "n": 0}
     idx = _bootstrap_indices(int(values.size), int(s["bootstrap_resamples"]), int(s["seed"]))
-    lo, hi = robustness.bootstrap_mean_interval(values, idx, s["confidence"])
-    return {"value": float(values.mean()), "interval": [float(lo), float(hi)], "n": int(values.size),
+    value, (lo, hi) = stats.ratio_interval((values * mask)[None], mask[None], idx, s["confidence"])
+    return {"value": value, "interval": [lo, hi], "n": int(mask.sum()),
             "interval_method": f"percentile bootstrap over images ({s['bootstrap_resamples']} resamples)"}
 
 
@@ -308,18 +309,18 @@ def pr_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     lam = s["entropic_lambda"]
     mean_loss = np.asarray(sum_loss, np.float64) / n_samples
     risk = robustness.entropic_risk(lse_loss, n_samples, lam, sum_loss)
-    cp_lo, cp_hi = robustness.clopper_pearson(counts, n_samples, s["confidence"])
+    cp_lo, cp_hi = stats.clopper_pearson(counts, n_samples, s["confidence"])
     out = {}
     clean_correct = np.asarray(correct, bool)
     for subset, mask in (("all", np.ones_like(clean_correct)), ("clean_correct", clean_correct)):
-        fig = _mean_with_interval(per_image[mask], s)
+        fig = _mean_with_interval(per_image, s, mask)
         if mask.sum() > 1:
             fig.update({k: float(v) for k, v in robustness.variance_decomposition(per_image[mask], n_samples).items()})
         out[subset] = fig
     # ProbAcc_q: fraction of images with PR_i > 1 - q, over all images (`prob_acc`) and over
     # clean-correct images (`clean_correct.prob_acc`, AT-PR's Prob.Acc convention).
     out["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image > 1 - q, s) for q in s["prob_acc_q"]}
-    out["clean_correct"]["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image[clean_correct] > 1 - q, s)
+    out["clean_correct"]["prob_acc"] = {_eps_key(q): _mean_with_interval(per_image > 1 - q, s, clean_correct)
                                         for q in s["prob_acc_q"]}
     out["expected_loss"] = _mean_with_interval(mean_loss, s)
     bound = robustness.lower_bound(mean_loss)
@@ -460,7 +461,7 @@ def _flatten_per_image(per_image, s, n) -> dict:
                 flat[f"{name}.{k}"] = v
             if "counts" in out:  # per-image PR_i = counts / N and its Clopper-Pearson interval
                 flat[f"{name}.pr"] = out["counts"] / s["pr_samples"]
-                flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = robustness.clopper_pearson(
+                flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = stats.clopper_pearson(
                     out["counts"], s["pr_samples"], s["confidence"])
     return flat
 

@@ -59,6 +59,7 @@ import ml_collections
 import numpy as np
 
 from patjax import config as config_lib
+from patjax import stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -672,54 +673,24 @@ def _check_common_random_numbers(outcomes: Sequence[RunOutcome]) -> None:
                             f"({', '.join(differing)}): not on common random numbers")
 
 
-def ratio_interval(numerators: np.ndarray, denominators: np.ndarray, indices: np.ndarray,
-                   confidence: float, chunk: int = 250):
-    """Mean over rows (seeds) of sum(num_s) / sum(den_s), with a percentile bootstrap over columns.
-
-    numerators, denominators: (S, n) per-image values of S runs on the same n images; every
-    bootstrap resample draws the same images for every row (paired). With denominators of 1
-    this is the mean over images averaged over runs; with 0/1 denominators (clean-correct
-    masks) it is the mean over each run's selected images.
-    Returns (value, (low, high)); value None when a denominator sums to 0.
-    """
-    num = np.asarray(numerators, np.float64)
-    den = np.asarray(denominators, np.float64)
-    totals = den.sum(axis=1)
-    if np.any(totals == 0):
-        return None, (None, None)
-    value = float(np.mean(num.sum(axis=1) / totals))
-    stats = []
-    for start in range(0, len(indices), chunk):
-        idx = indices[start:start + chunk]                  # (r, n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratios = num[:, idx].sum(-1) / den[:, idx].sum(-1)  # (S, r)
-        stats.append(ratios.mean(axis=0))
-    stats = np.concatenate(stats)
-    alpha = 1.0 - confidence
-    low, high = np.nanquantile(stats, alpha / 2), np.nanquantile(stats, 1 - alpha / 2)
-    return value, (float(low), float(high))
-
-
 def _figure(value, interval, method, n):
     return {"value": value, "interval": list(interval), "interval_method": method, "n": int(n)}
 
 
 def run_figures(o: RunOutcome, indices, confidence) -> dict:
     """Acc, PGD-20, CW-20 (Clopper-Pearson) and PR per eps over all / clean-correct images (bootstrap)."""
-    from patjax import robustness
-
     n = o.correct.size
     out = {}
     for name, hits in [("clean_accuracy", o.correct)] + [(a, o.robust[a]) for a in ("pgd20", "cw20") if a in o.robust]:
-        lo, hi = robustness.clopper_pearson(int(hits.sum()), n, confidence)
+        lo, hi = stats.clopper_pearson(int(hits.sum()), n, confidence)
         out[name] = _figure(float(hits.mean()), (float(lo), float(hi)), "clopper-pearson", n)
     pr = o.pr_counts / o.pr_samples
     ones = np.ones((1, n))
     out["pr_all"], out["pr_clean_correct"] = {}, {}
     for j, eps in enumerate(o.eps_keys):
-        v, ci = ratio_interval(pr[None, :, j], ones, indices, confidence)
+        v, ci = stats.ratio_interval(pr[None, :, j], ones, indices, confidence)
         out["pr_all"][eps] = _figure(v, ci, "bootstrap over images", n)
-        v, ci = ratio_interval((pr[:, j] * o.correct)[None], o.correct[None], indices, confidence)
+        v, ci = stats.ratio_interval((pr[:, j] * o.correct)[None], o.correct[None], indices, confidence)
         out["pr_clean_correct"][eps] = _figure(v, ci, "bootstrap over images", int(o.correct.sum()))
     return out
 
@@ -735,15 +706,15 @@ def mean_figures(outcomes: Sequence[RunOutcome], indices, confidence) -> dict:
         if all(a in o.robust for o in outcomes):
             metrics.append((a, np.stack([o.robust[a] for o in outcomes])))
     for name, hits in metrics:
-        v, ci = ratio_interval(hits, ones, indices, confidence)
+        v, ci = stats.ratio_interval(hits, ones, indices, confidence)
         out[name] = _figure(v, ci, method, n)
     correct = np.stack([o.correct for o in outcomes]).astype(np.float64)
     out["pr_all"], out["pr_clean_correct"] = {}, {}
     for j, eps in enumerate(outcomes[0].eps_keys):
         pr = np.stack([o.pr_counts[:, j] / o.pr_samples for o in outcomes])
-        v, ci = ratio_interval(pr, ones, indices, confidence)
+        v, ci = stats.ratio_interval(pr, ones, indices, confidence)
         out["pr_all"][eps] = _figure(v, ci, method, n)
-        v, ci = ratio_interval(pr * correct, correct, indices, confidence)
+        v, ci = stats.ratio_interval(pr * correct, correct, indices, confidence)
         out["pr_clean_correct"][eps] = _figure(v, ci, method, n)
     return out
 
@@ -766,15 +737,15 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
             metrics.append((attack, [o.robust[attack] for o in a], [o.robust[attack] for o in b]))
     for name, ha, hb in metrics:
         diff = np.stack(ha).astype(np.float64) - np.stack(hb).astype(np.float64)
-        v, ci = ratio_interval(diff, ones, indices, confidence)
+        v, ci = stats.ratio_interval(diff, ones, indices, confidence)
         out[name] = _figure(v, ci, method, n)
     both = np.stack([oa.correct & ob.correct for oa, ob in zip(a, b)]).astype(np.float64)
     out["pr_all"], out["pr_common_correct"] = {}, {}
     for j, eps in enumerate(a[0].eps_keys):
         diff = np.stack([oa.pr_counts[:, j] - ob.pr_counts[:, j] for oa, ob in zip(a, b)]) / a[0].pr_samples
-        v, ci = ratio_interval(diff, ones, indices, confidence)
+        v, ci = stats.ratio_interval(diff, ones, indices, confidence)
         out["pr_all"][eps] = _figure(v, ci, method, n)
-        v, ci = ratio_interval(diff * both, both, indices, confidence)
+        v, ci = stats.ratio_interval(diff * both, both, indices, confidence)
         out["pr_common_correct"][eps] = _figure(v, ci, method + ", images both classify correctly",
                                                 int(both.sum(axis=1).min()))
     return out
@@ -795,8 +766,6 @@ def write_report(suite: Suite, workdir: str) -> dict:
 
 
 def _write_report(suite: Suite, workdir: str) -> dict:
-    from patjax import robustness
-
     runs = plan(suite)
     outcomes = {r.name: load_outcome(workdir, r) for r in runs}
     done = [o for o in outcomes.values() if o is not None]
@@ -825,7 +794,7 @@ def _write_report(suite: Suite, workdir: str) -> dict:
         s = group_done[0].settings
         n = group_done[0].correct.size
         confidence = float(s["confidence"])
-        indices = robustness.bootstrap_indices(n, int(s["bootstrap_resamples"]), int(s["seed"]))
+        indices = stats.bootstrap_indices(n, int(s["bootstrap_resamples"]), int(s["seed"]))
         g["evaluation"] = {k: s.get(k) for k in ("num_examples", "pr_samples", "pr_epsilons", "pr_distribution",
                                                  "seed", "confidence", "bootstrap_resamples", "attack_eps",
                                                  "attack_step_size", "attack_steps", "cw_kappa", "dataset")}

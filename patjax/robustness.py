@@ -203,37 +203,6 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
 # ---------------------------------------------------------------------------------------
 # Host-side estimators and intervals (numpy/scipy, float64).
 
-def clopper_pearson(successes, trials, confidence: float = 0.95):
-    """Exact binomial (Clopper-Pearson) interval: arrays (lower, upper), elementwise."""
-    from scipy import stats
-
-    k = np.asarray(successes, np.float64)
-    n = np.asarray(trials, np.float64)
-    alpha = 1.0 - confidence
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lower = np.where(k > 0, stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
-        upper = np.where(k < n, stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
-    return lower, upper
-
-
-def bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:
-    """(num_resamples, num_items) indices of images drawn with replacement."""
-    return np.random.default_rng(seed).integers(0, num_items, size=(num_resamples, num_items))
-
-
-def bootstrap_mean_interval(values, indices: np.ndarray, confidence: float = 0.95):
-    """Percentile bootstrap interval of the mean over the last axis of `values`.
-
-    `values` holds one estimate per image (e.g. PR_i = counts_i / N): resampling images with
-    replacement reproduces both the spread of the true per-image values and the binomial
-    Monte-Carlo noise inside each estimate, because both are in the spread of the PR_i.
-    """
-    v = np.asarray(values, np.float64)
-    means = v[..., indices].mean(axis=-1)  # (..., resamples)
-    alpha = 1.0 - confidence
-    return (np.quantile(means, alpha / 2, axis=-1), np.quantile(means, 1 - alpha / 2, axis=-1))
-
-
 def variance_decomposition(per_image_pr, num_samples: int) -> dict:
     """Var(mean PR_i-hat) = (between-image variance + mean binomial variance) / n, estimated.
 

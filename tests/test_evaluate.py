@@ -14,7 +14,8 @@ from scipy import stats
 
 from conftest import REPO
 from helpers import Linear
-from patjax import config as config_lib, data, evaluate, state as state_lib
+from patjax import config as config_lib, data, evaluate, experiments, state as state_lib
+from patjax import stats as patjax_stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.methods import ModelFns
@@ -235,10 +236,11 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     pr = counts / N
     alpha = 1 - conf
 
-    def bootstrap(values):  # the documented percentile bootstrap over images
+    def bootstrap(values, mask=None):  # the documented percentile bootstrap over all images
         idx = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
-        means = values[idx].mean(axis=1)
-        return [np.quantile(means, alpha / 2), np.quantile(means, 1 - alpha / 2)]
+        m = np.ones(len(values)) if mask is None else mask.astype(np.float64)
+        ratios = (values * m)[idx].sum(axis=1) / m[idx].sum(axis=1)  # a subset is drawn anew
+        return [np.nanquantile(ratios, alpha / 2), np.nanquantile(ratios, 1 - alpha / 2)]
 
     for j, e in enumerate(epsilons):
         key = repr(e)
@@ -248,7 +250,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
         assert fig["all"]["value"] == pytest.approx(pr[:, j].mean())
         assert fig["clean_correct"]["value"] == pytest.approx(pr[correct, j].mean())
         np.testing.assert_allclose(fig["all"]["interval"], bootstrap(pr[:, j]), rtol=1e-12)
-        np.testing.assert_allclose(fig["clean_correct"]["interval"], bootstrap(pr[correct, j]), rtol=1e-12)
+        np.testing.assert_allclose(fig["clean_correct"]["interval"], bootstrap(pr[:, j], correct), rtol=1e-12)
         for q in (0.2, 0.1, 0.05, 0.01):
             assert fig["prob_acc"][repr(q)]["value"] == pytest.approx(np.mean(pr[:, j] > 1 - q))
             assert fig["clean_correct"]["prob_acc"][repr(q)]["value"] == pytest.approx(
@@ -264,6 +266,18 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
     assert "[90% intervals]" in evaluate.compare([workdir], str(tmp_path / "plot.png"))
+
+    # One estimator per figure: the suite table's per-run figures of this evaluation carry the
+    # same values and intervals as results.json.
+    outcome = experiments.RunOutcome(
+        run=None, correct=z["clean.correct"].astype(bool), robust={}, pr_counts=counts, pr_samples=N,
+        eps_keys=[repr(e) for e in epsilons], settings=saved["settings"], summary={}, record={})
+    table = experiments.run_figures(outcome, patjax_stats.bootstrap_indices(n, resamples, seed), conf)
+    for key in (repr(e) for e in epsilons):
+        fig = saved["figures"]["pr"]["uniform"][key]
+        for subset, row in (("all", "pr_all"), ("clean_correct", "pr_clean_correct")):
+            assert table[row][key]["value"] == fig[subset]["value"]
+            assert list(table[row][key]["interval"]) == fig[subset]["interval"], (key, subset)
 
 
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from patjax import stats as patjax_stats
 from patjax import experiments, train
 from patjax.errors import UserError
 from conftest import REPO
@@ -122,7 +123,7 @@ def test_ratio_interval_against_a_hand_bootstrap():
     num = rng.random((2, 30))
     den = (rng.random((2, 30)) < 0.7).astype(float)
     idx = rng.integers(0, 30, size=(500, 30))
-    value, (lo, hi) = experiments.ratio_interval(num * den, den, idx, 0.9, chunk=64)
+    value, (lo, hi) = patjax_stats.ratio_interval(num * den, den, idx, 0.9, chunk=64)
     assert value == pytest.approx(np.mean([num[s][den[s] > 0].mean() for s in (0, 1)]))
     stats = [np.mean([(num[s] * den[s])[i].sum() / den[s][i].sum() for s in (0, 1)]) for i in idx]
     assert (lo, hi) == pytest.approx((np.quantile(stats, 0.05), np.quantile(stats, 0.95)))

@@ -7,6 +7,7 @@ import pytest
 from scipy import special, stats
 
 from patjax import robustness
+from patjax import stats as patjax_stats
 
 SHAPE = (4, 4, 3)
 
@@ -62,7 +63,7 @@ def test_linear_classifier_gaussian_pr_matches_phi_within_the_clopper_pearson_in
     margin = x.reshape(len(x), -1) @ diff + b[0] - b[1]
     truth = stats.norm.cdf(margin / (sigma * np.linalg.norm(diff)))
     assert truth.min() < 0.2 and truth.max() > 0.8
-    lo, hi = robustness.clopper_pearson(np.asarray(out["counts"][0]), n, 0.99)
+    lo, hi = patjax_stats.clopper_pearson(np.asarray(out["counts"][0]), n, 0.99)
     assert ((lo <= truth) & (truth <= hi)).all(), (lo, truth, hi)
     assert d == np.prod(SHAPE)
 
@@ -175,7 +176,7 @@ def test_intervals_cover_the_truth_in_at_least_90_of_100_seeded_repeats():
     covered = 0
     for seed in range(100):
         k = np.random.default_rng(seed).binomial(100, 0.9)
-        lo, hi = robustness.clopper_pearson(k, 100)
+        lo, hi = patjax_stats.clopper_pearson(k, 100)
         covered += lo <= 0.9 <= hi
     assert covered >= 90
     # Data set: images with true PR_i ~ Beta(4, 1) (mean 0.8), N = 100 samples each; the
@@ -185,13 +186,14 @@ def test_intervals_cover_the_truth_in_at_least_90_of_100_seeded_repeats():
         rng = np.random.default_rng(seed)
         p = rng.beta(4, 1, size=200)
         estimates = rng.binomial(100, p) / 100
-        lo, hi = robustness.bootstrap_mean_interval(estimates, robustness.bootstrap_indices(200, 1000, seed + 1))
+        idx = patjax_stats.bootstrap_indices(200, 1000, seed + 1)
+        _, (lo, hi) = patjax_stats.ratio_interval(estimates[None], np.ones((1, 200)), idx, 0.95)
         covered += lo <= 0.8 <= hi
     assert covered >= 90
 
 
 def test_clopper_pearson_equals_scipy_exact_binomial_interval():
     for k, n in ((0, 10), (3, 10), (10, 10), (37, 100)):
-        lo, hi = robustness.clopper_pearson(k, n)
+        lo, hi = patjax_stats.clopper_pearson(k, n)
         ref = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
         np.testing.assert_allclose([lo, hi], [ref.low, ref.high], rtol=1e-7, atol=1e-12)

@@ -25,6 +25,7 @@ import numpy as np
 from patjax.errors import UserError
 
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
+NUM_TRAIN = {"cifar10": 50_000, "cifar100": 50_000}  # images in the official training splits
 
 _BINARY_LAYOUT = {
     # dataset: (subdir, train files, test files, label byte offset, record length)

@@ -59,6 +59,7 @@ import ml_collections
 import numpy as np
 
 from patjax import config as config_lib
+from patjax import data
 from patjax import stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -178,22 +179,31 @@ CPU_PGD_STEPS = 5
 CPU_EVAL_EXAMPLES = 500
 
 
-def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
-    """Real CIFAR-10, small CNN, T = 5, a fraction of an epoch; 5 methods x 2 seeds."""
+def _cpu_config(data_dir: Optional[str], *, batch_size: int, train_steps: int, langevin_steps: int,
+                eval_examples: int, eval_batch_size: int) -> ml_collections.ConfigDict:
+    """The base config of the CPU suites: real CIFAR-10, the small CNN, lr 0.05 with the paper's
+    MultiStepLR shape, PR with the suite's distribution only."""
     cfg = config_lib.default_config()
     cfg.dataset = "cifar10"
     cfg.data_dir = data_dir
     cfg.model = "small_cnn"
-    cfg.batch_size = CPU_BATCH_SIZE
-    cfg.num_train_steps = CPU_TRAIN_STEPS
+    cfg.batch_size = batch_size
+    cfg.num_train_steps = train_steps
     cfg.learning_rate = 0.05
-    cfg.langevin.steps = CPU_LANGEVIN_STEPS
+    cfg.langevin.steps = langevin_steps
+    cfg.eval.num_examples = eval_examples
+    cfg.eval.batch_size = eval_batch_size
+    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
+    return cfg
+
+
+def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, T = 5, a fraction of an epoch; 5 methods x 2 seeds."""
+    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=CPU_TRAIN_STEPS,
+                      langevin_steps=CPU_LANGEVIN_STEPS, eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250)
     cfg.attack.steps = CPU_PGD_STEPS  # PGD / PGD-COR: the same number of inner gradient steps as T
     cfg.checkpoint_every_steps = 25
     cfg.log_every_steps = CPU_TRAIN_STEPS  # each log also measures accuracy on the 10,000 test images
-    cfg.eval.num_examples = CPU_EVAL_EXAMPLES
-    cfg.eval.batch_size = 250
-    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
     group = Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"),
                   seeds=(0, 1))
     return Suite(
@@ -227,22 +237,14 @@ SMOKE_EVAL_EXAMPLES = 16
 def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
     """Real CIFAR-10, small CNN, 4 steps of batch 32, T = 2; clean and PAT x 2 seeds, evaluated
     on 16 images: every piece of a suite (claims, resume, report) in seconds per run."""
-    cfg = config_lib.default_config()
-    cfg.dataset = "cifar10"
-    cfg.data_dir = data_dir
-    cfg.model = "small_cnn"
-    cfg.batch_size = SMOKE_BATCH_SIZE
-    cfg.num_train_steps = SMOKE_TRAIN_STEPS
-    cfg.learning_rate = 0.05
-    cfg.langevin.steps = 2
+    # eval batch: also the batch of the training log's test accuracy: one batch
+    cfg = _cpu_config(data_dir, batch_size=SMOKE_BATCH_SIZE, train_steps=SMOKE_TRAIN_STEPS, langevin_steps=2,
+                      eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=500)
     cfg.attack.steps = 2
     cfg.checkpoint_every_steps = 2
     cfg.log_every_steps = SMOKE_TRAIN_STEPS
     cfg.log_test_examples = 500
     cfg.progress_bar = False
-    cfg.eval.num_examples = SMOKE_EVAL_EXAMPLES
-    cfg.eval.batch_size = 500  # also the batch of the training log's test accuracy: one batch
-    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
     group = Group("cifar10_small_cnn", cfg, methods=("clean", "pat"), seeds=(0, 1))
     return Suite(
         name="smoke_cpu",
@@ -268,22 +270,14 @@ STATIONARY_CHEAP_SAMPLER = {"langevin.init": "clean", "langevin.tolerance": 3e-4
 
 
 def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
-    """Real CIFAR-10, small CNN, 2 epochs, PAT's sampler at stationarity (T = 25 and 100),
+    """Real CIFAR-10, small CNN, 2 epochs, PAT's sampler at stationarity (T = 35 and 100),
     PGD with the paper's 10 steps; a T-sweep and the opt-in cheaper sampler, one seed each."""
-    cfg = config_lib.default_config()
-    cfg.dataset = "cifar10"
-    cfg.data_dir = data_dir
-    cfg.model = "small_cnn"
-    cfg.batch_size = CPU_BATCH_SIZE
-    cfg.num_train_steps = STATIONARY_TRAIN_STEPS
-    cfg.learning_rate = 0.05
-    cfg.langevin.steps = STATIONARY_LANGEVIN_STEPS
+    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
+                      langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
+                      eval_batch_size=250)
     cfg.checkpoint_every_steps = 50
     cfg.log_every_steps = 200
     cfg.progress_bar = False
-    cfg.eval.num_examples = STATIONARY_EVAL_EXAMPLES
-    cfg.eval.batch_size = 250
-    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
     groups = [Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"), seeds=(0, 1))]
     for steps in STATIONARY_T_SWEEP:
         swept = copy.deepcopy(cfg)
@@ -365,7 +359,7 @@ def run_dir(workdir: str, run: Run) -> str:
 def _expected_steps(cfg) -> int:
     from patjax import state as state_lib
 
-    train_size = 50000  # both CIFAR training splits
+    train_size = data.NUM_TRAIN[cfg.dataset]
     return state_lib.total_steps(cfg, train_size // int(cfg.batch_size))
 
 
@@ -382,10 +376,6 @@ def _write_text(path, text):
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
-
-
-def _write_json(path, obj):
-    _write_text(path, json.dumps(obj, indent=2))
 
 
 def _trained(run: Run, directory: str) -> Optional[dict]:
@@ -585,19 +575,19 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
                   "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
                   "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)]}
         del state
-        _write_json(record_path, record)
+        workdir_lib.write_json(record_path, record)
         say(f"trained in {train_wall / 60:.1f} min")
     elif "eval_wall_s" in record:
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).
         del record["eval_wall_s"]
-        _write_json(record_path, record)
+        workdir_lib.write_json(record_path, record)
     say(f"evaluating ({', '.join(suite.evaluators)})")
     t0 = time.perf_counter()
     evaluate.run(directory, num_examples=suite.num_eval_examples, batch_size=suite.eval_batch_size,
                  progress=progress_bars, evaluators=list(suite.evaluators), overrides=dict(suite.eval_overrides))
     record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
-    _write_json(record_path, record)
+    workdir_lib.write_json(record_path, record)
     say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
 
 
@@ -821,7 +811,7 @@ def _write_report(suite: Suite, workdir: str) -> dict:
                      "per_seed": {str(k): paired_difference([by_method[ma][k]], [by_method[mb][k]], indices,
                                                             confidence) for k in common}}
             g["differences"].append(entry)
-    _write_json(os.path.join(workdir, "results.json"), report)
+    workdir_lib.write_json(os.path.join(workdir, "results.json"), report)
     _write_text(os.path.join(workdir, "results.md"), format_markdown(report))
     if done:
         plot_report(report, os.path.join(workdir, "pr_vs_eps.png"))

@@ -9,6 +9,7 @@ import math
 
 import ml_collections
 
+from patjax import data, methods, models
 from patjax.errors import UserError
 
 # Fields that may differ between a run and the checkpoint it resumes from: they change how
@@ -139,8 +140,6 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
     """Raises UserError on a config that would fail later or silently compute something else."""
-    from patjax import data, methods, models
-
     data.check_dataset(cfg.dataset)
     _check_finite(cfg.to_dict())
     if cfg.model not in models.MODELS:

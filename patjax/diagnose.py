@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from patjax import data, samplers
+from patjax import cli as cli_lib
+from patjax import data, evaluate, samplers
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -197,10 +198,8 @@ def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
 def main(argv):
     from absl import flags
 
-    from patjax import cli, evaluate
-
     FLAGS = flags.FLAGS
-    cli.start(argv)
+    cli_lib.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
@@ -244,8 +243,6 @@ def main(argv):
 def cli():
     from absl import app, flags
 
-    from patjax.cli import guarded, parse_flags
-
     flags.DEFINE_string("workdir", None, "Workdir of a trained run (its newest checkpoint is used).")
     flags.DEFINE_integer("num_examples", 128, "Test images (the first ones of the split).")
     flags.DEFINE_integer("steps", 200, "Langevin steps T to run.")
@@ -257,7 +254,7 @@ def cli():
                        "taken and distance of its samples to the paper's against the floor.")
     flags.DEFINE_integer("seed", 0, "Seed of the chains.")
     flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/diagnose).")
-    app.run(guarded(main), flags_parser=parse_flags)
+    app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
 
 
 if __name__ == "__main__":

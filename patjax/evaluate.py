@@ -38,6 +38,7 @@ import ml_collections
 import numpy as np
 
 from patjax import attacks, config as config_lib
+from patjax import cli as cli_lib
 from patjax import data, robustness, sharding, state as state_lib, stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -234,10 +235,10 @@ def _make_batch_fn(name, model_fns, s, distribution=None):
         def fn(params, batch_stats, images, labels, indices):
             logits_fn = logits_fn_of(params, batch_stats)
             x = data.to_float(images)
-            stats = robustness.pr_statistics(
+            pr_stats = robustness.pr_statistics(
                 logits_fn, root, x, labels, indices, levels, s["pr_samples"], s["pr_chunk_size"],
                 distribution, s["entropic_lambda"])
-            return {k: v.T for k, v in stats.items()}  # (batch, levels)
+            return {k: v.T for k, v in pr_stats.items()}  # (batch, levels)
     else:
         raise UserError(f"unknown evaluator {name!r}")
     return jax.jit(fn)
@@ -836,10 +837,8 @@ def compare(workdirs, plot_path=None) -> str:
 def main(argv):
     from absl import flags
 
-    from patjax import cli
-
     FLAGS = flags.FLAGS
-    cli.start(argv)
+    cli_lib.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     overrides = {}
@@ -894,10 +893,8 @@ def _define_flags():
 def cli():
     from absl import app
 
-    from patjax.cli import guarded, parse_flags
-
     _define_flags()
-    app.run(guarded(main), flags_parser=parse_flags)
+    app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
 
 
 if __name__ == "__main__":

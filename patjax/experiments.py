@@ -58,8 +58,9 @@ from typing import Callable, Optional, Sequence
 import ml_collections
 import numpy as np
 
-from patjax import config as config_lib
-from patjax import data
+from patjax import cli as cli_lib
+from patjax import config as config_lib, data, evaluate, train
+from patjax import state as state_lib
 from patjax import stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -214,7 +215,7 @@ def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
         evaluators=("clean", "pgd20", "cw20", "pr"),
         eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
         scaled_down=(
-            f"model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
+            "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {CPU_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
             f"({CPU_TRAIN_STEPS * CPU_BATCH_SIZE} images, {CPU_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs of "
             f"the full 50,000-image training set) instead of 100 epochs of batch 256; lr 0.05 (paper 0.01) "
@@ -357,8 +358,6 @@ def run_dir(workdir: str, run: Run) -> str:
 
 
 def _expected_steps(cfg) -> int:
-    from patjax import state as state_lib
-
     train_size = data.NUM_TRAIN[cfg.dataset]
     return state_lib.total_steps(cfg, train_size // int(cfg.batch_size))
 
@@ -391,8 +390,6 @@ def _eval_matches(suite: Suite, results: Optional[dict], step: int, directory: s
     """Whether eval/results.json was written for this checkpoint with the suite's settings, and
     eval/per_image.npz by the same evaluation (a kill between the two writes leaves a pair that
     does not match: the run is then evaluated again)."""
-    from patjax import evaluate
-
     if results is None:
         return False
     npz = os.path.join(directory, "eval", "per_image.npz")
@@ -556,8 +553,6 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
 def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[str], None],
                         progress_bars: bool) -> None:
     """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it."""
-    from patjax import evaluate, train
-
     cfg = copy.deepcopy(run.config)
     cfg.progress_bar = bool(progress_bars)
     record_path = os.path.join(directory, "suite_run.json")
@@ -640,8 +635,6 @@ def load_outcome(workdir: str, run: Run) -> Optional[RunOutcome]:
     if record is None or results is None or "eval_wall_s" not in record or not os.path.isfile(npz):
         return None
     per_image = dict(np.load(npz))
-    from patjax import evaluate
-
     evaluate.check_per_image(results, per_image, directory)  # the two files of one evaluation
     settings = results["settings"]
     eps_keys = [repr(float(e)) for e in settings["pr_epsilons"]]
@@ -1032,10 +1025,8 @@ def _define_flags():
 def cli():
     from absl import app
 
-    from patjax.cli import guarded, parse_flags
-
     _define_flags()
-    app.run(guarded(main), flags_parser=parse_flags)
+    app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
 
 
 if __name__ == "__main__":

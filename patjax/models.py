@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from patjax import ops
+from patjax.errors import UserError
 
 # Per-channel statistics of the training splits (pixel values / 255).
 DATASET_STATS = {
@@ -172,8 +173,6 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 
 
 def create_model(name: str, dataset: str, num_classes: int, dtype=jnp.float32, **kwargs) -> nn.Module:
-    from patjax.errors import UserError
-
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     mean, std = DATASET_STATS[dataset]

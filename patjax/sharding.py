@@ -1,6 +1,8 @@
 """Where arrays live: the 1-D 'data' mesh that splits the global batch, and placement on it."""
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding

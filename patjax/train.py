@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from patjax import config as config_lib
-from patjax import data, methods, sharding, state as state_lib
+from patjax import data, evaluate, methods, sharding, state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -114,8 +114,6 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
     stop_after_steps: leave after this many steps of this invocation (with a checkpoint), as
       a preempted job would; running again resumes exactly where it stopped.
     """
-    from patjax import evaluate
-
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
     config_lib.validate(cfg)
@@ -129,8 +127,6 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
 
 
 def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
-    from patjax import evaluate
-
     resuming = os.path.isfile(workdir_lib.config_path(workdir))
     if resuming:
         workdir_lib.check_resume_compatible(cfg, workdir)

@@ -24,18 +24,14 @@ long axis contracted in place or pre-transposed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from patjax import ops  # noqa: E402
+from patjax import ops
 
 
 def seconds(fn, *args, reps=15):

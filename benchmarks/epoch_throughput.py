@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 EPOCH_IMAGES = 50_000
@@ -164,7 +163,6 @@ def run(args) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.cpu_devices:
         os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
     from patjax import cli

@@ -35,7 +35,6 @@ import glob
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 
@@ -182,8 +181,6 @@ def classify(name: str, instructions, computations):
 
 
 def profile(args) -> dict:
-    sys.path.insert(0, HERE)
-    sys.path.insert(0, os.path.dirname(HERE))
     if args.cpu_devices:
         os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
     from patjax import cli

@@ -176,6 +176,8 @@ def plot(result: dict, path: str) -> None:
         right.axvline(result["steps_to_endpoint"], color="gray", ls="--", lw=0.8)
     right.set_xscale("symlog", linthresh=1)
     right.set_yscale("log")
+    for ax in (left, right):
+        ax.set_xlim(0, t[-1])
     right.set_xlabel("Langevin step t")
     right.legend(fontsize=7)
     s = result["settings"]

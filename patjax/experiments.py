@@ -302,7 +302,7 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
             f"({STATIONARY_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs) instead of 100 epochs of batch 256; "
             "lr 0.05 (paper 0.01) with the paper's MultiStepLR shape",
             f"PAT / PAT(WOS): T = {STATIONARY_LANGEVIN_STEPS} (the chain is at its endpoint by then: "
-            "docs/sampler_convergence.md); T = 5, 10, 100 and the clean-start sampler with "
+            "docs/sampler_convergence.md); T = 5, 10, 25, 100 and the clean-start sampler with "
             "a tolerance in single-seed groups",
             "PGD / PGD-COR: the paper's 10 steps of alpha 2/255 in the 8/255 L-inf ball",
             f"evaluation: the first {STATIONARY_EVAL_EXAMPLES} CIFAR-10 test images; PGD-20, CW-20; "

@@ -467,9 +467,9 @@ def _flatten_per_image(per_image, s, n) -> dict:
     return flat
 
 
-# What each PR distribution is, recorded in results.json's settings. A definition that changes
-# (the 'uniform' distribution was clip(x + eps * U[-1,1]^d) before 2026-11-22) makes earlier
-# results incomparable: `compare` refuses to pair them, and the experiment runner re-evaluates.
+# What each PR distribution is, recorded in results.json's settings. Results made under another
+# definition are incomparable: `compare` refuses to pair them, and the experiment runner
+# re-evaluates them.
 PR_DISTRIBUTION_DEFINITIONS = {
     "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
     "gaussian": "x + eps * N(0, I), clipped to [0,1]",

@@ -1,7 +1,8 @@
 """Where does the Langevin chain settle? Algorithm 1 re-run step by step from a checkpoint.
 
   python -m patjax.diagnose --workdir=runs/quickstart [--num_examples=128] [--steps=200]
-      [--chains=4] [--init=uniform|clean] [--compare_tolerance=3e-4] [--out=DIR]
+      [--chains=4] [--init=uniform|clean] [--compare_tolerance=3e-4 [--compare_steps=20]]
+      [--out=DIR]
 
 For each step t it reports, averaged over the images (and the K chains of each image):
 mean and max |x_t - x| (per pixel), the L2 distance ||x_t - x||, the energy E_t of
@@ -205,6 +206,8 @@ def main(argv):
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
+    if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
+        raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
     cfg, model_fns, state = evaluate.restore_for_eval(FLAGS.workdir)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
     result = diagnose(cfg, model_fns, state, split, num_examples=FLAGS.num_examples, chains=FLAGS.chains,
@@ -212,7 +215,8 @@ def main(argv):
     if FLAGS.compare_tolerance is not None:
         reference = dataclasses.replace(samplers.LangevinSettings.from_config(cfg.langevin), steps=FLAGS.steps,
                                         init="uniform", tolerance=0.0)
-        candidate = dataclasses.replace(reference, init=FLAGS.init, tolerance=FLAGS.compare_tolerance)
+        candidate = dataclasses.replace(reference, init=FLAGS.init, tolerance=FLAGS.compare_tolerance,
+                                        steps=FLAGS.compare_steps or FLAGS.steps)
         n = min(FLAGS.num_examples, len(split))
         logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, cfg.langevin.get("bn_mode", "inference"))
         fn = jax.jit(lambda k, x, y: compare_samplers(logits_fn, k, x, y, reference, candidate))
@@ -254,6 +258,8 @@ def cli():
     flags.DEFINE_float("compare_tolerance", None, "Also compare the sampler with --init and this "
                        "langevin.tolerance against the paper's (uniform start, --steps steps): steps "
                        "taken and distance of its samples to the paper's against the floor.")
+    flags.DEFINE_integer("compare_steps", None, "The compared sampler's maximum T (default: --steps); "
+                         "the reference keeps --steps.")
     flags.DEFINE_integer("seed", 0, "Seed of the chains.")
     flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/diagnose).")
     app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)

@@ -48,7 +48,8 @@ def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir)
     workdir = str(tmp_path / "run")
     train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
     proc = subprocess.run([sys.executable, "-m", "patjax.diagnose", f"--workdir={workdir}", "--num_examples=4",
-                           "--steps=12", "--chains=2", "--init=clean"], cwd=REPO, capture_output=True, text=True,
+                           "--steps=12", "--chains=2", "--init=clean", "--compare_tolerance=1e-12",
+                           "--compare_steps=3"], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.load(open(os.path.join(workdir, "diagnose", "sampler_diagnostic_clean.json")))
@@ -56,9 +57,15 @@ def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir)
     assert result["settings"]["init"] == "clean" and result["settings"]["steps"] == 12
     assert len(result["curves"]["energy"]) == 13 and result["curves"]["mean_abs_delta"][0] == 0.0
     assert "the chain stays within 1.1 x of it from step" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "patjax.diagnose", f"--workdir={workdir}", "--chains=1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: ") and "Traceback" not in bad.stderr
+    # The compared sampler runs to its own cap (no chain's drift is below 1e-12), the reference to --steps.
+    comparison = result["sampler_comparison"]
+    assert comparison["candidate_steps_max"] == 3 and comparison["candidate_steps_mean"] == 3
+    assert comparison["reference_steps"] == 12 and comparison["reference"]["init"] == "uniform"
+    assert comparison["candidate"]["steps"] == 3 and comparison["candidate"]["init"] == "clean"
+    for bad_flag in ("--chains=1", "--compare_steps=3"):  # the second lacks --compare_tolerance
+        bad = subprocess.run([sys.executable, "-m", "patjax.diagnose", f"--workdir={workdir}", bad_flag],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and bad.stderr.strip().startswith("error: ") and "Traceback" not in bad.stderr
 
 
 def test_sampler_comparison_against_the_closed_form():

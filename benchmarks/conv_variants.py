@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Single-op rates of ResNet-18's 3x3 convolutions written different ways (issue 5's search for
+"""Single-op rates of ResNet-18's 3x3 convolutions written different ways (the search for
 a faster convolution on XLA:CPU). One JAX device; pin it to one core to compare with that
 core's peak (~155 GFLOP/s fp32 here):
 

@@ -56,7 +56,6 @@ def build(args, langevin_steps):
     import numpy as np
 
     from patjax import config as config_lib
-    from patjax import state as state_lib
     from patjax import sharding, train
 
     cfg = config_lib.default_config()
@@ -74,12 +73,8 @@ def build(args, langevin_steps):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (steps_per_epoch * args.batch, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10 if args.dataset == "cifar10" else 100, len(images)).astype(np.int32)
-    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
-    tx = state_lib.make_optimizer(cfg, schedule)
-    _, model_fns, state = state_lib.create_train_state(cfg, tx)
     mesh = sharding.make_mesh(args.batch)  # as train.train_and_evaluate does
-    step_fn = train.make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch,
-                                    sharding.batch_sharding_for(mesh))
+    _, state, step_fn = train.create_step(cfg, steps_per_epoch, mesh)
     permutation = np.arange(len(images), dtype=np.int32)
     state, images, labels, permutation = sharding.place_on_mesh(mesh, state, images, labels, permutation)
     return step_fn, state, images, labels, permutation

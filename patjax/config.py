@@ -118,9 +118,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.pr_distribution = "gaussian"
     cfg.eval.pr_chunk_size = 25      # perturbations evaluated at once per image
     cfg.eval.seed = 0
-    # Evaluators (`--evaluators` overrides): 'clean', 'pgd20', 'cw20', 'apgd_ce',
-    # 'apgd_dlr' ('apgd' = both), 'pr'. Old workdirs without these fields get these defaults.
-    cfg.eval.evaluators = ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")
+    # Evaluators (`--evaluators` overrides): names of patjax.evaluators.REGISTRY or its aliases
+    # ('apgd', 'all'). Old workdirs without these fields get these defaults.
+    cfg.eval.evaluators = ("all",)
     cfg.eval.attack_eps = 8 / 255          # PGD-20 / CW-20 / APGD budget (Appendix E)
     cfg.eval.attack_step_size = 2 / 255    # PGD-20 / CW-20 alpha
     cfg.eval.attack_steps = 20

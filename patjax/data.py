@@ -44,6 +44,23 @@ class Split:
         return len(self.labels)
 
 
+def find_data_dir() -> Optional[str]:
+    """$PATJAX_DATA_DIR, else a shared/data beside the checkout or beside one of its parents, or
+    beside the working directory, that holds CIFAR-10's binary archives; None if none does."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidates = [os.environ.get("PATJAX_DATA_DIR")]
+    for base in (here, os.getcwd()):
+        while True:
+            candidates.append(os.path.join(os.path.dirname(base), "shared", "data"))
+            if os.path.dirname(base) == base:
+                break
+            base = os.path.dirname(base)
+    for candidate in candidates:
+        if candidate and os.path.isfile(os.path.join(candidate, "cifar-10-batches-bin", "test_batch.bin")):
+            return os.path.abspath(candidate)
+    return None
+
+
 def check_dataset(name: str):
     if name not in NUM_CLASSES:
         raise UserError(f"unknown dataset {name!r}; choose one of {sorted(NUM_CLASSES)}")

@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 from patjax import cli as cli_lib
-from patjax import data, evaluate, samplers
+from patjax import data, samplers
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -208,7 +208,7 @@ def main(argv):
     check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
-    cfg, model_fns, state = evaluate.restore_for_eval(FLAGS.workdir)
+    cfg, model_fns, state = workdir_lib.restore(FLAGS.workdir)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
     result = diagnose(cfg, model_fns, state, split, num_examples=FLAGS.num_examples, chains=FLAGS.chains,
                       steps=FLAGS.steps, init=FLAGS.init, seed=FLAGS.seed, tolerance=FLAGS.tolerance)

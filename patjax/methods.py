@@ -29,7 +29,6 @@ Conventions shared by all methods:
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -37,36 +36,8 @@ import jax.numpy as jnp
 import optax
 
 from patjax import attacks, samplers
+from patjax.models import ModelFns
 from patjax.errors import UserError
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelFns:
-    """Pure apply functions of a Flax module with (optional) BatchNorm."""
-
-    apply: Callable[..., Any]
-
-    def infer(self, params, batch_stats, x):
-        """Logits with BatchNorm in inference mode (running statistics)."""
-        return self.apply({"params": params, "batch_stats": batch_stats}, x, train=False)
-
-    def train(self, params, batch_stats, x):
-        """(logits, new_batch_stats) with BatchNorm normalizing by batch statistics."""
-        if not batch_stats:
-            return self.apply({"params": params}, x, train=True), batch_stats
-        logits, updates = self.apply({"params": params, "batch_stats": batch_stats}, x,
-                                     train=True, mutable=["batch_stats"])
-        return logits, updates["batch_stats"]
-
-    def attack_logits_fn(self, params, batch_stats, bn_mode: str = "inference"):
-        """x -> logits for inner attacks: detached parameters, no statistics update."""
-        params = jax.lax.stop_gradient(params)
-        batch_stats = jax.lax.stop_gradient(batch_stats)
-        if bn_mode == "inference":
-            return lambda x: self.infer(params, batch_stats, x)
-        if bn_mode == "train":  # batch statistics, running averages discarded
-            return lambda x: self.train(params, batch_stats, x)[0]
-        raise UserError(f"unknown bn_mode {bn_mode!r}; choose 'inference' or 'train'")
 
 
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
@@ -234,30 +205,30 @@ def fgsm_cor(params, model, batch_stats, x, y, key, cfg):
     return _weighted_update(params, model, batch_stats, x_adv, y, float(cfg.pat.beta))
 
 
+def _logit_pairing(params, model, batch_stats, x, y, key, cfg, name, passes):
+    """CE on the first pass + cfg.<name>.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2, the passes
+    ("adv": x_pgd, "clean": x) in the reference's order (BatchNorm sees them in that order)."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, name)
+    logits, new_batch_stats = train_passes(model, params, batch_stats,
+                                           [x_adv if p == "adv" else x for p in passes])
+    adv_logits, clean_logits = logits[passes.index("adv")], logits[passes.index("clean")]
+    ce = _mean_ce(logits[0], y)
+    pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
+    loss = ce + float(cfg[name].weight) * pairing
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
+                                    "pairing_loss": pairing, **_uniform_weights(y.shape[0])})
+
+
 def alp(params, model, batch_stats, x, y, key, cfg):
     """Adversarial logit pairing as in wellzline/AT-PR `ALP`:
     mean CE(z(x_pgd), y) + cfg.alp.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x_pgd, x_pgd, x)."""
-    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "alp")
-    (adv_logits, _, clean_logits), new_batch_stats = train_passes(
-        model, params, batch_stats, [x_adv, x_adv, x])
-    ce = _mean_ce(adv_logits, y)
-    pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
-    loss = ce + float(cfg.alp.weight) * pairing
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
-                                    "pairing_loss": pairing, **_uniform_weights(y.shape[0])})
+    return _logit_pairing(params, model, batch_stats, x, y, key, cfg, "alp", ("adv", "adv", "clean"))
 
 
 def clp(params, model, batch_stats, x, y, key, cfg):
     """Clean logit pairing as in wellzline/AT-PR `CLP`:
     mean CE(z(x), y) + cfg.clp.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x, x_pgd, x)."""
-    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "clp")
-    (clean_logits, adv_logits, _), new_batch_stats = train_passes(
-        model, params, batch_stats, [x, x_adv, x])
-    ce = _mean_ce(clean_logits, y)
-    pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
-    loss = ce + float(cfg.clp.weight) * pairing
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
-                                    "pairing_loss": pairing, **_uniform_weights(y.shape[0])})
+    return _logit_pairing(params, model, batch_stats, x, y, key, cfg, "clp", ("clean", "adv", "clean"))
 
 
 def trades(params, model, batch_stats, x, y, key, cfg):
@@ -345,3 +316,16 @@ def get_method(name: str):
     if name not in METHODS:
         raise UserError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
     return METHODS[name]
+
+
+# The paper's row order (Table 1, then the ablation variants of Table 2) and names.
+METHOD_ORDER = ("clean", "fgsm", "fgsm_cor", "pgd", "pgd_cor", "alp", "clp", "trades", "mart",
+                "atpr", "pat_wos", "pat")
+DISPLAY_NAMES = {"clean": "Clean", "fgsm": "FGSM", "fgsm_cor": "FGSM-COR", "pgd": "PGD",
+                 "pgd_cor": "PGD-COR", "alp": "ALP", "clp": "CLP", "trades": "TRADES", "mart": "MART",
+                 "atpr": "AT-PR", "pat_wos": "PAT(WOS)", "pat": "PAT"}
+
+
+def ordered(methods):
+    """Methods in the paper's order (unknown names last, alphabetically)."""
+    return sorted(methods, key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))

@@ -21,6 +21,7 @@ Models:
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -29,6 +30,37 @@ import jax.numpy as jnp
 
 from patjax import ops
 from patjax.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFns:
+    """Pure apply functions of a Flax module with (optional) BatchNorm."""
+
+    apply: Callable[..., Any]
+
+    def infer(self, params, batch_stats, x):
+        """Logits with BatchNorm in inference mode (running statistics)."""
+        return self.apply({"params": params, "batch_stats": batch_stats}, x, train=False)
+
+    def train(self, params, batch_stats, x):
+        """(logits, new_batch_stats) with BatchNorm normalizing by batch statistics."""
+        if not batch_stats:
+            return self.apply({"params": params}, x, train=True), batch_stats
+        logits, updates = self.apply({"params": params, "batch_stats": batch_stats}, x,
+                                     train=True, mutable=["batch_stats"])
+        return logits, updates["batch_stats"]
+
+    def attack_logits_fn(self, params, batch_stats, bn_mode: str = "inference"):
+        """x -> logits for inner attacks: detached parameters, no statistics update."""
+        params = jax.lax.stop_gradient(params)
+        batch_stats = jax.lax.stop_gradient(batch_stats)
+        if bn_mode == "inference":
+            return lambda x: self.infer(params, batch_stats, x)
+        if bn_mode == "train":  # batch statistics, running averages discarded
+            return lambda x: self.train(params, batch_stats, x)[0]
+        raise UserError(f"unknown bn_mode {bn_mode!r}; choose 'inference' or 'train'")
+
+
 
 # Per-channel statistics of the training splits (pixel values / 255).
 DATASET_STATS = {

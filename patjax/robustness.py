@@ -115,6 +115,18 @@ def non_adversarial_counts(logits_fn: Callable[[jax.Array], jax.Array], key: jax
 
 PDIS = "pdis"
 ALL_DISTRIBUTIONS = DISTRIBUTIONS + (PDIS,)
+# What each distribution is (`perturbed_samples`), recorded with every evaluation: results made
+# under another definition are not comparable with today's.
+DEFINITIONS = {
+    "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
+    "gaussian": "x + eps * N(0, I), clipped to [0,1]",
+    "uniform": "U[max(x - eps, 0), min(x + eps, 1)] per pixel (uniform on the Linf ball and [0,1]^d)",
+}
+
+
+def level_key(level: float) -> str:
+    """The key of a perturbation level (eps, or a ProbAcc threshold q) in results files: 0.1 -> "0.1"."""
+    return repr(float(level))
 
 
 def pdis_sigma(c1: float) -> float:

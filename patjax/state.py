@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from patjax import data, models
-from patjax.methods import ModelFns
+from patjax.models import ModelFns
 
 
 @flax.struct.dataclass

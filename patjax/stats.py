@@ -1,5 +1,5 @@
 """Host-side intervals (numpy, float64): one estimator for each figure, used by the per-run
-results (`patjax.evaluate`) and the suite tables (`patjax.experiments`) alike.
+results (`patjax.evaluation`) and the suite tables (`patjax.suite_results`) alike.
 
 - Accuracies of one run: Clopper-Pearson (exact binomial).
 - Means over images and every ratio of them (PR over clean-correct images, means over seeds,
@@ -55,3 +55,22 @@ def ratio_interval(numerators: np.ndarray, denominators: np.ndarray, indices: np
     alpha = 1.0 - confidence
     low, high = np.nanquantile(stats, alpha / 2), np.nanquantile(stats, 1 - alpha / 2)
     return value, (float(low), float(high))
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, indices: np.ndarray, confidence: float, mask=None,
+                      per: int = 1):
+    """Mean over images of a - b (averaged over rows: seeds), with the paired bootstrap of
+    `ratio_interval`: every resample draws the same images for A and B, so the interval covers
+    the difference itself, not the spread of two independent estimates.
+
+    a, b: (S, n) or (n,) per-image values of two runs evaluated on the same images with the
+    same perturbations (common random numbers); with `per`, counts out of `per` (PR's
+    non-adversarial samples out of N: the difference is taken in counts, then divided).
+    mask: the images to average over (1/0, e.g. those both runs classify correctly), default
+    all. Returns (value, (low, high)).
+    """
+    diff = np.atleast_2d(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    if per != 1:
+        diff = diff / per
+    mask = np.ones_like(diff) if mask is None else np.broadcast_to(np.atleast_2d(mask), diff.shape).astype(np.float64)
+    return ratio_interval(diff * mask, mask, indices, confidence)

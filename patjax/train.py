@@ -24,8 +24,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from patjax import config as config_lib
-from patjax import data, evaluate, methods, sharding, state as state_lib
+from patjax import data, evaluation, methods, sharding, state as state_lib
 from patjax import workdir as workdir_lib
+from patjax.evaluators import clean as clean_evaluator
 from patjax.errors import UserError
 
 
@@ -53,6 +54,17 @@ def train_step(state: state_lib.TrainState, images, labels, permutation, *, mode
     new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
                               opt_state=opt_state)
     return new_state, metrics
+
+
+def create_step(cfg, steps_per_epoch: int, mesh):
+    """(model_fns, initial state, jitted step) for a config: the optimizer and schedule of
+    Algorithm 2 line 20 / Appendix E, the state initialized from cfg.seed, and the step with
+    its batch sharded over `mesh`. What a training run and a benchmark both build."""
+    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
+    tx = state_lib.make_optimizer(cfg, schedule)
+    _, model_fns, state = state_lib.create_train_state(cfg, tx)
+    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, sharding.batch_sharding_for(mesh))
+    return model_fns, state, step_fn
 
 
 def make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, batch_sharding=None):
@@ -117,7 +129,7 @@ def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
     config_lib.validate(cfg)
-    evaluate.check_eval_config(cfg)
+    evaluation.check_config(cfg)
     check_collectives_pair_across_processes(cfg)
     mesh = sharding.make_mesh(cfg.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
@@ -140,9 +152,7 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
     if steps_per_epoch == 0:
         raise UserError(f"batch_size {cfg.batch_size} exceeds the {len(train_split)} training images")
     num_steps = state_lib.total_steps(cfg, steps_per_epoch)
-    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
-    tx = state_lib.make_optimizer(cfg, schedule)
-    _, model_fns, state = state_lib.create_train_state(cfg, tx)
+    model_fns, state, step_fn = create_step(cfg, steps_per_epoch, mesh)
 
     if cfg.data_dir:  # saved absolute: patjax.evaluate may run from another directory
         cfg.data_dir = os.path.abspath(cfg.data_dir)
@@ -165,10 +175,9 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
         logging.info("resumed from step %d", restored_step)
 
     state, train_images, train_labels = sharding.place_on_mesh(mesh, state, train_split.images, train_split.labels)
-    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, sharding.batch_sharding_for(mesh))
     permute = jax.jit(data.epoch_permutation, static_argnums=2)
     data_key = jax.random.fold_in(state.rng, 0)
-    test_accuracy_fn = evaluate.make_clean_accuracy_fn(model_fns, cfg.eval.batch_size)
+    test_accuracy_fn = clean_evaluator.accuracy_fn(model_fns, cfg.eval.batch_size)
 
     checkpoint_every = cfg.checkpoint_every_steps if cfg.checkpoint_every_steps > 0 else steps_per_epoch
     log_every = cfg.log_every_steps if cfg.log_every_steps > 0 else steps_per_epoch

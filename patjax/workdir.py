@@ -1,14 +1,15 @@
 """A run's workdir: its config, its checkpoints, and the lock that gives it one writer.
 
 Layout:
-  config.json        the config of the run (checked on resume, read by evaluate)
+  config.json        the config of the run (checked on resume, read by every command)
   checkpoints/       Orbax CheckpointManager; a step directory appears only once complete
   damaged_checkpoints/  step directories that could not be restored, moved aside on resume
   metrics.jsonl      one JSON line per logging point (also in tensorboard/)
   tensorboard/       event files
-  eval/results.json  written by `python -m patjax.evaluate`
+  eval/per_image.npz per-image outcomes of the latest evaluation, with its identity (meta.*)
+  eval/results.json  its figures (written last: the evaluation's commit marker)
   .lock              held (flock) by the process that writes the workdir
-  .claim             held (flock) by the suite worker working on the run (patjax.experiments)
+  .claim             held (flock) by the suite worker working on the run (patjax.runner)
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from patjax.config import RESUMABLE_FIELDS, default_config
+from patjax import robustness, sharding, state as state_lib
+from patjax.config import RESUMABLE_FIELDS, default_config, validate
 from patjax.errors import UserError
 
 
@@ -92,14 +95,39 @@ def json_safe(obj):
     return obj
 
 
+def _atomic(path: str, write: Callable[[str], None], suffix: str = ".tmp") -> None:
+    """write(temporary path), then rename it to path: a reader (a person, another worker) sees
+    the old file or the new one whole, never a half-written one."""
+    tmp = path + suffix
+    write(tmp)
+    os.replace(tmp, path)
+
+
 def write_json(path: str, obj) -> Any:
     """Writes strict JSON (NaN/inf as null) atomically; returns what it wrote."""
     obj = json_safe(obj)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, allow_nan=False)
+    _atomic(path, write)
     return obj
+
+
+def write_text(path: str, text: str) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic(path, write)
+
+
+def save_figure(fig, path: str, dpi: int = 120) -> None:
+    """Saves a matplotlib figure as PNG atomically and closes it."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), suffix=".tmp.png")
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,3 +256,145 @@ def move_aside(workdir: str, step: int) -> str:
     target = os.path.join(target_dir, f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
     shutil.move(source, target)
     return f"moved to {target}"
+
+
+def restore(workdir: str, mesh=None):
+    """(cfg, model_fns, state) from a workdir's config and newest intact checkpoint, for evaluation.
+
+    The state is restored replicated over `mesh` (default: every device), so a checkpoint
+    written on any number of devices restores here. A newest checkpoint that cannot be
+    restored is skipped with a one-line warning (the workdir is not changed).
+    """
+    cfg = load_config(workdir)
+    validate(cfg)
+    if latest_step(workdir) is None:
+        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
+    model_holder = {}
+
+    def init():
+        _, fns, st = state_lib.create_train_state(cfg, tx)
+        model_holder["fns"] = fns
+        return st
+
+    abstract = jax.eval_shape(init)
+    if mesh is None:
+        mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    manager = checkpoint_manager(workdir, create=False)
+    try:
+        state, _ = restore_newest_intact(manager, sharding.replicated_target(abstract, mesh))
+    finally:
+        manager.close()
+    return cfg, model_holder["fns"], state
+
+
+# ---------------------------------------------------------------------------------------
+# An evaluation's files: eval/per_image.npz, then eval/results.json.
+
+# Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
+# checked against results.json's settings wherever the two are paired (`check_per_image`).
+META_PREFIX = "meta."
+IDENTITY_FIELDS = ("step", "seed", "num_examples", "pr_samples", "pr_epsilons", "pr_distributions",
+                   "evaluators", "dataset")
+# Settings two evaluations must share for their per-image outcomes to be paired image by image
+# on the same perturbations (common random numbers), with the definitions of the distributions.
+COMMON_RANDOM_NUMBER_FIELDS = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1",
+                               *robustness.DEFINITIONS)
+
+
+def identity(settings: dict) -> dict:
+    """The per_image.npz entries that tie it to the results.json of its evaluation."""
+    return {META_PREFIX + k: np.asarray(settings[k]) for k in IDENTITY_FIELDS}
+
+
+def check_per_image(results: dict, per_image: dict, where: str) -> None:
+    """Raises UserError unless `per_image` (per_image.npz) was written by the evaluation that
+    wrote `results` (results.json): a kill between the two writes, or a copied file, would
+    otherwise pair one evaluation's figures with another's per-image outcomes.
+
+    Files written before the identity was stored are checked on their number of images only.
+    """
+    if not per_image:
+        return
+    settings = results.get("settings", {})
+    if META_PREFIX + "step" not in per_image:
+        n = len(per_image.get("image_index", ()))
+        if n != settings.get("num_examples"):
+            raise UserError(f"{where}: per_image.npz holds {n} images but results.json "
+                            f"{settings.get('num_examples')}; re-run the evaluation")
+        return
+    differing = []
+    for k in IDENTITY_FIELDS:
+        stored = np.asarray(per_image.get(META_PREFIX + k))
+        expected = np.asarray(settings.get(k))
+        if stored.shape != expected.shape or not np.array_equal(stored, expected):
+            differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
+    if differing:
+        raise UserError(f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); "
+                        f"re-run the evaluation")
+
+
+def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    """Raises UserError unless two evaluations' settings (results.json's `settings`) put them on
+    common random numbers: the same images, perturbations and distribution definitions."""
+    differing = [k for k in COMMON_RANDOM_NUMBER_FIELDS if a.get(k) != b.get(k)]
+    if differing:
+        raise UserError(f"{name_a!r} and {name_b!r} were evaluated with different settings "
+                        f"({', '.join(differing)}): not comparable on common random numbers")
+
+
+def results_path(workdir: str) -> str:
+    return os.path.join(workdir, "eval", "results.json")
+
+
+def plot_path(workdir: str) -> str:
+    return os.path.join(workdir, "eval", "pr_vs_eps.png")
+
+
+def per_image_path(workdir: str) -> str:
+    return os.path.join(workdir, "eval", "per_image.npz")
+
+
+def has_evaluation(workdir: str) -> bool:
+    """Whether both files of an evaluation exist (whether they belong together: `load_results`)."""
+    return os.path.isfile(results_path(workdir)) and os.path.isfile(per_image_path(workdir))
+
+
+def write_results(workdir: str, results: dict, per_image: dict) -> dict:
+    """Writes eval/per_image.npz, then eval/results.json, each atomically (temp file + rename).
+
+    results.json is the commit marker: a kill never leaves a new results.json beside an older
+    per_image.npz, and per_image.npz carries its evaluation's identity (`check_per_image`).
+    Returns the results as written (non-finite numbers as None).
+    """
+    os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+    entries = {**per_image, **identity(results["settings"])}
+    _atomic(per_image_path(workdir), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
+    written = write_json(results_path(workdir), results)
+    stale_plot = plot_path(workdir)  # drawn from the previous results
+    if "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):
+        os.remove(stale_plot)
+    return written
+
+
+def read_results(workdir: str) -> Optional[dict]:
+    """eval/results.json, or None if there is none; an unreadable one is a UserError."""
+    path = results_path(workdir)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path} is unreadable ({error}); move it away, or evaluate again with --overwrite") from None
+
+
+def load_results(workdir: str):
+    """(results dict, per-image arrays) of the workdir's evaluation, checked to belong together."""
+    results = read_results(workdir)
+    if results is None:
+        raise UserError(f"no evaluation in {workdir!r}; run python -m patjax.evaluate --workdir={workdir}")
+    npz = per_image_path(workdir)
+    per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
+    check_per_image(results, per_image, workdir)
+    return results, per_image

@@ -1,9 +1,10 @@
 """Shared test fixtures. Tests run on the CPU, without network, on tiny models."""
-import os
 import pathlib
 
 import jax
 import pytest
+
+from patjax import data
 
 # Compile time dominates a CPU test suite; numerics are unchanged by skipping XLA's
 # heavier passes, which is all these tests look at.
@@ -13,12 +14,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def find_data_dir():
-    """../shared/data (CIFAR in the official binary layout) or $PATJAX_DATA_DIR."""
-    candidates = [os.environ.get("PATJAX_DATA_DIR")] + [
-        str(p / "shared" / "data") for p in REPO.parents]
-    for c in candidates:
-        if c and os.path.isfile(os.path.join(c, "cifar-10-batches-bin", "test_batch.bin")):
-            return c
+    """data.find_data_dir(): ../shared/data (CIFAR in the official binary layout) or $PATJAX_DATA_DIR."""
+    found = data.find_data_dir()
+    if found:
+        return found
     raise RuntimeError("real CIFAR data not found: set PATJAX_DATA_DIR to a directory holding "
                        "cifar-10-batches-bin/ (the project's tests use ../shared/data)")
 

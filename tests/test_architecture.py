@@ -10,9 +10,19 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "models": 2, "methods": 2,
     "config": 3,
     "state": 4, "sharding": 4, "workdir": 4,
-    "evaluate": 5, "diagnose": 6, "train": 6,
-    "experiments": 7,
+    "evaluators": 5, "evaluators.common": 5, "evaluators.clean": 5, "evaluators.attack": 5,
+    "evaluators.apgd": 5, "evaluators.pr": 5, "report": 5,
+    "evaluation": 6,
+    "train": 7, "diagnose": 7,
+    "suites": 8, "suite_results": 8, "runner": 8,
+    "evaluate": 9, "experiments": 9,
 }
+COMMAND_LINES = ("evaluate", "experiments", "diagnose")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def project_imports(tree):
@@ -20,28 +30,57 @@ def project_imports(tree):
     top = {id(node) for node in tree.body}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "patjax":
-            names = [a.name for a in node.names] if node.module == "patjax" else [node.module.split(".")[1]]
+            package = node.module.split(".")[1:]
+            if not package or package == ["evaluators"]:  # from patjax[.evaluators] import NAME
+                prefix = ".".join(package)
+                names = [f"{prefix}.{a.name}" if prefix else a.name for a in node.names]
+            else:
+                names = [".".join(package)]
             for name in names:
                 yield name, id(node) in top
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("patjax."):
-                    yield a.name.split(".")[1], id(node) in top
+                    yield a.name.split(".", 1)[1], id(node) in top
+
+
+def modules():
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if module_name(p)}
 
 
 def test_every_module_is_placed_in_a_layer():
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert modules == set(LAYERS), modules ^ set(LAYERS)
+    assert set(modules()) == set(LAYERS), set(modules()) ^ set(LAYERS)
 
 
 def test_imports_go_downward_and_sit_at_module_top():
     problems = []
-    for path in sorted(PACKAGE.glob("*.py")):
-        if path.stem == "__init__":
-            continue
-        for name, at_top in project_imports(ast.parse(path.read_text())):
+    for name, path in modules().items():
+        for imported, at_top in project_imports(ast.parse(path.read_text())):
             if not at_top:
-                problems.append(f"{path.stem} imports {name} inside a function")
-            if LAYERS[name] > LAYERS[path.stem]:
-                problems.append(f"{path.stem} (layer {LAYERS[path.stem]}) imports {name} (layer {LAYERS[name]})")
+                problems.append(f"{name} imports {imported} inside a function")
+            if LAYERS[imported] > LAYERS[name]:
+                problems.append(f"{name} (layer {LAYERS[name]}) imports {imported} (layer {LAYERS[imported]})")
     assert not problems, "\n".join(problems)
+
+
+def test_evaluators_and_below_import_no_files_reports_or_command_lines():
+    """An evaluator is arrays and settings in, figures out: it reads no config or workdir,
+    formats nothing and knows no command line; nothing below it does either."""
+    problems = []
+    for name, path in modules().items():
+        if name.startswith("evaluators"):
+            forbidden = {"config", "workdir", "report", *COMMAND_LINES}
+        elif LAYERS[name] <= LAYERS["evaluators"] and name != "report":
+            forbidden = {"report", *COMMAND_LINES}
+        else:
+            continue
+        problems += [f"{name} imports {imported}" for imported, _ in project_imports(ast.parse(path.read_text()))
+                     if imported in forbidden]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_import_checker_sees_every_import_form():
+    tree = ast.parse("from patjax import a, b as c\nfrom patjax.evaluators import pr\nimport patjax.x\n"
+                     "from patjax.workdir import f\ndef g():\n    from patjax import late\n")
+    assert sorted(project_imports(tree)) == sorted([("a", True), ("b", True), ("evaluators.pr", True), ("x", True),
+                                                    ("workdir", True), ("late", False)])

@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 from patjax import attacks, methods, train
 from patjax.config import default_config, validate
 from patjax.errors import UserError
+from patjax import models
 from patjax.models import SmallCNN
 from helpers import Linear, np_cross_entropy, np_softmax
 from test_train import tiny_config
@@ -107,7 +108,7 @@ def test_loss_equals_the_reference_formula_on_the_attacks_batch(name, overrides)
     cfg = baseline_config(**overrides)
     key = jax.random.PRNGKey(7)
     loss, (_, metrics) = jax.jit(lambda p: methods.METHODS[name](
-        p, methods.ModelFns(model.apply), {}, x, y, key, cfg))(params)
+        p, models.ModelFns(model.apply), {}, x, y, key, cfg))(params)
     logits_fn = lambda z: model.apply({"params": params}, z)
     x_adv = jax.jit(lambda: adversarial_batch(name, logits_fn, x, y, key, cfg))()
     z_clean = np.asarray(logits_fn(x), np.float64)
@@ -136,7 +137,7 @@ def test_gradient_equals_finite_differences_of_the_formula_at_the_fixed_adversar
     cfg = baseline_config()
     key = jax.random.PRNGKey(3)
     grad = jax.jit(jax.grad(lambda p: methods.METHODS[name](
-        p, methods.ModelFns(model.apply), {}, x, y, key, cfg)[0]))(params)
+        p, models.ModelFns(model.apply), {}, x, y, key, cfg)[0]))(params)
     x_adv = jax.jit(lambda: adversarial_batch(name, lambda z: model.apply({"params": params}, z), x, y, key, cfg))()
     W = np.asarray(params["Dense_0"]["kernel"], np.float64)
     b = np.asarray(params["Dense_0"]["bias"], np.float64)
@@ -164,7 +165,7 @@ def cnn_setup():
 def test_running_statistics_follow_the_references_passes(name, passes, attack_mode):
     """r_n = m^n r_0 + sum_i m^(n-i) (1 - m) s_i over the passes' batch statistics s_i."""
     model, x, y, params, stats = cnn_setup()
-    fns = methods.ModelFns(model.apply)
+    fns = models.ModelFns(model.apply)
     cfg = baseline_config()
     key = jax.random.PRNGKey(2)
     _, (new_stats, _) = jax.jit(lambda p, s: methods.METHODS[name](p, fns, s, x, y, key, cfg))(params, stats)
@@ -188,7 +189,7 @@ def test_running_statistics_follow_the_references_passes(name, passes, attack_mo
 @pytest.mark.parametrize("cor,plain", [("pgd_cor", "pgd"), ("fgsm_cor", "fgsm")])
 def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     model, x, y, params, stats = cnn_setup()
-    fns = methods.ModelFns(model.apply)
+    fns = models.ModelFns(model.apply)
     cfg = baseline_config(**{"pat.beta": 0.0})
     key = jax.random.PRNGKey(4)
     run = lambda name: jax.jit(jax.value_and_grad(

@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from patjax import methods
+from patjax import methods, models
 from patjax.config import default_config
 from patjax.samplers import LangevinSettings, langevin_sample
 from helpers import Linear, np_cross_entropy, np_softmax
@@ -72,7 +72,7 @@ def pat_config(steps=3, beta=0.5):
 
 def test_pat_method_loss_equals_hand_computation_on_its_samples():
     model, x, y, params = setup()
-    fns = methods.ModelFns(model.apply)
+    fns = models.ModelFns(model.apply)
     cfg = pat_config()
     key = jax.random.PRNGKey(9)
     loss, (_, metrics) = methods.pat(params, fns, {}, x, y, key, cfg)
@@ -90,7 +90,7 @@ def test_pat_method_loss_equals_hand_computation_on_its_samples():
 def test_no_gradient_flows_through_the_sampler():
     """The gradient of the PAT loss equals that of the weighted loss at fixed x_adv."""
     model, x, y, params = setup()
-    fns = methods.ModelFns(model.apply)
+    fns = models.ModelFns(model.apply)
     cfg = pat_config(beta=0.3)
     key = jax.random.PRNGKey(2)
     grad = jax.grad(lambda p: methods.pat(p, fns, {}, x, y, key, cfg)[0])(params)
@@ -108,7 +108,7 @@ def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
     y = jnp.arange(8) % 3
     variables = model.init(jax.random.PRNGKey(1), x)
     params, stats = variables["params"], variables["batch_stats"]
-    fns = methods.ModelFns(model.apply)
+    fns = models.ModelFns(model.apply)
     cfg = pat_config(steps=2)
     _, (new_stats, _) = methods.pat(params, fns, stats, x, y, jax.random.PRNGKey(3), cfg)
     # The statistics are those of one training-mode pass on x_adv, sampled in inference mode.

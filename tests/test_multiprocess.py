@@ -25,7 +25,7 @@ cli.use_cpu_cores_as_devices()
 import jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
-from patjax import evaluate, train
+from patjax import train, workdir as workdir_lib
 out = {{}}
 
 def leaves(state):
@@ -104,7 +104,7 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
     one = launch(1, f"""
         s = run({one_dir!r}, 4)
         out.update({{f"final_{{i}}": x for i, x in enumerate(leaves(s))}})
-        cfg, fns, r = evaluate.restore_for_eval({two_dir!r})
+        cfg, fns, r = workdir_lib.restore({two_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
         """, tmp_path, data_dir, "one")[0]
     # Both processes hold the same replicated state.
@@ -119,7 +119,7 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
         np.testing.assert_array_equal(a, b)
     # ... and one written by 1 process resumes in 2.
     back = launch(2, f"""
-        cfg, fns, r = evaluate.restore_for_eval({one_dir!r})
+        cfg, fns, r = workdir_lib.restore({one_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
         s = run({one_dir!r}, 5)
         out["step"] = int(s.step)

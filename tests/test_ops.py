@@ -153,7 +153,7 @@ def test_bf16_update_keeps_float32_parameters_and_gradients():
     x = jax.random.uniform(jax.random.PRNGKey(1), (4, 8, 8, 3))
     y = jnp.arange(4)
     loss_and_grad = jax.value_and_grad(methods.pat, has_aux=True)
-    args = (params, methods.ModelFns(model.apply), batch_stats, x, y, jax.random.PRNGKey(2), cfg)
+    args = (params, models.ModelFns(model.apply), batch_stats, x, y, jax.random.PRNGKey(2), cfg)
     step = jax.jit(lambda p: loss_and_grad(p, *args[1:]))
     (loss, (new_stats, _)), grads = step(params)
     assert np.isfinite(float(loss))

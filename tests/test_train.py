@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from patjax import evaluate, train
+from patjax import evaluation, train
 from patjax.errors import UserError
 from conftest import REPO
 
@@ -55,7 +55,7 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
         # Resume with a longer run: continues from step 4, not from scratch.
         state = train.train_and_evaluate(tiny_config(num_train_steps=6), workdir)
         assert int(state.step) == 6
-        results = evaluate.run(workdir, progress=False)
+        results = evaluation.evaluate_workdir(workdir, progress=False)
     lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [l["step"] for l in lines] == [2, 4, 6]
     for key in ("loss", "adv_accuracy", "snis_weight_mean", "snis_weight_max", "learning_rate",

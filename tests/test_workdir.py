@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from patjax import evaluate, train
+from patjax import evaluation, train
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from test_train import params_of, tiny_config
@@ -27,7 +27,7 @@ SCRIPT = """
 import json, sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
-from patjax import evaluate, train
+from patjax import evaluation, train, workdir as workdir_lib
 assert jax.device_count() == {devices}, jax.devices()
 out = {{}}
 
@@ -70,7 +70,7 @@ def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_d
         out.update({{f"a2_{{i}}": x for i, x in enumerate(leaves(s))}})
         s = run({c!r}, 4)
         out.update({{f"c4_{{i}}": x for i, x in enumerate(leaves(s))}})
-        r = evaluate.run({a!r}, progress=False, evaluators=("clean",))
+        r = evaluation.evaluate_workdir({a!r}, progress=False, evaluators=("clean",))
         out["a_clean"] = r["clean_accuracy"]
         """, tmp_path, data_dir, "two")
     # The command line of the issue: a 2-device checkpoint evaluated on 1 device.
@@ -84,7 +84,7 @@ def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_d
     # On 1 device: the library call restores the 2-device checkpoint exactly, resumes a to 4
     # steps, and b trains 2 steps for the other direction.
     one = run_on(1, f"""
-        cfg, fns, s = evaluate.restore_for_eval({a!r})
+        cfg, fns, s = workdir_lib.restore({a!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(s))}})
         s = run({a!r}, 4)
         out.update({{f"a4_{{i}}": x for i, x in enumerate(leaves(s))}})
@@ -117,7 +117,7 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_di
     truncate_largest_file(os.path.join(workdir, "checkpoints", "4"))
     capfd.readouterr()
 
-    _, _, state = evaluate.restore_for_eval(workdir)
+    _, _, state = workdir_lib.restore(workdir)
     assert int(state.step) == 2
     warnings = capfd.readouterr().err.strip().splitlines()
     assert len(warnings) == 1 and warnings[0].startswith("warning: checkpoint step 4 in ")
@@ -130,7 +130,7 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_di
     assert len(warnings) == 1 and "moved to " in warnings[0] and "restored step 2" in warnings[0]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
     assert len(os.listdir(os.path.join(workdir, "damaged_checkpoints"))) == 1
-    _, _, state = evaluate.restore_for_eval(workdir)  # the step saved again is intact
+    _, _, state = workdir_lib.restore(workdir)  # the step saved again is intact
     assert int(state.step) == 4 and "warning" not in capfd.readouterr().err
 
     for step in ("2", "4"):  # nothing restorable: one error, no restart from step 0
@@ -162,7 +162,7 @@ def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, d
         message = str(error.value)
         assert "is in use by a trainer (pid " in message and "\n" not in message
         with pytest.raises(UserError, match="is in use by a trainer"):
-            evaluate.run(workdir, progress=False, evaluators=("clean",))
+            evaluation.evaluate_workdir(workdir, progress=False, evaluators=("clean",))
         assert sorted(os.listdir(workdir)) == before
         # The command line says the same in one line, exit 2.
         proc = subprocess.run([sys.executable, "main.py", "--config=configs/quickstart.py",

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from patjax import stats as patjax_stats
-from patjax import experiments, train
+from patjax import methods, runner, suites, train
 from patjax.errors import UserError
 from conftest import REPO
 
 
 def tiny_suite(data_dir, seeds=(0, 1)):
-    cfg = experiments.ablation_cpu_suite(data_dir).groups[0].base_config
+    cfg = suites.ablation_cpu_suite(data_dir).groups[0].base_config
     cfg.batch_size = 8
     cfg.num_train_steps = 2
     cfg.langevin.steps = 1
@@ -24,9 +24,9 @@ def tiny_suite(data_dir, seeds=(0, 1)):
     cfg.log_every_steps = 2
     cfg.eval.batch_size = 16
     # A larger beta and step for PAT so that its models differ from PAT(WOS)'s after 2 steps.
-    group = experiments.Group("tiny", cfg, methods=("pat", "pat_wos"), seeds=seeds,
+    group = suites.Group("tiny", cfg, methods=("pat", "pat_wos"), seeds=seeds,
                               method_overrides={"pat": {"pat.beta": 5.0, "learning_rate": 0.5}})
-    return experiments.Suite(
+    return suites.Suite(
         name="tiny", description="test", groups=(group,), num_eval_examples=24, eval_batch_size=16,
         evaluators=("clean", "pgd20", "pr"),
         eval_overrides={"pr_distributions": ("gaussian",), "seed": 0, "pr_samples": 6, "pr_chunk_size": 3,
@@ -48,7 +48,7 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
 
     # An interrupted suite: leave after one run; the report lists the rest as pending.
     log = io.StringIO()
-    report = experiments.run_suite(suite, workdir, max_runs=1, stream=log)
+    report = runner.run_suite(suite, workdir, max_runs=1, stream=log)
     assert trained == [("pat_wos", 0)]  # paper order: PAT(WOS) before PAT
     assert (report["num_done"], report["num_runs"]) == (1, 4)
     assert "run 1/4 tiny/pat_wos_s0: training 2 steps" in log.getvalue()
@@ -59,14 +59,14 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
     eval_json = os.path.join(workdir, "runs", "tiny", "pat_wos_s0", "eval", "results.json")
     mtime = os.path.getmtime(eval_json)
     log = io.StringIO()
-    report = experiments.run_suite(suite, workdir, stream=log)
+    report = runner.run_suite(suite, workdir, stream=log)
     assert trained == [("pat_wos", 0), ("pat", 0), ("pat_wos", 1), ("pat", 1)]  # seed-major
     assert os.path.getmtime(eval_json) == mtime
     assert "tiny/pat_wos_s0: reused" in log.getvalue()
     assert report["num_done"] == 4
 
     # Everything done: a third invocation trains and evaluates nothing.
-    experiments.run_suite(suite, workdir, stream=io.StringIO())
+    runner.run_suite(suite, workdir, stream=io.StringIO())
     assert len(trained) == 4
 
     # An evaluation made under an earlier definition of a PR distribution is stale: re-evaluated
@@ -75,7 +75,7 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
     stale["settings"]["uniform"] = "x + eps * U[-1,1]^d, clipped to [0,1]"
     json.dump(stale, open(eval_json, "w"))
     log = io.StringIO()
-    experiments.run_suite(suite, workdir, stream=log)
+    runner.run_suite(suite, workdir, stream=log)
     assert len(trained) == 4 and "tiny/pat_wos_s0: reused" not in log.getvalue()
     assert json.load(open(eval_json))["settings"]["uniform"].startswith("U[max(x - eps, 0)")
 
@@ -130,18 +130,18 @@ def test_ratio_interval_against_a_hand_bootstrap():
 
 
 def test_plans_and_bad_input():
-    full = experiments.plan(experiments.get_suite("paper_full", None))
-    assert len(full) == 4 * len(experiments.METHOD_ORDER)
+    full = suites.plan(suites.get_suite("paper_full", None))
+    assert len(full) == 4 * len(methods.METHOD_ORDER)
     first = full[0].config
     assert (first.model, first.dataset, first.langevin.steps, first.num_epochs) == ("resnet18", "cifar10", 100, 100)
     assert {r.group for r in full} == {"cifar10_resnet18", "cifar10_wrn50_2", "cifar100_resnet18", "cifar100_wrn50_2"}
-    cpu = experiments.plan(experiments.get_suite("ablation_cpu", "/data"))
+    cpu = suites.plan(suites.get_suite("ablation_cpu", "/data"))
     assert {r.method for r in cpu} >= {"clean", "pgd", "pgd_cor", "pat_wos", "pat"}
     assert {r.seed for r in cpu} == {0, 1}
     with pytest.raises(UserError, match="unknown suite"):
-        experiments.get_suite("nope", None)
+        suites.get_suite("nope", None)
     with pytest.raises(UserError, match="no group"):
-        experiments.plan(experiments.get_suite("paper_full", None), groups=["cifar10_vgg"])
+        suites.plan(suites.get_suite("paper_full", None), groups=["cifar10_vgg"])
     result = subprocess.run([sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
                             cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith("error: unknown suite")
@@ -254,9 +254,9 @@ def dry_run(*args, env=None):
 
 
 def test_static_partition_flags_slurm_and_bad_values():
-    runs = experiments.plan(experiments.get_suite("ablation_cpu", None))
+    runs = suites.plan(suites.get_suite("ablation_cpu", None))
     assert len(runs) == 10
-    shares = [experiments.partition(runs, 3, i) for i in range(3)]
+    shares = [runner.partition(runs, 3, i) for i in range(3)]
     assert [[p for p, _ in share] for share in shares] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
     assert sorted((p, r.name) for share in shares for p, r in share) == [(p, r.name) for p, r in enumerate(runs)]
 
@@ -268,11 +268,11 @@ def test_static_partition_flags_slurm_and_bad_values():
         listed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  run ")]
         assert listed == ["2/10", "5/10", "8/10"], proc.stdout
         assert "worker 1 of 3 takes 3" in proc.stdout
-    assert experiments.worker_slot(environ={}) == (1, 0)
-    assert experiments.worker_slot(environ={"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "0",
+    assert runner.worker_slot(environ={}) == (1, 0)
+    assert runner.worker_slot(environ={"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "0",
                                             "SLURM_ARRAY_TASK_COUNT": "8"}) == (8, 7)
     # Flags win over the array's variables: --num_workers=1 turns the static partition off.
-    assert experiments.worker_slot(1, None, environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0",
+    assert runner.worker_slot(1, None, environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0",
                                                      "SLURM_ARRAY_TASK_COUNT": "8"}) == (1, 0)
 
     # Bad values: one line, exit 2 (an index past K, given or from an array with gaps).
@@ -288,8 +288,8 @@ def test_static_partition_flags_slurm_and_bad_values():
                                                (2, None, "--num_workers=2 needs --worker_index"),
                                                (2, -1, "worker index -1 is not in 0..1")]:
         with pytest.raises(UserError, match=message):
-            experiments.worker_slot(num_workers, worker_index, environ={})
+            runner.worker_slot(num_workers, worker_index, environ={})
     with pytest.raises(UserError, match="worker index 3"):
-        experiments.run_suite(experiments.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2,
+        runner.run_suite(suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2,
                               worker_index=3)
     assert not os.path.exists("/nonexistent/suite")

@@ -14,11 +14,11 @@ from scipy import stats
 
 from conftest import REPO
 from helpers import Linear
-from patjax import config as config_lib, data, evaluate, experiments, state as state_lib
+from patjax import config as config_lib, data, evaluation, evaluators, suite_results
 from patjax import stats as patjax_stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
-from patjax.methods import ModelFns
+from patjax.models import ModelFns
 
 
 def tiny_setup(scale=1.0, num_images=7):
@@ -68,15 +68,15 @@ def test_batch_size_and_chunk_size_change_no_figure():
     runs = []
     for batch_size, chunk in ((4, 4), (3, 5)):
         per_image = {}
-        results = evaluate.evaluate_state(tiny_config(pr_chunk_size=chunk), model_fns, state, split,
-                                          batch_size=batch_size, progress=False, per_image_out=per_image)
+        results = evaluation.evaluate_state(tiny_config(pr_chunk_size=chunk), model_fns, state, split,
+                                            batch_size=batch_size, progress=False, per_image_out=per_image)
         runs.append((results, per_image))
     (a, pa), (b, pb) = runs
     figures_close(a["figures"], b["figures"])
     assert a["pr"] == b["pr"] and a["clean_accuracy"] == b["clean_accuracy"]
     assert set(pa) == set(pb)
     for key in pa:
-        if key.startswith(evaluate.META_PREFIX) or key.endswith(("counts", "robust", "correct")):
+        if key.endswith(("counts", "robust", "correct")):
             np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
         else:
             np.testing.assert_allclose(pa[key], pb[key], rtol=1e-5, err_msg=key)
@@ -106,7 +106,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
 def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example():
     model_fns, state, split = tiny_setup()
     per_image = {}
-    results = evaluate.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
+    results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
                                       batch_size=4, progress=False, per_image_out=per_image,
                                       evaluators="clean,pgd20,apgd")
     fig = results["figures"]
@@ -122,7 +122,7 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
 def write_eval(workdir, scale):
     model_fns, state, split = tiny_setup(scale)
     per_image = {}
-    results = evaluate.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
+    results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
                                       batch_size=4, progress=False, per_image_out=per_image,
                                       evaluators="clean,pr")
     os.makedirs(os.path.join(workdir, "eval"))
@@ -136,7 +136,7 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     a, b = str(tmp_path / "run_a"), str(tmp_path / "run_b")
     pa, pb = write_eval(a, 1.0), write_eval(b, 0.3)
     plot = str(tmp_path / "plot.png")
-    text = evaluate.compare([a, b], plot)
+    text = evaluation.compare([a, b], plot)
     for column in ("Acc %", "PGD %", "CW %", "PR(0.1) %", "PR(0.12) %", "PR(0.15) %", "PR(0.2) %", "dPR(0.1) pp"):
         assert column in text
     assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
@@ -160,7 +160,7 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     old["settings"]["uniform"] = "x + eps * U[-1,1]^d, clipped to [0,1]"
     json.dump(old, open(results_b, "w"))
     with pytest.raises(UserError, match=r"different settings \(uniform\)"):
-        evaluate.compare([a, b], plot)
+        evaluation.compare([a, b], plot)
 
 
 def test_bad_evaluator_is_one_line_user_error(tmp_path):
@@ -184,9 +184,8 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     model_fns, state, split = tiny_setup(scale)
     workdir = str(tmp_path / "run")
     workdir_lib.save_config(cfg, workdir)
-    monkeypatch.setattr(evaluate, "_latest_checkpoint_step", lambda w: 3)
-    monkeypatch.setattr(evaluate, "restore_for_eval",
-                        lambda w: (workdir_lib.load_config(w), model_fns, state))
+    monkeypatch.setattr(workdir_lib, "latest_step", lambda w: 3)
+    monkeypatch.setattr(workdir_lib, "restore", lambda w: (workdir_lib.load_config(w), model_fns, state))
     monkeypatch.setattr(data, "load_split", lambda *a: split)
     return workdir, state, split
 
@@ -196,7 +195,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     cfg = tiny_config(pr_distribution="uniform", pr_distributions=("uniform",), entropic_lambda=lam,
                       confidence=conf, bootstrap_resamples=resamples, seed=seed)
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
-    returned = evaluate.run(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
+    returned = evaluation.evaluate_workdir(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
     saved = strict_json(os.path.join(workdir, "eval", "results.json"))
     assert saved == returned
     z = dict(np.load(os.path.join(workdir, "eval", "per_image.npz")))
@@ -265,14 +264,14 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
-    assert "[90% intervals]" in evaluate.compare([workdir], str(tmp_path / "plot.png"))
+    assert "[90% intervals]" in evaluation.compare([workdir], str(tmp_path / "plot.png"))
 
-    # One estimator per figure: the suite table's per-run figures of this evaluation carry the
-    # same values and intervals as results.json.
-    outcome = experiments.RunOutcome(
-        run=None, correct=z["clean.correct"].astype(bool), robust={}, pr_counts=counts, pr_samples=N,
-        eps_keys=[repr(e) for e in epsilons], settings=saved["settings"], summary={}, record={})
-    table = experiments.run_figures(outcome, patjax_stats.bootstrap_indices(n, resamples, seed), conf)
+    # One estimator per figure: the suite tables' mean over one seed, computed from the
+    # per-image outcomes by another path (suite_results.mean_figures), carries the same values
+    # and intervals as results.json.
+    outcome = suite_results.RunOutcome(run=None, correct=z["clean.correct"].astype(bool), robust={},
+                                       pr_counts=counts, results=saved, record={})
+    table = suite_results.mean_figures([outcome], patjax_stats.bootstrap_indices(n, resamples, seed), conf)
     for key in (repr(e) for e in epsilons):
         fig = saved["figures"]["pr"]["uniform"][key]
         for subset, row in (("all", "pr_all"), ("clean_correct", "pr_clean_correct")):
@@ -283,30 +282,30 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
     cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
-    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
+    evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     results_path = os.path.join(workdir, "eval", "results.json")
     before = open(results_path).read()
-    evaluate.load_results(workdir)  # consistent: loads
+    workdir_lib.load_results(workdir)  # consistent: loads
 
     def killed(path, obj):
         raise KeyboardInterrupt
 
     # Re-evaluated with another seed and killed while writing: per_image.npz is written first,
     # results.json (the commit marker) is not, and the mismatch is refused, not paired.
-    monkeypatch.setattr(evaluate.workdir_lib, "write_json", killed)
+    monkeypatch.setattr(workdir_lib, "write_json", killed)
     with pytest.raises(KeyboardInterrupt):
-        evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr",
+        evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr",
                      overrides={"seed": 1})
     assert open(results_path).read() == before
     assert int(np.load(os.path.join(workdir, "eval", "per_image.npz"))["meta.seed"]) == 1
     with pytest.raises(UserError, match=r"per_image.npz does not belong to results.json \(seed 1 vs 0\)"):
-        evaluate.load_results(workdir)
+        workdir_lib.load_results(workdir)
     with pytest.raises(UserError, match="does not belong"):
-        evaluate.compare([workdir, workdir], str(tmp_path / "p.png"))
+        evaluation.compare([workdir, workdir], str(tmp_path / "p.png"))
     # A file written before the identity was stored is checked on its number of images.
     np.savez(os.path.join(workdir, "eval", "per_image.npz"), image_index=np.arange(4))
     with pytest.raises(UserError, match="holds 4 images but results.json 5"):
-        evaluate.load_results(workdir)
+        workdir_lib.load_results(workdir)
 
 
 def test_results_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path):
@@ -362,7 +361,7 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
              ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)")]
     for kwargs, message in cases:
         with pytest.raises(UserError) as error:
-            evaluate.run(a, progress=False, **kwargs)  # the placeholder checkpoint is never restored
+            evaluation.evaluate_workdir(a, progress=False, **kwargs)  # the placeholder checkpoint is never restored
         assert message in str(error.value) and "\n" not in str(error.value), kwargs
     assert listing(tmp_path) == before
 
@@ -375,7 +374,7 @@ def test_prob_acc_is_strict_at_the_threshold():
     correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
     s = {"pr_samples": 100, "entropic_lambda": 0.5, "confidence": 0.95, "bootstrap_resamples": 50,
          "seed": 0, "prob_acc_q": (0.2, 0.1, 0.05, 0.01)}
-    figs = evaluate.pr_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
+    figs = evaluators.pr.level_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
     for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
         assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)
         assert figs["clean_correct"]["prob_acc"][q]["value"] == pytest.approx((above - 1) / 7)
@@ -384,19 +383,19 @@ def test_prob_acc_is_strict_at_the_threshold():
 def test_an_evaluation_that_would_drop_evaluators_is_refused_unless_overwrite(tmp_path, monkeypatch):
     cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
-    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
-    evaluate.compare([workdir], None)  # draws eval/pr_vs_eps.png
+    evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
+    evaluation.compare([workdir], None)  # draws eval/pr_vs_eps.png
     eval_dir = os.path.join(workdir, "eval")
     before = {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))}
     assert "pr_vs_eps.png" in before
     # The command line's default: a clean-only run would lose the PR figures -> refused, untouched.
     with pytest.raises(UserError, match=r"holds pr, which this evaluation \(clean\) would replace"):
-        evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean",
+        evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean",
                      overwrite=False)
     assert {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))} == before
     # The same evaluators (or more) may replace it; so may --overwrite, which also removes the
     # plot drawn from the replaced PR figures.
-    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False)
-    evaluate.run(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True)
+    evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False)
+    evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True)
     assert sorted(os.listdir(eval_dir)) == ["per_image.npz", "results.json"]
-    assert evaluate.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]
+    assert workdir_lib.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]

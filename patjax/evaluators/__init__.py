@@ -1,0 +1,48 @@
+"""The evaluators, one module each behind one interface (`common.Evaluator`), and their registry.
+
+REGISTRY is the only list of evaluator names; ALIASES name groups of them; an evaluator's
+`worst_case` flag puts it in the worst case over attacks. Adding an evaluator: a module with
+an `Evaluator` and one line here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from patjax.errors import UserError
+from patjax.evaluators import apgd, attack, clean, common, pr
+
+# Canonical order: the order of the passes and of results.json's figures.
+REGISTRY: dict[str, common.Evaluator] = {e.name: e for e in (
+    clean.EVALUATOR, attack.PGD20, attack.CW20, apgd.APGD_CE, apgd.APGD_DLR, pr.EVALUATOR)}
+NAMES = tuple(REGISTRY)
+ALIASES = {"apgd": ("apgd_ce", "apgd_dlr"), "all": NAMES}
+WORST_CASE = tuple(name for name, e in REGISTRY.items() if e.worst_case)
+
+
+def parse(spec) -> tuple:
+    """'clean,pgd20,apgd' or a sequence -> the evaluators' names in canonical order."""
+    names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    chosen = set()
+    for name in names:
+        if not name:
+            continue
+        if name in ALIASES:
+            chosen.update(ALIASES[name])
+        elif name in REGISTRY:
+            chosen.add(name)
+        else:
+            raise UserError(f"unknown evaluator {name!r}; choose from {', '.join(NAMES + tuple(ALIASES))}")
+    if not chosen:
+        raise UserError("no evaluator chosen")
+    return tuple(e for e in NAMES if e in chosen)
+
+
+def worst_case(per_image: dict, names, s) -> dict | None:
+    """Robust accuracy under the worst of the worst-case attacks run (and correct when clean)."""
+    ran = [a for a in WORST_CASE if a in names]
+    if not ran:
+        return None
+    worst = np.logical_and.reduce([per_image[a]["robust"] for a in ran])
+    if "clean" in per_image:
+        worst = worst & per_image["clean"]["correct"]
+    return dict(common.proportion(worst, s["confidence"]), attacks=ran)

@@ -1,0 +1,168 @@
+"""What every evaluator shares: the interface, the evaluation settings, the padded and sharded
+batch loop, and figures with intervals.
+
+An evaluator (one module each: `clean`, `attack`, `apgd`, `pr`) is an `Evaluator`: one or more
+passes over the test images, each a jitted per-batch function
+
+    fn(params, batch_stats, images uint8, labels, image indices) -> {name: (batch, ...) array}
+
+and a figures function from the per-image outputs of its passes to figures with intervals.
+Randomness is keyed by the image's index in the test split (and the sample's index for PR):
+batch size, chunk size and device count change no figure, and two models evaluated with the
+same seed see the same perturbations (common random numbers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+
+from patjax import data, sharding, stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    """One evaluator behind the registry (`patjax.evaluators.REGISTRY`).
+
+    passes: settings -> names of its passes (one compiled function and one per-image output
+      each; PR has one per perturbation distribution).
+    make_batch_fn: (model_fns, settings, pass name) -> the jitted per-batch function.
+    figures: (per-image outputs of every pass run, settings) -> {figure name: figure}.
+    worst_case: whether its per-image outcome joins the worst case over attacks.
+    needs_clean: whether its figures need the clean pass (PR over clean-correct images).
+    """
+
+    name: str
+    passes: Callable[[dict], tuple]
+    make_batch_fn: Callable
+    figures: Callable[[dict, dict], dict]
+    worst_case: bool = False
+    needs_clean: bool = False
+
+
+def attack_evaluator(name: str, stream: int, batch_robust: Callable, settings: Callable) -> Evaluator:
+    """A worst-case attack as an evaluator: one pass whose per-image output is `robust`.
+
+    batch_robust(logits_fn, key, indices, x, y, s) -> (batch,) bool: whether each image is still
+    classified correctly after the attack (keys per image: `per_example`); settings(s) -> the
+    attack's settings recorded with its figure.
+    """
+    def passes(s) -> tuple:
+        return (name,)
+
+    def make_batch_fn(model_fns, s, pass_name):
+        key = attack_key(s["seed"], stream)
+
+        def fn(params, batch_stats, images, labels, indices):
+            logits_fn = inference_logits_fn(model_fns, params, batch_stats)
+            return {"robust": batch_robust(logits_fn, key, indices, data.to_float(images), labels, s)}
+        return jax.jit(fn)
+
+    def figures(per_image, s) -> dict:
+        return {name: dict(proportion(per_image[name]["robust"], s["confidence"]), settings=settings(s))}
+
+    return Evaluator(name, passes, make_batch_fn, figures, worst_case=True)
+
+
+def attack_key(seed: int, stream: int):
+    """The random-start key of an attack: independent streams jax.random.split(PRNGKey(seed), 5)[1:]
+    (PR keys its noise by PRNGKey(seed) itself)."""
+    return jax.random.split(jax.random.PRNGKey(seed), 5)[stream]
+
+
+def inference_logits_fn(model_fns, params, batch_stats):
+    """x -> logits with BatchNorm in inference mode and detached weights: evaluation attacks
+    differentiate with respect to the input only."""
+    return functools.partial(model_fns.infer, jax.lax.stop_gradient(params), jax.lax.stop_gradient(batch_stats))
+
+
+def per_example(attack, key, indices, x, y):
+    """Runs `attack(key_i, x_i[None], y_i[None])` per example with key_i = fold_in(key, index_i)."""
+    def one(i, xi, yi):
+        out = attack(jax.random.fold_in(key, i), xi[None], yi[None])
+        return jax.tree.map(lambda a: a[0], out)
+    return jax.vmap(one)(indices, x, y)
+
+
+def padded_batches(split: data.Split, num_examples: int, batch_size: int):
+    """Yields (images uint8, labels, image indices, mask) with every batch of batch_size."""
+    for start in range(0, num_examples, batch_size):
+        stop = min(start + batch_size, num_examples)
+        pad = batch_size - (stop - start)
+        images = np.pad(split.images[start:stop], ((0, pad), (0, 0), (0, 0), (0, 0)))
+        labels = np.pad(split.labels[start:stop], (0, pad))
+        indices = np.arange(start, start + batch_size, dtype=np.int32)
+        mask = np.arange(batch_size) < (stop - start)
+        yield images, labels, indices, mask
+
+
+def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress):
+    """Per-example outputs of one pass over the first n images (padding removed) and its wall time.
+
+    Each batch is split over the devices of `sharding.make_mesh` (on a CPU host one per core,
+    see cli.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
+    index), so the split changes which core computes an image, not what is computed.
+    """
+    mesh = sharding.make_mesh(batch_size)
+    params, batch_stats = sharding.place_on_mesh(mesh, (state.params, state.batch_stats))[0]
+    outputs = []
+    bar = _bar(progress, n, desc)
+    start = time.perf_counter()
+    for images, labels, indices, mask in padded_batches(split, n, batch_size):
+        images, labels, indices = sharding.shard_batch(mesh, images, labels, indices)
+        out = sharding.to_host(batch_fn(params, batch_stats, images, labels, indices))
+        outputs.append(jax.tree.map(lambda a: np.asarray(a)[mask], out))
+        if bar is not None:
+            bar.update(int(mask.sum()))
+            bar.set_postfix(img_s=f"{bar.n / (time.perf_counter() - start):.1f}")
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - start
+    return jax.tree.map(lambda *a: np.concatenate(a), *outputs), wall
+
+
+def _bar(enabled, total, desc):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="img", desc=desc, dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Figures with intervals (host side, float64).
+
+def proportion(hits, confidence) -> dict:
+    """Fraction of hits with its Clopper-Pearson interval."""
+    hits = np.asarray(hits, bool)
+    lo, hi = stats.clopper_pearson(hits.sum(), hits.size, confidence)
+    return {"value": float(hits.mean()) if hits.size else None, "interval": [float(lo), float(hi)],
+            "interval_method": "clopper-pearson", "n": int(hits.size)}
+
+
+@functools.lru_cache(maxsize=1)
+def bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:
+    """stats.bootstrap_indices over all evaluated images, drawn once per (images, resamples,
+    seed): every figure resamples the same images (read-only; 80 MB at 2,000 x 10,000 as int32;
+    `bootstrap_indices.cache_clear()` once an evaluation's figures are computed)."""
+    idx = stats.bootstrap_indices(num_items, num_resamples, seed).astype(np.int32)
+    idx.setflags(write=False)
+    return idx
+
+
+def mean_with_interval(values, s, mask=None) -> dict:
+    """Mean of per-image `values` over the images in `mask` (default: all), with the interval of
+    `stats.ratio_interval`: resampling all images, so a subset such as the clean-correct images
+    is drawn anew in every resample, exactly as the suite tables do."""
+    values = np.asarray(values, np.float64)
+    mask = np.ones(values.shape) if mask is None else np.asarray(mask, np.float64)
+    if mask.sum() == 0:
+        return {"value": None, "interval": [None, None], "n": 0}
+    idx = bootstrap_indices(int(values.size), int(s["bootstrap_resamples"]), int(s["seed"]))
+    value, (lo, hi) = stats.ratio_interval((values * mask)[None], mask[None], idx, s["confidence"])
+    return {"value": value, "interval": [lo, hi], "n": int(mask.sum()),
+            "interval_method": f"percentile bootstrap over images ({s['bootstrap_resamples']} resamples)"}

@@ -1,0 +1,239 @@
+"""Tables, markdown and plots from results dicts (eval/results.json, a suite's results.json).
+
+Nothing here reads a workdir or computes a figure: every value and interval shown was computed
+by `patjax.evaluation` or `patjax.suite_results`; this module only lays them out, in the
+paper's order and names.
+"""
+from __future__ import annotations
+
+from patjax import robustness
+from patjax.methods import DISPLAY_NAMES, ordered
+
+TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr", "pat")
+TABLE2_PAIRS = (("fgsm", "fgsm_cor"), ("pgd", "pgd_cor"), ("pat_wos", "pat"))  # (baseline, variant)
+
+
+def pct(fig, digits=1) -> str:
+    """'value [low, high]' in percent; '-' for a missing figure."""
+    if not fig or fig.get("value") is None:
+        return "-"
+    lo, hi = fig["interval"]
+    return f"{100 * fig['value']:.{digits}f} [{100 * lo:.{digits}f}, {100 * hi:.{digits}f}]"
+
+
+def signed(fig, digits=2) -> str:
+    """The same with signs, for differences in percentage points."""
+    if not fig or fig.get("value") is None:
+        return "-"
+    lo, hi = fig["interval"]
+    return f"{100 * fig['value']:+.{digits}f} [{100 * lo:+.{digits}f}, {100 * hi:+.{digits}f}]"
+
+
+def text_table(header, rows) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def md_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _confidence_pct(settings) -> str:
+    return f"{100 * float(settings.get('confidence', 0.95)):g}%"  # 0.95 -> "95%", 0.9 -> "90%"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _percent(value) -> float:
+    return float("nan") if value is None else 100.0 * value
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluated runs side by side (python -m patjax.evaluate with several workdirs).
+
+def comparison(names, results_list) -> str:
+    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run,
+    then APGD, the worst case and the Theorem 2 lower bound."""
+    first = results_list[0]
+    dist = first["settings"]["pr_distribution"]
+    eps_keys = list(first.get("pr", {}))
+    rows, extra = [], []
+    for name, r in zip(names, results_list):
+        f = r.get("figures", {})
+        pr = f.get("pr", {}).get(dist, {})
+        rows.append([name, pct(f.get("clean_accuracy"), 2), pct(f.get("pgd20"), 2), pct(f.get("cw20"), 2)]
+                    + [pct(pr.get(e, {}).get("all"), 2) for e in eps_keys])
+        extra.append([name, pct(f.get("apgd_ce"), 2), pct(f.get("apgd_dlr"), 2), pct(f.get("worst_case"), 2)]
+                     + [pct(pr.get(e, {}).get("lower_bound"), 2) for e in eps_keys])
+    s = first["settings"]
+    note = (f"({s['num_examples']} test images; PR over all of them (clean-misclassified included): "
+            f"{dist} noise, N={s['pr_samples']}, seed {s['seed']}; "
+            f"[{_confidence_pct(s)} intervals]: Clopper-Pearson for accuracies, bootstrap over images for PR; "
+            f"LB = Theorem 2 lower bound 1 - E[f]/log 2)")
+    return "\n".join([text_table(["run", "Acc %", "PGD %", "CW %"] + [f"PR({e}) %" for e in eps_keys], rows), "",
+                      text_table(["run", "APGD-CE %", "APGD-DLR %", "worst %"] + [f"LB({e}) %" for e in eps_keys],
+                                 extra), note])
+
+
+def differences(diffs, dist) -> str:
+    """Paired PR differences of `evaluation.paired_differences`, one row per run."""
+    if not diffs:
+        return ""
+    eps_keys = list(diffs[0]["distributions"].get(dist, {}))
+    header = ["run - " + diffs[0]["baseline"]] + [f"dPR({e}) pp" for e in eps_keys]
+    rows = [[row["run"]] + [signed(row["distributions"].get(dist, {}).get(e)) for e in eps_keys] for row in diffs]
+    return text_table(header, rows) + "\n(paired: same images and perturbations; bootstrap over images)"
+
+
+def plot_pr(names, results_list):
+    """Figure: PR against eps with interval bands, one line per run, one panel per eps-distribution."""
+    plt = _pyplot()
+    dists = [d for d in results_list[0]["settings"]["pr_distributions"] if d in robustness.DISTRIBUTIONS]
+    fig, axes = plt.subplots(1, len(dists), figsize=(5 * len(dists), 4), squeeze=False)
+    for ax, d in zip(axes[0], dists):
+        for name, r in zip(names, results_list):
+            pr = r.get("figures", {}).get("pr", {}).get(d)
+            if not pr:
+                continue
+            eps = [float(e) for e in pr]
+            line, = ax.plot(eps, [_percent(pr[e]["all"]["value"]) for e in pr], marker="o", label=name)
+            ax.fill_between(eps, [_percent(pr[e]["all"]["interval"][0]) for e in pr],
+                            [_percent(pr[e]["all"]["interval"][1]) for e in pr], alpha=0.25, color=line.get_color())
+        s = results_list[0]["settings"]
+        ax.set_title(f"{d} noise, N={s['pr_samples']}, {s['num_examples']} images")
+        ax.set_xlabel("eps")
+        ax.set_ylabel(f"PR % ({_confidence_pct(s)} bootstrap interval)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------
+# A suite's report (results.md and pr_vs_eps.png from suite_results.build).
+
+def _label(method, g):
+    seeds = g["methods"][method]["seeds"]
+    return f"{DISPLAY_NAMES.get(method, method)} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
+
+
+def _figure_row(label, figs, eps_keys, pr_key):
+    return [label, pct(figs.get("clean_accuracy")), pct(figs.get("pgd20")), pct(figs.get("cw20"))] + \
+           [pct(figs[pr_key].get(e)) for e in eps_keys]
+
+
+def suite_markdown(report: dict) -> str:
+    """results.md: Tables 1 and 2 in the paper's layout, PR over all images, the paired
+    differences, every run, and the runs' status and wall times."""
+    out = [f"# Suite `{report['suite']}`: {report['description']}", "",
+           f"{report['num_done']} of {report['num_runs']} runs trained and evaluated."]
+    if report["scaled_down"]:
+        out += ["", "Scaled down from the paper (Appendix E):", ""] + [f"- {line}" for line in report["scaled_down"]]
+    for gname, g in report["groups"].items():
+        out += ["", f"## {gname}", ""]
+        if "evaluation" in g:
+            out += _group_tables(g)
+        else:
+            out += ["No run evaluated yet.", ""]
+        out += ["### Runs", "", md_table(
+            ["Run", "status", "steps", "train min", "eval min"],
+            [[e["name"], e["status"], e.get("step", ""),
+              f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
+              f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else ""] for e in g["runs"]]), ""]
+    if report.get("invocations"):
+        total = sum(i["wall_s"] for i in report["invocations"])
+        out += [f"Time of the suite's invocations so far: {total / 60:.1f} min summed over "
+                f"{len(report['invocations'])} invocation(s) (workers that ran at once each count).", ""]
+    return "\n".join(out)
+
+
+def _group_tables(g) -> list:
+    ev = g["evaluation"]
+    eps_keys = [robustness.level_key(e) for e in ev["pr_epsilons"]]
+    conf = int(round(100 * ev["confidence"]))
+    pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
+    head = ["Method", "Acc. %", "PGD %", "CW %"] + pr_cols
+    out = [f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
+           f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}; PR: {ev['pr_distribution']} "
+           f"noise, N = {ev['pr_samples']} per image, evaluation seed {ev['seed']} for every run (common "
+           f"random numbers). Cells: value [{conf} % interval].", ""]
+    t1 = [m for m in g["methods"] if m in TABLE1_METHODS or m not in sum(TABLE2_PAIRS, ())]
+    if t1:
+        out += ["### Table 1 layout (mean over seeds; PR over clean-correct images, the paper's convention)", "",
+                md_table(head, [_figure_row(_label(m, g), g["methods"][m]["mean"], eps_keys, "pr_clean_correct")
+                                for m in ordered(t1)]), ""]
+    pairs = [p for p in TABLE2_PAIRS if p[0] in g["methods"] or p[1] in g["methods"]]
+    if pairs:
+        rows = [_figure_row(_label(m, g), g["methods"][m]["mean"], eps_keys, "pr_clean_correct")
+                for pair in pairs for m in pair if m in g["methods"]]
+        out += ["### Table 2 layout (ablation; mean over seeds; PR over clean-correct images)", "",
+                md_table(head, rows), ""]
+    out += ["### PR over all test images (misclassified images count with their PR, mostly ~0)", "",
+            md_table(["Method"] + pr_cols,
+                     [[_label(m, g)] + [pct(g["methods"][m]["mean"]["pr_all"].get(e)) for e in eps_keys]
+                      for m in g["methods"]]), ""]
+    if g["differences"]:
+        dhead = ["A − B", "seeds", "ΔAcc pp", "ΔPGD pp", "ΔCW pp"] + [f"ΔPR({e}) pp" for e in eps_keys]
+        for key, title in (("pr_all", "all test images"), ("pr_common_correct", "images both runs classify correctly")):
+            rows = []
+            for d in g["differences"]:
+                name = f"{DISPLAY_NAMES.get(d['a'], d['a'])} − {DISPLAY_NAMES.get(d['b'], d['b'])}"
+                for label, fig in [("mean", d["mean"])] + [(f"seed {k}", v) for k, v in d["per_seed"].items()]:
+                    rows.append([name if label == "mean" else "", label, signed(fig.get("clean_accuracy")),
+                                 signed(fig.get("pgd20")), signed(fig.get("cw20"))]
+                                + [signed(fig[key].get(e)) for e in eps_keys])
+            out += [f"### Paired differences A − B (percentage points; PR over {title})", "", md_table(dhead, rows), ""]
+        out += [f"Paired: run A and run B of a seed are evaluated on the same images with the same noise "
+                f"draws; the interval is a percentile bootstrap over images ({ev['bootstrap_resamples']} "
+                f"resamples, the same resamples for every seed). It covers evaluation sampling only, not "
+                f"training-seed variance: compare the seed rows for that.", ""]
+    out += ["### Every run (PR over clean-correct images)", "",
+            md_table(["Run"] + head[1:], [_figure_row(e["name"], e["figures"], eps_keys, "pr_clean_correct")
+                                          for e in g["runs"] if e["status"] == "done"]), "",
+            "Per-run intervals: Clopper-Pearson for accuracies, bootstrap over images for PR.", ""]
+    return out
+
+
+def plot_suite(report: dict):
+    """Figure (None without results): PR vs eps, one panel per group and PR convention; seed
+    means with bands, seeds as thin lines."""
+    groups = [(n, g) for n, g in report["groups"].items() if g.get("methods")]
+    if not groups:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4.2 * len(groups)), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, (gname, g) in zip(axes, groups):
+        eps_keys = [robustness.level_key(e) for e in g["evaluation"]["pr_epsilons"]]
+        eps = [float(e) for e in eps_keys]
+        for ax, key, title in ((row[0], "pr_clean_correct", "clean-correct images"), (row[1], "pr_all", "all images")):
+            for i, method in enumerate(g["methods"]):
+                color = colors[i % len(colors)]
+                mean = g["methods"][method]["mean"][key]
+                ax.plot(eps, [_percent(mean[e]["value"]) for e in eps_keys], marker="o", color=color,
+                        label=_label(method, g))
+                ax.fill_between(eps, [_percent(mean[e]["interval"][0]) for e in eps_keys],
+                                [_percent(mean[e]["interval"][1]) for e in eps_keys], color=color, alpha=0.2)
+                for entry in g["runs"]:
+                    if entry["method"] == method and entry["status"] == "done":
+                        ax.plot(eps, [_percent(entry["figures"][key][e]["value"]) for e in eps_keys],
+                                color=color, lw=0.8, ls=":", alpha=0.8)
+            ev = g["evaluation"]
+            ax.set_title(f"{gname}: PR over {title}\n({ev['pr_distribution']}, N={ev['pr_samples']}, "
+                         f"{ev['num_examples']} images; dotted: single seeds)", fontsize=9)
+            ax.set_xlabel("eps")
+            ax.set_ylabel(f"PR % ({int(round(100 * ev['confidence']))} % bootstrap band)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

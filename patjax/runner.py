@@ -1,0 +1,300 @@
+"""Running a suite: train and evaluate its runs, share them between workers, keep the report current.
+
+  python -m patjax.experiments --suite=NAME --workdir=DIR   (the command line of `run_suite`)
+
+Each run lives in DIR/runs/GROUP/METHOD_sSEED (an ordinary patjax workdir: `python -m
+patjax.evaluate` and `main.py` work on it). For each run the runner
+- trains it with `patjax.train.train_and_evaluate` (which resumes from the latest checkpoint:
+  an interrupted suite resumes inside the run it stopped in),
+- marks it trained (suite_run.json) and evaluates it with `patjax.evaluation.evaluate_workdir` with the
+  suite's evaluation settings (every run on the same images with the same evaluation seed:
+  common random numbers, so differences between runs are paired image by image),
+- reuses every run already trained and evaluated with the same settings,
+- rewrites DIR/results.md, DIR/results.json and DIR/pr_vs_eps.png after every run (pending
+  runs are listed as such), and prints one progress line per stage.
+
+Workers: any number of processes may run the same suite on the same DIR at once (a SLURM
+job array, several machines on a shared filesystem, several processes on one machine;
+docs/cluster.md).
+- Dynamic claims: a worker holds an flock on the run's DIR/runs/GROUP/METHOD_sSEED/.claim for
+  as long as it trains and evaluates the run; another worker skips a claimed run (its progress
+  line names the holder: pid, host, since when) and goes on to the next. The kernel drops the
+  claim of a worker that dies (kill -9 included), so the next worker to look takes the run
+  over and resumes it from its latest checkpoint. After a pass over its runs a worker looks
+  again at the ones it skipped, and leaves once each is finished or held by a live worker.
+- Static partition: --num_workers=K --worker_index=i (default: the SLURM job array's
+  SLURM_ARRAY_TASK_COUNT and SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else 1 and 0) makes
+  worker i consider only the runs at positions p of the plan with p % K == i. The claims
+  still hold, e.g. for two workers given the same index.
+- The report is rebuilt by one worker at a time (an flock on DIR/.report.lock) from whatever
+  has finished.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+from patjax import config as config_lib, data, evaluation, evaluators, report, robustness, suite_results, train
+from patjax import state as state_lib
+from patjax import workdir as workdir_lib
+from patjax.errors import UserError
+from patjax.suite_results import RECORD_FILE, read_json, run_dir
+from patjax.suites import PR_DISTRIBUTION, Run, Suite, plan
+
+
+def _expected_steps(cfg) -> int:
+    train_size = data.NUM_TRAIN[cfg.dataset]
+    return state_lib.total_steps(cfg, train_size // int(cfg.batch_size))
+
+
+def _trained(run: Run, directory: str) -> Optional[dict]:
+    """The run's suite_run.json if it finished training with this config, else None."""
+    record = read_json(os.path.join(directory, RECORD_FILE))
+    if record is None or record.get("step") != _expected_steps(run.config):
+        return None
+    workdir_lib.check_resume_compatible(run.config, directory)  # a changed suite is refused
+    return record
+
+
+def _eval_matches(suite: Suite, step: int, directory: str) -> bool:
+    """Whether eval/results.json was written for this checkpoint with the suite's settings, and
+    eval/per_image.npz by the same evaluation (a kill between the two writes leaves a pair that
+    does not match, an unreadable file is no evaluation: the run is then evaluated again)."""
+    if not workdir_lib.has_evaluation(directory):
+        return False
+    try:
+        results, _ = workdir_lib.load_results(directory)
+    except (UserError, OSError, ValueError):
+        return False
+    s = results.get("settings", {})
+    wanted = {"evaluators": list(evaluators.parse(list(suite.evaluators))), "step": step}
+    if suite.num_eval_examples > 0:
+        wanted["num_examples"] = suite.num_eval_examples
+    for key, value in suite.eval_overrides.items():
+        if key in s:
+            wanted[key] = list(value) if isinstance(value, (tuple, list)) else value
+    if s.get("pr_distribution") != PR_DISTRIBUTION:
+        return False
+    wanted.update(robustness.DEFINITIONS)  # results of an earlier definition are stale
+    return all(s.get(k) == v for k, v in wanted.items())
+
+
+class _Progress:
+    def __init__(self, total: int, stream=None):
+        self.start = time.perf_counter()
+        self.total = total
+        self.stream = stream or sys.stdout
+
+    def __call__(self, index: int, run: Run, message: str):
+        elapsed = time.perf_counter() - self.start
+        stamp = time.strftime("%H:%M:%S")
+        print(f"[{stamp} +{elapsed / 60:5.1f} min] run {index}/{self.total} {run.name}: {message}",
+              file=self.stream, flush=True)
+
+
+CLAIM_FILE = ".claim"   # in each run's directory; held (flock) by the worker on the run
+REPORT_LOCK = ".report.lock"  # in the suite's directory; held while the report is rebuilt
+
+
+def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] = None,
+                environ=None) -> tuple[int, int]:
+    """(K, i): this worker takes the runs at positions p of the plan with p % K == i.
+
+    The values given; when neither is given, a SLURM job array's (K = SLURM_ARRAY_TASK_COUNT,
+    i = SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, so an array need not start at 0); else
+    (1, 0). Bad values are a UserError.
+    """
+    environ = os.environ if environ is None else environ
+    if num_workers is None and worker_index is None and environ.get("SLURM_ARRAY_TASK_ID"):
+        values = {}
+        for name in ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN"):
+            try:
+                values[name] = int(environ.get(name, ""))
+            except ValueError:
+                raise UserError(f"{name} must be an integer in a SLURM job array, got "
+                                f"{environ.get(name)!r}; or give --num_workers and --worker_index") from None
+        num_workers = values["SLURM_ARRAY_TASK_COUNT"]
+        worker_index = values["SLURM_ARRAY_TASK_ID"] - values["SLURM_ARRAY_TASK_MIN"]
+        source = (f"from SLURM_ARRAY_TASK_ID {values['SLURM_ARRAY_TASK_ID']} - SLURM_ARRAY_TASK_MIN "
+                  f"{values['SLURM_ARRAY_TASK_MIN']} of SLURM_ARRAY_TASK_COUNT {num_workers}; an array with "
+                  f"a step or gaps needs --num_workers and --worker_index")
+    else:
+        source = "from --num_workers and --worker_index"
+        num_workers = 1 if num_workers is None else num_workers
+        if worker_index is None:
+            if num_workers != 1:
+                raise UserError(f"--num_workers={num_workers} needs --worker_index (0 to {num_workers - 1})")
+            worker_index = 0
+    if num_workers < 1:
+        raise UserError(f"the number of workers must be at least 1, got {num_workers} ({source})")
+    if not 0 <= worker_index < num_workers:
+        raise UserError(f"worker index {worker_index} is not in 0..{num_workers - 1} for {num_workers} "
+                        f"worker(s) ({source})")
+    return num_workers, worker_index
+
+
+def partition(runs: Sequence[Run], num_workers: int, worker_index: int) -> list[tuple[int, Run]]:
+    """(position, run) of this worker's share of the plan: positions p with p % K == i."""
+    return [(p, r) for p, r in enumerate(runs) if p % num_workers == worker_index]
+
+
+def _finished(suite: Suite, run: Run, directory: str) -> bool:
+    """Whether the run was trained and evaluated with the suite's current settings."""
+    record = _trained(run, directory)
+    return record is not None and _eval_matches(suite, record["step"], directory)
+
+
+def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs: Optional[int] = None,
+              progress_bars: bool = False, stream=None, num_workers: int = 1, worker_index: int = 0) -> dict:
+    """Trains and evaluates this worker's runs of the suite (reusing finished ones) and writes the report.
+
+    Any number of workers may run at once on one workdir: a worker claims a run (an flock on
+    the run's .claim file) for as long as it trains and evaluates it, and skips runs another
+    worker holds. After a pass over its runs it looks again at the ones it skipped (their
+    worker may have finished or died), until every one is finished or held by a live worker.
+    num_workers, worker_index: the static partition (`partition`); the dynamic claims hold
+      within and across shares.
+    max_runs: leave after this many runs were trained or evaluated in this invocation (as an
+      interrupted suite would); running again continues with the next run.
+    Returns the suite's results (as written to DIR/results.json).
+    """
+    num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
+    runs = plan(suite, groups, methods)
+    os.makedirs(workdir, exist_ok=True)
+    out = stream or sys.stdout
+    progress = _Progress(len(runs), stream)
+    invocation_start = time.perf_counter()
+    provenance = _provenance()  # the code this process runs: taken now, before anything can change it
+    role = f"suite worker {worker_index} of {num_workers}"
+    todo = partition(runs, num_workers, worker_index)
+    if num_workers > 1:
+        print(f"{role} (pid {os.getpid()} on {socket.gethostname()}): {len(todo)} of the {len(runs)} runs "
+              f"(positions p with p % {num_workers} == {worker_index})", file=out, flush=True)
+    worked = 0
+    leaving = False
+    while todo:
+        held_elsewhere = []
+        for position, run in todo:
+            index = position + 1
+            directory = run_dir(workdir, run)
+            if _finished(suite, run, directory):
+                progress(index, run, "reused (trained and evaluated earlier)")
+                continue
+            if max_runs is not None and worked >= max_runs:
+                progress(index, run, f"left for the next invocation (--max_runs={max_runs})")
+                leaving = True
+                break
+            os.makedirs(directory, exist_ok=True)
+            with workdir_lib.lock(os.path.join(directory, CLAIM_FILE), role) as claim:
+                if not claim.held:
+                    progress(index, run, f"skipped: claimed by {claim.holder}")
+                    held_elsewhere.append((position, run))
+                    continue
+                if _finished(suite, run, directory):  # by the worker that held it a moment ago
+                    progress(index, run, "reused (finished by another worker)")
+                    continue
+                worked += 1
+                _train_and_evaluate(suite, run, directory, lambda message: progress(index, run, message),
+                                    progress_bars)
+            summary = write_report(suite, workdir)
+            progress(index, run, f"report updated ({summary['num_done']}/{summary['num_runs']} runs done)")
+        if leaving or held_elsewhere == todo:  # nothing changed since the last look: others hold the rest
+            break
+        todo = held_elsewhere
+        if todo:
+            print(f"{role}: looking again at {len(todo)} run(s) other workers held", file=out, flush=True)
+    wall = time.perf_counter() - invocation_start
+    _record_invocation(workdir, {
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": round(wall, 1),
+        "runs_worked_on": worked, **provenance, "groups": list(groups or []), "methods": list(methods or []),
+        "num_workers": num_workers, "worker_index": worker_index, "host": socket.gethostname(),
+        "pid": os.getpid()})
+    summary = write_report(suite, workdir)  # after the record: the report counts this invocation too
+    print(f"suite {suite.name}: {summary['num_done']}/{summary['num_runs']} runs done; "
+          f"{role if num_workers > 1 else 'this invocation'} worked on {worked} run(s) in {wall / 60:.1f} min; "
+          f"wrote {os.path.join(workdir, 'results.md')}", file=out, flush=True)
+    return summary
+
+
+def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[str], None],
+                        progress_bars: bool) -> None:
+    """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it."""
+    cfg = copy.deepcopy(run.config)
+    cfg.progress_bar = bool(progress_bars)
+    record_path = os.path.join(directory, RECORD_FILE)
+    record = _trained(run, directory)
+    if record is None:
+        config_lib.validate(cfg)
+        existing = read_json(record_path) or {}
+        say(f"training {_expected_steps(cfg)} steps"
+            + (" (resuming from its latest checkpoint)" if os.path.isdir(os.path.join(directory, "checkpoints"))
+               else ""))
+        t0 = time.perf_counter()
+        state = train.train_and_evaluate(cfg, directory)
+        train_wall = time.perf_counter() - t0
+        record = {"step": int(state.step),
+                  "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
+                  "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)]}
+        del state
+        workdir_lib.write_json(record_path, record)
+        say(f"trained in {train_wall / 60:.1f} min")
+    elif "eval_wall_s" in record:
+        # A stale evaluation is about to be replaced: until the new one is complete, the run is
+        # not evaluated (a report built meanwhile, by another worker, leaves it out).
+        del record["eval_wall_s"]
+        workdir_lib.write_json(record_path, record)
+    say(f"evaluating ({', '.join(suite.evaluators)})")
+    t0 = time.perf_counter()
+    evaluation.evaluate_workdir(directory, num_examples=suite.num_eval_examples, batch_size=suite.eval_batch_size,
+                   progress=progress_bars, evaluators=list(suite.evaluators),
+                   overrides=dict(suite.eval_overrides))
+    record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
+    workdir_lib.write_json(record_path, record)
+    say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
+
+
+def _record_invocation(workdir: str, entry: dict) -> None:
+    """Appends the invocation to DIR/invocations.jsonl, one writer at a time (see write_report)."""
+    with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "invocation log writer", wait=True):
+        with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def _provenance() -> dict:
+    """The code the invocation ran: git commit and files changed since it (if any)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "patjax", "configs"], cwd=repo,
+                                 capture_output=True, text=True, timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"git_commit": commit, "uncommitted_changes": [line[3:] for line in changed if line.strip()],
+            "command": " ".join(sys.argv)}
+
+
+def write_report(suite: Suite, workdir: str) -> dict:
+    """Rebuilds DIR/results.json, results.md and pr_vs_eps.png from the runs finished so far.
+
+    One writer at a time (an flock on DIR/.report.lock, waited for): workers that finish runs
+    at once take turns, and each reads the runs' files only once it holds the lock, so the
+    last report written has seen every run finished before it.
+    """
+    with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
+        outcomes = {r.name: suite_results.load_outcome(workdir, r) for r in plan(suite)}
+        inv_path = os.path.join(workdir, "invocations.jsonl")
+        invocations = [json.loads(line) for line in open(inv_path) if line.strip()] if os.path.isfile(inv_path) else []
+        results = suite_results.build(suite, workdir, outcomes, invocations)
+        workdir_lib.write_json(os.path.join(workdir, "results.json"), results)
+        workdir_lib.write_text(os.path.join(workdir, "results.md"), report.suite_markdown(results))
+        figure = report.plot_suite(results)
+        if figure is not None:
+            workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)
+        return results

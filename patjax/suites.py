@@ -1,0 +1,287 @@
+"""Experiment suites: which runs reproduce which table, at which scale.
+
+A suite is groups of runs; a group is one block of the paper's tables (a dataset x model)
+whose runs share one base config and differ only in `method` and `seed` (and the method's own
+settings, listed in the group). Every run of a suite is evaluated with the suite's evaluators
+on the same test images with the same evaluation seed (common random numbers).
+
+- `paper_full`: Tables 1 and 2 at the paper's settings (Appendix E).
+- `stationary_cpu`: the CPU-scale test of the paper's claim with PAT's sampler at
+  stationarity (docs/reproduction.md).
+- `ablation_cpu`: the earlier CPU suite with T = 5, kept as an example of an unconverged sampler.
+- `smoke_cpu`: seconds per run, for tests and for trying out workers.
+
+`patjax.runner` runs a suite; `python -m patjax.experiments` is its command line.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import ml_collections
+
+from patjax import config as config_lib
+from patjax import methods as methods_lib
+from patjax.errors import UserError
+
+PR_DISTRIBUTION = "gaussian"  # the suites' PR distribution (the paper's Table 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Runs sharing one base config: one block of the paper's tables (a dataset x model)."""
+
+    name: str
+    base_config: ml_collections.ConfigDict
+    methods: Sequence[str]
+    seeds: Sequence[int]
+    # Settings of individual methods on top of the base config: {method: {"a.b": value}}.
+    method_overrides: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    groups: Sequence[Group]
+    # How every run is evaluated (patjax.evaluation.evaluate_workdir): images, batch, evaluators, eval settings.
+    num_eval_examples: int
+    eval_batch_size: int
+    evaluators: Sequence[str]
+    eval_overrides: dict
+    scaled_down: Sequence[str] = ()  # human-readable list of what differs from the paper
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    group: str
+    method: str
+    seed: int
+    config: ml_collections.ConfigDict
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}/{self.method}_s{self.seed}"
+
+
+def set_field(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:
+    target = cfg
+    *path, last = dotted.split(".")
+    for p in path:
+        target = target[p]
+    if last not in target:
+        raise UserError(f"unknown config field {dotted!r}")
+    target[last] = value
+
+
+def plan(suite: Suite, groups: Optional[Sequence[str]] = None,
+         methods: Optional[Sequence[str]] = None) -> list[Run]:
+    """The suite's runs in order (group, seed, method in the paper's order), optionally filtered."""
+    known_groups = [g.name for g in suite.groups]
+    for name in groups or ():
+        if name not in known_groups:
+            raise UserError(f"suite {suite.name!r} has no group {name!r}; choose from {', '.join(known_groups)}")
+    runs = []
+    for group in suite.groups:
+        if groups and group.name not in groups:
+            continue
+        # Seed-major order: an interrupted suite has every method of the first seed(s).
+        for seed in group.seeds:
+            for method in methods_lib.ordered(group.methods):
+                if methods and method not in methods:
+                    continue
+                cfg = copy.deepcopy(group.base_config)
+                cfg.method = method
+                cfg.seed = int(seed)
+                for key, value in group.method_overrides.get(method, {}).items():
+                    set_field(cfg, key, value)
+                runs.append(Run(group.name, method, int(seed), cfg))
+    for name in methods or ():
+        if not any(r.method == name for r in runs):
+            raise UserError(f"method {name!r} is not in suite {suite.name!r}")
+    return runs
+
+
+# ---------------------------------------------------------------------------------------
+# Suites.
+
+# The CPU suite's scale (see ablation_cpu_suite and docs/reproduction.md).
+CPU_TRAIN_STEPS = 100
+CPU_BATCH_SIZE = 128
+CPU_LANGEVIN_STEPS = 5
+CPU_PGD_STEPS = 5
+CPU_EVAL_EXAMPLES = 500
+
+
+def _cpu_config(data_dir: Optional[str], *, batch_size: int, train_steps: int, langevin_steps: int,
+                eval_examples: int, eval_batch_size: int) -> ml_collections.ConfigDict:
+    """The base config of the CPU suites: real CIFAR-10, the small CNN, lr 0.05 with the paper's
+    MultiStepLR shape, PR with the suite's distribution only."""
+    cfg = config_lib.default_config()
+    cfg.dataset = "cifar10"
+    cfg.data_dir = data_dir
+    cfg.model = "small_cnn"
+    cfg.batch_size = batch_size
+    cfg.num_train_steps = train_steps
+    cfg.learning_rate = 0.05
+    cfg.langevin.steps = langevin_steps
+    cfg.eval.num_examples = eval_examples
+    cfg.eval.batch_size = eval_batch_size
+    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
+    return cfg
+
+
+def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, T = 5, a fraction of an epoch; 5 methods x 2 seeds."""
+    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=CPU_TRAIN_STEPS,
+                      langevin_steps=CPU_LANGEVIN_STEPS, eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250)
+    cfg.attack.steps = CPU_PGD_STEPS  # PGD / PGD-COR: the same number of inner gradient steps as T
+    cfg.checkpoint_every_steps = 25
+    cfg.log_every_steps = CPU_TRAIN_STEPS  # each log also measures accuracy on the 10,000 test images
+    group = Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"),
+                  seeds=(0, 1))
+    return Suite(
+        name="ablation_cpu",
+        description="CPU-scale test of Tables 1-2 on real CIFAR-10 (small CNN, scaled-down training)",
+        groups=(group,),
+        num_eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
+            f"training: {CPU_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
+            f"({CPU_TRAIN_STEPS * CPU_BATCH_SIZE} images, {CPU_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs of "
+            f"the full 50,000-image training set) instead of 100 epochs of batch 256; lr 0.05 (paper 0.01) "
+            f"with the paper's MultiStepLR shape (x0.1 at 75 % and 90 % of the run)",
+            f"PAT / PAT(WOS): T = {CPU_LANGEVIN_STEPS} Langevin steps instead of 100 (other sampler settings as the paper)",
+            f"PGD / PGD-COR training attack: {CPU_PGD_STEPS} steps (paper: 10) of alpha 2/255 in the 8/255 "
+            f"L-inf ball, so that PGD and PAT take the same number of inner gradient steps",
+            f"evaluation: the first {CPU_EVAL_EXAMPLES} CIFAR-10 test images instead of 10,000; PGD-20 and CW-20 "
+            f"as the paper (eps 8/255, alpha 2/255); PR with Gaussian noise, N = 100, eps 0.1/0.12/0.15/0.2",
+            "seeds: 2 per method",
+        ))
+
+
+# The smoke suite (smoke_cpu_suite): seconds per run, for tests and for trying out workers.
+SMOKE_TRAIN_STEPS = 4
+SMOKE_BATCH_SIZE = 32
+SMOKE_EVAL_EXAMPLES = 16
+
+
+def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, 4 steps of batch 32, T = 2; clean and PAT x 2 seeds, evaluated
+    on 16 images: every piece of a suite (claims, resume, report) in seconds per run."""
+    # eval batch: also the batch of the training log's test accuracy: one batch
+    cfg = _cpu_config(data_dir, batch_size=SMOKE_BATCH_SIZE, train_steps=SMOKE_TRAIN_STEPS, langevin_steps=2,
+                      eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=500)
+    cfg.attack.steps = 2
+    cfg.checkpoint_every_steps = 2
+    cfg.log_every_steps = SMOKE_TRAIN_STEPS
+    cfg.log_test_examples = 500
+    cfg.progress_bar = False
+    group = Group("cifar10_small_cnn", cfg, methods=("clean", "pat"), seeds=(0, 1))
+    return Suite(
+        name="smoke_cpu",
+        description="smoke test of the suite machinery on real CIFAR-10 (a few steps; the figures mean nothing)",
+        groups=(group,),
+        num_eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=SMOKE_EVAL_EXAMPLES,
+        evaluators=("clean", "pgd20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0, "pr_samples": 4, "pr_chunk_size": 4,
+                        "attack_steps": 2, "bootstrap_resamples": 200},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128)",
+            f"training: {SMOKE_TRAIN_STEPS} steps of batch {SMOKE_BATCH_SIZE}; PAT with T = 2",
+            f"evaluation: the first {SMOKE_EVAL_EXAMPLES} test images; PGD with 2 steps; PR with N = 4",
+        ))
+
+
+# The stationary CPU suite (stationary_cpu_suite): 2 epochs of CIFAR-10, the sampler at stationarity.
+STATIONARY_TRAIN_STEPS = 800          # 2.05 epochs of batch 128
+STATIONARY_LANGEVIN_STEPS = 35        # the diagnostic: the uniform-start chain is at its endpoint by step 32
+STATIONARY_EVAL_EXAMPLES = 1000
+STATIONARY_T_SWEEP = (5, 10, 25, 100)  # plus STATIONARY_LANGEVIN_STEPS from the main group
+# The cheaper sampler: a chain started at x is at its endpoint by step 19 (the diagnostic), so T = 20
+# caps it; the tolerance alone saves no batched compute (one chain of a batch runs to T).
+STATIONARY_CHEAP_SAMPLER = {"langevin.init": "clean", "langevin.tolerance": 3e-4, "langevin.steps": 20}
+
+
+def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Real CIFAR-10, small CNN, 2 epochs, PAT's sampler at stationarity (T = 35 and 100),
+    PGD with the paper's 10 steps; a T-sweep and the opt-in cheaper sampler, one seed each."""
+    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
+                      langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
+                      eval_batch_size=250)
+    cfg.checkpoint_every_steps = 50
+    cfg.log_every_steps = 200
+    cfg.progress_bar = False
+    groups = [Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"), seeds=(0, 1))]
+    for steps in STATIONARY_T_SWEEP:
+        swept = copy.deepcopy(cfg)
+        swept.langevin.steps = steps
+        groups.append(Group(f"pat_T{steps}", swept, methods=("pat",), seeds=(0,)))
+    cheap = copy.deepcopy(cfg)
+    for key, value in STATIONARY_CHEAP_SAMPLER.items():
+        set_field(cheap, key, value)
+    groups.append(Group("pat_clean_start_T20", cheap, methods=("pat",), seeds=(0,)))
+    return Suite(
+        name="stationary_cpu",
+        description="CPU-scale test of the paper's claim with PAT's sampler at stationarity "
+                    "(small CNN, 2 epochs of CIFAR-10)",
+        groups=tuple(groups),
+        num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
+            f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
+            f"({STATIONARY_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs) instead of 100 epochs of batch 256; "
+            "lr 0.05 (paper 0.01) with the paper's MultiStepLR shape",
+            f"PAT / PAT(WOS): T = {STATIONARY_LANGEVIN_STEPS} (the chain is at its endpoint by then: "
+            "docs/sampler_convergence.md); T = 5, 10, 25, 100 and the cheaper sampler (start at x, "
+            "T = 20, tolerance 3e-4) in single-seed groups",
+            "PGD / PGD-COR: the paper's 10 steps of alpha 2/255 in the 8/255 L-inf ball",
+            f"evaluation: the first {STATIONARY_EVAL_EXAMPLES} CIFAR-10 test images; PGD-20, CW-20; "
+            "PR with Gaussian noise, N = 100, eps 0.1/0.12/0.15/0.2",
+            "seeds: 2 per method in the main group, 1 in the T-sweep groups",
+        ))
+
+
+PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"),
+                ("cifar100", "wrn50_2"))
+
+
+def paper_full_suite(data_dir: Optional[str]) -> Suite:
+    """Tables 1 and 2 at the paper's settings (Appendix E): every method, 4 dataset x model blocks."""
+    groups = []
+    for dataset, model in PAPER_GROUPS:
+        cfg = config_lib.default_config()  # Appendix E: T = 100, 100 epochs, batch 256, ...
+        cfg.dataset = dataset
+        cfg.model = model
+        cfg.data_dir = data_dir
+        cfg.progress_bar = True
+        groups.append(Group(f"{dataset}_{model}", cfg, methods=methods_lib.METHOD_ORDER, seeds=(0,)))
+    return Suite(
+        name="paper_full",
+        description="Tables 1 and 2 of the paper at its settings (ResNet-18 / WRN-50-2, CIFAR-10/100, "
+                    "T = 100, 100 epochs, every method)",
+        groups=tuple(groups),
+        num_eval_examples=-1, eval_batch_size=500,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        scaled_down=())
+
+
+SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
+    "ablation_cpu": ablation_cpu_suite,
+    "stationary_cpu": stationary_cpu_suite,
+    "paper_full": paper_full_suite,
+    "smoke_cpu": smoke_cpu_suite,
+}
+
+
+def get_suite(name: str, data_dir: Optional[str]) -> Suite:
+    if name not in SUITES:
+        raise UserError(f"unknown suite {name!r}; choose one of {sorted(SUITES)}")
+    return SUITES[name](data_dir)
+

@@ -1,0 +1,45 @@
+"""The evaluator registry: names, aliases, canonical order, worst-case membership, and what an
+evaluation runs when an evaluator needs another's pass."""
+import numpy as np
+import pytest
+
+from patjax import data, evaluation, evaluators
+from patjax.errors import UserError
+from test_evaluation import tiny_config, tiny_setup
+
+
+def test_names_aliases_and_order():
+    assert evaluators.parse("pr,apgd,clean") == ("clean", "apgd_ce", "apgd_dlr", "pr")
+    assert evaluators.parse(["cw20", "pgd20", ""]) == ("pgd20", "cw20")
+    assert evaluators.parse("all") == ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")
+    assert evaluators.WORST_CASE == ("pgd20", "cw20", "apgd_ce", "apgd_dlr")
+    for spec, message in (("pgd", "unknown evaluator 'pgd'; choose from clean, pgd20"), (",", "no evaluator chosen")):
+        with pytest.raises(UserError, match=message):
+            evaluators.parse(spec)
+
+
+def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
+    model_fns, state, split = tiny_setup()
+    results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
+                                        batch_size=4, progress=False, evaluators="pr")
+    logits = np.asarray(model_fns.infer(state.params, {}, data.to_float(split.images)))
+    correct = logits.argmax(1) == split.labels
+    assert results["settings"]["evaluators"] == ["pr"]
+    assert list(results["evaluator_wall_time_s"]) == ["pr_gaussian", "clean"]  # clean runs last, only for PR
+    assert results["clean_accuracy"] == pytest.approx(correct.mean())
+    assert results["settings"]["num_clean_correct"] == int(correct.sum())
+    assert results["figures"]["pr"]["gaussian"]["0.1"]["clean_correct"]["n"] == int(correct.sum())
+    assert "worst_case" not in results["figures"] and "pgd20" not in results["figures"]
+
+
+def test_worst_case_is_the_conjunction_of_the_attacks_run_and_clean():
+    model_fns, state, split = tiny_setup(scale=0.3)
+    results = evaluation.evaluate_state(tiny_config(), model_fns, state, split, batch_size=4, progress=False,
+                                        evaluators="clean,pgd20,cw20")
+    per_image = {}
+    evaluation.evaluate_state(tiny_config(), model_fns, state, split, batch_size=4, progress=False,
+                              evaluators="clean,pgd20,cw20", per_image_out=per_image)
+    both = per_image["clean.correct"] & per_image["pgd20.robust"] & per_image["cw20.robust"]
+    worst = results["figures"]["worst_case"]
+    assert worst["attacks"] == ["pgd20", "cw20"] and worst["value"] == pytest.approx(both.mean())
+    assert worst["value"] <= min(results["figures"][a]["value"] for a in ("pgd20", "cw20"))

@@ -226,8 +226,7 @@ def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=N
     chosen = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
     check_run_settings(ev.num_examples if num_examples is None else num_examples,
                               ev.batch_size if batch_size is None else batch_size)
-    if workdir_lib.latest_step(workdir) is None:
-        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    workdir_lib.require_checkpoint(workdir)
     if not overwrite:
         previous = (workdir_lib.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
         dropped = [e for e in previous if e not in chosen]

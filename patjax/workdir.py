@@ -258,6 +258,14 @@ def move_aside(workdir: str, step: int) -> str:
     return f"moved to {target}"
 
 
+def require_checkpoint(workdir: str) -> int:
+    """The newest complete checkpoint's step, or a one-line UserError."""
+    step = latest_step(workdir)
+    if step is None:
+        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    return step
+
+
 def restore(workdir: str, mesh=None):
     """(cfg, model_fns, state) from a workdir's config and newest intact checkpoint, for evaluation.
 
@@ -267,8 +275,7 @@ def restore(workdir: str, mesh=None):
     """
     cfg = load_config(workdir)
     validate(cfg)
-    if latest_step(workdir) is None:
-        raise UserError(f"no checkpoint in {workdir!r}; train first")
+    require_checkpoint(workdir)
     tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
     model_holder = {}
 

@@ -150,6 +150,8 @@ def suite_markdown(report: dict) -> str:
             [[e["name"], e["status"], e.get("step", ""),
               f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
               f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else ""] for e in g["runs"]]), ""]
+    for sweep in report.get("sweeps", ()):
+        out += _sweep_tables(sweep)
     if report.get("invocations"):
         total = sum(i["wall_s"] for i in report["invocations"])
         out += [f"Time of the suite's invocations so far: {total / 60:.1f} min summed over "
@@ -202,6 +204,68 @@ def _group_tables(g) -> list:
                                           for e in g["runs"] if e["status"] == "done"]), "",
             "Per-run intervals: Clopper-Pearson for accuracies, bootstrap over images for PR.", ""]
     return out
+
+
+def _sweep_tables(sweep) -> list:
+    eps = sweep["epsilon"]
+    base = [b["label"] for b in sweep["baselines"]]
+    head = [sweep["axis"], "run", "train min", "Acc. %", "PGD-20 %", f"PR(·, {eps}) %"]
+    head += [f"{what} − {b} pp" for b in base for what in (f"ΔPR({eps})", "ΔPGD-20")]
+    rows = []
+    in_points = {e["run"] for e in sweep["points"]}
+    for e in sweep["points"] + [b for b in sweep["baselines"] if b["run"] not in in_points]:
+        figs = e.get("figures", {})
+        diffs = e.get("differences", {})
+        rows.append([e["label"], e["run"] if e["status"] == "done" else f"{e['run']} (pending)",
+                     f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
+                     pct(figs.get("clean_accuracy")), pct(figs.get("pgd20")),
+                     pct(figs.get("pr_clean_correct", {}).get(eps))]
+                    + [cell for b in base for cell in (signed(diffs.get(b, {}).get("pr_common_correct", {}).get(eps)),
+                                                       signed(diffs.get(b, {}).get("pgd20")))])
+    return [f"## Sweep: {sweep['axis']}", "",
+            f"One seed per point. PR over the run's clean-correct images; ΔPR over the images both runs "
+            f"classify correctly; Δ: paired (same images, same noise draws), percentile bootstrap over images. "
+            f"Baselines that are not points are the last rows.", "", md_table(head, rows), ""]
+
+
+def plot_sweep(sweep: dict):
+    """Figure (None without results): PR(eps) over clean-correct images and PGD-20 against the
+    sweep's axis, one line per series, the baselines as horizontal bands."""
+    done = [e for e in sweep["points"] if e["status"] == "done"]
+    if not done:
+        return None
+    plt = _pyplot()
+    eps = sweep["epsilon"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    metrics = ((lambda f: f["pr_clean_correct"][eps], f"PR(·, {eps}) %, clean-correct images"),
+               (lambda f: f["pgd20"], "PGD-20 robust accuracy %"))
+    for ax, (get, title) in zip(axes, metrics):
+        series = list(dict.fromkeys(e["series"] for e in done))
+        for i, name in enumerate(series):
+            pts = sorted((e for e in done if e["series"] == name), key=lambda e: e["value"])
+            x = [e["value"] for e in pts]
+            y = [_percent(get(e["figures"])["value"]) for e in pts]
+            err = [[y_ - _percent(get(e["figures"])["interval"][0]) for y_, e in zip(y, pts)],
+                   [_percent(get(e["figures"])["interval"][1]) - y_ for y_, e in zip(y, pts)]]
+            ax.errorbar(x, y, yerr=err, marker="o" if i == 0 else "s", capsize=3, color=colors[i % len(colors)],
+                        ls="-" if i == 0 else "none", label=name)
+        in_points = {e["run"] for e in sweep["points"]}
+        for j, b in enumerate(e for e in sweep["baselines"] if e["status"] == "done" and e["run"] not in in_points):
+            fb = get(b["figures"])
+            color = colors[(len(series) + j) % len(colors)]
+            ax.axhline(_percent(fb["value"]), color=color, ls="--", lw=1, label=b["label"])
+            ax.axhspan(_percent(fb["interval"][0]), _percent(fb["interval"][1]), color=color, alpha=0.12)
+        ax.set_xscale("log")
+        ticks = sorted({e["value"] for e in done})
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel(sweep["axis"])
+        ax.set_ylabel(f"{title} (95 % interval)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def plot_suite(report: dict):

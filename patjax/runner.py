@@ -297,4 +297,8 @@ def write_report(suite: Suite, workdir: str) -> dict:
         figure = report.plot_suite(results)
         if figure is not None:
             workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)
+        for sweep in results["sweeps"]:
+            figure = report.plot_sweep(sweep)
+            if figure is not None:
+                workdir_lib.save_figure(figure, os.path.join(workdir, f"sweep_{sweep['name']}.png"), dpi=110)
         return results

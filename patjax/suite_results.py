@@ -20,7 +20,7 @@ import numpy as np
 
 from patjax import methods, robustness, stats
 from patjax import workdir as workdir_lib
-from patjax.suites import PR_DISTRIBUTION, Run, Suite, plan
+from patjax.suites import PR_DISTRIBUTION, Run, Suite, Sweep, plan
 
 # Paired differences reported (A - B), when both methods are in the suite.
 COMPARISONS = (("pat", "pgd"), ("pat", "pat_wos"), ("pgd_cor", "pgd"), ("fgsm_cor", "fgsm"),
@@ -141,6 +141,46 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
     return out
 
 
+def _pairing(outcomes: Sequence[RunOutcome]):
+    """(bootstrap indices, confidence) shared by runs that may be paired; raises if they were not
+    evaluated on the same images with the same noise."""
+    first = outcomes[0]
+    for o in outcomes[1:]:
+        workdir_lib.check_comparable(first.settings, o.settings, first.run.name, o.run.name)
+    s = first.settings
+    indices = stats.bootstrap_indices(first.correct.size, int(s["bootstrap_resamples"]), int(s["seed"]))
+    return indices, float(s["confidence"])
+
+
+def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
+    """A sweep's points: each one's own figures and its paired differences to each baseline
+    (`paired_difference`, one seed), from the outcomes of the suite's finished runs."""
+    named = list(sweep.points) + list(sweep.baselines)
+    unknown = [p.run_name for p in named if p.run_name not in outcomes]
+    if unknown:
+        raise ValueError(f"sweep {sweep.name!r} names runs the suite does not have: {', '.join(unknown)}")
+    out = {"name": sweep.name, "axis": sweep.axis, "epsilon": robustness.level_key(sweep.epsilon), "points": [],
+           "baselines": []}
+    done = [outcomes[p.run_name] for p in named if outcomes[p.run_name] is not None]
+    if done:
+        indices, confidence = _pairing(done)
+    for p in named:
+        o = outcomes[p.run_name]
+        entry = {"label": p.label, "run": p.run_name, "value": p.value, "series": p.series,
+                 "status": "done" if o else "pending"}
+        if o is not None:
+            entry.update(figures=own_figures(o), train_wall_s=o.record.get("train_wall_s"))
+        if p in sweep.baselines:
+            out["baselines"].append(entry)
+            continue
+        if o is not None:
+            entry["differences"] = {
+                b.label: paired_difference([o], [outcomes[b.run_name]], indices, confidence)
+                for b in sweep.baselines if outcomes[b.run_name] is not None and b.run_name != p.run_name}
+        out["points"].append(entry)
+    return out
+
+
 def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict:
     """The suite's results dict (DIR/results.json) from the outcomes of its finished runs
     ({run name: RunOutcome or None})."""
@@ -162,12 +202,8 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                                   "step": o.record.get("step")} if o else {})})
         if not group_done:
             continue
-        first = group_done[0]
-        for o in group_done[1:]:
-            workdir_lib.check_comparable(first.settings, o.settings, first.run.name, o.run.name)
-        s = first.settings
-        confidence = float(s["confidence"])
-        indices = stats.bootstrap_indices(first.correct.size, int(s["bootstrap_resamples"]), int(s["seed"]))
+        indices, confidence = _pairing(group_done)
+        s = group_done[0].settings
         g["evaluation"] = {k: s.get(k) for k in ("num_examples", "pr_samples", "pr_epsilons", "pr_distribution",
                                                  "seed", "confidence", "bootstrap_resamples", "attack_eps",
                                                  "attack_step_size", "attack_steps", "cw_kappa", "dataset")}
@@ -192,4 +228,5 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                                           indices, confidence),
                 "per_seed": {str(k): paired_difference([by_method[ma][k]], [by_method[mb][k]], indices, confidence)
                              for k in common}})
+    out["sweeps"] = [sweep_figures(sweep, outcomes) for sweep in suite.sweeps]
     return out

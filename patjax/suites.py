@@ -51,6 +51,38 @@ class Suite:
     evaluators: Sequence[str]
     eval_overrides: dict
     scaled_down: Sequence[str] = ()  # human-readable list of what differs from the paper
+    sweeps: Sequence["Sweep"] = ()   # runs of several groups lined up along one setting
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """One run of a sweep, named by group, method and seed, and where it sits on the sweep's axis."""
+
+    label: str
+    group: str
+    method: str
+    seed: int = 0
+    value: Optional[float] = None  # position on the axis; None for a baseline
+    series: str = ""               # points of one series are joined by a line in the plot
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.group}/{self.method}_s{self.seed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """Runs from several groups along one setting (e.g. PAT's T), each set against baseline runs.
+
+    Every run of a suite is evaluated on the same images with the same noise, so a point and a
+    baseline are paired even when they come from different groups (suite_results checks this).
+    """
+
+    name: str
+    axis: str                        # what the points' values are, for the table and the plot
+    points: Sequence[SweepPoint]
+    baselines: Sequence[SweepPoint]  # each point's paired difference to each baseline is reported
+    epsilon: float = 0.2             # the PR level shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +256,15 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
     for key, value in STATIONARY_CHEAP_SAMPLER.items():
         set_field(cheap, key, value)
     groups.append(Group("pat_clean_start_T20", cheap, methods=("pat",), seeds=(0,)))
+    # PR(0.2) and PGD-20 against T (seed 0 of each), each paired with PGD and with the paper's T = 100.
+    by_steps = {STATIONARY_LANGEVIN_STEPS: "cifar10_small_cnn", **{t: f"pat_T{t}" for t in STATIONARY_T_SWEEP}}
+    paper = [SweepPoint(f"T = {t}", by_steps[t], "pat", 0, value=t, series="uniform start (Algorithm 1)")
+             for t in sorted(by_steps)]
+    cheaper = SweepPoint("start at x, T <= 20", "pat_clean_start_T20", "pat", 0, value=20,
+                         series="start at x, T <= 20, tolerance 3e-4")
+    sweep = Sweep(
+        name="T", axis="Langevin steps T", points=(*paper, cheaper),
+        baselines=(SweepPoint("PGD", "cifar10_small_cnn", "pgd", 0), SweepPoint("PAT T = 100", "pat_T100", "pat", 0)))
     return Suite(
         name="stationary_cpu",
         description="CPU-scale test of the paper's claim with PAT's sampler at stationarity "
@@ -244,7 +285,8 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
             f"evaluation: the first {STATIONARY_EVAL_EXAMPLES} CIFAR-10 test images; PGD-20, CW-20; "
             "PR with Gaussian noise, N = 100, eps 0.1/0.12/0.15/0.2",
             "seeds: 2 per method in the main group, 1 in the T-sweep groups",
-        ))
+        ),
+        sweeps=(sweep,))
 
 
 PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"),

@@ -1,5 +1,6 @@
 """The experiment runner: a tiny suite on real CIFAR-10 trains, evaluates on common random
 numbers, reports paired differences that match a hand computation, and resumes."""
+import dataclasses
 import io
 import json
 import os
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from patjax import stats as patjax_stats
-from patjax import methods, runner, suites, train
+from patjax import methods, report, runner, suite_results, suites, train
 from patjax.errors import UserError
 from conftest import REPO
 
@@ -293,3 +294,81 @@ def test_static_partition_flags_slurm_and_bad_values():
         runner.run_suite(suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2,
                               worker_index=3)
     assert not os.path.exists("/nonexistent/suite")
+
+
+def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
+    """A RunOutcome as load_outcome would read it, with its own figures from hand formulas."""
+    figures = {"clean_accuracy": {"value": correct.mean(), "interval": [0.0, 1.0]},
+               "pgd20": {"value": pgd_robust.mean(), "interval": [0.0, 1.0]},
+               "pr": {"gaussian": {e: {"all": {"value": counts[:, j].mean() / samples, "interval": [0.0, 1.0]},
+                                       "clean_correct": {"value": counts[correct, j].mean() / samples,
+                                                         "interval": [0.0, 1.0]}}
+                                   for j, e in enumerate(["0.1", "0.2"])}}}
+    return suite_results.RunOutcome(run=run, correct=correct, robust={"pgd20": pgd_robust}, pr_counts=counts,
+                                    results={"settings": settings, "figures": figures},
+                                    record={"train_wall_s": 60.0, "eval_wall_s": 1.0, "step": 2})
+
+
+def test_a_sweep_pairs_points_across_groups_with_its_baselines():
+    n, samples = 400, 10
+    settings = {"num_examples": n, "pr_samples": samples, "seed": 0, "pr_epsilons": [0.1, 0.2], "dataset": "cifar10",
+                "pdis_c1": 0.1, "confidence": 0.95, "bootstrap_resamples": 300, "pr_distribution": "gaussian",
+                "attack_eps": 8 / 255, "attack_step_size": 2 / 255, "attack_steps": 20, "cw_kappa": 0.0}
+    rng = np.random.default_rng(0)
+    cfg = suites.smoke_cpu_suite(None).groups[0].base_config
+    groups = (suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),
+              suites.Group("T5", cfg, methods=("pat",), seeds=(0,)),
+              suites.Group("T9", cfg, methods=("pat",), seeds=(0,)))
+    sweep = suites.Sweep(name="T", axis="T", points=(suites.SweepPoint("T = 5", "T5", "pat", value=5),
+                                                    suites.SweepPoint("T = 9", "T9", "pat", value=9),
+                                                    suites.SweepPoint("T = 2", "main", "pat", value=2)),
+                         baselines=(suites.SweepPoint("PGD", "main", "pgd"),))
+    suite = suites.Suite(name="s", description="", groups=groups, num_eval_examples=n, eval_batch_size=n,
+                         evaluators=("clean", "pgd20", "pr"), eval_overrides={}, sweeps=(sweep,))
+    outcomes = {}
+    for run in suites.plan(suite):
+        correct = rng.random(n) < 0.6
+        outcomes[run.name] = _synthetic_outcome(run, correct, correct & (rng.random(n) < 0.4),
+                                                rng.integers(0, samples + 1, size=(n, 2)), samples, dict(settings))
+    outcomes["T9/pat_s0"] = None  # not run yet
+    got = suite_results.build(suite, "/unused", outcomes, [])["sweeps"][0]
+
+    assert [p["label"] for p in got["points"]] == ["T = 5", "T = 9", "T = 2"]
+    assert [p["status"] for p in got["points"]] == ["done", "pending", "done"]
+    assert "differences" not in got["points"][1]
+    a, b = outcomes["T5/pat_s0"], outcomes["main/pgd_s0"]
+    both = a.correct & b.correct
+    diff = got["points"][0]["differences"]["PGD"]
+    # Hand formulas: the mean over images both classify correctly of PR_A - PR_B at eps 0.2, and
+    # the difference of robust accuracies.
+    expected = (a.pr_counts[both, 1] - b.pr_counts[both, 1]).mean() / samples
+    assert diff["pr_common_correct"]["0.2"]["value"] == pytest.approx(expected)
+    assert diff["pr_common_correct"]["0.2"]["n"] == both.sum()
+    lo, hi = diff["pr_common_correct"]["0.2"]["interval"]
+    assert lo < expected < hi
+    assert diff["pgd20"]["value"] == pytest.approx(a.robust["pgd20"].mean() - b.robust["pgd20"].mean())
+    assert got["points"][0]["figures"]["pr_clean_correct"]["0.2"]["value"] == pytest.approx(
+        a.pr_counts[a.correct, 1].mean() / samples)
+
+    md = report.suite_markdown(suite_results.build(suite, "/unused", outcomes, []))
+    assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
+    assert report.plot_sweep(got) is not None
+
+    # Points evaluated on other images or noise cannot be paired: refused, not reported.
+    outcomes["T5/pat_s0"].results["settings"]["seed"] = 1
+    with pytest.raises(UserError, match="not comparable"):
+        suite_results.build(suite, "/unused", outcomes, [])
+    # A sweep naming a run its suite does not plan is a definition error.
+    bad = dataclasses.replace(suite, sweeps=(dataclasses.replace(sweep, baselines=(
+        suites.SweepPoint("CW", "main", "clean"),)),))
+    with pytest.raises(ValueError, match="main/clean_s0"):
+        suite_results.build(bad, "/unused", outcomes, [])
+
+
+def test_every_defined_sweep_names_runs_of_its_suite():
+    for name, make in suites.SUITES.items():
+        suite = make(None)
+        planned = {r.name for r in suites.plan(suite)}
+        for sweep in suite.sweeps:
+            for p in list(sweep.points) + list(sweep.baselines):
+                assert p.run_name in planned, (name, p.run_name)

@@ -58,7 +58,8 @@ def main(argv):
         # same functions: XLA's persistent cache compiles each once per suite.
         jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(FLAGS.workdir), "jax_cache"))
     runner.run_suite(suite, FLAGS.workdir, groups=groups, methods=methods, max_runs=FLAGS.max_runs,
-                     progress_bars=FLAGS.progress_bars, num_workers=num_workers, worker_index=worker_index)
+                     progress_bars=FLAGS.progress_bars, num_workers=num_workers, worker_index=worker_index,
+                     train_only=FLAGS.train_only)
 
 
 def define_flags():
@@ -70,6 +71,7 @@ def define_flags():
     flags.DEFINE_string("methods", None, "Comma-separated methods of the suite to run (default: all).")
     flags.DEFINE_integer("max_runs", None, "Leave after working on this many runs; rerun to continue.")
     flags.DEFINE_bool("dry_run", False, "Print the runs and leave.")
+    flags.DEFINE_bool("train_only", False, "Train the runs; leave their evaluation to a later invocation.")
     flags.DEFINE_bool("report_only", False, "Rewrite results.md/json/png from finished runs only.")
     flags.DEFINE_bool("progress_bars", True, "tqdm bars for training and evaluation (stderr).")
     flags.DEFINE_bool("compilation_cache", True, "Persistent XLA compilation cache in DIR/jax_cache.")

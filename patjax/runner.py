@@ -151,7 +151,8 @@ def _finished(suite: Suite, run: Run, directory: str) -> bool:
 
 
 def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs: Optional[int] = None,
-              progress_bars: bool = False, stream=None, num_workers: int = 1, worker_index: int = 0) -> dict:
+              progress_bars: bool = False, stream=None, num_workers: int = 1, worker_index: int = 0,
+              train_only: bool = False) -> dict:
     """Trains and evaluates this worker's runs of the suite (reusing finished ones) and writes the report.
 
     Any number of workers may run at once on one workdir: a worker claims a run (an flock on
@@ -162,6 +163,7 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
       within and across shares.
     max_runs: leave after this many runs were trained or evaluated in this invocation (as an
       interrupted suite would); running again continues with the next run.
+    train_only: train the runs and leave their evaluation to a later invocation.
     Returns the suite's results (as written to DIR/results.json).
     """
     num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
@@ -186,6 +188,9 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
             if _finished(suite, run, directory):
                 progress(index, run, "reused (trained and evaluated earlier)")
                 continue
+            if train_only and _trained(run, directory) is not None:
+                progress(index, run, "trained; its evaluation is left for a later invocation (--train_only)")
+                continue
             if max_runs is not None and worked >= max_runs:
                 progress(index, run, f"left for the next invocation (--max_runs={max_runs})")
                 leaving = True
@@ -196,12 +201,12 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
                     progress(index, run, f"skipped: claimed by {claim.holder}")
                     held_elsewhere.append((position, run))
                     continue
-                if _finished(suite, run, directory):  # by the worker that held it a moment ago
+                if _finished(suite, run, directory) or (train_only and _trained(run, directory)):
                     progress(index, run, "reused (finished by another worker)")
                     continue
                 worked += 1
                 _train_and_evaluate(suite, run, directory, lambda message: progress(index, run, message),
-                                    progress_bars)
+                                    progress_bars, train_only)
             summary = write_report(suite, workdir)
             progress(index, run, f"report updated ({summary['num_done']}/{summary['num_runs']} runs done)")
         if leaving or held_elsewhere == todo:  # nothing changed since the last look: others hold the rest
@@ -223,8 +228,9 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
 
 
 def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[str], None],
-                        progress_bars: bool) -> None:
-    """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it."""
+                        progress_bars: bool, train_only: bool = False) -> None:
+    """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it
+    (unless train_only)."""
     cfg = copy.deepcopy(run.config)
     cfg.progress_bar = bool(progress_bars)
     record_path = os.path.join(directory, RECORD_FILE)
@@ -244,6 +250,8 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
         del state
         workdir_lib.write_json(record_path, record)
         say(f"trained in {train_wall / 60:.1f} min")
+        if train_only:
+            return
     elif "eval_wall_s" in record:
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).

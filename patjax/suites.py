@@ -26,6 +26,7 @@ from patjax import methods as methods_lib
 from patjax.errors import UserError
 
 PR_DISTRIBUTION = "gaussian"  # the suites' PR distribution (the paper's Table 1)
+TABLE1_PR_DISTRIBUTIONS = ("uniform", "gaussian", "pdis")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,11 @@ class Suite:
     eval_overrides: dict
     scaled_down: Sequence[str] = ()  # human-readable list of what differs from the paper
     sweeps: Sequence["Sweep"] = ()   # runs of several groups lined up along one setting
+    # Learning curves: every `curve_every_steps` steps of training (0: none) a checkpoint is kept;
+    # the runner evaluates each with `curve_evaluators` on the suite's images and keeps its model.
+    curve_every_steps: int = 0
+    curve_evaluators: Sequence[str] = ("clean", "pr")
+    curve_eval_overrides: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +295,55 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
         sweeps=(sweep,))
 
 
+# The Table-1 CPU suite (table1_cpu_suite): stationary_cpu's runs, kept, evaluated under the
+# Table-1 protocol, with a checkpoint every CURVE_EVERY_STEPS for the matched-accuracy curves.
+TABLE1_CURVE_EVERY_STEPS = 100
+
+
+def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """stationary_cpu's clean, PGD-10 and PAT (T = 35) runs and the cheaper sampler, 2 seeds each,
+    evaluated under the Table-1 protocol (uniform noise headline, Gaussian and p_dis beside) with
+    learning curves for the comparison at matched clean accuracy (docs/reproduction.md)."""
+    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
+                      langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
+                      eval_batch_size=250)
+    cfg.checkpoint_every_steps = TABLE1_CURVE_EVERY_STEPS
+    cfg.max_checkpoints_to_keep = STATIONARY_TRAIN_STEPS // TABLE1_CURVE_EVERY_STEPS  # every curve point
+    cfg.log_every_steps = 200
+    cfg.progress_bar = False
+    cfg.eval.pr_distributions = TABLE1_PR_DISTRIBUTIONS
+    cheap = copy.deepcopy(cfg)
+    for key, value in STATIONARY_CHEAP_SAMPLER.items():
+        set_field(cheap, key, value)
+    groups = (Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pat"), seeds=(0, 1)),
+              Group("pat_clean_start_T20", cheap, methods=("pat",), seeds=(0, 1)))
+    return Suite(
+        name="table1_cpu",
+        description="CPU-scale comparison of PAT and PGD under the Table-1 PR protocol, with learning "
+                    "curves for matched clean accuracy (small CNN, 2 epochs of CIFAR-10)",
+        groups=groups,
+        num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides={"pr_distributions": TABLE1_PR_DISTRIBUTIONS, "seed": 0},
+        curve_every_steps=TABLE1_CURVE_EVERY_STEPS,
+        curve_evaluators=("clean", "pr"),
+        curve_eval_overrides={"pr_distributions": ("uniform",), "seed": 0},
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
+            f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
+            f"({STATIONARY_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs) instead of 100 epochs of batch 256; "
+            "lr 0.05 (paper 0.01) with the paper's MultiStepLR shape",
+            f"PAT: T = {STATIONARY_LANGEVIN_STEPS} (the chain is at its endpoint by then: "
+            "docs/sampler_convergence.md); the cheaper sampler (start at x, T = 20, tolerance 3e-4) beside it",
+            "PGD: the paper's 10 steps of alpha 2/255 in the 8/255 L-inf ball",
+            f"evaluation: the first {STATIONARY_EVAL_EXAMPLES} CIFAR-10 test images; PGD-20, CW-20; PR under the "
+            "Table-1 protocol (uniform noise, N = 100, eps 0.1/0.12/0.15/0.2, clean-correct images), Gaussian "
+            "and p_dis beside; learning curves (clean, uniform PR) every "
+            f"{TABLE1_CURVE_EVERY_STEPS} steps",
+            "seeds: 2 per method",
+        ))
+
+
 PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"),
                 ("cifar100", "wrn50_2"))
 
@@ -317,6 +372,7 @@ def paper_full_suite(data_dir: Optional[str]) -> Suite:
 SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "ablation_cpu": ablation_cpu_suite,
     "stationary_cpu": stationary_cpu_suite,
+    "table1_cpu": table1_cpu_suite,
     "paper_full": paper_full_suite,
     "smoke_cpu": smoke_cpu_suite,
 }

@@ -1,7 +1,7 @@
 """Command line: evaluate trained runs and compare them.
 
   python -m patjax.evaluate --workdir=runs/pat_c10 [--num_examples=1000] [--batch_size=500]
-      [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=gaussian,uniform,pdis]
+      [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
 
 Checks every workdir (config, checkpoint, settings) first, then evaluates each one's newest
@@ -21,7 +21,7 @@ from patjax.errors import UserError
 FLAGS = flags.FLAGS
 
 # Command-line flag -> eval setting it overrides (None: keep the workdir's config).
-_OVERRIDES = ("pr_samples", "pr_chunk_size", "pr_distributions", "seed", "apgd_steps")
+_OVERRIDES = ("pr_samples", "pr_chunk_size", "pr_distribution", "pr_distributions", "seed", "apgd_steps")
 
 
 def overrides_from_flags() -> dict:
@@ -62,7 +62,9 @@ def define_flags():
                         f"groups {', '.join(evaluators.ALIASES)} (default: config.eval.evaluators).")
     flags.DEFINE_integer("pr_samples", None, "N perturbations per image for PR.")
     flags.DEFINE_integer("pr_chunk_size", None, "Perturbations per image evaluated at once (memory).")
-    flags.DEFINE_string("pr_distributions", None, "Comma-separated: gaussian,uniform,pdis.")
+    flags.DEFINE_string("pr_distribution", None, "Law of the headline PR (results.json's `pr`): uniform (the "
+                        "Table-1 protocol, the default) or gaussian.")
+    flags.DEFINE_string("pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis.")
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
     flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")

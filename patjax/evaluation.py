@@ -1,13 +1,16 @@
 """Evaluating trained runs: the chosen evaluators over the test split, their figures, the
 workdir's eval/ files, and the paired comparison of several evaluated runs.
 
-`evaluate_state` is the library call (a state and a split in, a results dict out); `run`
-evaluates a workdir's newest checkpoint and writes DIR/eval/per_image.npz (per-image outcomes
-and PR statistics, for paired comparisons) and then, last, DIR/eval/results.json (strict JSON;
-NaN/inf as null):
+`evaluate_state` is the library call (a state and a split in, a results dict out);
+`evaluate_workdir` evaluates a workdir's newest checkpoint (or its kept model) and writes
+DIR/eval/per_image.npz (per-image outcomes and PR statistics, for paired comparisons) and then,
+last, DIR/eval/results.json (strict JSON; NaN/inf as null):
   clean_accuracy      fraction of test images classified correctly
-  pr                  {"0.1": mean per-image PR over all evaluated images, ...} (pr_distribution)
-  pr_clean_correct    the same mean over clean-correct images only (AT-PR's convention)
+  pr                  the headline PR: {"0.1": {value, interval, n}, ...}, the mean of per-image
+                      PR_i over the images the model classifies correctly, under
+                      eval.pr_distribution (default uniform: the Table-1 protocol, `PROTOCOL`)
+  pr_all_images       the same law's mean over every evaluated image (misclassified ones included)
+  pr_protocol         what `pr` is, in words
   figures             every figure with its interval, method, number of images and settings;
                       per distribution and level: all, clean_correct (with its own prob_acc,
                       AT-PR's Prob.Acc), prob_acc, expected_loss, the lower bounds, entropic_risk
@@ -31,6 +34,12 @@ from patjax.errors import UserError
 from patjax.evaluators import common
 
 
+# The paper's Table 1 reports PR above clean accuracy for every adversarially trained model, so
+# its PR is a mean over the images each model classifies correctly; the law is not stated and
+# is inferred from the AT-PR code's evaluate.py (docs/evaluation.md, "The Table-1 protocol").
+PROTOCOL = ("Table-1 protocol: per image, the fraction of N samples uniform on [max(x - eps, 0), "
+            "min(x + eps, 1)] per pixel with s(x') < 0 (ties adversarial); the mean over the images the "
+            "model classifies correctly")
 SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 WHOLE_SPLIT = -1  # num_examples meaning every image of the test split
 
@@ -164,9 +173,11 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     if "clean" in per_image:
         results["clean_accuracy"] = float(per_image["clean"]["correct"].mean())
     if "pr" in names:
-        default = figures["pr"][ev.pr_distribution]
-        results["pr"] = {k: v["all"]["value"] for k, v in default.items()}
-        results["pr_clean_correct"] = {k: v["clean_correct"]["value"] for k, v in default.items()}
+        headline = figures["pr"][ev.pr_distribution]
+        keep = ("value", "interval", "n")
+        results["pr"] = {k: {f: v["clean_correct"][f] for f in keep} for k, v in headline.items()}
+        results["pr_all_images"] = {k: {f: v["all"][f] for f in keep} for k, v in headline.items()}
+        results["pr_protocol"] = protocol_text(ev.pr_distribution, s["pr_samples"])
     results["figures"] = figures
     results["settings"] = {
         "num_examples": int(n),
@@ -198,6 +209,16 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     if per_image_out is not None:
         per_image_out.update(_flatten_per_image(per_image, s, n))
     return results
+
+
+def protocol_text(distribution: str, num_samples: int) -> str:
+    """What the headline `pr` of results.json is: the Table-1 protocol, or the same estimand
+    under another law."""
+    if distribution == "uniform":
+        return PROTOCOL.replace("N samples", f"N = {num_samples} samples")
+    return (f"per image, the fraction of N = {num_samples} samples of {robustness.DEFINITIONS[distribution]} "
+            f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
+            f"protocol's uniform law)")
 
 
 def _flatten_per_image(per_image, s, n) -> dict:
@@ -240,17 +261,18 @@ def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=N
 
 def evaluate_workdir(workdir: str, num_examples: int | None = None, batch_size: int | None = None,
         progress: bool = True, evaluators=None, overrides: dict | None = None,
-        overwrite: bool = True) -> dict:
-    """Evaluates a workdir's newest checkpoint; writes eval/per_image.npz, then eval/results.json
-    (`workdir.write_results`). Returns the results as written (non-finite numbers as None).
-    overwrite=False (the command line's default) refuses to replace a results.json holding
-    evaluators this run lacks.
+        overwrite: bool = True, step: int | None = None) -> dict:
+    """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
+    eval/per_image.npz, then eval/results.json (`workdir.write_results`). Returns the results as
+    written (non-finite numbers as None). overwrite=False (the command line's default) refuses
+    to replace a results.json holding evaluators this run lacks.
+    step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
     """
     check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     lock = workdir_lib.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
     with lock:
-        cfg, model_fns, state = workdir_lib.restore(workdir)
+        cfg, model_fns, state = workdir_lib.restore(workdir, step=step)
         cfg = apply_overrides(cfg, overrides)
         split = data.load_split(cfg.dataset, "test", cfg.data_dir)
         per_image = {}
@@ -261,12 +283,12 @@ def evaluate_workdir(workdir: str, num_examples: int | None = None, batch_size: 
             progress=progress and sharding.is_writer(), evaluators=evaluators, per_image_out=per_image)
         if not sharding.is_writer():
             return workdir_lib.json_safe(results)
-        return workdir_lib.write_results(workdir, results, per_image)
+        return workdir_lib.write_results(workdir, results, per_image, step)
 
 
 def paired_differences(workdirs, results_list, per_images) -> list:
-    """PR(run) - PR(first run) per distribution and level, over all images, with the paired
-    bootstrap interval of `stats.paired_difference` (same images, same perturbations)."""
+    """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`): same
+    images, same perturbations."""
     names = [workdir_name(w) for w in workdirs]
     base_res, base = results_list[0], per_images[0]
     st = base_res["settings"]
@@ -277,16 +299,12 @@ def paired_differences(workdirs, results_list, per_images) -> list:
         row = {"run": name, "baseline": names[0], "distributions": {}}
         for d in res["settings"]["pr_distributions"]:
             key = f"pr_{d}.counts"
-            if key not in pi or key not in base:
+            if key not in pi or key not in base or "clean.correct" not in pi or "clean.correct" not in base:
                 continue
-            row["distributions"][d] = {}
-            for j, level in enumerate(res["figures"]["pr"][d]):
-                value, (lo, hi) = stats.paired_difference(pi[key][:, j], base[key][:, j], indices,
-                                                          st["confidence"], per=st["pr_samples"])
-                row["distributions"][d][level] = {
-                    "value": value, "interval": [lo, hi], "n": int(st["num_examples"]),
-                    "interval_method": f"paired percentile bootstrap over images "
-                                       f"({st['bootstrap_resamples']} resamples)"}
+            row["distributions"][d] = {
+                level: stats.pr_difference(pi[key][:, j], pi["clean.correct"], base[key][:, j], base["clean.correct"],
+                                     st["pr_samples"], indices, st["confidence"])
+                for j, level in enumerate(res["figures"]["pr"][d])}
         out.append(row)
     common.bootstrap_indices.cache_clear()
     return out

@@ -5,6 +5,7 @@
   python -m patjax.experiments --suite=NAME --workdir=DIR --dry_run       # the plan, nothing run
   python -m patjax.experiments --suite=NAME --workdir=DIR --report_only   # rebuild the report
   python -m patjax.experiments --suite=NAME --workdir=DIR --num_workers=K --worker_index=i
+  python -m patjax.experiments --suite=NAME --workdir=DIR --handover      # carry unfinished runs in git
 
 The suites are those of `patjax.suites`; `patjax.runner` runs them (workers, claims, resume:
 docs/cluster.md) and `patjax.suite_results` computes the tables' figures.
@@ -46,6 +47,12 @@ def main(argv):
             print(f"  run {position + 1}/{len(runs)} {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
                   f"{length} T={c.langevin.steps} -> {suite_results.run_dir(FLAGS.workdir, r)}")
         return
+    if FLAGS.handover:
+        paths = runner.handover(suite, FLAGS.workdir)
+        print(f"{len(paths)} unfinished run(s) keep their newest checkpoint; commit them with the suite:")
+        for path in paths:
+            print(f"  git add -f {os.path.relpath(path)}")
+        return
     if FLAGS.report_only:
         if not os.path.isdir(FLAGS.workdir):
             raise UserError(f"no suite directory {FLAGS.workdir!r} to report on")
@@ -59,7 +66,7 @@ def main(argv):
         jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(FLAGS.workdir), "jax_cache"))
     runner.run_suite(suite, FLAGS.workdir, groups=groups, methods=methods, max_runs=FLAGS.max_runs,
                      progress_bars=FLAGS.progress_bars, num_workers=num_workers, worker_index=worker_index,
-                     train_only=FLAGS.train_only)
+                     only=FLAGS.only)
 
 
 def define_flags():
@@ -71,7 +78,10 @@ def define_flags():
     flags.DEFINE_string("methods", None, "Comma-separated methods of the suite to run (default: all).")
     flags.DEFINE_integer("max_runs", None, "Leave after working on this many runs; rerun to continue.")
     flags.DEFINE_bool("dry_run", False, "Print the runs and leave.")
-    flags.DEFINE_bool("train_only", False, "Train the runs; leave their evaluation to a later invocation.")
+    flags.DEFINE_bool("handover", False, "With no worker running: keep each unfinished run's curve models and "
+                      "newest checkpoint only, and print how to commit them (a clean clone then resumes).")
+    flags.DEFINE_string("only", "", "'train': train the runs and leave their evaluation to a later invocation; "
+                        "'evaluate': evaluate the runs already trained and leave the others.")
     flags.DEFINE_bool("report_only", False, "Rewrite results.md/json/png from finished runs only.")
     flags.DEFINE_bool("progress_bars", True, "tqdm bars for training and evaluation (stderr).")
     flags.DEFINE_bool("compilation_cache", True, "Persistent XLA compilation cache in DIR/jax_cache.")

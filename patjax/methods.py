@@ -17,8 +17,8 @@ without importance weights).
 
 Conventions shared by all methods:
 - Inner attacks/samplers see the parameters under `stop_gradient`. BatchNorm during the
-  sampler is `cfg.langevin.bn_mode` (inference by default: the PyTorch reference calls
-  `model.eval()` before the sampler); during a baseline's attack it is `cfg.attack.bn_mode`,
+  sampler is `cfg.langevin.bn_mode` (inference by default, our choice where the paper is
+  silent: each chain's energy then depends on its own image only; docs/design.md); during a baseline's attack it is `cfg.attack.bn_mode`,
   whose default 'auto' is the mode of that baseline's reference code
   (`REFERENCE_ATTACK_BN_MODE`). An attack never updates the running statistics.
 - The outer loss runs the model in training mode: batch statistics normalize each pass,
@@ -41,7 +41,7 @@ from patjax.errors import UserError
 
 
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
-    """Self-normalized importance weights over the batch (Algorithm 2, lines 17-18; Eq. 1).
+    """Self-normalized importance weights over the batch (Algorithm 2, lines 17-18; Eq. 2).
 
     w = softmax(Detach(-beta * l)): beta = 0 gives uniform weights (PAT(WOS)).
     """

@@ -62,37 +62,63 @@ def _percent(value) -> float:
 # Evaluated runs side by side (python -m patjax.evaluate with several workdirs).
 
 def comparison(names, results_list) -> str:
-    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run,
-    then APGD, the worst case and the Theorem 2 lower bound."""
+    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run and
+    PR under the headline protocol; then PR under every other law evaluated (over the same
+    clean-correct images) and over all images; then APGD, the worst case and the Theorem 2 bound."""
     first = results_list[0]
-    dist = first["settings"]["pr_distribution"]
-    eps_keys = list(first.get("pr", {}))
-    rows, extra = [], []
+    s = first["settings"]
+    dist = s["pr_distribution"]
+    laws = [dist] + [d for d in s.get("pr_distributions", ()) if d != dist]
+    tables = []
+    pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
+    eps_keys = list(pr_of(first, dist))
+    rows = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
-        pr = f.get("pr", {}).get(dist, {})
         rows.append([name, pct(f.get("clean_accuracy"), 2), pct(f.get("pgd20"), 2), pct(f.get("cw20"), 2)]
-                    + [pct(pr.get(e, {}).get("all"), 2) for e in eps_keys])
+                    + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys])
+    tables += [text_table(["run", "Acc %", "PGD %", "CW %"] + [f"PR({e}) %" for e in eps_keys], rows),
+               f"PR: {first.get('pr_protocol', dist)}", ""]
+    for d in laws:
+        levels = list(pr_of(first, d))
+        if not levels:
+            continue
+        subsets = (("clean_correct", "clean-correct images"), ("all", "all images")) if d != dist else \
+            (("all", "all images"),)
+        for subset, words in subsets:
+            rows = [[name] + [pct(pr_of(r, d).get(e, {}).get(subset), 2) for e in levels]
+                    for name, r in zip(names, results_list)]
+            tables += [text_table([f"{d}, {words}"] + [f"PR({e}) %" for e in levels], rows), ""]
+    extra = []
+    for name, r in zip(names, results_list):
+        f = r.get("figures", {})
         extra.append([name, pct(f.get("apgd_ce"), 2), pct(f.get("apgd_dlr"), 2), pct(f.get("worst_case"), 2)]
-                     + [pct(pr.get(e, {}).get("lower_bound"), 2) for e in eps_keys])
-    s = first["settings"]
-    note = (f"({s['num_examples']} test images; PR over all of them (clean-misclassified included): "
-            f"{dist} noise, N={s['pr_samples']}, seed {s['seed']}; "
-            f"[{_confidence_pct(s)} intervals]: Clopper-Pearson for accuracies, bootstrap over images for PR; "
-            f"LB = Theorem 2 lower bound 1 - E[f]/log 2)")
-    return "\n".join([text_table(["run", "Acc %", "PGD %", "CW %"] + [f"PR({e}) %" for e in eps_keys], rows), "",
-                      text_table(["run", "APGD-CE %", "APGD-DLR %", "worst %"] + [f"LB({e}) %" for e in eps_keys],
-                                 extra), note])
+                     + [pct(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys])
+    note = (f"({s['num_examples']} test images, {s.get('num_clean_correct')} of them clean-correct in the first "
+            f"run; N={s['pr_samples']}, seed {s['seed']}; [{_confidence_pct(s)} intervals]: Clopper-Pearson for "
+            f"accuracies, bootstrap over images for PR; LB = Theorem 2 lower bound 1 - E[f]/log 2 over all "
+            f"images, {dist} noise)")
+    tables += [text_table(["run", "APGD-CE %", "APGD-DLR %", "worst %"] + [f"LB({e}) %" for e in eps_keys], extra),
+               note]
+    return "\n".join(tables)
+
+
+ESTIMAND_WORDS = {"clean_correct": "each run over its own clean-correct images (Table 1)",
+                  "both_correct": "images both runs classify correctly", "all": "all images"}
 
 
 def differences(diffs, dist) -> str:
-    """Paired PR differences of `evaluation.paired_differences`, one row per run."""
+    """Paired PR differences of `evaluation.paired_differences` under `dist`, one table per estimand."""
     if not diffs:
         return ""
     eps_keys = list(diffs[0]["distributions"].get(dist, {}))
-    header = ["run - " + diffs[0]["baseline"]] + [f"dPR({e}) pp" for e in eps_keys]
-    rows = [[row["run"]] + [signed(row["distributions"].get(dist, {}).get(e)) for e in eps_keys] for row in diffs]
-    return text_table(header, rows) + "\n(paired: same images and perturbations; bootstrap over images)"
+    out = []
+    for estimand, words in ESTIMAND_WORDS.items():
+        header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({e}) pp" for e in eps_keys]
+        rows = [[row["run"]] + [signed(row["distributions"].get(dist, {}).get(e, {}).get(estimand)) for e in eps_keys]
+                for row in diffs]
+        out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
+    return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
 
 
 def plot_pr(names, results_list):
@@ -152,6 +178,8 @@ def suite_markdown(report: dict) -> str:
               f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else ""] for e in g["runs"]]), ""]
     for sweep in report.get("sweeps", ()):
         out += _sweep_tables(sweep)
+    if report.get("matched"):
+        out += _matched_tables(report)
     if report.get("invocations"):
         total = sum(i["wall_s"] for i in report["invocations"])
         out += [f"Time of the suite's invocations so far: {total / 60:.1f} min summed over "
@@ -166,9 +194,11 @@ def _group_tables(g) -> list:
     pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
     head = ["Method", "Acc. %", "PGD %", "CW %"] + pr_cols
     out = [f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
-           f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}; PR: {ev['pr_distribution']} "
-           f"noise, N = {ev['pr_samples']} per image, evaluation seed {ev['seed']} for every run (common "
-           f"random numbers). Cells: value [{conf} % interval].", ""]
+           f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}, CW kappa {ev.get('cw_kappa')}; "
+           f"PR: {ev['pr_distribution']} noise first"
+           f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
+           f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
+           f"[{conf} % interval].", ""]
     t1 = [m for m in g["methods"] if m in TABLE1_METHODS or m not in sum(TABLE2_PAIRS, ())]
     if t1:
         out += ["### Table 1 layout (mean over seeds; PR over clean-correct images, the paper's convention)", "",
@@ -180,21 +210,40 @@ def _group_tables(g) -> list:
                 for pair in pairs for m in pair if m in g["methods"]]
         out += ["### Table 2 layout (ablation; mean over seeds; PR over clean-correct images)", "",
                 md_table(head, rows), ""]
-    out += ["### PR over all test images (misclassified images count with their PR, mostly ~0)", "",
-            md_table(["Method"] + pr_cols,
-                     [[_label(m, g)] + [pct(g["methods"][m]["mean"]["pr_all"].get(e)) for e in eps_keys]
-                      for m in g["methods"]]), ""]
+    laws = list(next(iter(g["methods"].values()))["mean"].get("laws", {})) or [ev["pr_distribution"]]
+    for law in laws[1:]:
+        out += [f"### PR under {law} noise over clean-correct images (mean over seeds)", "",
+                md_table(["Method"] + pr_cols, [[_label(m, g)] + [pct(g["methods"][m]["mean"]["laws"][law]
+                                                                      ["pr_clean_correct"].get(e)) for e in eps_keys]
+                                                for m in g["methods"]]), ""]
+    for law in laws:
+        out += [f"### PR under {law} noise over all test images (misclassified images count with their PR, "
+                "mostly ~0)", "",
+                md_table(["Method"] + pr_cols,
+                         [[_label(m, g)] + [pct(g["methods"][m]["mean"].get("laws", {law: g["methods"][m]["mean"]})
+                                                [law]["pr_all"].get(e)) for e in eps_keys]
+                          for m in g["methods"]]), ""]
     if g["differences"]:
         dhead = ["A − B", "seeds", "ΔAcc pp", "ΔPGD pp", "ΔCW pp"] + [f"ΔPR({e}) pp" for e in eps_keys]
-        for key, title in (("pr_all", "all test images"), ("pr_common_correct", "images both runs classify correctly")):
-            rows = []
-            for d in g["differences"]:
-                name = f"{DISPLAY_NAMES.get(d['a'], d['a'])} − {DISPLAY_NAMES.get(d['b'], d['b'])}"
-                for label, fig in [("mean", d["mean"])] + [(f"seed {k}", v) for k, v in d["per_seed"].items()]:
-                    rows.append([name if label == "mean" else "", label, signed(fig.get("clean_accuracy")),
-                                 signed(fig.get("pgd20")), signed(fig.get("cw20"))]
-                                + [signed(fig[key].get(e)) for e in eps_keys])
-            out += [f"### Paired differences A − B (percentage points; PR over {title})", "", md_table(dhead, rows), ""]
+        estimands = (("pr_clean_correct", "each run over its own clean-correct images: the difference of the "
+                                          "Table-1 figures"),
+                     ("pr_common_correct", "the images both runs classify correctly, paired image by image"),
+                     ("pr_all", "all test images"))
+        for law in laws:
+            for key, title in estimands:
+                rows = []
+                for d in g["differences"]:
+                    name = f"{DISPLAY_NAMES.get(d['a'], d['a'])} − {DISPLAY_NAMES.get(d['b'], d['b'])}"
+                    for label, fig in [("mean", d["mean"])] + [(f"seed {k}", v) for k, v in d["per_seed"].items()]:
+                        pr = fig.get("laws", {law: fig}).get(law, {})
+                        if key not in pr:
+                            continue
+                        rows.append([name if label == "mean" else "", label, signed(fig.get("clean_accuracy")),
+                                     signed(fig.get("pgd20")), signed(fig.get("cw20"))]
+                                    + [signed(pr[key].get(e)) for e in eps_keys])
+                if rows:
+                    out += [f"### Paired differences A − B ({law} noise; percentage points; PR over {title})", "",
+                            md_table(dhead, rows), ""]
         out += [f"Paired: run A and run B of a seed are evaluated on the same images with the same noise "
                 f"draws; the interval is a percentile bootstrap over images ({ev['bootstrap_resamples']} "
                 f"resamples, the same resamples for every seed). It covers evaluation sampling only, not "
@@ -204,6 +253,68 @@ def _group_tables(g) -> list:
                                           for e in g["runs"] if e["status"] == "done"]), "",
             "Per-run intervals: Clopper-Pearson for accuracies, bootstrap over images for PR.", ""]
     return out
+
+
+def _matched_tables(report) -> list:
+    """PR at matched clean accuracy (suite_results.matched_figures) and the learning curves."""
+    out = ["## PR at matched clean accuracy", ""]
+    for m in report["matched"]:
+        if "mean" not in m:
+            out += [f"{m['a']} − {m['b']}: no pair of finished runs yet.", ""]
+            continue
+        eps_keys = list(m["mean"]["pr_clean_correct"])
+        rows = []
+        for label, fig in [("mean", m["mean"])] + [(f"seed {k}", v) for k, v in m["per_seed"].items()]:
+            ranges = fig["accuracy_range_a"]
+            rows.append([label, f"{100 * fig['matched_accuracy']:.1f}",
+                         "; ".join(f"{100 * lo:.1f}–{100 * hi:.1f}" for lo, hi in ranges),
+                         f"{100 * fig['resamples_matched']:.0f}"]
+                        + [signed(fig["pr_clean_correct"][e]) for e in eps_keys])
+        out += [f"### {m['a']} − {m['b']} ({m['law']} noise)", "",
+                md_table(["seeds", "B's clean acc. %", "A's curve spans acc. %", "resamples matched %"]
+                         + [f"ΔPR({e}) pp" for e in eps_keys], rows), ""]
+    out += ["A's PR over its own clean-correct images, interpolated linearly in clean accuracy between the points "
+            "of its learning curve (its kept models, evaluated on the suite's images and noise), at the clean "
+            "accuracy of B's final model of the same seed, minus B's PR: the Table-1 estimand with clean accuracy "
+            "held equal. The interval is a paired percentile bootstrap over images that recomputes every "
+            "accuracy and PR and the interpolation in each resample; resamples in which B's accuracy falls "
+            "outside A's curve are dropped (their share is shown).", ""]
+    curves = report.get("curves", {})
+    if curves:
+        eps_keys = list(next(iter(curves.values()))[0]["pr_clean_correct"])
+        rows = [[name, p["step"], f"{100 * p['clean_accuracy']:.1f}"]
+                + [("-" if p["pr_clean_correct"][e] is None else f"{100 * p['pr_clean_correct'][e]:.1f}")
+                   for e in eps_keys]
+                for name, points in curves.items() for p in points]
+        out += ["### Learning curves (clean accuracy and PR over clean-correct images)", "",
+                md_table(["run", "step", "Acc. %"] + [f"PR(·, {e}) %" for e in eps_keys], rows), ""]
+    return out
+
+
+def plot_curves(report: dict):
+    """Figure (None without curves): PR over clean-correct images against clean accuracy along
+    training, one panel per eps, one line per run, B's final models as crosses."""
+    curves = report.get("curves", {})
+    if not curves:
+        return None
+    plt = _pyplot()
+    eps_keys = list(next(iter(curves.values()))[0]["pr_clean_correct"])
+    fig, axes = plt.subplots(1, len(eps_keys), figsize=(4.2 * len(eps_keys), 4), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    methods = list(dict.fromkeys(name.rsplit("_s", 1)[0] for name in curves))
+    for ax, e in zip(axes[0], eps_keys):
+        for name, points in curves.items():
+            color = colors[methods.index(name.rsplit("_s", 1)[0]) % len(colors)]
+            ax.plot([100 * p["clean_accuracy"] for p in points], [_percent(p["pr_clean_correct"][e]) for p in points],
+                    marker="o", ms=3, color=color, label=name)
+            ax.annotate(str(points[-1]["step"]), (100 * points[-1]["clean_accuracy"],
+                                                  _percent(points[-1]["pr_clean_correct"][e])), fontsize=6)
+        ax.set_xlabel("clean accuracy % (each run's learning curve; last point: final model)")
+        ax.set_ylabel(f"PR(·, {e}) % over clean-correct images")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def _sweep_tables(sweep) -> list:

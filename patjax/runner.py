@@ -34,18 +34,20 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from patjax import config as config_lib, data, evaluation, evaluators, report, robustness, suite_results, train
+from patjax import config as config_lib, data, evaluation, evaluators, kept_models, report, robustness
+from patjax import suite_results, train
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.suite_results import RECORD_FILE, read_json, run_dir
-from patjax.suites import PR_DISTRIBUTION, Run, Suite, plan
+from patjax.suites import Run, Suite, plan
 
 
 def _expected_steps(cfg) -> int:
@@ -62,27 +64,53 @@ def _trained(run: Run, directory: str) -> Optional[dict]:
     return record
 
 
-def _eval_matches(suite: Suite, step: int, directory: str) -> bool:
-    """Whether eval/results.json was written for this checkpoint with the suite's settings, and
-    eval/per_image.npz by the same evaluation (a kill between the two writes leaves a pair that
-    does not match, an unreadable file is no evaluation: the run is then evaluated again)."""
-    if not workdir_lib.has_evaluation(directory):
+def _eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -> bool:
+    """Whether eval/results.json (curve/step_N/ for a curve point) was written for this step with
+    the suite's settings, and per_image.npz by the same evaluation (a kill between the two writes
+    leaves a pair that does not match, an unreadable file is no evaluation: the run is then
+    evaluated again)."""
+    where = step if curve else None
+    if not workdir_lib.has_evaluation(directory, where):
         return False
     try:
-        results, _ = workdir_lib.load_results(directory)
+        results, _ = workdir_lib.load_results(directory, where)
     except (UserError, OSError, ValueError):
         return False
     s = results.get("settings", {})
-    wanted = {"evaluators": list(evaluators.parse(list(suite.evaluators))), "step": step}
+    chosen, overrides = _evaluation_settings(suite, curve)
+    wanted = {"evaluators": list(evaluators.parse(list(chosen))), "step": step}
     if suite.num_eval_examples > 0:
         wanted["num_examples"] = suite.num_eval_examples
-    for key, value in suite.eval_overrides.items():
+    for key, value in overrides.items():
         if key in s:
             wanted[key] = list(value) if isinstance(value, (tuple, list)) else value
-    if s.get("pr_distribution") != PR_DISTRIBUTION:
-        return False
     wanted.update(robustness.DEFINITIONS)  # results of an earlier definition are stale
     return all(s.get(k) == v for k, v in wanted.items())
+
+
+def _evaluation_settings(suite: Suite, curve: bool) -> tuple:
+    """(evaluators, eval overrides) of the suite's final evaluation, or of its curve points; the
+    overrides always name the headline law, so that a run's config (whose default law may be an
+    older one) never decides it."""
+    chosen, overrides = (suite.curve_evaluators, suite.curve_eval_overrides) if curve else \
+        (suite.evaluators, suite.eval_overrides)
+    return chosen, {"pr_distribution": suite.pr_distribution, **overrides}
+
+
+def _curve_steps(suite: Suite, run: Run, final_step: int) -> list[int]:
+    """The steps of the run's learning-curve points before its final step (none if it has no curve)."""
+    if suite.curve_every_steps <= 0 or (suite.curve_methods and run.method not in suite.curve_methods):
+        return []
+    return list(range(suite.curve_every_steps, final_step, suite.curve_every_steps))
+
+
+def _models_and_curve_done(suite: Suite, run: Run, step: int, directory: str) -> bool:
+    """Whether the run's kept models (its final one; its curve points') and curve evaluations exist."""
+    if not suite.keep_models:
+        return True
+    curve = _curve_steps(suite, run, step)
+    kept = set(kept_models.steps(directory))
+    return step in kept and set(curve) <= kept and all(_eval_matches(suite, c, directory, curve=True) for c in curve)
 
 
 class _Progress:
@@ -145,14 +173,16 @@ def partition(runs: Sequence[Run], num_workers: int, worker_index: int) -> list[
 
 
 def _finished(suite: Suite, run: Run, directory: str) -> bool:
-    """Whether the run was trained and evaluated with the suite's current settings."""
+    """Whether the run was trained and evaluated with the suite's current settings, and its
+    models and curve points kept and evaluated."""
     record = _trained(run, directory)
-    return record is not None and _eval_matches(suite, record["step"], directory)
+    return (record is not None and _eval_matches(suite, record["step"], directory)
+            and _models_and_curve_done(suite, run, record["step"], directory))
 
 
 def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs: Optional[int] = None,
               progress_bars: bool = False, stream=None, num_workers: int = 1, worker_index: int = 0,
-              train_only: bool = False) -> dict:
+              only: str = "") -> dict:
     """Trains and evaluates this worker's runs of the suite (reusing finished ones) and writes the report.
 
     Any number of workers may run at once on one workdir: a worker claims a run (an flock on
@@ -163,10 +193,13 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
       within and across shares.
     max_runs: leave after this many runs were trained or evaluated in this invocation (as an
       interrupted suite would); running again continues with the next run.
-    train_only: train the runs and leave their evaluation to a later invocation.
+    only: "train" trains the runs and leaves their evaluation to a later invocation; "evaluate"
+      evaluates (keeps models, evaluates curves) the runs already trained and leaves the others.
     Returns the suite's results (as written to DIR/results.json).
     """
     num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
+    if only not in ("", "train", "evaluate"):
+        raise UserError(f"--only must be 'train' or 'evaluate', got {only!r}")
     runs = plan(suite, groups, methods)
     os.makedirs(workdir, exist_ok=True)
     out = stream or sys.stdout
@@ -188,8 +221,11 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
             if _finished(suite, run, directory):
                 progress(index, run, "reused (trained and evaluated earlier)")
                 continue
-            if train_only and _trained(run, directory) is not None:
-                progress(index, run, "trained; its evaluation is left for a later invocation (--train_only)")
+            if only == "train" and _trained(run, directory) is not None:
+                progress(index, run, "trained; its evaluation is left for a later invocation (--only=train)")
+                continue
+            if only == "evaluate" and not os.path.isfile(os.path.join(directory, RECORD_FILE)):
+                progress(index, run, "not trained yet; left for a later invocation (--only=evaluate)")
                 continue
             if max_runs is not None and worked >= max_runs:
                 progress(index, run, f"left for the next invocation (--max_runs={max_runs})")
@@ -201,12 +237,12 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
                     progress(index, run, f"skipped: claimed by {claim.holder}")
                     held_elsewhere.append((position, run))
                     continue
-                if _finished(suite, run, directory) or (train_only and _trained(run, directory)):
+                if _finished(suite, run, directory) or (only == "train" and _trained(run, directory)):
                     progress(index, run, "reused (finished by another worker)")
                     continue
                 worked += 1
                 _train_and_evaluate(suite, run, directory, lambda message: progress(index, run, message),
-                                    progress_bars, train_only)
+                                    progress_bars, only == "train")
             summary = write_report(suite, workdir)
             progress(index, run, f"report updated ({summary['num_done']}/{summary['num_runs']} runs done)")
         if leaving or held_elsewhere == todo:  # nothing changed since the last look: others hold the rest
@@ -252,19 +288,56 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
         say(f"trained in {train_wall / 60:.1f} min")
         if train_only:
             return
-    elif "eval_wall_s" in record:
+    elif "eval_wall_s" in record and not _eval_matches(suite, int(record["step"]), directory):
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).
         del record["eval_wall_s"]
         workdir_lib.write_json(record_path, record)
-    say(f"evaluating ({', '.join(suite.evaluators)})")
-    t0 = time.perf_counter()
-    evaluation.evaluate_workdir(directory, num_examples=suite.num_eval_examples, batch_size=suite.eval_batch_size,
-                   progress=progress_bars, evaluators=list(suite.evaluators),
-                   overrides=dict(suite.eval_overrides))
-    record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
-    workdir_lib.write_json(record_path, record)
-    say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
+    step = int(record["step"])
+    if suite.keep_models:
+        written = workdir_lib.keep_models(directory, set(_curve_steps(suite, run, step)) | {step})
+        if written:
+            say(f"kept the models of steps {', '.join(map(str, written))} in {kept_models.MODELS_DIR}/")
+    if not _eval_matches(suite, step, directory):
+        say(f"evaluating ({', '.join(suite.evaluators)})")
+        t0 = time.perf_counter()
+        chosen, overrides = _evaluation_settings(suite, curve=False)
+        evaluation.evaluate_workdir(directory, num_examples=suite.num_eval_examples,
+                                    batch_size=suite.eval_batch_size, progress=progress_bars,
+                                    evaluators=list(chosen), overrides=overrides)
+        record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
+        workdir_lib.write_json(record_path, record)
+        say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
+    for curve_step in _curve_steps(suite, run, step):
+        if _eval_matches(suite, curve_step, directory, curve=True):
+            continue
+        t0 = time.perf_counter()
+        chosen, overrides = _evaluation_settings(suite, curve=True)
+        evaluation.evaluate_workdir(directory, num_examples=suite.num_eval_examples,
+                                    batch_size=suite.eval_batch_size, progress=progress_bars,
+                                    evaluators=list(chosen), overrides=overrides, step=curve_step)
+        say(f"curve point at step {curve_step} evaluated in {(time.perf_counter() - t0) / 60:.1f} min")
+    if suite.keep_models and _models_and_curve_done(suite, run, step, directory):
+        # Its kept models are all a finished run needs; a checkpoint carried in git by `handover`
+        # leaves the tree with it.
+        shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)
+
+
+def handover(suite: Suite, workdir: str) -> list[str]:
+    """Prepares the suite's unfinished runs to be carried to another machine in git (no worker
+    may be running on them): for each run that has checkpoints but has not finished training,
+    keeps the models of its curve steps (`workdir.keep_models`) and removes every checkpoint
+    but the newest, which a run resumes from bitwise. Returns the newest checkpoints' paths,
+    which the suite's .gitignore leaves out: `git add -f` them with the rest of the suite."""
+    paths = []
+    for run in plan(suite):
+        directory = run_dir(workdir, run)
+        step = workdir_lib.latest_step(directory)
+        if step is None or _trained(run, directory) is not None:
+            continue
+        workdir_lib.keep_models(directory, set(_curve_steps(suite, run, _expected_steps(run.config))))
+        paths.append(workdir_lib.prune_checkpoints(directory, keep=step))
+    return paths
 
 
 def _record_invocation(workdir: str, entry: dict) -> None:
@@ -296,7 +369,7 @@ def write_report(suite: Suite, workdir: str) -> dict:
     last report written has seen every run finished before it.
     """
     with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
-        outcomes = {r.name: suite_results.load_outcome(workdir, r) for r in plan(suite)}
+        outcomes = {r.name: suite_results.load_outcome(workdir, r, suite.pr_distribution) for r in plan(suite)}
         inv_path = os.path.join(workdir, "invocations.jsonl")
         invocations = [json.loads(line) for line in open(inv_path) if line.strip()] if os.path.isfile(inv_path) else []
         results = suite_results.build(suite, workdir, outcomes, invocations)
@@ -305,6 +378,9 @@ def write_report(suite: Suite, workdir: str) -> dict:
         figure = report.plot_suite(results)
         if figure is not None:
             workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)
+        figure = report.plot_curves(results)
+        if figure is not None:
+            workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_accuracy.png"), dpi=110)
         for sweep in results["sweeps"]:
             figure = report.plot_sweep(sweep)
             if figure is not None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from patjax import methods, robustness, stats
 from patjax import workdir as workdir_lib
-from patjax.suites import PR_DISTRIBUTION, Run, Suite, Sweep, plan
+from patjax.suites import Run, Suite, Sweep, plan
 
 # Paired differences reported (A - B), when both methods are in the suite.
 COMPARISONS = (("pat", "pgd"), ("pat", "pat_wos"), ("pgd_cor", "pgd"), ("fgsm_cor", "fgsm"),
@@ -47,7 +47,7 @@ class RunOutcome:
     run: Run
     correct: np.ndarray                 # (n,) bool, clean
     robust: dict                        # {'pgd20': (n,) bool, 'cw20': ...}
-    pr_counts: np.ndarray               # (n, levels) non-adversarial samples
+    pr_counts: dict                     # {law: (n, levels) non-adversarial samples}, the headline law first
     results: dict                       # eval/results.json
     record: dict                        # suite_run.json
 
@@ -60,16 +60,18 @@ class RunOutcome:
         return [robustness.level_key(e) for e in self.settings["pr_epsilons"]]
 
 
-def load_outcome(workdir: str, run: Run) -> Optional[RunOutcome]:
-    """The run's outcomes if it was trained and evaluated (its record says so), else None."""
+def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOutcome]:
+    """The run's outcomes if it was trained and evaluated (its record says so), else None; PR
+    counts for `pr_distribution` (the suite's headline law) and every other law with levels eps."""
     directory = run_dir(workdir, run)
     record = read_json(os.path.join(directory, RECORD_FILE))
     if record is None or "eval_wall_s" not in record or not workdir_lib.has_evaluation(directory):
         return None
     results, per_image = workdir_lib.load_results(directory)  # the two files of one evaluation
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
-    return RunOutcome(run=run, correct=per_image["clean.correct"].astype(bool), robust=robust,
-                      pr_counts=per_image[f"pr_{PR_DISTRIBUTION}.counts"].astype(np.int64),
+    laws = [pr_distribution] + [d for d in robustness.DISTRIBUTIONS if d != pr_distribution]
+    counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
+    return RunOutcome(run=run, correct=per_image["clean.correct"].astype(bool), robust=robust, pr_counts=counts,
                       results=results, record=record)
 
 
@@ -82,9 +84,10 @@ def own_figures(o: RunOutcome) -> dict:
     f = o.results["figures"]
     keep = lambda fig: {k: fig[k] for k in ("value", "interval", "interval_method", "n") if k in fig}
     out = {name: keep(f[name]) for name in ("clean_accuracy",) + ATTACKS if name in f}
-    pr = f["pr"][PR_DISTRIBUTION]
-    out["pr_all"] = {e: keep(pr[e]["all"]) for e in o.eps_keys}
-    out["pr_clean_correct"] = {e: keep(pr[e]["clean_correct"]) for e in o.eps_keys}
+    out["laws"] = {d: {"pr_all": {e: keep(f["pr"][d][e]["all"]) for e in o.eps_keys},
+                       "pr_clean_correct": {e: keep(f["pr"][d][e]["clean_correct"]) for e in o.eps_keys}}
+                   for d in o.pr_counts}
+    out.update(out["laws"][next(iter(o.pr_counts))])  # the headline law's, at the top
     return out
 
 
@@ -100,24 +103,32 @@ def mean_figures(outcomes: Sequence[RunOutcome], indices, confidence) -> dict:
         v, ci = stats.ratio_interval(hits, ones, indices, confidence)
         out[name] = _figure(v, ci, method, n)
     correct = np.stack([o.correct for o in outcomes]).astype(np.float64)
-    out["pr_all"], out["pr_clean_correct"] = {}, {}
-    for j, eps in enumerate(outcomes[0].eps_keys):
-        pr = np.stack([o.pr_counts[:, j] / o.settings["pr_samples"] for o in outcomes])
-        v, ci = stats.ratio_interval(pr, ones, indices, confidence)
-        out["pr_all"][eps] = _figure(v, ci, method, n)
-        v, ci = stats.ratio_interval(pr * correct, correct, indices, confidence)
-        out["pr_clean_correct"][eps] = _figure(v, ci, method, n)
+    out["laws"] = {}
+    for d in _common_laws(outcomes):
+        law = out["laws"][d] = {"pr_all": {}, "pr_clean_correct": {}}
+        for j, eps in enumerate(outcomes[0].eps_keys):
+            pr = np.stack([o.pr_counts[d][:, j] / o.settings["pr_samples"] for o in outcomes])
+            v, ci = stats.ratio_interval(pr, ones, indices, confidence)
+            law["pr_all"][eps] = _figure(v, ci, method, n)
+            v, ci = stats.ratio_interval(pr * correct, correct, indices, confidence)
+            law["pr_clean_correct"][eps] = _figure(v, ci, method, n)
+    out.update(out["laws"][next(iter(out["laws"]))])
     return out
 
 
-def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices, confidence) -> dict:
-    """A - B per metric (`stats.paired_difference`), on the same images and noise; a[k] and
-    b[k] share the seed.
+def _common_laws(outcomes: Sequence[RunOutcome]) -> list:
+    """The laws every outcome was evaluated under, the headline law first."""
+    return [d for d in outcomes[0].pr_counts if all(d in o.pr_counts for o in outcomes)]
 
-    pr_all: mean over all images of PR_A,i - PR_B,i; pr_common_correct: the same over the
-    images both models classify correctly (the paper's clean-correct convention, on one
-    common set so the difference stays paired). With several seeds: the mean over seeds of
-    the per-seed differences, bootstrapped with the same image resamples for every seed.
+
+def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices, confidence) -> dict:
+    """A - B per metric, on the same images and noise; a[k] and b[k] share the seed.
+
+    Accuracies: `stats.paired_difference`. PR, per law and level, under each estimand of
+    `stats.pr_difference`: pr_clean_correct (each run over its own clean-correct images, the
+    difference of the two Table-1 figures), pr_common_correct (the images both classify
+    correctly, paired image by image), pr_all (all images). With several seeds: the mean over
+    seeds of the per-seed differences, bootstrapped with the same image resamples for every seed.
     """
     n = a[0].correct.size
     method = f"paired bootstrap over images, mean of {len(a)} seed(s)"
@@ -127,17 +138,19 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
                 for attack in ATTACKS if all(attack in o.robust for o in list(a) + list(b))]
     for name, ha, hb in metrics:
         out[name] = _figure(*stats.paired_difference(np.stack(ha), np.stack(hb), indices, confidence), method, n)
-    both = np.stack([oa.correct & ob.correct for oa, ob in zip(a, b)])
     samples = a[0].settings["pr_samples"]
-    out["pr_all"], out["pr_common_correct"] = {}, {}
-    for j, eps in enumerate(a[0].eps_keys):
-        counts_a = np.stack([o.pr_counts[:, j] for o in a])
-        counts_b = np.stack([o.pr_counts[:, j] for o in b])
-        out["pr_all"][eps] = _figure(*stats.paired_difference(counts_a, counts_b, indices, confidence,
-                                                              per=samples), method, n)
-        out["pr_common_correct"][eps] = _figure(
-            *stats.paired_difference(counts_a, counts_b, indices, confidence, mask=both, per=samples),
-            method + ", images both classify correctly", int(both.sum(axis=1).min()))
+    correct_a, correct_b = np.stack([o.correct for o in a]), np.stack([o.correct for o in b])
+    names = {"clean_correct": "pr_clean_correct", "both_correct": "pr_common_correct", "all": "pr_all"}
+    out["laws"] = {}
+    for d in _common_laws(list(a) + list(b)):
+        law = out["laws"][d] = {key: {} for key in names.values()}
+        for j, eps in enumerate(a[0].eps_keys):
+            diff = stats.pr_difference(np.stack([o.pr_counts[d][:, j] for o in a]), correct_a,
+                                       np.stack([o.pr_counts[d][:, j] for o in b]), correct_b,
+                                       samples, indices, confidence)
+            for estimand, key in names.items():
+                law[key][eps] = dict(diff[estimand], interval_method=f"{method}, {estimand.replace('_', '-')}")
+    out.update(out["laws"][next(iter(out["laws"]))])
     return out
 
 
@@ -178,6 +191,80 @@ def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
                 b.label: paired_difference([o], [outcomes[b.run_name]], indices, confidence)
                 for b in sweep.baselines if outcomes[b.run_name] is not None and b.run_name != p.run_name}
         out["points"].append(entry)
+    return out
+
+
+def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
+    """The run's learning curve: its curve points' evaluations (curve/step_N/) and its final
+    evaluation, in training order: [{step, correct (n,), pr (n, levels) per-image PR_i under `law`}].
+    Every point must be on the final evaluation's images and noise (`workdir.check_comparable`)."""
+    directory = run_dir(workdir, outcome.run)
+    points = []
+    for step in workdir_lib.curve_steps(directory):
+        results, per_image = workdir_lib.load_results(directory, step)
+        workdir_lib.check_comparable(outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}")
+        points.append({"step": step, "correct": per_image["clean.correct"].astype(bool),
+                       "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"]})
+    points.append({"step": int(outcome.settings["step"]), "correct": outcome.correct,
+                   "pr": outcome.pr_counts[law] / outcome.settings["pr_samples"]})
+    return points
+
+
+def curve_figures(points: list[dict], eps_keys) -> list[dict]:
+    """Clean accuracy and PR over clean-correct images at every point of a learning curve."""
+    out = []
+    for p in points:
+        c = p["correct"]
+        pr = {e: float(p["pr"][c, j].mean()) if c.any() else None for j, e in enumerate(eps_keys)}
+        out.append({"step": p["step"], "clean_accuracy": float(c.mean()), "pr_clean_correct": pr})
+    return out
+
+
+def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, list]:
+    """({run: its curve figures}, [one entry per suite.matched pair]) from the finished runs."""
+    law = suite.curve_eval_overrides.get("pr_distribution", suite.pr_distribution)
+    runs = {r.name: r for r in plan(suite)}
+    curves, entries = {}, []
+    for (group_a, method_a), (group_b, method_b) in suite.matched:
+        pairs = []
+        for name, run in runs.items():
+            if run.group != group_a or run.method != method_a:
+                continue
+            partner = f"{group_b}/{method_b}_s{run.seed}"
+            if outcomes.get(name) is not None and outcomes.get(partner) is not None:
+                pairs.append((outcomes[name], outcomes[partner]))
+        entry = {"a": f"{group_a}/{method_a}", "b": f"{group_b}/{method_b}", "law": law,
+                 "seeds": [a.run.seed for a, _ in pairs]}
+        entries.append(entry)
+        if not pairs:
+            continue
+        indices, confidence = _pairing([o for pair in pairs for o in pair])
+        eps_keys = pairs[0][0].eps_keys
+        loaded = [(load_curve(workdir, a, law), b) for a, b in pairs]
+        for (points, _), (a, _) in zip(loaded, pairs):
+            curves[a.run.name] = curve_figures(points, eps_keys)
+        method = (f"A's PR over its clean-correct images interpolated linearly in clean accuracy between its "
+                  f"learning-curve points, at the clean accuracy of B's final model, minus B's; paired "
+                  f"percentile bootstrap over images ({len(indices)} resamples)")
+        per_seed = {}
+        for (points, b), (a, _) in zip(loaded, pairs):
+            fig = stats.matched_difference([[(p["correct"], p["pr"]) for p in points]],
+                                           [(b.correct, b.pr_counts[law] / b.settings["pr_samples"])], indices, confidence)
+            per_seed[str(a.run.seed)] = _by_level(fig, eps_keys, method)
+        fig = stats.matched_difference([[(p["correct"], p["pr"]) for p in points] for points, _ in loaded],
+                                       [(b.correct, b.pr_counts[law] / b.settings["pr_samples"]) for _, b in pairs],
+                                       indices, confidence)
+        entry.update(mean=_by_level(fig, eps_keys, method), per_seed=per_seed)
+    return curves, entries
+
+
+def _by_level(fig: dict, eps_keys, method: str) -> dict:
+    out = {k: fig[k] for k in ("matched_accuracy", "accuracy_range_a", "resamples_matched")}
+    out["pr_clean_correct"] = {
+        e: {"value": None if fig["value"] is None else fig["value"][j],
+            "interval": [None, None] if fig["interval"][0] is None else [fig["interval"][0][j], fig["interval"][1][j]],
+            "interval_method": method}
+        for j, e in enumerate(eps_keys)}
     return out
 
 
@@ -229,4 +316,5 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                 "per_seed": {str(k): paired_difference([by_method[ma][k]], [by_method[mb][k]], indices, confidence)
                              for k in common}})
     out["sweeps"] = [sweep_figures(sweep, outcomes) for sweep in suite.sweeps]
+    out["curves"], out["matched"] = matched_figures(suite, workdir, outcomes)
     return out

@@ -25,8 +25,14 @@ from patjax import config as config_lib
 from patjax import methods as methods_lib
 from patjax.errors import UserError
 
-PR_DISTRIBUTION = "gaussian"  # the suites' PR distribution (the paper's Table 1)
+# The Table-1 protocol (evaluation.PROTOCOL): its law first, the others beside it; CW-20 with
+# the AT-PR evaluation's margin. Pinned here, not taken from the config defaults, so that a
+# suite's evaluation does not change with them.
 TABLE1_PR_DISTRIBUTIONS = ("uniform", "gaussian", "pdis")
+TABLE1_EVAL = {"pr_distribution": "uniform", "pr_distributions": TABLE1_PR_DISTRIBUTIONS, "cw_kappa": 2.0}
+# The earlier CPU suites (stationary_cpu, ablation_cpu) were evaluated with Gaussian noise only
+# and CW's kappa = 50; they keep both, so that their committed evaluations stay theirs.
+GAUSSIAN_ONLY = {"pr_distribution": "gaussian", "pr_distributions": ("gaussian",), "cw_kappa": 50.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +64,18 @@ class Suite:
     curve_every_steps: int = 0
     curve_evaluators: Sequence[str] = ("clean", "pr")
     curve_eval_overrides: dict = dataclasses.field(default_factory=dict)
+    curve_methods: Sequence[str] = ()  # the methods whose runs have curves (empty: every run's)
+    # Comparisons at matched clean accuracy: ((group, method) A, (group, method) B), seed by seed:
+    # A's learning curve interpolated at the clean accuracy of B's final model (suite_results).
+    matched: Sequence[tuple] = ()
+    # Whether each run keeps its final model (and its curve points') in DIR/.../models/, so that it
+    # can be evaluated again without retraining; the earlier suites' runs predate it.
+    keep_models: bool = True
+
+    @property
+    def pr_distribution(self) -> str:
+        """The law of the suite's headline PR (its tables lead with it; the others are beside it)."""
+        return self.eval_overrides.get("pr_distribution", config_lib.default_config().eval.pr_distribution)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +171,9 @@ CPU_EVAL_EXAMPLES = 500
 
 
 def _cpu_config(data_dir: Optional[str], *, batch_size: int, train_steps: int, langevin_steps: int,
-                eval_examples: int, eval_batch_size: int) -> ml_collections.ConfigDict:
+                eval_examples: int, eval_batch_size: int, pr: dict) -> ml_collections.ConfigDict:
     """The base config of the CPU suites: real CIFAR-10, the small CNN, lr 0.05 with the paper's
-    MultiStepLR shape, PR with the suite's distribution only."""
+    MultiStepLR shape, PR with the suite's laws (`pr`: eval fields)."""
     cfg = config_lib.default_config()
     cfg.dataset = "cifar10"
     cfg.data_dir = data_dir
@@ -166,14 +184,16 @@ def _cpu_config(data_dir: Optional[str], *, batch_size: int, train_steps: int, l
     cfg.langevin.steps = langevin_steps
     cfg.eval.num_examples = eval_examples
     cfg.eval.batch_size = eval_batch_size
-    cfg.eval.pr_distributions = (PR_DISTRIBUTION,)
+    for key, value in pr.items():
+        cfg.eval[key] = value
     return cfg
 
 
 def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
     """Real CIFAR-10, small CNN, T = 5, a fraction of an epoch; 5 methods x 2 seeds."""
     cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=CPU_TRAIN_STEPS,
-                      langevin_steps=CPU_LANGEVIN_STEPS, eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250)
+                      langevin_steps=CPU_LANGEVIN_STEPS, eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250,
+                      pr=GAUSSIAN_ONLY)
     cfg.attack.steps = CPU_PGD_STEPS  # PGD / PGD-COR: the same number of inner gradient steps as T
     cfg.checkpoint_every_steps = 25
     cfg.log_every_steps = CPU_TRAIN_STEPS  # each log also measures accuracy on the 10,000 test images
@@ -185,7 +205,7 @@ def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
         groups=(group,),
         num_eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        eval_overrides={**GAUSSIAN_ONLY, "seed": 0}, keep_models=False,
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {CPU_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
@@ -205,6 +225,8 @@ def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
 SMOKE_TRAIN_STEPS = 4
 SMOKE_BATCH_SIZE = 32
 SMOKE_EVAL_EXAMPLES = 16
+SMOKE_EVAL = {"pr_distributions": ("uniform",), "seed": 0, "pr_samples": 4, "pr_chunk_size": 4, "attack_steps": 2,
+              "bootstrap_resamples": 200}
 
 
 def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
@@ -212,7 +234,7 @@ def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
     on 16 images: every piece of a suite (claims, resume, report) in seconds per run."""
     # eval batch: also the batch of the training log's test accuracy: one batch
     cfg = _cpu_config(data_dir, batch_size=SMOKE_BATCH_SIZE, train_steps=SMOKE_TRAIN_STEPS, langevin_steps=2,
-                      eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=500)
+                      eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=500, pr={"pr_distributions": ("uniform",)})
     cfg.attack.steps = 2
     cfg.checkpoint_every_steps = 2
     cfg.log_every_steps = SMOKE_TRAIN_STEPS
@@ -225,12 +247,14 @@ def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
         groups=(group,),
         num_eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=SMOKE_EVAL_EXAMPLES,
         evaluators=("clean", "pgd20", "pr"),
-        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0, "pr_samples": 4, "pr_chunk_size": 4,
-                        "attack_steps": 2, "bootstrap_resamples": 200},
+        eval_overrides=SMOKE_EVAL,
+        curve_every_steps=2, curve_evaluators=("clean", "pr"), curve_methods=("pat",), curve_eval_overrides=SMOKE_EVAL,
+        matched=((("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "clean")),),
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128)",
             f"training: {SMOKE_TRAIN_STEPS} steps of batch {SMOKE_BATCH_SIZE}; PAT with T = 2",
-            f"evaluation: the first {SMOKE_EVAL_EXAMPLES} test images; PGD with 2 steps; PR with N = 4",
+            f"evaluation: the first {SMOKE_EVAL_EXAMPLES} test images; PGD with 2 steps; PR with N = 4; PAT's "
+            "learning curve at step 2",
         ))
 
 
@@ -249,7 +273,7 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
     PGD with the paper's 10 steps; a T-sweep and the opt-in cheaper sampler, one seed each."""
     cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
                       langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
-                      eval_batch_size=250)
+                      eval_batch_size=250, pr=GAUSSIAN_ONLY)
     cfg.checkpoint_every_steps = 50
     cfg.log_every_steps = 200
     cfg.progress_bar = False
@@ -278,7 +302,7 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
         groups=tuple(groups),
         num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        eval_overrides={**GAUSSIAN_ONLY, "seed": 0}, keep_models=False,
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
@@ -306,12 +330,11 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
     learning curves for the comparison at matched clean accuracy (docs/reproduction.md)."""
     cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
                       langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
-                      eval_batch_size=250)
+                      eval_batch_size=250, pr=TABLE1_EVAL)
     cfg.checkpoint_every_steps = TABLE1_CURVE_EVERY_STEPS
     cfg.max_checkpoints_to_keep = STATIONARY_TRAIN_STEPS // TABLE1_CURVE_EVERY_STEPS  # every curve point
     cfg.log_every_steps = 200
     cfg.progress_bar = False
-    cfg.eval.pr_distributions = TABLE1_PR_DISTRIBUTIONS
     cheap = copy.deepcopy(cfg)
     for key, value in STATIONARY_CHEAP_SAMPLER.items():
         set_field(cheap, key, value)
@@ -324,10 +347,12 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
         groups=groups,
         num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={"pr_distributions": TABLE1_PR_DISTRIBUTIONS, "seed": 0},
+        eval_overrides={**TABLE1_EVAL, "seed": 0},
         curve_every_steps=TABLE1_CURVE_EVERY_STEPS,
-        curve_evaluators=("clean", "pr"),
-        curve_eval_overrides={"pr_distributions": ("uniform",), "seed": 0},
+        curve_evaluators=("clean", "pr"), curve_methods=("pgd", "pat"),
+        matched=((("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "pgd")),
+                 (("pat_clean_start_T20", "pat"), ("cifar10_small_cnn", "pgd"))),
+        curve_eval_overrides={**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0},
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
@@ -365,7 +390,7 @@ def paper_full_suite(data_dir: Optional[str]) -> Suite:
         groups=tuple(groups),
         num_eval_examples=-1, eval_batch_size=500,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={"pr_distributions": (PR_DISTRIBUTION,), "seed": 0},
+        eval_overrides={**TABLE1_EVAL, "seed": 0},
         scaled_down=())
 
 

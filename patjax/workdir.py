@@ -8,6 +8,8 @@ Layout:
   tensorboard/       event files
   eval/per_image.npz per-image outcomes of the latest evaluation, with its identity (meta.*)
   eval/results.json  its figures (written last: the evaluation's commit marker)
+  models/            kept models: parameters and BatchNorm statistics of chosen steps (`kept_models`)
+  curve/step_N/      the evaluation of the kept model of step N (a learning curve's point), as eval/
   .lock              held (flock) by the process that writes the workdir
   .claim             held (flock) by the suite worker working on the run (patjax.runner)
 """
@@ -29,7 +31,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from patjax import robustness, sharding, state as state_lib
+from patjax import kept_models, robustness, sharding, state as state_lib
 from patjax.config import RESUMABLE_FIELDS, default_config, validate
 from patjax.errors import UserError
 
@@ -259,23 +261,27 @@ def move_aside(workdir: str, step: int) -> str:
 
 
 def require_checkpoint(workdir: str) -> int:
-    """The newest complete checkpoint's step, or a one-line UserError."""
-    step = latest_step(workdir)
-    if step is None:
-        raise UserError(f"no checkpoint in {workdir!r}; train first")
-    return step
+    """The newest step there is a model of (a checkpoint, or a kept model), or a one-line UserError."""
+    found = [s for s in (latest_step(workdir), kept_models.newest(workdir)) if s is not None]
+    if not found:
+        raise UserError(f"no checkpoint and no kept model in {workdir!r}; train first")
+    return max(found)
 
 
-def restore(workdir: str, mesh=None):
-    """(cfg, model_fns, state) from a workdir's config and newest intact checkpoint, for evaluation.
+def restore(workdir: str, mesh=None, step: Optional[int] = None):
+    """(cfg, model_fns, state) from a workdir's config and a model, for evaluation.
 
-    The state is restored replicated over `mesh` (default: every device), so a checkpoint
-    written on any number of devices restores here. A newest checkpoint that cannot be
-    restored is skipped with a one-line warning (the workdir is not changed).
+    step None: the newest step there is a model of: the newest intact checkpoint (a newest one
+    that cannot be restored is skipped with a one-line warning; the workdir is not changed), or
+    the kept model (`kept_models`) of a later step, as in a suite's committed results, which
+    keep no checkpoints. A given step: its kept model, else its checkpoint. A state restored
+    from a kept model has the step, parameters and BatchNorm statistics only (no optimizer state).
+    The state is replicated over `mesh` (default: every device), so a model saved on any number
+    of devices restores here.
     """
     cfg = load_config(workdir)
     validate(cfg)
-    require_checkpoint(workdir)
+    newest = require_checkpoint(workdir)
     tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
     model_holder = {}
 
@@ -287,12 +293,61 @@ def restore(workdir: str, mesh=None):
     abstract = jax.eval_shape(init)
     if mesh is None:
         mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    wanted = newest if step is None else int(step)
+    if wanted in kept_models.steps(workdir) and (step is not None or latest_step(workdir) != wanted):
+        params, batch_stats, _ = kept_models.load(workdir, wanted, abstract.params, abstract.batch_stats)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        params, batch_stats = jax.device_put((params, batch_stats), replicated)
+        state = state_lib.TrainState(step=jax.numpy.asarray(wanted, jax.numpy.int32), params=params,
+                                     batch_stats=batch_stats, opt_state=None, rng=None)
+        return cfg, model_holder["fns"], state
     manager = checkpoint_manager(workdir, create=False)
     try:
-        state, _ = restore_newest_intact(manager, sharding.replicated_target(abstract, mesh))
+        if step is None:
+            state, _ = restore_newest_intact(manager, sharding.replicated_target(abstract, mesh))
+        elif wanted in manager.all_steps():
+            state = manager.restore(wanted, args=ocp.args.StandardRestore(sharding.replicated_target(abstract, mesh)))
+        else:
+            raise UserError(f"{workdir!r} has no model of step {wanted} (kept models: "
+                            f"{kept_models.steps(workdir) or 'none'}; checkpoints: {sorted(manager.all_steps()) or 'none'})")
     finally:
         manager.close()
     return cfg, model_holder["fns"], state
+
+
+def prune_checkpoints(workdir: str, keep: int) -> str:
+    """Removes every checkpoint of the workdir but step `keep` (no trainer may be running);
+    returns the kept step's directory."""
+    root = os.path.join(os.path.abspath(workdir), "checkpoints")
+    kept = os.path.join(root, str(int(keep)))
+    if not os.path.isdir(kept):
+        raise UserError(f"{workdir!r} has no checkpoint of step {keep}")
+    for name in os.listdir(root):
+        if name != str(int(keep)) and os.path.isdir(os.path.join(root, name)):
+            shutil.rmtree(os.path.join(root, name))
+    return kept
+
+
+def keep_models(workdir: str, steps_to_keep=None) -> list[int]:
+    """Writes the kept model (`kept_models.save`) of every checkpoint step in `steps_to_keep`
+    (default: every checkpoint) that has none yet; returns the steps written."""
+    if latest_step(workdir) is None:
+        return []
+    cfg = load_config(workdir)
+    manager = checkpoint_manager(workdir, create=False)
+    try:
+        available = sorted(manager.all_steps())
+    finally:
+        manager.close()
+    written = []
+    for step in available:
+        if (steps_to_keep is not None and step not in steps_to_keep) or step in kept_models.steps(workdir):
+            continue
+        _, _, state = restore(workdir, step=step)
+        kept_models.save(workdir, step, jax.device_get(state.params), jax.device_get(state.batch_stats),
+                         {"model": cfg.model, "dataset": cfg.dataset, "method": cfg.method, "seed": cfg.seed})
+        written.append(step)
+    return written
 
 
 # ---------------------------------------------------------------------------------------
@@ -350,43 +405,56 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
                         f"({', '.join(differing)}): not comparable on common random numbers")
 
 
-def results_path(workdir: str) -> str:
-    return os.path.join(workdir, "eval", "results.json")
+def eval_dir(workdir: str, step: Optional[int] = None) -> str:
+    """eval/ (the evaluation of the newest model), or curve/step_N/ (that of the kept model of step N)."""
+    return os.path.join(workdir, "eval") if step is None else os.path.join(workdir, "curve", f"step_{int(step):06d}")
+
+
+def curve_steps(workdir: str) -> list[int]:
+    """The steps with an evaluation in curve/, ascending."""
+    directory = os.path.join(workdir, "curve")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return sorted(int(n[len("step_"):]) for n in names if n.startswith("step_") and n[len("step_"):].isdigit())
+
+
+def results_path(workdir: str, step: Optional[int] = None) -> str:
+    return os.path.join(eval_dir(workdir, step), "results.json")
 
 
 def plot_path(workdir: str) -> str:
     return os.path.join(workdir, "eval", "pr_vs_eps.png")
 
 
-def per_image_path(workdir: str) -> str:
-    return os.path.join(workdir, "eval", "per_image.npz")
+def per_image_path(workdir: str, step: Optional[int] = None) -> str:
+    return os.path.join(eval_dir(workdir, step), "per_image.npz")
 
 
-def has_evaluation(workdir: str) -> bool:
+def has_evaluation(workdir: str, step: Optional[int] = None) -> bool:
     """Whether both files of an evaluation exist (whether they belong together: `load_results`)."""
-    return os.path.isfile(results_path(workdir)) and os.path.isfile(per_image_path(workdir))
+    return os.path.isfile(results_path(workdir, step)) and os.path.isfile(per_image_path(workdir, step))
 
 
-def write_results(workdir: str, results: dict, per_image: dict) -> dict:
+def write_results(workdir: str, results: dict, per_image: dict, step: Optional[int] = None) -> dict:
     """Writes eval/per_image.npz, then eval/results.json, each atomically (temp file + rename).
 
     results.json is the commit marker: a kill never leaves a new results.json beside an older
     per_image.npz, and per_image.npz carries its evaluation's identity (`check_per_image`).
     Returns the results as written (non-finite numbers as None).
     """
-    os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+    os.makedirs(eval_dir(workdir, step), exist_ok=True)
     entries = {**per_image, **identity(results["settings"])}
-    _atomic(per_image_path(workdir), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
-    written = write_json(results_path(workdir), results)
+    _atomic(per_image_path(workdir, step), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
+    written = write_json(results_path(workdir, step), results)
     stale_plot = plot_path(workdir)  # drawn from the previous results
-    if "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):
+    if step is None and "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):
         os.remove(stale_plot)
     return written
 
 
-def read_results(workdir: str) -> Optional[dict]:
-    """eval/results.json, or None if there is none; an unreadable one is a UserError."""
-    path = results_path(workdir)
+def read_results(workdir: str, step: Optional[int] = None) -> Optional[dict]:
+    """eval/results.json (curve/step_N/ with a step), or None if there is none; an unreadable
+    one is a UserError."""
+    path = results_path(workdir, step)
     if not os.path.isfile(path):
         return None
     try:
@@ -396,12 +464,14 @@ def read_results(workdir: str) -> Optional[dict]:
         raise UserError(f"{path} is unreadable ({error}); move it away, or evaluate again with --overwrite") from None
 
 
-def load_results(workdir: str):
-    """(results dict, per-image arrays) of the workdir's evaluation, checked to belong together."""
-    results = read_results(workdir)
+def load_results(workdir: str, step: Optional[int] = None):
+    """(results dict, per-image arrays) of the workdir's evaluation (of step `step`'s kept model),
+    checked to belong together."""
+    results = read_results(workdir, step)
     if results is None:
-        raise UserError(f"no evaluation in {workdir!r}; run python -m patjax.evaluate --workdir={workdir}")
-    npz = per_image_path(workdir)
+        raise UserError(f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate "
+                        f"--workdir={workdir}")
+    npz = per_image_path(workdir, step)
     per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
     check_per_image(results, per_image, workdir)
     return results, per_image

@@ -21,15 +21,20 @@ from patjax.errors import UserError
 from patjax.models import ModelFns
 
 
-def tiny_setup(scale=1.0, num_images=7):
+def tiny_setup(scale=1.0, num_images=7, model_seed=0):
+    """A linear model and images labelled by the model of seed 0 (a third of them wrongly); another
+    model_seed gives another model on the same labelled images."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(num_images, 4, 4, 3), dtype=np.uint8)
     model = Linear(num_classes=10)
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 3)))["params"]
-    params = jax.tree.map(lambda p: p * 8.0 * scale, params)
+    init = lambda seed: jax.tree.map(lambda p: p * 8.0 * scale,
+                                     model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))["params"])
+    params = init(0)
     logits = np.asarray(model.apply({"params": params}, data.to_float(images)))
     labels = logits.argmax(1).astype(np.int32)
     labels[::3] = (labels[::3] + 1) % 10  # some clean errors
+    if model_seed:
+        params = jax.tree.map(lambda a, b: 0.6 * a + 0.4 * b, params, init(model_seed))
     state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(3))
     return ModelFns(model.apply), state, data.Split(images, labels)
 
@@ -119,8 +124,8 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
     assert "pr" not in results and "cw20" not in fig
 
 
-def write_eval(workdir, scale):
-    model_fns, state, split = tiny_setup(scale)
+def write_eval(workdir, scale, model_seed=0):
+    model_fns, state, split = tiny_setup(scale, num_images=12, model_seed=model_seed)
     per_image = {}
     results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
                                       batch_size=4, progress=False, per_image_out=per_image,
@@ -134,7 +139,7 @@ def write_eval(workdir, scale):
 
 def test_comparison_table_paired_differences_and_plot(tmp_path):
     a, b = str(tmp_path / "run_a"), str(tmp_path / "run_b")
-    pa, pb = write_eval(a, 1.0), write_eval(b, 0.3)
+    pa, pb = write_eval(a, 1.0), write_eval(b, 0.3, model_seed=5)
     plot = str(tmp_path / "plot.png")
     text = evaluation.compare([a, b], plot)
     for column in ("Acc %", "PGD %", "CW %", "PR(0.1) %", "PR(0.12) %", "PR(0.15) %", "PR(0.2) %", "dPR(0.1) pp"):
@@ -142,11 +147,18 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     diffs = json.load(open(str(tmp_path / "plot_paired_differences.json")))
     counts_a, counts_b = pa["pr_gaussian.counts"], pb["pr_gaussian.counts"]
+    correct_a, correct_b = pa["clean.correct"], pb["clean.correct"]
+    both = correct_a & correct_b
+    assert correct_a.sum() != correct_b.sum() and 0 < both.sum()  # the three estimands differ
     for j, eps in enumerate(("0.1", "0.12", "0.15", "0.2")):
-        fig = diffs[0]["distributions"]["gaussian"][eps]
-        expected = np.mean((counts_b[:, j] - counts_a[:, j]) / 6)
-        assert fig["value"] == pytest.approx(expected)
-        assert fig["interval"][0] <= fig["value"] <= fig["interval"][1]
+        figs = diffs[0]["distributions"]["gaussian"][eps]
+        pr_a, pr_b = counts_a[:, j] / 6, counts_b[:, j] / 6
+        expected = {"all": np.mean(pr_b - pr_a), "both_correct": np.mean((pr_b - pr_a)[both]),
+                    "clean_correct": pr_b[correct_b].mean() - pr_a[correct_a].mean()}
+        for estimand, value in expected.items():
+            fig = figs[estimand]
+            assert fig["value"] == pytest.approx(value), (eps, estimand)
+            assert fig["interval"][0] <= fig["value"] <= fig["interval"][1]
     # The CLI prints the same comparison without re-evaluating.
     out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}",
                           "--compare_only", f"--plot={plot}"], cwd=REPO, capture_output=True, text=True,
@@ -185,15 +197,16 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     workdir = str(tmp_path / "run")
     workdir_lib.save_config(cfg, workdir)
     monkeypatch.setattr(workdir_lib, "latest_step", lambda w: 3)
-    monkeypatch.setattr(workdir_lib, "restore", lambda w: (workdir_lib.load_config(w), model_fns, state))
+    monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_config(w), model_fns, state))
     monkeypatch.setattr(data, "load_split", lambda *a: split)
     return workdir, state, split
 
 
 def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, monkeypatch):
     lam, conf, resamples, seed = 0.5, 0.9, 300, 4
-    cfg = tiny_config(pr_distribution="uniform", pr_distributions=("uniform",), entropic_lambda=lam,
-                      confidence=conf, bootstrap_resamples=resamples, seed=seed)
+    # The defaults' headline PR is the Table-1 protocol: uniform noise, clean-correct images.
+    cfg = tiny_config(pr_distributions=(), entropic_lambda=lam, confidence=conf, bootstrap_resamples=resamples,
+                      seed=seed)
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
     returned = evaluation.evaluate_workdir(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
     saved = strict_json(os.path.join(workdir, "eval", "results.json"))
@@ -244,8 +257,10 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     for j, e in enumerate(epsilons):
         key = repr(e)
         fig = saved["figures"]["pr"]["uniform"][key]
-        assert saved["pr"][key] == pytest.approx(pr[:, j].mean())
-        assert saved["pr_clean_correct"][key] == pytest.approx(pr[correct, j].mean())
+        assert saved["pr"][key]["value"] == pytest.approx(pr[correct, j].mean())
+        assert saved["pr"][key]["n"] == correct.sum()
+        np.testing.assert_allclose(saved["pr"][key]["interval"], bootstrap(pr[:, j], correct), rtol=1e-12)
+        assert saved["pr_all_images"][key]["value"] == pytest.approx(pr[:, j].mean())
         assert fig["all"]["value"] == pytest.approx(pr[:, j].mean())
         assert fig["clean_correct"]["value"] == pytest.approx(pr[correct, j].mean())
         np.testing.assert_allclose(fig["all"]["interval"], bootstrap(pr[:, j]), rtol=1e-12)
@@ -264,13 +279,15 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
-    assert "[90% intervals]" in evaluation.compare([workdir], str(tmp_path / "plot.png"))
+    assert saved["settings"]["pr_distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
+    text = evaluation.compare([workdir], str(tmp_path / "plot.png"))
+    assert "[90% intervals]" in text and "PR: Table-1 protocol" in text
 
     # One estimator per figure: the suite tables' mean over one seed, computed from the
     # per-image outcomes by another path (suite_results.mean_figures), carries the same values
     # and intervals as results.json.
     outcome = suite_results.RunOutcome(run=None, correct=z["clean.correct"].astype(bool), robust={},
-                                       pr_counts=counts, results=saved, record={})
+                                       pr_counts={"uniform": counts}, results=saved, record={})
     table = suite_results.mean_figures([outcome], patjax_stats.bootstrap_indices(n, resamples, seed), conf)
     for key in (repr(e) for e in epsilons):
         fig = saved["figures"]["pr"]["uniform"][key]
@@ -341,7 +358,7 @@ def test_cli_checks_every_workdir_before_evaluating_any(tmp_path):
     out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [f"error: no checkpoint in {b!r}; train first"]
+    assert out.stderr.strip().splitlines() == [f"error: no checkpoint and no kept model in {b!r}; train first"]
     assert listing(tmp_path) == before  # nothing written
     assert not os.path.exists(os.path.join(a, "eval"))
 

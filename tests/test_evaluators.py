@@ -20,8 +20,8 @@ def test_names_aliases_and_order():
 
 def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
     model_fns, state, split = tiny_setup()
-    results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
-                                        batch_size=4, progress=False, evaluators="pr")
+    results = evaluation.evaluate_state(tiny_config(pr_distribution="gaussian", pr_distributions=()), model_fns,
+                                        state, split, batch_size=4, progress=False, evaluators="pr")
     logits = np.asarray(model_fns.infer(state.params, {}, data.to_float(split.images)))
     correct = logits.argmax(1) == split.labels
     assert results["settings"]["evaluators"] == ["pr"]

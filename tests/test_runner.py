@@ -1,17 +1,20 @@
 """The experiment runner: a tiny suite on real CIFAR-10 trains, evaluates on common random
 numbers, reports paired differences that match a hand computation, and resumes."""
+import copy
 import dataclasses
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from patjax import stats as patjax_stats
-from patjax import methods, report, runner, suite_results, suites, train
+from patjax import kept_models, methods, report, runner, suite_results, suites, train
 from patjax.errors import UserError
 from conftest import REPO
 
@@ -30,8 +33,8 @@ def tiny_suite(data_dir, seeds=(0, 1)):
     return suites.Suite(
         name="tiny", description="test", groups=(group,), num_eval_examples=24, eval_batch_size=16,
         evaluators=("clean", "pgd20", "pr"),
-        eval_overrides={"pr_distributions": ("gaussian",), "seed": 0, "pr_samples": 6, "pr_chunk_size": 3,
-                        "attack_steps": 2, "bootstrap_resamples": 200})
+        eval_overrides={"pr_distribution": "gaussian", "pr_distributions": ("gaussian",), "seed": 0, "pr_samples": 6,
+                        "pr_chunk_size": 3, "attack_steps": 2, "bootstrap_resamples": 200})
 
 
 def load_counts(workdir, name):
@@ -97,7 +100,7 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
         figs = entry["figures"]
         assert figs["clean_accuracy"]["value"] == pytest.approx(run_results["clean_accuracy"])
         for j, eps in enumerate(["0.1", "0.12", "0.15", "0.2"]):
-            assert figs["pr_all"][eps]["value"] == pytest.approx(run_results["pr"][eps])
+            assert figs["pr_all"][eps]["value"] == pytest.approx(run_results["pr_all_images"][eps]["value"])
             if correct.any():
                 assert figs["pr_clean_correct"][eps]["value"] == pytest.approx(
                     counts[correct, j].mean() / n_samples)
@@ -304,7 +307,7 @@ def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
                                        "clean_correct": {"value": counts[correct, j].mean() / samples,
                                                          "interval": [0.0, 1.0]}}
                                    for j, e in enumerate(["0.1", "0.2"])}}}
-    return suite_results.RunOutcome(run=run, correct=correct, robust={"pgd20": pgd_robust}, pr_counts=counts,
+    return suite_results.RunOutcome(run=run, correct=correct, robust={"pgd20": pgd_robust}, pr_counts={"gaussian": counts},
                                     results={"settings": settings, "figures": figures},
                                     record={"train_wall_s": 60.0, "eval_wall_s": 1.0, "step": 2})
 
@@ -341,14 +344,14 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     diff = got["points"][0]["differences"]["PGD"]
     # Hand formulas: the mean over images both classify correctly of PR_A - PR_B at eps 0.2, and
     # the difference of robust accuracies.
-    expected = (a.pr_counts[both, 1] - b.pr_counts[both, 1]).mean() / samples
+    expected = (a.pr_counts["gaussian"][both, 1] - b.pr_counts["gaussian"][both, 1]).mean() / samples
     assert diff["pr_common_correct"]["0.2"]["value"] == pytest.approx(expected)
     assert diff["pr_common_correct"]["0.2"]["n"] == both.sum()
     lo, hi = diff["pr_common_correct"]["0.2"]["interval"]
     assert lo < expected < hi
     assert diff["pgd20"]["value"] == pytest.approx(a.robust["pgd20"].mean() - b.robust["pgd20"].mean())
     assert got["points"][0]["figures"]["pr_clean_correct"]["0.2"]["value"] == pytest.approx(
-        a.pr_counts[a.correct, 1].mean() / samples)
+        a.pr_counts["gaussian"][a.correct, 1].mean() / samples)
 
     md = report.suite_markdown(suite_results.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
@@ -372,3 +375,40 @@ def test_every_defined_sweep_names_runs_of_its_suite():
         for sweep in suite.sweeps:
             for p in list(sweep.points) + list(sweep.baselines):
                 assert p.run_name in planned, (name, p.run_name)
+
+
+def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir):
+    # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
+    suite = suites.smoke_cpu_suite(data_dir)
+    run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("pat", 0))
+    straight = str(tmp_path / "straight")
+    runner.run_suite(suite, straight, methods=["pat"], max_runs=1, stream=io.StringIO())
+
+    # The same run stopped after 3 steps on one machine (checkpoints 2 and 3), handed over,
+    # and continued from what git would carry: the suite's tracked files and the one
+    # checkpoint `handover` names (tensorboard/, locks and claims stay behind).
+    here = str(tmp_path / "here")
+    cfg = copy.deepcopy(run.config)
+    train.train_and_evaluate(cfg, suite_results.run_dir(here, run), stop_after_steps=3)
+    paths = runner.handover(suite, here)
+    directory = suite_results.run_dir(here, run)
+    assert paths == [os.path.join(os.path.abspath(directory), "checkpoints", "3")]
+    assert sorted(os.listdir(os.path.join(directory, "checkpoints"))) == ["3"]
+    assert kept_models.steps(directory) == [2]  # the curve's step, kept before its checkpoint went
+    clone = str(tmp_path / "clone")
+    shutil.copytree(here, clone, ignore=shutil.ignore_patterns("tensorboard", ".lock", ".claim", "jax_cache"))
+    log = io.StringIO()
+    runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=log)
+    assert "resuming from its latest checkpoint" in log.getvalue()
+
+    for name in ("straight", "clone"):
+        d = suite_results.run_dir(str(tmp_path / name), run)
+        assert kept_models.steps(d) == [2, 4] and not os.path.exists(os.path.join(d, "checkpoints"))
+    a, b = (suite_results.run_dir(str(tmp_path / name), run) for name in ("straight", "clone"))
+    for step in (2, 4):
+        ta, tb = load_file(kept_models.path(a, step)), load_file(kept_models.path(b, step))
+        assert set(ta) == set(tb)
+        for key in ta:
+            np.testing.assert_array_equal(ta[key], tb[key])  # bitwise: same steps, same device count
+    assert json.load(open(os.path.join(a, "eval", "results.json")))["figures"] == \
+        json.load(open(os.path.join(b, "eval", "results.json")))["figures"]

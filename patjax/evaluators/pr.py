@@ -1,4 +1,4 @@
-"""Probabilistic robustness PR(x, eps) (Section 3), with the Theorem 2 lower bound and the
+"""Probabilistic robustness PR(x, eps) (Section 2.3), with the Theorem 2 lower bound and the
 entropic risk, from one pass of N perturbations per image and level.
 
 One pass per perturbation distribution (`eval.pr_distributions`: gaussian, uniform at every

@@ -1,0 +1,84 @@
+"""Kept models: a run's parameters and BatchNorm statistics as safetensors files, read back
+exactly, refused in one line when damaged or foreign, and evaluated like a checkpoint."""
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO
+from patjax import config as config_lib, kept_models, state as state_lib
+from patjax import workdir as workdir_lib
+from patjax.errors import UserError
+
+
+def small_cnn_state(seed=0):
+    cfg = config_lib.default_config()
+    cfg.model = "small_cnn"
+    cfg.seed = seed
+    tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
+    _, _, state = state_lib.create_train_state(cfg, tx)
+    return cfg, state
+
+
+def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_path):
+    cfg, state = small_cnn_state()
+    workdir = str(tmp_path)
+    # Non-trivial BatchNorm statistics, so that a swap of the two collections would show.
+    batch_stats = jax.tree.map(lambda a: np.asarray(a) + np.arange(a.size, dtype=a.dtype).reshape(a.shape),
+                               state.batch_stats)
+    path = kept_models.save(workdir, 800, state.params, batch_stats, {"model": "small_cnn"})
+    assert path.endswith(os.path.join("models", "step_000800.safetensors"))
+    assert kept_models.steps(workdir) == [800] and kept_models.newest(workdir) == 800
+    assert os.path.getsize(path) < 600_000  # the small CNN: about 0.4 MB
+    params, stats, meta = kept_models.load(workdir, 800, state.params, state.batch_stats)
+    for a, b in zip(jax.tree.leaves((state.params, batch_stats)), jax.tree.leaves((params, stats))):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    assert jax.tree.structure(params) == jax.tree.structure(state.params)
+    assert meta["format"] == kept_models.FORMAT and meta["step"] == "800" and meta["model"] == "small_cnn"
+
+    # Another architecture's variables: refused, naming the file.
+    other = config_lib.default_config()
+    other.model, other.model_width = "resnet18", 8
+    _, _, resnet = state_lib.create_train_state(other, state_lib.make_optimizer(other, lambda s: 0.1))
+    with pytest.raises(UserError, match="does not fit the run's model"):
+        kept_models.load(workdir, 800, resnet.params, resnet.batch_stats)
+    # A file cut short (a copy interrupted) and a file of the wrong step: one line each.
+    with open(path, "rb") as f:
+        whole = f.read()
+    with open(path, "wb") as f:
+        f.write(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match="not a readable model file") as error:
+        kept_models.load(workdir, 800, state.params, state.batch_stats)
+    assert "\n" not in str(error.value)
+    os.rename(path, kept_models.path(workdir, 700))
+    with open(kept_models.path(workdir, 700), "wb") as f:
+        f.write(whole)
+    with pytest.raises(UserError, match="not a patjax model of step 700"):
+        kept_models.load(workdir, 700, state.params, state.batch_stats)
+
+
+def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_line(tmp_path):
+    cfg, state = small_cnn_state(seed=3)
+    workdir = str(tmp_path / "run")
+    workdir_lib.save_config(cfg, workdir)
+    with pytest.raises(UserError, match="no checkpoint and no kept model"):
+        workdir_lib.require_checkpoint(workdir)
+    kept_models.save(workdir, 5, state.params, state.batch_stats, {})
+    assert workdir_lib.require_checkpoint(workdir) == 5
+    _, _, restored = workdir_lib.restore(workdir)
+    assert int(restored.step) == 5
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(restored.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(UserError, match="no model of step 4"):
+        workdir_lib.restore(workdir, step=4)
+    # The command line: a damaged kept model ends the evaluation in one line, not a traceback.
+    with open(kept_models.path(workdir, 5), "r+b") as f:
+        f.truncate(100)
+    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean",
+                          "--num_examples=8"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "Traceback" not in out.stderr
+    assert "step_000005.safetensors is not a readable model file" in out.stderr

@@ -1,7 +1,10 @@
 """Train a classifier with PAT or a baseline.
 
   python main.py --config=configs/pat_cifar10.py --workdir=runs/pat_c10
-  python main.py --config=configs/quickstart.py --config.data_dir=../shared/data --workdir=runs/quick
+  python main.py --config=configs/quickstart.py --workdir=runs/quickstart
+
+CIFAR is read from --config.data_dir, else found ($PATJAX_DATA_DIR, a shared/data beside the
+checkout, the download cache) or downloaded on first use (patjax.data.resolve_data_dir).
 
 Running the same command again resumes from the latest checkpoint in --workdir.
 """

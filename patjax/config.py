@@ -24,7 +24,8 @@ RESUMABLE_FIELDS = ("num_epochs", "num_train_steps", "checkpoint_every_steps", "
 def default_config() -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict()
     cfg.dataset = "cifar10"          # 'cifar10' | 'cifar100'
-    # None -> tensorflow-datasets; a path -> a directory with the official binary archives extracted.
+    # A directory with the official binary archives extracted; None: found or downloaded
+    # (data.resolve_data_dir); 'tfds': tensorflow-datasets.
     cfg.data_dir = ml_collections.config_dict.placeholder(str)
     cfg.model = "resnet18"           # 'resnet18' | 'wrn50_2' | 'small_cnn'
     cfg.model_width = 64             # ResNet-18 / WRN stem width (64 in the paper)

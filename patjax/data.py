@@ -1,12 +1,14 @@
 """CIFAR-10/100: loading into device-resident uint8 arrays, shuffling and augmentation in jit.
 
-Two sources:
-- tensorflow-datasets (`config.data_dir=None`): `tfds.data_source` reads the prepared
-  array_record files without TensorFlow. Preparing them the first time (download and
-  conversion) goes through `tf.io.gfile`, which needs TensorFlow: install the extra
-  `patjax[tfds-prepare]` (tensorflow-cpu) once, or use a local directory.
-- a local directory in the official binary layout (`config.data_dir=PATH` holding
-  `cifar-10-batches-bin/` and/or `cifar-100-binary/`), for machines without internet.
+Where the data come from (`resolve_data_dir`, the same search for every command line):
+- `config.data_dir=PATH`: a directory in the official binary layout (`cifar-10-batches-bin/`,
+  `cifar-100-binary/`);
+- no data_dir: `$PATJAX_DATA_DIR`, else a `shared/data` beside the checkout, else the per-user
+  cache (`download.default_cache_dir()`), if one holds the dataset; otherwise the official
+  archive is downloaded into the cache once (`patjax.download`: checksum, safe extraction);
+- `config.data_dir=tfds`: tensorflow-datasets, whose `tfds.data_source` reads prepared
+  array_record files without TensorFlow; preparing them the first time needs TensorFlow
+  (the extra `patjax[tfds-prepare]`).
 
 The whole split lives on the device as uint8 (150 MB for CIFAR training sets); each step
 gathers its batch by index from a per-epoch permutation and augments it inside the compiled
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from patjax import download
 from patjax.errors import UserError
 
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
@@ -44,21 +47,41 @@ class Split:
         return len(self.labels)
 
 
-def find_data_dir() -> Optional[str]:
+TFDS = "tfds"  # the data_dir that selects tensorflow-datasets
+
+
+def find_data_dir(dataset: str = "cifar10") -> Optional[str]:
     """$PATJAX_DATA_DIR, else a shared/data beside the checkout or beside one of its parents, or
-    beside the working directory, that holds CIFAR-10's binary archives; None if none does."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    beside the working directory, else the per-user download cache: the first that holds the
+    dataset's binary archives; None if none does."""
     candidates = [os.environ.get("PATJAX_DATA_DIR")]
-    for base in (here, os.getcwd()):
+    for base in _search_roots():
         while True:
             candidates.append(os.path.join(os.path.dirname(base), "shared", "data"))
             if os.path.dirname(base) == base:
                 break
             base = os.path.dirname(base)
+    candidates.append(download.default_cache_dir())
     for candidate in candidates:
-        if candidate and os.path.isfile(os.path.join(candidate, "cifar-10-batches-bin", "test_batch.bin")):
+        if candidate and download.is_present(dataset, candidate):
             return os.path.abspath(candidate)
     return None
+
+
+def _search_roots() -> list[str]:
+    """Where `find_data_dir` looks for a shared/data beside: the checkout, the working directory."""
+    return [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()]
+
+
+def resolve_data_dir(dataset: str, data_dir: Optional[str]) -> Optional[str]:
+    """The directory to read `dataset` from (None: tensorflow-datasets): data_dir as given, 'tfds'
+    for tensorflow-datasets, or, with none, `find_data_dir`, else the download cache after
+    downloading the dataset into it (one line on stderr says where)."""
+    if data_dir == TFDS:
+        return None
+    if data_dir:
+        return data_dir
+    return find_data_dir(dataset) or download.ensure_dataset(dataset, download.default_cache_dir())
 
 
 def check_dataset(name: str):
@@ -71,9 +94,10 @@ def load_split(dataset: str, split: str, data_dir: Optional[str]) -> Split:
     check_dataset(dataset)
     if split not in ("train", "test"):
         raise UserError(f"unknown split {split!r}")
-    if data_dir is None:
+    folder = resolve_data_dir(dataset, data_dir)
+    if folder is None:
         return _load_tfds(dataset, split)
-    return _load_binary(dataset, split, data_dir)
+    return _load_binary(dataset, split, folder)
 
 
 def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
@@ -121,7 +145,7 @@ def _load_tfds(dataset: str, split: str) -> Split:
             raise UserError(
                 f"{dataset} is not prepared in {builder.data_dir} and preparing it with "
                 "tensorflow-datasets needs TensorFlow: pip install 'patjax[tfds-prepare]', "
-                "or pass --config.data_dir=DIR with the official binary archives extracted")
+                "or leave data_dir unset to download the official binary archives")
         builder.download_and_prepare()
         source = builder.as_data_source(split=split)
     images = np.empty((len(source), 32, 32, 3), np.uint8)

@@ -32,14 +32,14 @@ def main(argv):
     cli_lib.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
-    data_dir = FLAGS.data_dir if FLAGS.data_dir is not None else data.find_data_dir()
-    suite = suites.get_suite(FLAGS.suite, data_dir or None)
+    data_dir = FLAGS.data_dir or data.find_data_dir()  # None: found or downloaded when a run loads it
+    suite = suites.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
     runs = suites.plan(suite, groups, methods)
     num_workers, worker_index = runner.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
     if FLAGS.dry_run:
         mine = runner.partition(runs, num_workers, worker_index)
-        print(f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'tensorflow-datasets'}"
+        print(f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'downloaded at first use'}"
               + (f"; worker {worker_index} of {num_workers} takes {len(mine)}" if num_workers > 1 else ""))
         for position, r in mine:
             c = r.config
@@ -73,7 +73,8 @@ def define_flags():
     flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(suites.SUITES)}.")
     flags.DEFINE_string("workdir", None, "Suite directory (runs/, results.md, results.json, pr_vs_eps.png).")
     flags.DEFINE_string("data_dir", None, "CIFAR binary archives directory (default: $PATJAX_DATA_DIR, else a "
-                        "shared/data beside the checkout, else tensorflow-datasets); '' forces tensorflow-datasets.")
+                        "shared/data beside the checkout, else the download cache, downloaded at first use); "
+                        "'tfds': tensorflow-datasets.")
     flags.DEFINE_string("groups", None, "Comma-separated groups of the suite to run (default: all).")
     flags.DEFINE_string("methods", None, "Comma-separated methods of the suite to run (default: all).")
     flags.DEFINE_integer("max_runs", None, "Leave after working on this many runs; rerun to continue.")

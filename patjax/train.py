@@ -154,7 +154,7 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
     num_steps = state_lib.total_steps(cfg, steps_per_epoch)
     model_fns, state, step_fn = create_step(cfg, steps_per_epoch, mesh)
 
-    if cfg.data_dir:  # saved absolute: patjax.evaluate may run from another directory
+    if cfg.data_dir and cfg.data_dir != data.TFDS:  # saved absolute: evaluate may run from another directory
         cfg.data_dir = os.path.abspath(cfg.data_dir)
     if sharding.is_writer():
         workdir_lib.save_config(cfg, workdir)

@@ -6,7 +6,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 LAYERS = {  # lower number = lower layer; a module may import its own layer or below
     "errors": 0, "cli": 0,
-    "ops": 1, "stats": 1, "data": 1, "samplers": 1, "attacks": 1, "robustness": 1,
+    "ops": 1, "stats": 1, "download": 1, "data": 1, "samplers": 1, "attacks": 1, "robustness": 1,
     "models": 2, "methods": 2,
     "config": 3,
     "state": 4, "sharding": 4, "kept_models": 4, "workdir": 4,

@@ -61,7 +61,7 @@ def test_real_cifar10_matches_published_statistics(data_dir):
 
 def test_tfds_mock_data_path():
     with tfds.testing.mock_data(num_examples=12):
-        split = data.load_split("cifar10", "train", None)
+        split = data.load_split("cifar10", "train", data.TFDS)
     assert split.images.shape == (12, 32, 32, 3) and split.images.dtype == np.uint8
     assert split.labels.dtype == np.int32 and split.labels.max() < 10
 
@@ -71,7 +71,7 @@ def test_tfds_unprepared_without_tensorflow_names_the_extra(tmp_path, monkeypatc
     monkeypatch.setattr(tfds.core.constants, "DATA_DIR", str(tmp_path), raising=False)
     monkeypatch.setattr(data, "_tensorflow_available", lambda: False)
     with pytest.raises(UserError, match=r"patjax\[tfds-prepare\]"):
-        data.load_split("cifar10", "test", None)
+        data.load_split("cifar10", "test", data.TFDS)
 
 
 def test_augment_returns_a_reflect_padded_crop_possibly_flipped():

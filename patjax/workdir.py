@@ -44,8 +44,15 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     path = config_path(workdir)
     if not os.path.isfile(path):
         raise UserError(f"{workdir!r} is not a patjax workdir (no config.json)")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as error:  # truncated, not JSON, unreadable
+        raise UserError(f"{path} is damaged ({' '.join(str(error).split())[:120]}); restore it from the run's "
+                        "records or start a new --workdir") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"{path} is damaged (not a JSON object); restore it or start a new --workdir")
+    return ml_collections.ConfigDict(saved)
 
 
 def _flatten(d, prefix=""):

@@ -82,3 +82,16 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "Traceback" not in out.stderr
     assert "step_000005.safetensors is not a readable model file" in out.stderr
+
+
+def test_a_damaged_config_json_is_one_line_on_evaluate(tmp_path):
+    cfg, state = small_cnn_state()
+    workdir = str(tmp_path / "run")
+    workdir_lib.save_config(cfg, workdir)
+    kept_models.save(workdir, 5, state.params, state.batch_stats, {})
+    with open(workdir_lib.config_path(workdir), "r+") as f:
+        f.truncate(40)  # a copy cut short
+    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "config.json is damaged" in out.stderr

@@ -16,6 +16,10 @@ def get_config():
     cfg.langevin.steps = 5
     cfg.checkpoint_every_steps = 100
     cfg.log_every_steps = 50
-    cfg.eval.num_examples = 1000
+    # A smoke test of the evaluation: clean, PGD-20 and the Table-1 PR (uniform noise, N = 100)
+    # on 500 test images; `python -m patjax.evaluate --full` runs everything on all 10,000.
+    cfg.eval.num_examples = 500
     cfg.eval.batch_size = 250
+    cfg.eval.evaluators = ("clean", "pgd20", "pr")
+    cfg.eval.pr_distributions = ("uniform",)
     return cfg

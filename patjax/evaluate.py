@@ -1,6 +1,6 @@
 """Command line: evaluate trained runs and compare them.
 
-  python -m patjax.evaluate --workdir=runs/pat_c10 [--num_examples=1000] [--batch_size=500]
+  python -m patjax.evaluate --workdir=runs/pat_c10 [--full] [--num_examples=1000] [--batch_size=500]
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
 
@@ -24,8 +24,14 @@ FLAGS = flags.FLAGS
 _OVERRIDES = ("pr_samples", "pr_chunk_size", "pr_distribution", "pr_distributions", "seed", "apgd_steps")
 
 
+# --full: every evaluator, every law, the whole test split, whatever the workdir's config says.
+FULL = {"evaluators": "all", "num_examples": -1, "pr_distributions": "uniform,gaussian,pdis"}
+
+
 def overrides_from_flags() -> dict:
     overrides = {k: FLAGS[k].value for k in _OVERRIDES if FLAGS[k].value is not None}
+    if FLAGS.full and "pr_distributions" not in overrides:
+        overrides["pr_distributions"] = FULL["pr_distributions"]
     if "pr_distributions" in overrides:
         overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
     return overrides
@@ -36,15 +42,17 @@ def main(argv):
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     overrides = overrides_from_flags()
-    spec = evaluators.parse(FLAGS.evaluators) if FLAGS.evaluators else None
+    chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
+    spec = evaluators.parse(chosen) if chosen else None
+    num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
     if not FLAGS.compare_only:
         # Every workdir is checked before any is evaluated, so a mistake in the last one does
         # not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir:
-            evaluation.check_workdir(workdir, FLAGS.num_examples, FLAGS.batch_size, spec, overrides,
+            evaluation.check_workdir(workdir, num_examples, FLAGS.batch_size, spec, overrides,
                                      overwrite=FLAGS.overwrite)
         for workdir in FLAGS.workdir:
-            results = evaluation.evaluate_workdir(workdir, FLAGS.num_examples, FLAGS.batch_size, evaluators=spec,
+            results = evaluation.evaluate_workdir(workdir, num_examples, FLAGS.batch_size, evaluators=spec,
                                      overrides=overrides, overwrite=FLAGS.overwrite)
             if sharding.is_writer():
                 print(f"{evaluation.workdir_name(workdir)}: wrote {workdir_lib.results_path(workdir)} "
@@ -67,6 +75,8 @@ def define_flags():
     flags.DEFINE_string("pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis.")
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
+    flags.DEFINE_bool("full", False, "Every evaluator and PR law on the whole test split (flags given "
+                      "explicitly still win), whatever the workdir's config evaluates by default.")
     flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")
     flags.DEFINE_bool("overwrite", False, "Replace eval/results.json even if it holds evaluators this "
                       "evaluation does not run (they are lost).")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from patjax import attacks, methods, train
+from patjax import attacks, data, methods, train
 from patjax.config import default_config, validate
 from patjax.errors import UserError
 from patjax import models
@@ -222,7 +222,7 @@ def test_invalid_baseline_settings_are_refused(field, value):
 
 @pytest.mark.parametrize("name", sorted(set(methods.METHODS) - {"pat"}))  # pat: tests/test_train.py
 def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
-    cfg = tiny_config(method=name, num_train_steps=2, **{
+    cfg = tiny_config(method=name, num_train_steps=2, data_dir=data.TFDS, **{
         "attack.steps": 2, "atpr.num_candidates": 2, "atpr.steps_above": 1, "atpr.refine_max_iters": 2})
     with tfds.testing.mock_data(num_examples=16):
         state = train.train_and_evaluate(cfg, str(tmp_path / name))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from patjax import evaluation, train
+from patjax import data, evaluation, train
 from patjax.errors import UserError
 from conftest import REPO
 
@@ -49,11 +49,11 @@ def assert_trees_equal(a, b):
 def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_path):
     workdir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=24):
-        state = train.train_and_evaluate(tiny_config(), workdir)
+        state = train.train_and_evaluate(tiny_config(data_dir=data.TFDS), workdir)
         assert int(state.step) == 4
         assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
         # Resume with a longer run: continues from step 4, not from scratch.
-        state = train.train_and_evaluate(tiny_config(num_train_steps=6), workdir)
+        state = train.train_and_evaluate(tiny_config(data_dir=data.TFDS, num_train_steps=6), workdir)
         assert int(state.step) == 6
         results = evaluation.evaluate_workdir(workdir, progress=False)
     lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]

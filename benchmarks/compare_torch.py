@@ -7,10 +7,12 @@ the peer) over the rounds.
 
   python benchmarks/compare_torch.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --rounds 3
 
-Arms: the peer (../shared/bench/torch_pat_reference.py for resnet18,
-benchmarks/torch_small_cnn_peer.py -- the same pat_step on models.SmallCNN -- for small_cnn)
-and one patjax arm per --patjax-variant (extra flags for epoch_throughput.py; default: none),
-e.g. --patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
+Arms: the peer -- benchmarks/torch_pat_peer.py (Algorithm 2 in eager PyTorch, the step
+patjax computes) for resnet18, benchmarks/torch_small_cnn_peer.py (the same step on its
+SmallCNN) for small_cnn; $PATJAX_TORCH_REFERENCE, if set, replaces the resnet18 peer by another
+script taking --width --batch --langevin-steps --iters [--threads] and printing a JSON line
+with images_per_s -- and one patjax arm per --patjax-variant (extra flags for
+epoch_throughput.py; default: none), e.g. --patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
 measures the convolution input-gradient switch against the same peer runs. A variant may
 start with environment assignments (--patjax-variant='PJRT_NPROC=2 --cpu-devices 2'). With
 --no-peer only the patjax arms run, and ratios are to the first one.
@@ -24,8 +26,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REFERENCE = os.environ.get("PATJAX_TORCH_REFERENCE",
-                           os.path.join(HERE, "..", "..", "shared", "bench", "torch_pat_reference.py"))
+REFERENCE = os.environ.get("PATJAX_TORCH_REFERENCE", os.path.join(HERE, "torch_pat_peer.py"))
 
 
 def run_json(cmd):

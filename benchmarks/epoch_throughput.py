@@ -8,7 +8,7 @@ Reports compile time separately from the timed steps (one warm-up step, then the
 --iters steps), images/s, the projected seconds per 50,000-image epoch, FLOPs per image from
 XLA's cost analysis, achieved FLOP/s (and utilization against --peak-gflops when given),
 peak memory from the compiled executable's memory analysis, backend and device. Runs
-unchanged on CPU and GPU; flags that overlap ../shared/bench/torch_pat_reference.py have its
+unchanged on CPU and GPU; flags that overlap benchmarks/torch_pat_peer.py have its
 names (--batch, --langevin-steps, --width, --iters).
 
 FLOPs: XLA's cost analysis counts a while-loop body once whatever its trip count, so the

@@ -1,0 +1,325 @@
+"""The PyTorch peer (benchmarks/torch_pat_peer.py) computes patjax's PAT step.
+
+A second implementation of Algorithm 2, written from the paper in eager PyTorch, is given
+patjax's weights (small CNN, and ResNet-18 at width 4), the same clean batch and the same
+sampler randomness (patjax's own start, and the noise its keys draw), and must agree with
+patjax to 1e-5 on the logits and training-mode BatchNorm statistics, the sampler's samples
+after T = 3 steps, the SNIS-weighted loss, and the loss, parameters and BatchNorm running
+statistics after one and then a second full `train.train_step` (measured: below 1e-6).
+"""
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import traverse_util  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+from patjax import config as config_lib  # noqa: E402
+from patjax import data, methods, samplers, train  # noqa: E402
+from patjax import state as state_lib  # noqa: E402
+
+BATCH, STEPS = 8, 3
+RESNET_WIDTH = 4  # ResNet-18 with stage widths 4/8/16/32: the same graph, test-sized
+TOL = 1e-5
+
+
+def load_peer():
+    spec = importlib.util.spec_from_file_location("torch_pat_peer", REPO / "benchmarks" / "torch_pat_peer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+peer = load_peer()
+
+
+def tiny_config(model):
+    cfg = config_lib.default_config()
+    cfg.model = model
+    cfg.model_width = RESNET_WIDTH
+    cfg.batch_size = BATCH
+    cfg.num_train_steps = 10
+    cfg.langevin.steps = STEPS
+    cfg.pat.beta = 0.5  # far from uniform weights, so the SNIS weighting shows in the loss
+    # Larger than Appendix E's 0.01 and 5e-4, so that the decay term of one update
+    # (lr * wd * (1 + momentum) * p) stands well above the tolerance.
+    cfg.learning_rate = 0.1
+    cfg.weight_decay = 5e-3
+    return cfg
+
+
+def settings_of(cfg):
+    lv = cfg.langevin
+    return peer.LangevinSettings(steps=int(lv.steps), step_size=float(lv.step_size),
+                                 noise_scale=float(lv.noise_scale), grad_clip=float(lv.grad_clip),
+                                 c1=float(lv.c1), c2=float(lv.c2))
+
+
+def realistic_images(key, n):
+    """uint8 NHWC images: smooth colour fields (upsampled 4x4 noise) with fine texture."""
+    coarse_key, fine_key = jax.random.split(key)
+    coarse = jax.random.uniform(coarse_key, (n, 4, 4, 3))
+    smooth = jax.image.resize(coarse, (n, 32, 32, 3), "bilinear")
+    texture = 0.08 * jax.random.normal(fine_key, (n, 32, 32, 3))
+    return np.asarray(jnp.round(255 * jnp.clip(smooth + texture, 0, 1)), np.uint8)
+
+
+def perturbed(state, key):
+    """The initial state with BatchNorm affine parameters, running statistics and the Dense
+    bias moved off their defaults, so the weight copy and the inference mode are exercised."""
+    params = traverse_util.flatten_dict(state.params)
+    stats = traverse_util.flatten_dict(state.batch_stats)
+    for i, path in enumerate(p for p in stats if p[-1] == "mean"):
+        k = jax.random.split(jax.random.fold_in(key, i), 4)
+        module, c = path[:-1], stats[path].shape
+        params[module + ("scale",)] = 1 + 0.2 * jax.random.normal(k[0], c)
+        params[module + ("bias",)] = 0.1 * jax.random.normal(k[1], c)
+        stats[module + ("mean",)] = 0.2 * jax.random.normal(k[2], c)
+        stats[module + ("var",)] = jax.random.uniform(k[3], c, minval=0.5, maxval=2.0)
+    params[("Dense_0", "bias")] = 0.1 * jax.random.normal(jax.random.fold_in(key, len(stats)), (10,))
+    return state.replace(params=traverse_util.unflatten_dict(params),
+                         batch_stats=traverse_util.unflatten_dict(stats))
+
+
+# ---------------------------------------------------------------------------------------
+# Weights between layouts: Flax NHWC / HWIO / (in, out) <-> torch NCHW / OIHW / (out, in).
+
+def layer_pairs(model):
+    """[(patjax module path, torch module)] for the peer's SmallCNN or ResNet18."""
+    if isinstance(model, peer.SmallCNN):
+        convs = [m for m in model.features if isinstance(m, torch.nn.Conv2d)]
+        norms = [m for m in model.features if isinstance(m, torch.nn.BatchNorm2d)]
+        pairs = [((f"Conv_{i}",), m) for i, m in enumerate(convs)]
+        pairs += [((f"BatchNorm_{i}",), m) for i, m in enumerate(norms)]
+    else:
+        pairs = [(("Conv_0",), model.conv1), (("BatchNorm_0",), model.bn1)]
+        for i, block in enumerate(model.blocks):
+            names = {"Conv_0": block.conv1, "BatchNorm_0": block.bn1, "Conv_1": block.conv2,
+                     "BatchNorm_1": block.bn2}
+            if len(block.shortcut):
+                names.update(shortcut_conv=block.shortcut[0], shortcut_bn=block.shortcut[1])
+            pairs += [((f"BasicBlock_{i}", name), m) for name, m in names.items()]
+    return pairs + [(("Dense_0",), model.linear)]
+
+
+def subtree(tree, path):
+    for name in path:
+        tree = tree[name]
+    return tree
+
+
+def load_patjax_weights(model, params, batch_stats):
+    t = lambda a: torch.from_numpy(np.array(a, np.float32))  # noqa: E731
+    with torch.no_grad():
+        for path, m in layer_pairs(model):
+            p = subtree(params, path)
+            if isinstance(m, torch.nn.Conv2d):
+                m.weight.copy_(t(p["kernel"]).permute(3, 2, 0, 1))      # HWIO -> OIHW
+            elif isinstance(m, torch.nn.Linear):
+                m.weight.copy_(t(p["kernel"]).T)                         # (in, out) -> (out, in)
+                m.bias.copy_(t(p["bias"]))
+            else:
+                stats = subtree(batch_stats, path)
+                m.weight.copy_(t(p["scale"]))
+                m.bias.copy_(t(p["bias"]))
+                m.running_mean.copy_(t(stats["mean"]))
+                m.running_var.copy_(t(stats["var"]))
+
+
+def nest(flat):
+    tree = {}
+    for path, value in flat.items():
+        node = tree
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = value
+    return tree
+
+
+def as_patjax_trees(model):
+    """(params, batch_stats) of the torch model in patjax's names and layouts."""
+    n = lambda v: v.detach().numpy().copy()  # noqa: E731
+    params, stats = {}, {}
+    for path, m in layer_pairs(model):
+        if isinstance(m, torch.nn.Conv2d):
+            params[path + ("kernel",)] = n(m.weight).transpose(2, 3, 1, 0)
+        elif isinstance(m, torch.nn.Linear):
+            params[path + ("kernel",)], params[path + ("bias",)] = n(m.weight).T, n(m.bias)
+        else:
+            params[path + ("scale",)], params[path + ("bias",)] = n(m.weight), n(m.bias)
+            stats[path + ("mean",)], stats[path + ("var",)] = n(m.running_mean), n(m.running_var)
+    return nest(params), nest(stats)
+
+
+def nchw(x):
+    return torch.from_numpy(np.array(x, np.float32)).permute(0, 3, 1, 2).contiguous()
+
+
+def nhwc(x):
+    return x.detach().permute(0, 2, 3, 1).numpy()
+
+
+def torch_labels(y):
+    return torch.tensor(np.asarray(y), dtype=torch.long)
+
+
+def max_tree_diff(a, b):
+    diffs = jax.tree.map(lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)))), a, b)
+    return max(jax.tree.leaves(diffs))
+
+
+# ---------------------------------------------------------------------------------------
+# The sampler's randomness as patjax draws it.
+
+def sampler_noise(key, x, steps):
+    """The noise patjax's Langevin chain adds at steps 0..steps-1, drawn from its keys:
+    example i's key fold_in(key, i) splits into (start key, noise key), and step t's noise
+    is normal(fold_in(noise key, t)). Also returns the start drawn the same way."""
+    keys = samplers.per_example_keys(key, x.shape[0])
+    init_keys, noise_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+    shape = x.shape[1:]
+    start = jax.vmap(lambda k: jax.random.uniform(k, shape, x.dtype))(init_keys)
+    noise = [jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), shape, x.dtype))(noise_keys)
+             for t in range(steps)]
+    return start, noise
+
+
+def step_inputs(state, images, labels, permutation, cfg, steps_per_epoch):
+    """What `train.train_step` draws for this step: the augmented batch, labels and method key."""
+    position = int(state.step) % steps_per_epoch
+    indices = permutation[position * cfg.batch_size:(position + 1) * cfg.batch_size]
+    step_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
+    augment_key, method_key = jax.random.split(step_key)
+    return data.augment(augment_key, images[indices]), labels[indices], method_key
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["small_cnn", "resnet18"])
+def setup(request):
+    torch.manual_seed(0)
+    cfg = tiny_config(request.param)
+    steps_per_epoch = 1
+    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
+    tx = state_lib.make_optimizer(cfg, schedule)
+    _, model_fns, state = state_lib.create_train_state(cfg, tx)
+    state = perturbed(state, jax.random.PRNGKey(1))
+    images = jnp.asarray(realistic_images(jax.random.PRNGKey(2), BATCH))
+    labels = jax.random.randint(jax.random.PRNGKey(3), (BATCH,), 0, 10)
+    permutation = jnp.arange(BATCH)
+    net = peer.create_model(cfg.model, num_classes=10, width=RESNET_WIDTH)
+    load_patjax_weights(net, state.params, state.batch_stats)
+    optimizer = peer.make_optimizer(net, lr=float(cfg.learning_rate), momentum=float(cfg.momentum),
+                                    weight_decay=float(cfg.weight_decay))
+    return dict(cfg=cfg, tx=tx, schedule=schedule, model_fns=model_fns, state=state, images=images,
+                labels=labels, permutation=permutation, steps_per_epoch=steps_per_epoch, net=net,
+                optimizer=optimizer)
+
+
+def first_batch(s):
+    return step_inputs(s["state"], s["images"], s["labels"], s["permutation"], s["cfg"], s["steps_per_epoch"])
+
+
+def test_weights_copy_round_trips(setup):
+    params, stats = as_patjax_trees(setup["net"])
+    assert max_tree_diff(params, setup["state"].params) == 0
+    assert max_tree_diff(stats, setup["state"].batch_stats) == 0
+
+
+def test_logits_and_training_mode_statistics_match(setup):
+    s, net = setup, setup["net"]
+    x, _, _ = first_batch(s)
+    state = s["state"]
+    infer = s["model_fns"].infer(state.params, state.batch_stats, x)
+    train_logits, new_stats = s["model_fns"].train(state.params, state.batch_stats, x)
+    saved = {k: v.clone() for k, v in net.state_dict().items()}
+    try:
+        net.eval()
+        with torch.no_grad():
+            torch_infer = net(nchw(x)).numpy()
+        net.train()
+        with torch.no_grad():
+            torch_train = net(nchw(x)).numpy()
+        _, torch_stats = as_patjax_trees(net)
+    finally:
+        net.load_state_dict(saved)
+    np.testing.assert_allclose(torch_infer, infer, rtol=0, atol=TOL)
+    np.testing.assert_allclose(torch_train, train_logits, rtol=0, atol=TOL)
+    assert max_tree_diff(torch_stats, new_stats) < TOL
+    assert max_tree_diff(as_patjax_trees(net)[1], state.batch_stats) == 0
+
+
+def test_sampler_start_reproduces_patjax_draw(setup):
+    s = setup
+    x, y, key = first_batch(s)
+    logits_fn = s["model_fns"].attack_logits_fn(s["state"].params, s["state"].batch_stats)
+    chain = samplers.langevin_chain(logits_fn, key, x, y, samplers.LangevinSettings.from_config(s["cfg"].langevin))
+    start, _ = sampler_noise(key, x, STEPS)
+    np.testing.assert_array_equal(start, chain.start)
+
+
+def test_sampler_samples_match_after_three_steps(setup):
+    s, net = setup, setup["net"]
+    x, y, key = first_batch(s)
+    state = s["state"]
+    x_adv, steps = methods.langevin_adversarial_batch(state.params, s["model_fns"], state.batch_stats,
+                                                      x, y, key, s["cfg"])
+    assert np.all(np.asarray(steps) == STEPS)
+    start, noise = sampler_noise(key, x, STEPS)
+    torch_adv = peer.langevin_chain(net, nchw(x), torch_labels(y), nchw(start),
+                                    [nchw(z) for z in noise], settings_of(s["cfg"]))
+    assert float(np.max(np.abs(np.asarray(x_adv) - np.asarray(start)))) > 0.1  # the chain moved
+    np.testing.assert_allclose(nhwc(torch_adv), x_adv, rtol=0, atol=TOL)
+    assert max_tree_diff(as_patjax_trees(net)[1], state.batch_stats) == 0  # inference mode: no update
+
+
+def test_snis_weighted_loss_matches(setup):
+    s, net = setup, setup["net"]
+    x, y, key = first_batch(s)
+    state = s["state"]
+    x_adv, _ = methods.langevin_adversarial_batch(state.params, s["model_fns"], state.batch_stats, x, y, key, s["cfg"])
+    loss, (_, metrics) = methods.pat(state.params, s["model_fns"], state.batch_stats, x, y, key, s["cfg"])
+    saved = {k: v.clone() for k, v in net.state_dict().items()}
+    try:
+        net.train()
+        losses = torch.nn.functional.cross_entropy(net(nchw(x_adv)), torch_labels(y),
+                                                   reduction="none")
+        torch_loss, weights = peer.weighted_loss(losses, float(s["cfg"].pat.beta))
+    finally:
+        net.load_state_dict(saved)
+    assert float(weights.max() - weights.min()) > 1e-3  # the weights are not uniform
+    np.testing.assert_allclose(float(torch_loss.detach()), float(loss), rtol=0, atol=TOL)
+    np.testing.assert_allclose(float(weights.max()), float(metrics["snis_weight_max"]), rtol=0, atol=TOL)
+
+
+def test_two_train_steps_give_equal_parameters_and_statistics(setup):
+    """patjax's compiled train step against the peer's pat_step_from, twice in a row (the second
+    step uses the momentum buffer of the first): loss, parameters, running statistics."""
+    s, net, optimizer = setup, setup["net"], setup["optimizer"]
+    step_fn = train.make_train_step(s["cfg"], s["model_fns"], s["tx"], s["schedule"], s["steps_per_epoch"])
+    state = jax.tree.map(jnp.copy, s["state"])
+    for _ in range(2):
+        x, y, key = step_inputs(state, s["images"], s["labels"], s["permutation"], s["cfg"], s["steps_per_epoch"])
+        start, noise = sampler_noise(key, x, STEPS)
+        before = jax.device_get(state.params)
+        state, metrics = step_fn(state, s["images"], s["labels"], s["permutation"])
+        torch_loss = peer.pat_step_from(net, optimizer, nchw(x), torch_labels(y),
+                                        nchw(start), [nchw(z) for z in noise], settings_of(s["cfg"]),
+                                        beta=float(s["cfg"].pat.beta))
+        params, stats = as_patjax_trees(net)
+        np.testing.assert_allclose(float(torch_loss), float(metrics["loss"]), rtol=0, atol=TOL)
+        assert max_tree_diff(params, state.params) < TOL
+        assert max_tree_diff(stats, state.batch_stats) < TOL
+        # The update itself, not only the parameters it is added to.
+        moved = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), state.params, before)
+        torch_moved = jax.tree.map(lambda a, b: a - np.asarray(b), params, before)
+        assert max_tree_diff(torch_moved, moved) < TOL
+        assert max(float(np.max(np.abs(m))) for m in jax.tree.leaves(moved)) > 1e-3

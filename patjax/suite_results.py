@@ -221,10 +221,13 @@ def curve_figures(points: list[dict], eps_keys) -> list[dict]:
 
 
 def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, list]:
-    """({run: its curve figures}, [one entry per suite.matched pair]) from the finished runs."""
+    """({run: its learning curve's figures}, [one entry per suite.matched pair]) from the finished runs."""
     law = suite.curve_eval_overrides.get("pr_distribution", suite.pr_distribution)
     runs = {r.name: r for r in plan(suite)}
     curves, entries = {}, []
+    for name, o in outcomes.items():  # every finished run with learning-curve points
+        if o is not None and workdir_lib.curve_steps(run_dir(workdir, o.run)):
+            curves[name] = curve_figures(load_curve(workdir, o, law), o.eps_keys)
     for (group_a, method_a), (group_b, method_b) in suite.matched:
         pairs = []
         for name, run in runs.items():
@@ -241,8 +244,6 @@ def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, l
         indices, confidence = _pairing([o for pair in pairs for o in pair])
         eps_keys = pairs[0][0].eps_keys
         loaded = [(load_curve(workdir, a, law), b) for a, b in pairs]
-        for (points, _), (a, _) in zip(loaded, pairs):
-            curves[a.run.name] = curve_figures(points, eps_keys)
         method = (f"A's PR over its clean-correct images interpolated linearly in clean accuracy between its "
                   f"learning-curve points, at the clean accuracy of B's final model, minus B's; paired "
                   f"percentile bootstrap over images ({len(indices)} resamples)")

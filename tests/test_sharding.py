@@ -27,7 +27,7 @@ assert sharding.make_mesh(cfg.eval.batch_size).size == {devices}
 leaves = jax.tree.leaves(jax.device_get((state.params, state.batch_stats)))
 results = evaluation.evaluate_workdir({workdir!r}, progress=False, evaluators=["clean", "pr"])
 _, per_image = workdir_lib.load_results({workdir!r})
-leaves += [per_image["pr_gaussian.sum_loss"], per_image["clean.correct"], per_image["pr_gaussian.counts"]]
+leaves += [per_image["pr_uniform.sum_loss"], per_image["clean.correct"], per_image["pr_uniform.counts"]]
 np.savez({out!r}, *leaves)
 """
 

@@ -273,6 +273,23 @@ def _matched_tables(report) -> list:
         out += [f"### {m['a']} − {m['b']} ({m['law']} noise)", "",
                 md_table(["seeds", "B's clean acc. %", "A's curve spans acc. %", "resamples matched %"]
                          + [f"ΔPR({e}) pp" for e in eps_keys], rows), ""]
+    for m in report["matched"]:
+        if "nearest" not in m:
+            continue
+        eps_keys = list(m["nearest"]["mean"]["pr"])
+        rows = []
+        for label, fig in [("mean", m["nearest"]["mean"])] + [(f"seed {k}", v) for k, v in m["nearest"]["per_seed"].items()]:
+            for estimand in ("clean_correct", "both_correct", "all"):
+                rows.append([label if estimand == "clean_correct" else "", ", ".join(map(str, fig["steps_a"])),
+                             f"{100 * fig['clean_accuracy_a']:.1f} vs {100 * fig['clean_accuracy_b']:.1f}",
+                             signed(fig["clean_accuracy_difference"]), estimand.replace("_", "-")]
+                            + [signed(fig["pr"][e][estimand]) for e in eps_keys])
+        out += [f"### {m['a']} − {m['b']} at the nearest clean accuracy ({m['law']} noise)", "",
+                md_table(["seeds", "A's step", "acc. A vs B %", "ΔAcc pp", "PR over"] + [f"ΔPR({e}) pp" for e in eps_keys],
+                         rows), "",
+                "A's learning-curve point whose clean accuracy is nearest to that of B's final model, against that "
+                "model: no interpolation. PR over: each model's own clean-correct images (Table 1's estimand), the "
+                "images both classify correctly, all images; paired percentile bootstrap over images.", ""]
     out += ["A's PR over its own clean-correct images, interpolated linearly in clean accuracy between the points "
             "of its learning curve (its kept models, evaluated on the suite's images and noise), at the clean "
             "accuracy of B's final model of the same seed, minus B's PR: the Table-1 estimand with clean accuracy "

@@ -255,8 +255,36 @@ def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, l
         fig = stats.matched_difference([[(p["correct"], p["pr"]) for p in points] for points, _ in loaded],
                                        [(b.correct, b.pr_counts[law] / b.settings["pr_samples"]) for _, b in pairs],
                                        indices, confidence)
-        entry.update(mean=_by_level(fig, eps_keys, method), per_seed=per_seed)
+        entry.update(mean=_by_level(fig, eps_keys, method), per_seed=per_seed,
+                     nearest=_nearest(loaded, law, eps_keys, indices, confidence))
     return curves, entries
+
+
+def _nearest(loaded, law: str, eps_keys, indices, confidence) -> dict:
+    """A − B between A's curve point nearest to B's final model in clean accuracy and that model,
+    per seed and as the mean over seeds: the comparison when A's curve does not reach B's
+    accuracy (no interpolation, so no extrapolation either). Each estimand of
+    `stats.pr_difference`, with the two accuracies and their paired difference."""
+    chosen = []
+    for points, b in loaded:
+        acc_b = b.correct.mean()
+        chosen.append((min(points, key=lambda p: abs(p["correct"].mean() - acc_b)), b))
+
+    def figures(pairs):
+        correct_a = np.stack([p["correct"] for p, _ in pairs])
+        correct_b = np.stack([b.correct for _, b in pairs])
+        out = {"steps_a": [int(p["step"]) for p, _ in pairs],
+               "clean_accuracy_a": float(correct_a.mean()), "clean_accuracy_b": float(correct_b.mean()),
+               "clean_accuracy_difference": _figure(*stats.paired_difference(correct_a, correct_b, indices, confidence),
+                                                    "paired bootstrap over images", correct_a.shape[1]),
+               "pr": {}}
+        for j, e in enumerate(eps_keys):
+            out["pr"][e] = stats.pr_difference(np.stack([p["pr"][:, j] for p, _ in pairs]), correct_a,
+                                               np.stack([b.pr_counts[law][:, j] / b.settings["pr_samples"]
+                                                         for _, b in pairs]), correct_b, 1, indices, confidence)
+        return out
+
+    return {"mean": figures(chosen), "per_seed": {str(b.run.seed): figures([(p, b)]) for p, b in chosen}}
 
 
 def _by_level(fig: dict, eps_keys, method: str) -> dict:

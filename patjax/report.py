@@ -316,19 +316,25 @@ def plot_curves(report: dict):
         return None
     plt = _pyplot()
     eps_keys = list(next(iter(curves.values()))[0]["pr_clean_correct"])
-    fig, axes = plt.subplots(1, len(eps_keys), figsize=(4.2 * len(eps_keys), 4), squeeze=False)
+    cols = 2 if len(eps_keys) > 1 else 1
+    rows = -(-len(eps_keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     methods = list(dict.fromkeys(name.rsplit("_s", 1)[0] for name in curves))
-    for ax, e in zip(axes[0], eps_keys):
+    fig.suptitle("PR against clean accuracy along training (points in training order; the step of each "
+                 "final model is written beside it)", fontsize=9)
+    for ax, e in zip(axes.ravel(), eps_keys):
         for name, points in curves.items():
             color = colors[methods.index(name.rsplit("_s", 1)[0]) % len(colors)]
             ax.plot([100 * p["clean_accuracy"] for p in points], [_percent(p["pr_clean_correct"][e]) for p in points],
                     marker="o", ms=3, color=color, label=name)
             ax.annotate(str(points[-1]["step"]), (100 * points[-1]["clean_accuracy"],
                                                   _percent(points[-1]["pr_clean_correct"][e])), fontsize=6)
-        ax.set_xlabel("clean accuracy % (each run's learning curve; last point: final model)")
+        ax.set_xlabel("clean accuracy %")
         ax.set_ylabel(f"PR(·, {e}) % over clean-correct images")
         ax.grid(alpha=0.3)
+    for ax in axes.ravel()[len(eps_keys):]:
+        ax.set_visible(False)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return fig

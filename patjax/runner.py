@@ -325,17 +325,24 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
 
 def handover(suite: Suite, workdir: str) -> list[str]:
     """Prepares the suite's unfinished runs to be carried to another machine in git (no worker
-    may be running on them): for each run that has checkpoints but has not finished training,
-    keeps the models of its curve steps (`workdir.keep_models`) and removes every checkpoint
-    but the newest, which a run resumes from bitwise. Returns the newest checkpoints' paths,
-    which the suite's .gitignore leaves out: `git add -f` them with the rest of the suite."""
+    may be running on them). A run that has finished training keeps its final model and its
+    curve steps' models (`workdir.keep_models`), which is all its evaluation needs. A run still
+    training keeps the models of its curve steps so far and its newest checkpoint only, which
+    it resumes from bitwise. Returns those checkpoints' paths, which the suite's .gitignore
+    leaves out: `git add -f` them with the rest of the suite."""
     paths = []
     for run in plan(suite):
         directory = run_dir(workdir, run)
         step = workdir_lib.latest_step(directory)
-        if step is None or _trained(run, directory) is not None:
+        if step is None:
             continue
-        workdir_lib.keep_models(directory, set(_curve_steps(suite, run, _expected_steps(run.config))))
+        final = _expected_steps(run.config)
+        curve = set(_curve_steps(suite, run, final))
+        if _trained(run, directory) is not None:
+            if suite.keep_models:
+                workdir_lib.keep_models(directory, curve | {final})
+            continue
+        workdir_lib.keep_models(directory, curve)
         paths.append(workdir_lib.prune_checkpoints(directory, keep=step))
     return paths
 

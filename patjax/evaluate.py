@@ -15,7 +15,7 @@ from absl import app, flags
 
 from patjax import cli as cli_lib
 from patjax import evaluation, evaluators, sharding
-from patjax import workdir as workdir_lib
+from patjax import eval_files
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -55,7 +55,7 @@ def main(argv):
             results = evaluation.evaluate_workdir(workdir, num_examples, FLAGS.batch_size, evaluators=spec,
                                      overrides=overrides, overwrite=FLAGS.overwrite)
             if sharding.is_writer():
-                print(f"{evaluation.workdir_name(workdir)}: wrote {workdir_lib.results_path(workdir)} "
+                print(f"{evaluation.workdir_name(workdir)}: wrote {eval_files.results_path(workdir)} "
                       f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})")
     if sharding.is_writer():
         print(evaluation.compare(FLAGS.workdir, FLAGS.plot))

@@ -29,6 +29,7 @@ import numpy as np
 from patjax import config as config_lib
 from patjax import data, report, robustness, sharding, stats
 from patjax import evaluators as evaluators_lib
+from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.evaluators import common
@@ -249,7 +250,7 @@ def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=N
                               ev.batch_size if batch_size is None else batch_size)
     workdir_lib.require_checkpoint(workdir)
     if not overwrite:
-        previous = (workdir_lib.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
+        previous = (eval_files.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
         dropped = [e for e in previous if e not in chosen]
         if dropped:
             raise UserError(
@@ -283,7 +284,7 @@ def evaluate_workdir(workdir: str, num_examples: int | None = None, batch_size: 
             progress=progress and sharding.is_writer(), evaluators=evaluators, per_image_out=per_image)
         if not sharding.is_writer():
             return workdir_lib.json_safe(results)
-        return workdir_lib.write_results(workdir, results, per_image, step)
+        return eval_files.write_results(workdir, results, per_image, step)
 
 
 def paired_differences(workdirs, results_list, per_images) -> list:
@@ -295,7 +296,7 @@ def paired_differences(workdirs, results_list, per_images) -> list:
     indices = common.bootstrap_indices(int(st["num_examples"]), int(st["bootstrap_resamples"]), int(st["seed"]))
     out = []
     for workdir, name, res, pi in zip(workdirs[1:], names[1:], results_list[1:], per_images[1:]):
-        workdir_lib.check_comparable(st, res["settings"], workdirs[0], workdir)
+        eval_files.check_comparable(st, res["settings"], workdirs[0], workdir)
         row = {"run": name, "baseline": names[0], "distributions": {}}
         for d in res["settings"]["pr_distributions"]:
             key = f"pr_{d}.counts"
@@ -317,11 +318,11 @@ def workdir_name(workdir: str) -> str:
 def compare(workdirs, plot_path=None) -> str:
     """Table, paired differences (against the first workdir) and PNG plot of evaluated workdirs;
     writes the plot and PLOT_paired_differences.json, returns the text to print."""
-    loaded = [workdir_lib.load_results(w) for w in workdirs]
+    loaded = [eval_files.load_results(w) for w in workdirs]
     results_list = [r for r, _ in loaded]
     names = [workdir_name(w) for w in workdirs]
     text = report.comparison(names, results_list)
-    plot_path = plot_path or workdir_lib.plot_path(workdirs[0])
+    plot_path = plot_path or eval_files.plot_path(workdirs[0])
     if any("pr" in r.get("figures", {}) for r in results_list):
         workdir_lib.save_figure(report.plot_pr(names, results_list), plot_path)
         text += f"\nplot: {plot_path}"

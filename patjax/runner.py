@@ -44,6 +44,7 @@ from typing import Callable, Optional, Sequence
 from patjax import config as config_lib, data, evaluation, evaluators, kept_models, report, robustness
 from patjax import suite_results, train
 from patjax import state as state_lib
+from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.suite_results import RECORD_FILE, read_json, run_dir
@@ -70,10 +71,10 @@ def _eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) 
     leaves a pair that does not match, an unreadable file is no evaluation: the run is then
     evaluated again)."""
     where = step if curve else None
-    if not workdir_lib.has_evaluation(directory, where):
+    if not eval_files.has_evaluation(directory, where):
         return False
     try:
-        results, _ = workdir_lib.load_results(directory, where)
+        results, _ = eval_files.load_results(directory, where)
     except (UserError, OSError, ValueError):
         return False
     s = results.get("settings", {})

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from patjax import methods, robustness, stats
-from patjax import workdir as workdir_lib
+from patjax import eval_files
 from patjax.suites import Run, Suite, Sweep, plan
 
 # Paired differences reported (A - B), when both methods are in the suite.
@@ -65,9 +65,9 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
     counts for `pr_distribution` (the suite's headline law) and every other law with levels eps."""
     directory = run_dir(workdir, run)
     record = read_json(os.path.join(directory, RECORD_FILE))
-    if record is None or "eval_wall_s" not in record or not workdir_lib.has_evaluation(directory):
+    if record is None or "eval_wall_s" not in record or not eval_files.has_evaluation(directory):
         return None
-    results, per_image = workdir_lib.load_results(directory)  # the two files of one evaluation
+    results, per_image = eval_files.load_results(directory)  # the two files of one evaluation
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
     laws = [pr_distribution] + [d for d in robustness.DISTRIBUTIONS if d != pr_distribution]
     counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
@@ -159,7 +159,7 @@ def _pairing(outcomes: Sequence[RunOutcome]):
     evaluated on the same images with the same noise."""
     first = outcomes[0]
     for o in outcomes[1:]:
-        workdir_lib.check_comparable(first.settings, o.settings, first.run.name, o.run.name)
+        eval_files.check_comparable(first.settings, o.settings, first.run.name, o.run.name)
     s = first.settings
     indices = stats.bootstrap_indices(first.correct.size, int(s["bootstrap_resamples"]), int(s["seed"]))
     return indices, float(s["confidence"])
@@ -197,12 +197,12 @@ def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
 def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     """The run's learning curve: its curve points' evaluations (curve/step_N/) and its final
     evaluation, in training order: [{step, correct (n,), pr (n, levels) per-image PR_i under `law`}].
-    Every point must be on the final evaluation's images and noise (`workdir.check_comparable`)."""
+    Every point must be on the final evaluation's images and noise (`eval_files.check_comparable`)."""
     directory = run_dir(workdir, outcome.run)
     points = []
-    for step in workdir_lib.curve_steps(directory):
-        results, per_image = workdir_lib.load_results(directory, step)
-        workdir_lib.check_comparable(outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}")
+    for step in eval_files.curve_steps(directory):
+        results, per_image = eval_files.load_results(directory, step)
+        eval_files.check_comparable(outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}")
         points.append({"step": step, "correct": per_image["clean.correct"].astype(bool),
                        "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"]})
     points.append({"step": int(outcome.settings["step"]), "correct": outcome.correct,
@@ -226,7 +226,7 @@ def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, l
     runs = {r.name: r for r in plan(suite)}
     curves, entries = {}, []
     for name, o in outcomes.items():  # every finished run with learning-curve points
-        if o is not None and workdir_lib.curve_steps(run_dir(workdir, o.run)):
+        if o is not None and eval_files.curve_steps(run_dir(workdir, o.run)):
             curves[name] = curve_figures(load_curve(workdir, o, law), o.eps_keys)
     for (group_a, method_a), (group_b, method_b) in suite.matched:
         pairs = []

@@ -9,7 +9,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "ops": 1, "stats": 1, "download": 1, "data": 1, "samplers": 1, "attacks": 1, "robustness": 1,
     "models": 2, "methods": 2,
     "config": 3,
-    "state": 4, "sharding": 4, "kept_models": 4, "workdir": 4,
+    "state": 4, "sharding": 4, "kept_models": 4, "workdir": 4, "eval_files": 4,
     "evaluators": 5, "evaluators.common": 5, "evaluators.clean": 5, "evaluators.attack": 5,
     "evaluators.apgd": 5, "evaluators.pr": 5, "report": 5,
     "evaluation": 6,

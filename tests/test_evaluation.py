@@ -16,6 +16,7 @@ from conftest import REPO
 from helpers import Linear
 from patjax import config as config_lib, data, evaluation, evaluators, suite_results
 from patjax import stats as patjax_stats
+from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.models import ModelFns
@@ -302,27 +303,27 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     results_path = os.path.join(workdir, "eval", "results.json")
     before = open(results_path).read()
-    workdir_lib.load_results(workdir)  # consistent: loads
+    eval_files.load_results(workdir)  # consistent: loads
 
     def killed(path, obj):
         raise KeyboardInterrupt
 
     # Re-evaluated with another seed and killed while writing: per_image.npz is written first,
     # results.json (the commit marker) is not, and the mismatch is refused, not paired.
-    monkeypatch.setattr(workdir_lib, "write_json", killed)
+    monkeypatch.setattr(eval_files, "write_json", killed)
     with pytest.raises(KeyboardInterrupt):
         evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr",
                      overrides={"seed": 1})
     assert open(results_path).read() == before
     assert int(np.load(os.path.join(workdir, "eval", "per_image.npz"))["meta.seed"]) == 1
     with pytest.raises(UserError, match=r"per_image.npz does not belong to results.json \(seed 1 vs 0\)"):
-        workdir_lib.load_results(workdir)
+        eval_files.load_results(workdir)
     with pytest.raises(UserError, match="does not belong"):
         evaluation.compare([workdir, workdir], str(tmp_path / "p.png"))
     # A file written before the identity was stored is checked on its number of images.
     np.savez(os.path.join(workdir, "eval", "per_image.npz"), image_index=np.arange(4))
     with pytest.raises(UserError, match="holds 4 images but results.json 5"):
-        workdir_lib.load_results(workdir)
+        eval_files.load_results(workdir)
 
 
 def test_results_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path):
@@ -415,4 +416,4 @@ def test_an_evaluation_that_would_drop_evaluators_is_refused_unless_overwrite(tm
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True)
     assert sorted(os.listdir(eval_dir)) == ["per_image.npz", "results.json"]
-    assert workdir_lib.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]
+    assert eval_files.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]

@@ -19,14 +19,14 @@ SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
-from patjax import evaluation, sharding, train, workdir as workdir_lib
+from patjax import eval_files, evaluation, sharding, train, workdir as workdir_lib
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=2, **{{"pat.beta": 2.0}})
 state = train.train_and_evaluate(cfg, {workdir!r})
 assert jax.device_count() == {devices}, jax.devices()
 assert sharding.make_mesh(cfg.eval.batch_size).size == {devices}
 leaves = jax.tree.leaves(jax.device_get((state.params, state.batch_stats)))
 results = evaluation.evaluate_workdir({workdir!r}, progress=False, evaluators=["clean", "pr"])
-_, per_image = workdir_lib.load_results({workdir!r})
+_, per_image = eval_files.load_results({workdir!r})
 leaves += [per_image["pr_uniform.sum_loss"], per_image["clean.correct"], per_image["pr_uniform.counts"]]
 np.savez({out!r}, *leaves)
 """

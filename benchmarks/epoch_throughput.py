@@ -52,7 +52,6 @@ def parse_args(argv=None):
 
 def build(args, langevin_steps):
     """(jitted step, state, images, labels, permutation) for the benchmark config."""
-    import jax
     import numpy as np
 
     from patjax import config as config_lib

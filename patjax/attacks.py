@@ -7,13 +7,13 @@ with [0, 1]^d.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-LogitsFn = Callable[[jax.Array], jax.Array]
+from patjax.logits import LogitsFn, log_or_zero, margin
 
 
 def project_linf(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
@@ -28,9 +28,7 @@ def cross_entropy_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
 
 def cw_margin_loss(logits: jax.Array, y: jax.Array, kappa: float = 50.0) -> jax.Array:
     """Per-example CW loss as in the common CW-inf evaluation: -max(z_y - max_{j!=y} z_j + kappa, 0)."""
-    true_logit = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
-    other = jnp.max(jnp.where(jax.nn.one_hot(y, logits.shape[-1], dtype=bool), -jnp.inf, logits), axis=-1)
-    return -jnp.maximum(true_logit - other + kappa, 0.0)
+    return -jnp.maximum(kappa - margin(logits, y), 0.0)
 
 
 def input_gradient(logits_fn: LogitsFn, loss_fn, x_adv: jax.Array, y: jax.Array) -> jax.Array:
@@ -101,7 +99,7 @@ def kl_from_clean_loss(adv_logits: jax.Array, clean_probs: jax.Array) -> jax.Arr
     torch's KLDivLoss(log_softmax(model(x_adv)), softmax(model(x))) summed over classes, with
     0 log 0 = 0."""
     log_q = jax.nn.log_softmax(adv_logits, axis=-1)
-    return jnp.sum(clean_probs * (jnp.log(jnp.where(clean_probs > 0, clean_probs, 1.0)) - log_q), axis=-1)
+    return jnp.sum(clean_probs * (log_or_zero(clean_probs) - log_q), axis=-1)
 
 
 def trades_kl_attack(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, *, eps: float,
@@ -229,9 +227,7 @@ def dlr_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
     z_pi1 >= z_pi2 >= z_pi3 are the sorted logits (autopgd_base.py: dlr_loss); needs >= 3 classes.
     """
     sorted_logits = jnp.sort(logits, axis=-1)
-    true_logit = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
-    other = jnp.max(jnp.where(jax.nn.one_hot(y, logits.shape[-1], dtype=bool), -jnp.inf, logits), axis=-1)
-    return -(true_logit - other) / (sorted_logits[:, -1] - sorted_logits[:, -3] + 1e-12)
+    return margin(logits, y) / (sorted_logits[:, -1] - sorted_logits[:, -3] + 1e-12)
 
 
 APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss}

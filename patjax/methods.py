@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from patjax import attacks, samplers
+from patjax.logits import log_or_zero, other_values, true_value
 from patjax.models import ModelFns
 from patjax.errors import UserError
 
@@ -261,14 +262,11 @@ def mart(params, model, batch_stats, x, y, key, cfg):
                                 init_noise=float(cfg.mart.init_noise))
     (clean_logits, adv_logits), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv])
     adv_probs = jax.nn.softmax(adv_logits, axis=-1)
-    is_label = jax.nn.one_hot(y, adv_logits.shape[-1], dtype=bool)
-    runner_up = jnp.argmax(jnp.where(is_label, -jnp.inf, adv_probs), axis=-1)
-    runner_up_prob = jnp.take_along_axis(adv_probs, runner_up[:, None], axis=-1)[:, 0]
+    runner_up_prob = true_value(adv_probs, jnp.argmax(other_values(adv_probs, y), axis=-1))
     boosted_ce = _mean_ce(adv_logits, y) + jnp.mean(-jnp.log(1.0001 - runner_up_prob + 1e-12))
     clean_probs = jax.nn.softmax(clean_logits, axis=-1)
-    true_prob = jnp.take_along_axis(clean_probs, y[:, None], axis=-1)[:, 0]
-    safe_log_clean = jnp.log(jnp.where(clean_probs > 0, clean_probs, 1.0))
-    kl = jnp.sum(clean_probs * (safe_log_clean - jnp.log(adv_probs + 1e-12)), axis=-1)
+    true_prob = true_value(clean_probs, y)
+    kl = jnp.sum(clean_probs * (log_or_zero(clean_probs) - jnp.log(adv_probs + 1e-12)), axis=-1)
     robust = jnp.mean(kl * (1.0000001 - true_prob))
     loss = boosted_ce + mart_beta(cfg) * robust
     return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),

@@ -357,9 +357,9 @@ def _sweep_tables(sweep) -> list:
                     + [cell for b in base for cell in (signed(diffs.get(b, {}).get("pr_common_correct", {}).get(eps)),
                                                        signed(diffs.get(b, {}).get("pgd20")))])
     return [f"## Sweep: {sweep['axis']}", "",
-            f"One seed per point. PR over the run's clean-correct images; ΔPR over the images both runs "
-            f"classify correctly; Δ: paired (same images, same noise draws), percentile bootstrap over images. "
-            f"Baselines that are not points are the last rows.", "", md_table(head, rows), ""]
+            "One seed per point. PR over the run's clean-correct images; ΔPR over the images both runs "
+            "classify correctly; Δ: paired (same images, same noise draws), percentile bootstrap over images. "
+            "Baselines that are not points are the last rows.", "", md_table(head, rows), ""]
 
 
 def plot_sweep(sweep: dict):

@@ -21,24 +21,15 @@ perturbations, and batch size and chunk size do not change any figure.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from patjax.logits import LogitsFn, margin, true_value
+
 DISTRIBUTIONS = ("gaussian", "uniform")
-
-
-def margin(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """s(x) = max_{j != y} z_j - z_y, per example."""
-    true_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    others = jnp.where(jax.nn.one_hot(labels, logits.shape[-1], dtype=bool), -jnp.inf, logits)
-    return jnp.max(others, axis=-1) - true_logit
-
-
-def is_adversarial(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return margin(logits, labels) >= 0
 
 
 def base_noise(key: jax.Array, image_index: jax.Array, sample_index: jax.Array, shape,
@@ -73,35 +64,6 @@ def perturb(x: jax.Array, epsilons: jax.Array, noise: jax.Array, distribution: s
         hi = jnp.minimum(xb + eps, 1.0)
         return jnp.clip(lo + (hi - lo) * noise[None], 0.0, 1.0)
     raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
-
-
-def non_adversarial_counts(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array,
-                           x: jax.Array, y: jax.Array, image_indices: jax.Array,
-                           epsilons: Sequence[float], num_samples: int, chunk_size: int,
-                           distribution: str = "gaussian") -> jax.Array:
-    """Counts, per eps and image, the perturbed samples that are not adversarial.
-
-    Evaluates num_samples perturbations per image, chunk_size at a time (memory is bounded by
-    len(epsilons) * batch * chunk_size images), in a `lax.fori_loop` -- no Python loop over
-    samples.
-    Returns int32 counts of shape (len(epsilons), batch).
-    """
-    batch = x.shape[0]
-    num_chunks = -(-num_samples // chunk_size)
-    eps = jnp.asarray(epsilons, x.dtype)
-
-    def chunk(c, counts):
-        sample_ids = c * chunk_size + jnp.arange(chunk_size)
-        noise = jax.vmap(lambda i: jax.vmap(
-            lambda j: base_noise(key, i, j, x.shape[1:], distribution))(sample_ids))(image_indices)
-        perturbed = perturb(x, eps, noise, distribution)  # (E, B, S, H, W, C), one base noise for every eps
-        logits = logits_fn(perturbed.reshape(-1, *x.shape[1:]))
-        labels = jnp.broadcast_to(y[None, :, None], (len(epsilons), batch, chunk_size)).reshape(-1)
-        robust = ~is_adversarial(logits, labels)
-        robust = robust.reshape(len(epsilons), batch, chunk_size) & (sample_ids < num_samples)
-        return counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
-
-    return jax.lax.fori_loop(0, num_chunks, chunk, jnp.zeros((len(epsilons), batch), jnp.int32))
 
 
 # ---------------------------------------------------------------------------------------
@@ -139,7 +101,7 @@ def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
     """Perturbed images of shape (levels, batch, samples, H, W, C), all in [0, 1].
 
     'gaussian' / 'uniform': `base_noise` (common random numbers) turned into a sample of every
-    level eps by `perturb` -- exactly the samples `non_adversarial_counts` evaluates.
+    level eps by `perturb`.
     'pdis': the paper's p_dis(x'; x) proportional to exp(-c1 ||x' - x||^2) on [0,1]^d
     (Theorem 2 needs a density on [0,1]^d): per pixel a Gaussian around x with standard
     deviation sigma = 1/sqrt(2 c1) truncated (not clipped) to [0, 1]; `levels` holds the sigmas.
@@ -163,7 +125,7 @@ def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
     raise ValueError(f"unknown distribution {distribution!r}; choose one of {ALL_DISTRIBUTIONS}")
 
 
-def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x: jax.Array,
+def pr_statistics(logits_fn: LogitsFn, key: jax.Array, x: jax.Array,
                   y: jax.Array, image_indices: jax.Array, levels: Sequence[float], num_samples: int,
                   chunk_size: int, distribution: str = "gaussian",
                   entropic_lambda: float = 0.0) -> dict:
@@ -199,7 +161,7 @@ def pr_statistics(logits_fn: Callable[[jax.Array], jax.Array], key: jax.Array, x
         # scale * dot), so z_y - z_y need not be 0 there (|error| ~ 1e-4 for logits ~ 1e3) and
         # f came out ~ -1e-4; the max restores the inequality, so 1 - f/log 2 <= 1[s < 0]
         # holds sample by sample.
-        loss = jax.nn.logsumexp(logits - jnp.take_along_axis(logits, labels[:, None], axis=-1), axis=-1)
+        loss = jax.nn.logsumexp(logits - true_value(logits, labels)[:, None], axis=-1)
         loss = jnp.maximum(loss, jax.nn.softplus(s)).reshape(batch, num_levels, chunk_size)
         counts = counts + jnp.sum(robust, axis=-1, dtype=jnp.int32)
         sum_loss = sum_loss + jnp.sum(jnp.where(valid, loss, 0.0), axis=-1)

@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-LogitsFn = Callable[[jax.Array], jax.Array]
-
+from patjax.logits import LogitsFn
 
 INITS = ("uniform", "clean")
 

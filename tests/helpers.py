@@ -1,6 +1,5 @@
 """Tiny models for tests, with closed-form gradients."""
 import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 
 

@@ -5,7 +5,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 LAYERS = {  # lower number = lower layer; a module may import its own layer or below
-    "errors": 0, "cli": 0,
+    "errors": 0, "cli": 0, "logits": 0,
     "ops": 1, "stats": 1, "download": 1, "data": 1, "samplers": 1, "attacks": 1, "robustness": 1,
     "models": 2, "methods": 2,
     "config": 3,

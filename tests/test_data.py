@@ -1,8 +1,6 @@
 """Data loading (official binary layout, TFDS) and the in-jit augmentation."""
-import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds

@@ -1,7 +1,6 @@
 """The SNIS-weighted PAT update (Algorithm 2, lines 16-20) against independent computations."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 

@@ -130,7 +130,6 @@ def test_bf16_sampler_stays_close_to_fp32():
     assert 0 < float(jnp.max(jnp.abs(logits16 - logits32))) < 0.03 * scale
     assert "bf16" in str(jax.make_jaxpr(lambda x: bf16.apply(variables, x))(x))
 
-    settings = samplers.LangevinSettings(steps=5)  # Appendix E's step size 0.3
     key = jax.random.PRNGKey(2)
     run = lambda model, steps: jax.jit(lambda x: samplers.langevin_sample(
         lambda z: model.apply(variables, z), key, x, y, samplers.LangevinSettings(steps=steps)))(x)

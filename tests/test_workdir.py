@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from conftest import REPO
 from patjax import evaluation, train
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
-from test_train import params_of, tiny_config
+from test_train import tiny_config
 
 # As conftest.py does in-process: compile time dominates these runs, numerics are unchanged.
 FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}

@@ -32,6 +32,7 @@ import json
 import time
 from typing import Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -147,6 +148,50 @@ def create_model(name: str, num_classes: int = 10, width: int = 64, dataset: str
     if name == "resnet18":
         return ResNet18(width, num_classes, dataset)
     raise ValueError(f"unknown model {name!r}; choose 'small_cnn' or 'resnet18'")
+
+
+def layer_pairs(model):
+    """[(patjax module path, torch module)] for the peer's SmallCNN or ResNet18."""
+    if isinstance(model, SmallCNN):
+        convs = [m for m in model.features if isinstance(m, torch.nn.Conv2d)]
+        norms = [m for m in model.features if isinstance(m, torch.nn.BatchNorm2d)]
+        pairs = [((f"Conv_{i}",), m) for i, m in enumerate(convs)]
+        pairs += [((f"BatchNorm_{i}",), m) for i, m in enumerate(norms)]
+    else:
+        pairs = [(("Conv_0",), model.conv1), (("BatchNorm_0",), model.bn1)]
+        for i, block in enumerate(model.blocks):
+            names = {"Conv_0": block.conv1, "BatchNorm_0": block.bn1, "Conv_1": block.conv2,
+                     "BatchNorm_1": block.bn2}
+            if len(block.shortcut):
+                names.update(shortcut_conv=block.shortcut[0], shortcut_bn=block.shortcut[1])
+            pairs += [((f"BasicBlock_{i}", name), m) for name, m in names.items()]
+    return pairs + [(("Dense_0",), model.linear)]
+
+
+def subtree(tree, path):
+    for name in path:
+        tree = tree[name]
+    return tree
+
+
+def load_patjax_weights(model, params, batch_stats):
+    """Copies patjax parameters and BatchNorm statistics (Flax names, HWIO kernels) into the model."""
+    def t(a):
+        return torch.from_numpy(np.array(a, np.float32))
+    with torch.no_grad():
+        for path, m in layer_pairs(model):
+            p = subtree(params, path)
+            if isinstance(m, torch.nn.Conv2d):
+                m.weight.copy_(t(p["kernel"]).permute(3, 2, 0, 1))      # HWIO -> OIHW
+            elif isinstance(m, torch.nn.Linear):
+                m.weight.copy_(t(p["kernel"]).T)                         # (in, out) -> (out, in)
+                m.bias.copy_(t(p["bias"]))
+            else:
+                stats = subtree(batch_stats, path)
+                m.weight.copy_(t(p["scale"]))
+                m.bias.copy_(t(p["bias"]))
+                m.running_mean.copy_(t(stats["mean"]))
+                m.running_var.copy_(t(stats["var"]))
 
 
 def make_optimizer(model: nn.Module, lr: float = 0.01, momentum: float = 0.9,

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.logits import LogitsFn, log_or_zero, margin
+from patjax.logits import LogitsFn, log_or_zero, margin, true_value
 
 
 def project_linf(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
@@ -230,7 +230,17 @@ def dlr_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
     return margin(logits, y) / (sorted_logits[:, -1] - sorted_logits[:, -3] + 1e-12)
 
 
-APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss}
+def dlr_targeted_loss(logits: jax.Array, y: jax.Array, target: jax.Array) -> jax.Array:
+    """Targeted DLR of APGD-T: -(z_y - z_t) / (z_pi1 - (z_pi3 + z_pi4) / 2 + 1e-12).
+
+    autopgd_base.py: APGDAttackTargeted.dlr_loss_targeted; needs >= 4 classes.
+    """
+    sorted_logits = jnp.sort(logits, axis=-1)
+    return -(true_value(logits, y) - true_value(logits, target)) / (
+        sorted_logits[:, -1] - 0.5 * (sorted_logits[:, -3] + sorted_logits[:, -4]) + 1e-12)
+
+
+APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss, "dlr_targeted": dlr_targeted_loss}
 
 
 def apgd_checkpoints(steps: int) -> list[int]:
@@ -258,7 +268,8 @@ class ApgdResult(NamedTuple):
 
 
 def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
-         steps: int = 100, loss: str = "ce", rho: float = 0.75, momentum: float = 0.75) -> ApgdResult:
+         steps: int = 100, loss: str = "ce", rho: float = 0.75, momentum: float = 0.75,
+         target: jax.Array | None = None) -> ApgdResult:
     """One run of L-inf APGD (autopgd_base.py: APGDAttack.perturb with n_restarts=1, i.e. one
     attack_single_run on the clean-correct images).
 
@@ -283,6 +294,9 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
       start and the iterates; x itself otherwise (robust images and clean-misclassified ones);
     - best_loss: attack_single_run's loss_best (highest loss over the start and every iterate),
       also for clean-misclassified images, which perturb does not attack.
+    loss='dlr_targeted' with `target` (per example) is one run of APGD-T
+    (APGDAttackTargeted.attack_single_run): the same iteration on the targeted DLR loss; an
+    image still counts as fooled by any class other than y.
     The one departure from the reference: in the first interval, (a) compares the first
     iterate's loss with the loss at the start (Croce & Hein 2020, condition 1), whereas the
     reference's check_oscillation compares it with loss_steps[-1], a row of its loss buffer not
@@ -290,7 +304,9 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
     """
     if loss not in APGD_LOSSES:
         raise ValueError(f"unknown APGD loss {loss!r}; choose one of {sorted(APGD_LOSSES)}")
-    loss_fn = APGD_LOSSES[loss]
+    if (loss == "dlr_targeted") != (target is not None):
+        raise ValueError("the targeted DLR loss needs a target per example, and only it takes one")
+    loss_fn = APGD_LOSSES[loss] if target is None else (lambda z, labels: dlr_targeted_loss(z, labels, target))
     batch = x.shape[0]
     bshape = (batch,) + (1,) * (x.ndim - 1)
     # interval_length[i]: the length of the interval that iteration i closes, 0 off checkpoints.

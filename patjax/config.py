@@ -9,15 +9,14 @@ import math
 
 import ml_collections
 
-from patjax import data, methods, models
+from patjax import data, methods, models, samplers
 from patjax.errors import UserError
 
-# Fields that may differ between a run and the checkpoint it resumes from: they change how
-# long the run is and what it logs, not what a given step computes.
-# Fields a resumed run may change: they do not change what a step computes. data_dir is one
-# (the data's location; the dataset itself is `dataset`), so that data moved, or a relative
-# path saved by an earlier version, does not block a resume.
-RESUMABLE_FIELDS = ("num_epochs", "num_train_steps", "checkpoint_every_steps", "log_every_steps",
+# Fields a resumed run may change: they change how long the run is, what it logs and where
+# the data are read from (the dataset itself is `dataset`), not what a given step computes.
+# The learning-rate milestones follow the run's length; a resume that would move one the run
+# has passed is refused (workdir.check_resume_compatible).
+RESUMABLE_FIELDS = ("num_epochs", "num_train_steps", "lr_decay_fractions", "checkpoint_every_steps", "log_every_steps",
                     "log_test_examples", "max_checkpoints_to_keep", "progress_bar", "eval", "data_dir")
 
 
@@ -131,6 +130,13 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.cw_kappa = 2.0
     cfg.eval.apgd_steps = 100
     cfg.eval.apgd_rho = 0.75
+    # AutoAttack ('aa', standard version): APGD-CE and APGD-T use apgd_steps and apgd_rho; the
+    # reference's 9 target classes, FAB-T's 100 iterations and Square's 5,000 queries; the
+    # gradient-masking check runs APGD-CE again at these multiples of attack_eps.
+    cfg.eval.aa_target_classes = 9
+    cfg.eval.aa_fab_steps = 100
+    cfg.eval.aa_square_queries = 5000
+    cfg.eval.aa_masking_eps_factors = (2.0, 4.0, 8.0, 16.0)
     # PR is computed for every distribution listed ('pdis' = the paper's p_dis with c1 below) and
     # always for pr_distribution, whose figure is the top-level `pr` of results.json.
     cfg.eval.pr_distributions = ("uniform", "gaussian", "pdis")
@@ -140,6 +146,16 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.confidence = 0.95
     cfg.eval.bootstrap_resamples = 2000
     return cfg
+
+
+def upgrade(saved: dict) -> ml_collections.ConfigDict:
+    """A config read from a workdir, completed with today's defaults: a field added to the config
+    after the run was made was, for that run, its default (every field added so far kept the
+    behaviour of the code before it). The one place older workdirs are brought up to date."""
+    def merge(base: dict, over: dict) -> dict:
+        return {**base, **{k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                           for k, v in over.items()}}
+    return ml_collections.ConfigDict(merge(default_config().to_dict(), saved))
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -159,26 +175,12 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise UserError(f"learning_rate must be > 0, got {cfg.learning_rate}")
     if not 0 <= cfg.momentum < 1 or cfg.weight_decay < 0:
         raise UserError(f"momentum must be in [0, 1) and weight_decay >= 0, got {cfg.momentum}, {cfg.weight_decay}")
-    if cfg.langevin.steps < 0:
-        raise UserError(f"langevin.steps must be >= 0, got {cfg.langevin.steps}")
-    lv = cfg.langevin
-    # Algorithm 1: eta, sigma, c1, c2 >= 0 and rho > 0; a negative step or weight would turn the
-    # sampler's descent on the energy into an ascent and still train without complaint.
-    if min(lv.step_size, lv.noise_scale, lv.c1, lv.c2) < 0 or not lv.grad_clip > 0:
-        raise UserError("langevin.step_size, noise_scale, c1 and c2 must be >= 0 and langevin.grad_clip > 0, got "
-                        f"{lv.step_size}, {lv.noise_scale}, {lv.c1}, {lv.c2}, {lv.grad_clip}")
+    samplers.LangevinSettings.from_config(cfg.langevin)  # checks Algorithm 1's settings
     if cfg.pat.beta < 0:
         raise UserError(f"pat.beta must be >= 0 (0 is PAT(WOS)), got {cfg.pat.beta}")
-    if lv.get("init", "uniform") not in ("uniform", "clean"):
-        raise UserError(f"langevin.init must be 'uniform' or 'clean', got {lv.init!r}")
-    if lv.get("tolerance", 0.0) < 0:
-        raise UserError(f"langevin.tolerance must be >= 0 (0: always T steps), got {lv.tolerance}")
     if cfg.langevin.bn_mode not in ("inference", "train"):
         raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {cfg.langevin.bn_mode!r}")
     _validate_baselines(cfg)
-    if cfg.eval.pr_distribution not in ("gaussian", "uniform"):
-        raise UserError(f"eval.pr_distribution must be 'gaussian' or 'uniform', "
-                        f"got {cfg.eval.pr_distribution!r}")
 
 
 def _check_finite(settings: dict, prefix: str = "") -> None:

@@ -171,7 +171,7 @@ def augment(key: jax.Array, images_uint8: jax.Array) -> jax.Array:
     Returns float32 images in [0, 1].
     """
     batch, height, width, _ = images_uint8.shape
-    images = images_uint8.astype(jnp.float32) / 255.0
+    images = to_float(images_uint8)
     padded = jnp.pad(images, ((0, 0), (4, 4), (4, 4), (0, 0)), mode="reflect")
     crop_key, flip_key = jax.random.split(key)
     offsets = jax.random.randint(crop_key, (batch, 2), 0, 9)  # 0..8 inclusive, as RandomCrop

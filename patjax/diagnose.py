@@ -123,8 +123,7 @@ def check_settings(num_examples: int, chains: int, steps: int, init: str) -> Non
     if num_examples < 1 or chains < 2 or steps < 1:
         raise UserError(f"num_examples >= 1, chains >= 2 and steps >= 1 are needed, got "
                         f"{num_examples}, {chains}, {steps}")
-    if init not in samplers.INITS:
-        raise UserError(f"init must be one of {', '.join(samplers.INITS)}, got {init!r}")
+    samplers.LangevinSettings(init=init)  # the check of init, as for a config's
 
 
 def diagnose(cfg, model_fns, state, split: data.Split, *, num_examples: int, chains: int, steps: int,
@@ -134,9 +133,9 @@ def diagnose(cfg, model_fns, state, split: data.Split, *, num_examples: int, cha
     settings = dataclasses.replace(samplers.LangevinSettings.from_config(cfg.langevin), steps=steps,
                                    init=init, tolerance=0.0)
     n = min(num_examples, len(split))
-    x = jnp.asarray(split.images[:n], jnp.float32) / 255.0
+    x = data.to_float(jnp.asarray(split.images[:n]))
     y = jnp.asarray(split.labels[:n], jnp.int32)
-    bn_mode = cfg.langevin.get("bn_mode", "inference")
+    bn_mode = cfg.langevin.bn_mode
     logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, bn_mode)
     fn = jax.jit(lambda k, x, y: chain_curves(logits_fn, k, x, y, settings, chains))
     curves = {k: np.asarray(v, np.float64) for k, v in jax.device_get(fn(jax.random.PRNGKey(seed), x, y)).items()}
@@ -218,9 +217,9 @@ def main(argv):
         candidate = dataclasses.replace(reference, init=FLAGS.init, tolerance=FLAGS.compare_tolerance,
                                         steps=FLAGS.compare_steps or FLAGS.steps)
         n = min(FLAGS.num_examples, len(split))
-        logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, cfg.langevin.get("bn_mode", "inference"))
+        logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, cfg.langevin.bn_mode)
         fn = jax.jit(lambda k, x, y: compare_samplers(logits_fn, k, x, y, reference, candidate))
-        x = jnp.asarray(split.images[:n], jnp.float32) / 255.0
+        x = data.to_float(jnp.asarray(split.images[:n]))
         figures = jax.device_get(fn(jax.random.PRNGKey(FLAGS.seed + 1), x, jnp.asarray(split.labels[:n], jnp.int32)))
         result["sampler_comparison"] = {"reference": dataclasses.asdict(reference),
                                         "candidate": dataclasses.asdict(candidate),

@@ -3,7 +3,6 @@ curve/step_N/ for a learning curve's points), their identity, and the check that
 evaluations share their images and noise. The rest of a workdir is `patjax.workdir`."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from patjax import robustness
 from patjax.errors import UserError
-from patjax.workdir import _atomic, write_json
+from patjax.workdir import _atomic, read_json, write_json
 
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
@@ -115,14 +114,7 @@ def write_results(workdir: str, results: dict, per_image: dict, step: Optional[i
 def read_results(workdir: str, step: Optional[int] = None) -> Optional[dict]:
     """eval/results.json (curve/step_N/ with a step), or None if there is none; an unreadable
     one is a UserError."""
-    path = results_path(workdir, step)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
-        raise UserError(f"{path} is unreadable ({error}); move it away, or evaluate again with --overwrite") from None
+    return read_json(results_path(workdir, step), "move it away, or evaluate again with --overwrite")
 
 
 def load_results(workdir: str, step: Optional[int] = None):

@@ -20,13 +20,13 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
 import ml_collections
 import numpy as np
 
-from patjax import config as config_lib
 from patjax import data, report, robustness, sharding, stats
 from patjax import evaluators as evaluators_lib
 from patjax import eval_files
@@ -65,8 +65,8 @@ def check_run_settings(num_examples, batch_size) -> None:
                         f"split, got {num_examples!r}")
 
 
-def resolve(cfg, ev) -> dict:
-    """Validated evaluation settings as plain Python values (static for jit).
+def resolve(cfg, ev) -> common.EvalSettings:
+    """The evaluators' settings, checked and typed (static for jit).
 
     cfg: the run's config (its sampler's c1, c2 and PAT's beta set p_dis and the entropic
     lambda by default); ev: its `eval` block. Every check runs before any evaluator, so a bad
@@ -84,6 +84,11 @@ def resolve(cfg, ev) -> dict:
     _integer("eval.attack_steps", ev.attack_steps, 0)
     _integer("eval.apgd_steps", ev.apgd_steps, 1)
     _integer("eval.bootstrap_resamples", ev.bootstrap_resamples, 100)
+    _integer("eval.aa_target_classes", ev.aa_target_classes, 1)
+    _integer("eval.aa_fab_steps", ev.aa_fab_steps, 1)
+    _integer("eval.aa_square_queries", ev.aa_square_queries, 1)
+    if any(not f > 1 for f in ev.aa_masking_eps_factors):
+        raise UserError(f"eval.aa_masking_eps_factors must be > 1, got {tuple(ev.aa_masking_eps_factors)}")
     if ev.attack_eps < 0 or ev.attack_step_size < 0:
         raise UserError("eval.attack_eps and eval.attack_step_size must be >= 0")
     if not 0 < ev.apgd_rho <= 1:
@@ -99,27 +104,23 @@ def resolve(cfg, ev) -> dict:
         raise UserError("eval.pr_epsilons must be non-empty and non-negative")
     if robustness.PDIS in distributions and not c1 > 0:
         raise UserError(f"p_dis needs c1 > 0 (eval.pdis_c1, else langevin.c1), got {c1}")
-    return {
-        "epsilons": epsilons, "distributions": tuple(distributions), "pdis_c1": c1,
-        "pdis_sigma": robustness.pdis_sigma(c1), "entropic_lambda": max(lam, 0.0),
-        "pr_samples": int(ev.pr_samples), "pr_chunk_size": int(ev.pr_chunk_size),
-        "eps": float(ev.attack_eps), "step_size": float(ev.attack_step_size),
-        "steps": int(ev.attack_steps), "kappa": float(ev.cw_kappa),
-        "apgd_steps": int(ev.apgd_steps), "apgd_rho": float(ev.apgd_rho),
-        "prob_acc_q": tuple(float(q) for q in ev.prob_acc_q), "confidence": float(ev.confidence),
-        "bootstrap_resamples": int(ev.bootstrap_resamples), "seed": int(ev.seed),
-    }
-
-
-def eval_settings(cfg) -> ml_collections.ConfigDict:
-    """cfg.eval completed with today's defaults (older workdirs lack the newer fields)."""
-    return ml_collections.ConfigDict({**config_lib.default_config().eval.to_dict(), **cfg.eval.to_dict()})
+    return common.EvalSettings(
+        pr_distributions=tuple(distributions), pr_epsilons=epsilons, pr_samples=int(ev.pr_samples),
+        pr_chunk_size=int(ev.pr_chunk_size), pdis_c1=c1, pdis_sigma=robustness.pdis_sigma(c1),
+        entropic_lambda=max(lam, 0.0), attack_eps=float(ev.attack_eps),
+        attack_step_size=float(ev.attack_step_size), attack_steps=int(ev.attack_steps),
+        cw_kappa=float(ev.cw_kappa), apgd_steps=int(ev.apgd_steps), apgd_rho=float(ev.apgd_rho),
+        aa_target_classes=int(ev.aa_target_classes), aa_fab_steps=int(ev.aa_fab_steps),
+        aa_square_queries=int(ev.aa_square_queries),
+        aa_masking_eps_factors=tuple(float(f) for f in ev.aa_masking_eps_factors),
+        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q), confidence=float(ev.confidence),
+        bootstrap_resamples=int(ev.bootstrap_resamples), seed=int(ev.seed))
 
 
 def check_config(cfg) -> None:
     """The config's evaluation settings and evaluators, checked when training starts so that a
     bad value fails then, not after the training time was spent."""
-    ev = eval_settings(cfg)
+    ev = cfg.eval
     resolve(cfg, ev)
     evaluators_lib.parse(ev.evaluators)
     check_run_settings(ev.num_examples, ev.batch_size)
@@ -130,7 +131,7 @@ def apply_overrides(cfg, overrides: dict | None):
     if not overrides:
         return cfg
     cfg = ml_collections.ConfigDict(cfg.to_dict())
-    ev = eval_settings(cfg)
+    ev = cfg.eval
     for key, value in overrides.items():
         if key not in ev:
             raise UserError(f"unknown eval setting {key!r}")
@@ -148,7 +149,7 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
       evaluation's identity, `workdir.identity`).
     """
-    ev = eval_settings(cfg)
+    ev = cfg.eval
     s = resolve(cfg, ev)
     names = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
     check_run_settings(num_examples, batch_size)
@@ -161,8 +162,11 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     for evaluator in chosen:
         for pass_name in evaluator.passes(s):
             batch_fn = evaluator.make_batch_fn(model_fns, s, pass_name)
-            per_image[pass_name], walls[pass_name] = common.evaluate_pass(batch_fn, state, split, n,
-                                                                          batch_size, pass_name, progress)
+            subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
+            per_image[pass_name], walls[pass_name] = common.evaluate_pass(
+                batch_fn, state, split, n, batch_size, pass_name, progress, subset)
+        if evaluator.combine:
+            per_image[evaluator.name] = evaluator.combine(per_image, s)
     for evaluator in sorted(chosen, key=lambda e: evaluators_lib.NAMES.index(e.name)):
         figures.update(evaluator.figures(per_image, s))
     worst = evaluators_lib.worst_case(per_image, names, s)
@@ -174,29 +178,19 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
     if "clean" in per_image:
         results["clean_accuracy"] = float(per_image["clean"]["correct"].mean())
     if "pr" in names:
-        headline = figures["pr"][ev.pr_distribution]
+        headline = figures["pr"][s.pr_distribution]
         keep = ("value", "interval", "n")
         results["pr"] = {k: {f: v["clean_correct"][f] for f in keep} for k, v in headline.items()}
         results["pr_all_images"] = {k: {f: v["all"][f] for f in keep} for k, v in headline.items()}
-        results["pr_protocol"] = protocol_text(ev.pr_distribution, s["pr_samples"])
+        results["pr_protocol"] = protocol_text(s.pr_distribution, s.pr_samples)
     results["figures"] = figures
     results["settings"] = {
         "num_examples": int(n),
         "num_clean_correct": int(per_image["clean"]["correct"].sum()) if "clean" in per_image else None,
         "evaluators": list(names),
-        "pr_distribution": ev.pr_distribution,
-        "pr_distributions": list(s["distributions"]),
-        "pr_samples": s["pr_samples"],
-        "pr_epsilons": list(s["epsilons"]),
-        "pr_chunk_size": s["pr_chunk_size"],
-        "pdis_c1": s["pdis_c1"], "pdis_sigma": s["pdis_sigma"],
+        "pr_distribution": s.pr_distribution,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
         **robustness.DEFINITIONS,
-        "entropic_lambda": s["entropic_lambda"],
-        "attack_eps": s["eps"], "attack_step_size": s["step_size"], "attack_steps": s["steps"],
-        "cw_kappa": s["kappa"], "apgd_steps": s["apgd_steps"], "apgd_rho": s["apgd_rho"],
-        "prob_acc_q": list(s["prob_acc_q"]),
-        "confidence": s["confidence"], "bootstrap_resamples": s["bootstrap_resamples"],
-        "seed": s["seed"],
         "dataset": cfg.dataset,
         "split": "test",
         "batch_size": int(batch_size),
@@ -228,22 +222,21 @@ def _flatten_per_image(per_image, s, n) -> dict:
         for k, v in out.items():
             flat[f"{name}.{k}"] = v
         if "counts" in out:  # per-image PR_i = counts / N and its Clopper-Pearson interval
-            flat[f"{name}.pr"] = out["counts"] / s["pr_samples"]
+            flat[f"{name}.pr"] = out["counts"] / s.pr_samples
             flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = stats.clopper_pearson(
-                out["counts"], s["pr_samples"], s["confidence"])
+                out["counts"], s.pr_samples, s.confidence)
     return flat
 
 
 def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=None,
                   overrides: dict | None = None, overwrite: bool = True):
-    """Everything `run` needs that can be checked without evaluating: config.json, a
+    """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the eval settings with the overrides, evaluators, num_examples and
     batch_size; with overwrite=False also that an existing eval/results.json holds no
     evaluator this run would drop. Returns the config with the overrides applied."""
     cfg = workdir_lib.load_config(workdir)
-    config_lib.validate(cfg)
     cfg = apply_overrides(cfg, overrides)
-    ev = eval_settings(cfg)
+    ev = cfg.eval
     resolve(cfg, ev)
     chosen = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
     check_run_settings(ev.num_examples if num_examples is None else num_examples,

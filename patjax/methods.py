@@ -75,7 +75,7 @@ def _weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
 
 def langevin_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg):
     """Phase 1 of Algorithm 2: (x_adv, steps each chain took) from the sampler, lines 7-14."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, cfg.langevin.get("bn_mode", "inference"))
+    logits_fn = model.attack_logits_fn(params, batch_stats, cfg.langevin.bn_mode)
     settings = samplers.LangevinSettings.from_config(cfg.langevin)
     return samplers.langevin_sample_with_steps(logits_fn, key, x, y, settings)
 

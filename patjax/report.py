@@ -7,6 +7,7 @@ paper's order and names.
 from __future__ import annotations
 
 from patjax import robustness
+from patjax import evaluators
 from patjax.methods import DISPLAY_NAMES, ordered
 
 TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr", "pat")
@@ -75,9 +76,10 @@ def comparison(names, results_list) -> str:
     rows = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
-        rows.append([name, pct(f.get("clean_accuracy"), 2), pct(f.get("pgd20"), 2), pct(f.get("cw20"), 2)]
+        rows.append([name, pct(f.get("clean_accuracy"), 2)] + [pct(f.get(a), 2) for a in evaluators.TABLE_ATTACKS]
                     + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys])
-    tables += [text_table(["run", "Acc %", "PGD %", "CW %"] + [f"PR({e}) %" for e in eps_keys], rows),
+    tables += [text_table(["run", "Acc %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS]
+                          + [f"PR({e}) %" for e in eps_keys], rows),
                f"PR: {first.get('pr_protocol', dist)}", ""]
     for d in laws:
         levels = list(pr_of(first, d))
@@ -92,13 +94,14 @@ def comparison(names, results_list) -> str:
     extra = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
-        extra.append([name, pct(f.get("apgd_ce"), 2), pct(f.get("apgd_dlr"), 2), pct(f.get("worst_case"), 2)]
+        extra.append([name] + [pct(f.get(a), 2) for a in evaluators.OTHER_ATTACKS] + [pct(f.get("worst_case"), 2)]
                      + [pct(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys])
     note = (f"({s['num_examples']} test images, {s.get('num_clean_correct')} of them clean-correct in the first "
             f"run; N={s['pr_samples']}, seed {s['seed']}; [{_confidence_pct(s)} intervals]: Clopper-Pearson for "
             f"accuracies, bootstrap over images for PR; LB = Theorem 2 lower bound 1 - E[f]/log 2 over all "
             f"images, {dist} noise)")
-    tables += [text_table(["run", "APGD-CE %", "APGD-DLR %", "worst %"] + [f"LB({e}) %" for e in eps_keys], extra),
+    tables += [text_table(["run"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.OTHER_ATTACKS] + ["worst %"]
+                          + [f"LB({e}) %" for e in eps_keys], extra),
                note]
     return "\n".join(tables)
 
@@ -154,7 +157,7 @@ def _label(method, g):
 
 
 def _figure_row(label, figs, eps_keys, pr_key):
-    return [label, pct(figs.get("clean_accuracy")), pct(figs.get("pgd20")), pct(figs.get("cw20"))] + \
+    return [label, pct(figs.get("clean_accuracy"))] + [pct(figs.get(a)) for a in evaluators.TABLE_ATTACKS] + \
            [pct(figs[pr_key].get(e)) for e in eps_keys]
 
 
@@ -192,7 +195,7 @@ def _group_tables(g) -> list:
     eps_keys = [robustness.level_key(e) for e in ev["pr_epsilons"]]
     conf = int(round(100 * ev["confidence"]))
     pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
-    head = ["Method", "Acc. %", "PGD %", "CW %"] + pr_cols
+    head = ["Method", "Acc. %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS] + pr_cols
     out = [f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
            f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}, CW kappa {ev.get('cw_kappa')}; "
            f"PR: {ev['pr_distribution']} noise first"
@@ -224,7 +227,8 @@ def _group_tables(g) -> list:
                                                 [law]["pr_all"].get(e)) for e in eps_keys]
                           for m in g["methods"]]), ""]
     if g["differences"]:
-        dhead = ["A − B", "seeds", "ΔAcc pp", "ΔPGD pp", "ΔCW pp"] + [f"ΔPR({e}) pp" for e in eps_keys]
+        dhead = ["A − B", "seeds", "ΔAcc pp"] + [f"Δ{evaluators.REGISTRY[a].label} pp" for a in evaluators.TABLE_ATTACKS] \
+            + [f"ΔPR({e}) pp" for e in eps_keys]
         estimands = (("pr_clean_correct", "each run over its own clean-correct images: the difference of the "
                                           "Table-1 figures"),
                      ("pr_common_correct", "the images both runs classify correctly, paired image by image"),
@@ -238,8 +242,8 @@ def _group_tables(g) -> list:
                         pr = fig.get("laws", {law: fig}).get(law, {})
                         if key not in pr:
                             continue
-                        rows.append([name if label == "mean" else "", label, signed(fig.get("clean_accuracy")),
-                                     signed(fig.get("pgd20")), signed(fig.get("cw20"))]
+                        rows.append([name if label == "mean" else "", label, signed(fig.get("clean_accuracy"))]
+                                    + [signed(fig.get(a)) for a in evaluators.TABLE_ATTACKS]
                                     + [signed(pr[key].get(e)) for e in eps_keys])
                 if rows:
                     out += [f"### Paired differences A − B ({law} noise; percentage points; PR over {title})", "",

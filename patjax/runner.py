@@ -41,13 +41,13 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from patjax import config as config_lib, data, evaluation, evaluators, kept_models, report, robustness
+from patjax import data, evaluation, evaluators, kept_models, report, robustness
 from patjax import suite_results, train
 from patjax import state as state_lib
 from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
-from patjax.suite_results import RECORD_FILE, read_json, run_dir
+from patjax.suite_results import RECORD_FILE, read_record, run_dir
 from patjax.suites import Run, Suite, plan
 
 
@@ -58,7 +58,7 @@ def _expected_steps(cfg) -> int:
 
 def _trained(run: Run, directory: str) -> Optional[dict]:
     """The run's suite_run.json if it finished training with this config, else None."""
-    record = read_json(os.path.join(directory, RECORD_FILE))
+    record = read_record(directory)
     if record is None or record.get("step") != _expected_steps(run.config):
         return None
     workdir_lib.check_resume_compatible(run.config, directory)  # a changed suite is refused
@@ -273,8 +273,7 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
     record_path = os.path.join(directory, RECORD_FILE)
     record = _trained(run, directory)
     if record is None:
-        config_lib.validate(cfg)
-        existing = read_json(record_path) or {}
+        existing = read_record(directory) or {}
         say(f"training {_expected_steps(cfg)} steps"
             + (" (resuming from its latest checkpoint)" if os.path.isdir(os.path.join(directory, "checkpoints"))
                else ""))

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from patjax.errors import UserError
 from patjax.logits import LogitsFn
 
 INITS = ("uniform", "clean")
@@ -49,12 +50,26 @@ class LangevinSettings:
     init: str = "uniform"
     tolerance: float = 0.0
 
+    def __post_init__(self):
+        """The one check of these fields, wherever the settings come from (a config, a flag)."""
+        if self.steps < 0:
+            raise UserError(f"langevin.steps must be >= 0, got {self.steps}")
+        # Algorithm 1: eta, sigma, c1, c2 >= 0 and rho > 0; a negative step or weight would turn
+        # the sampler's descent on the energy into an ascent and still train without complaint.
+        if min(self.step_size, self.noise_scale, self.c1, self.c2) < 0 or not self.grad_clip > 0:
+            raise UserError("langevin.step_size, noise_scale, c1 and c2 must be >= 0 and langevin.grad_clip > 0, "
+                            f"got {self.step_size}, {self.noise_scale}, {self.c1}, {self.c2}, {self.grad_clip}")
+        if self.init not in INITS:
+            raise UserError(f"langevin.init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if not self.tolerance >= 0:
+            raise UserError(f"langevin.tolerance must be >= 0 (0: always T steps), got {self.tolerance}")
+
     @classmethod
     def from_config(cls, cfg) -> "LangevinSettings":
         return cls(steps=int(cfg.steps), step_size=float(cfg.step_size),
                    noise_scale=float(cfg.noise_scale), grad_clip=float(cfg.grad_clip),
-                   c1=float(cfg.c1), c2=float(cfg.c2), init=str(cfg.get("init", "uniform")),
-                   tolerance=float(cfg.get("tolerance", 0.0)))
+                   c1=float(cfg.c1), c2=float(cfg.c2), init=str(cfg.init),
+                   tolerance=float(cfg.tolerance))
 
 
 def per_example_keys(key: jax.Array, batch_size: int, offset: jax.Array | int = 0) -> jax.Array:
@@ -90,8 +105,6 @@ def langevin_chain(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Arr
                    index_offset: jax.Array | int = 0) -> Chain:
     """The start and the step of Algorithm 1 (arguments as `langevin_sample`)."""
     s = settings
-    if s.init not in INITS:
-        raise ValueError(f"langevin init must be one of {INITS}, got {s.init!r}")
     keys = per_example_keys(key, x.shape[0], index_offset)
     init_keys, noise_keys = jnp.moveaxis(jax.vmap(lambda k: jax.random.split(k))(keys), 1, 0)
     sample_shape = x.shape[1:]

@@ -37,17 +37,18 @@ def total_steps(cfg, steps_per_epoch: int) -> int:
     return int(cfg.num_train_steps) if cfg.num_train_steps > 0 else int(cfg.num_epochs) * steps_per_epoch
 
 
-def learning_rate_schedule(cfg, steps_per_epoch: int) -> optax.Schedule:
-    """MultiStepLR (Appendix E): lr x decay at the given fractions of the run.
-
-    With epoch-based runs the milestones fall on epoch boundaries (epochs 75 and 90 of 100).
-    """
+def lr_milestones(cfg, steps_per_epoch: int) -> list[int]:
+    """The steps at which MultiStepLR (Appendix E) multiplies the learning rate by the decay:
+    the given fractions of the run; with epoch-based runs on epoch boundaries (75 and 90 of 100)."""
     if cfg.num_train_steps > 0:
-        boundaries = [int(round(f * cfg.num_train_steps)) for f in cfg.lr_decay_fractions]
-    else:
-        boundaries = [int(round(f * cfg.num_epochs)) * steps_per_epoch for f in cfg.lr_decay_fractions]
+        return sorted(int(round(f * cfg.num_train_steps)) for f in cfg.lr_decay_fractions)
+    return sorted(int(round(f * cfg.num_epochs)) * steps_per_epoch for f in cfg.lr_decay_fractions)
+
+
+def learning_rate_schedule(cfg, steps_per_epoch: int) -> optax.Schedule:
+    """MultiStepLR (Appendix E): lr x decay at each of `lr_milestones`."""
     scales = {}
-    for b in boundaries:  # coinciding milestones multiply, as in MultiStepLR
+    for b in lr_milestones(cfg, steps_per_epoch):  # coinciding milestones multiply, as in MultiStepLR
         scales[b] = scales.get(b, 1.0) * float(cfg.lr_decay_factor)
     return optax.piecewise_constant_schedule(float(cfg.learning_rate), scales)
 
@@ -61,11 +62,11 @@ def make_optimizer(cfg, schedule: optax.Schedule) -> optax.GradientTransformatio
 
 
 def create_train_state(cfg, tx: optax.GradientTransformation):
-    """(model, ModelFns, TrainState) for the config, initialized from cfg.seed."""
+    """(ModelFns, TrainState) for the config, initialized from cfg.seed."""
     model = build_model(cfg)
     root = jax.random.PRNGKey(int(cfg.seed))
     init_key, rng = jax.random.split(root)
     params, batch_stats = models.init_variables(model, init_key)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats,
                        opt_state=tx.init(params), rng=rng)
-    return model, ModelFns(model.apply), state
+    return ModelFns(model.apply), state

@@ -12,32 +12,25 @@ Intervals (95 % by default, `eval.confidence`):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Optional, Sequence
 
 import numpy as np
 
 from patjax import methods, robustness, stats
-from patjax import eval_files
-from patjax.suites import Run, Suite, Sweep, plan
+from patjax import eval_files, evaluators
+from patjax.workdir import read_json
+from patjax.suites import Run, Suite, Sweep, plan, run_name
 
 # Paired differences reported (A - B), when both methods are in the suite.
 COMPARISONS = (("pat", "pgd"), ("pat", "pat_wos"), ("pgd_cor", "pgd"), ("fgsm_cor", "fgsm"),
                ("pat", "trades"), ("pat", "mart"), ("pat", "atpr"), ("pat", "clean"), ("pgd", "clean"))
-ATTACKS = ("pgd20", "cw20")  # the worst-case columns of the paper's tables
+ATTACKS = evaluators.TABLE_ATTACKS
 RECORD_FILE = "suite_run.json"  # in each run's directory: its training step and wall times
 
 
 def run_dir(workdir: str, run: Run) -> str:
-    return os.path.join(workdir, "runs", run.group, f"{run.method}_s{run.seed}")
-
-
-def read_json(path) -> Optional[dict]:
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return os.path.join(workdir, "runs", *run.name.split("/"))
 
 
 @dataclasses.dataclass
@@ -60,11 +53,17 @@ class RunOutcome:
         return [robustness.level_key(e) for e in self.settings["pr_epsilons"]]
 
 
+def read_record(directory: str) -> Optional[dict]:
+    """A run's suite_run.json, or None before its training finished."""
+    return read_json(os.path.join(directory, RECORD_FILE),
+                     "delete it and run the suite again (training resumes from the run's checkpoints)")
+
+
 def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOutcome]:
     """The run's outcomes if it was trained and evaluated (its record says so), else None; PR
     counts for `pr_distribution` (the suite's headline law) and every other law with levels eps."""
     directory = run_dir(workdir, run)
-    record = read_json(os.path.join(directory, RECORD_FILE))
+    record = read_record(directory)
     if record is None or "eval_wall_s" not in record or not eval_files.has_evaluation(directory):
         return None
     results, per_image = eval_files.load_results(directory)  # the two files of one evaluation
@@ -233,7 +232,7 @@ def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, l
         for name, run in runs.items():
             if run.group != group_a or run.method != method_a:
                 continue
-            partner = f"{group_b}/{method_b}_s{run.seed}"
+            partner = run_name(group_b, method_b, run.seed)
             if outcomes.get(name) is not None and outcomes.get(partner) is not None:
                 pairs.append((outcomes[name], outcomes[partner]))
         entry = {"a": f"{group_a}/{method_a}", "b": f"{group_b}/{method_b}", "law": law,

@@ -78,6 +78,11 @@ class Suite:
         return self.eval_overrides.get("pr_distribution", config_lib.default_config().eval.pr_distribution)
 
 
+def run_name(group: str, method: str, seed: int) -> str:
+    """A run's name in a suite, and its directory under runs/: group/method_sSEED."""
+    return f"{group}/{method}_s{seed}"
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepPoint:
     """One run of a sweep, named by group, method and seed, and where it sits on the sweep's axis."""
@@ -91,7 +96,7 @@ class SweepPoint:
 
     @property
     def run_name(self) -> str:
-        return f"{self.group}/{self.method}_s{self.seed}"
+        return run_name(self.group, self.method, self.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +123,7 @@ class Run:
 
     @property
     def name(self) -> str:
-        return f"{self.group}/{self.method}_s{self.seed}"
+        return run_name(self.group, self.method, self.seed)
 
 
 def set_field(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from absl import logging
+from tqdm import tqdm
 
 from patjax import config as config_lib
 from patjax import data, evaluation, methods, sharding, state as state_lib
@@ -62,7 +63,7 @@ def create_step(cfg, steps_per_epoch: int, mesh):
     its batch sharded over `mesh`. What a training run and a benchmark both build."""
     schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
     tx = state_lib.make_optimizer(cfg, schedule)
-    _, model_fns, state = state_lib.create_train_state(cfg, tx)
+    model_fns, state = state_lib.create_train_state(cfg, tx)
     step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, sharding.batch_sharding_for(mesh))
     return model_fns, state, step_fn
 
@@ -109,7 +110,7 @@ def check_collectives_pair_across_processes(cfg) -> None:
     if jax.process_count() == 1 or jax.default_backend() != "cpu":
         return
     if cfg.method in ("pat", "pat_wos"):
-        where, mode, setting = "sampler", cfg.langevin.get("bn_mode", "inference"), "langevin.bn_mode"
+        where, mode, setting = "sampler", cfg.langevin.bn_mode, "langevin.bn_mode"
     elif cfg.method in methods.REFERENCE_ATTACK_BN_MODE:
         where, mode, setting = "attack", methods.attack_bn_mode(cfg, cfg.method), "attack.bn_mode"
     else:
@@ -184,7 +185,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
     start = int(state.step)
     end = num_steps if stop_after_steps is None else min(num_steps, start + stop_after_steps)
     writer = _MetricWriter(workdir) if sharding.is_writer() else None
-    progress = _progress_bar(cfg, start, num_steps) if sharding.is_writer() else None
+    progress = tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True, desc=f"train {cfg.method}",
+                    disable=not (cfg.progress_bar and sharding.is_writer()))
     pending, window_start, window_steps = [], time.perf_counter(), 0
     permutation, permutation_epoch = None, None
     try:
@@ -197,8 +199,7 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
             window_steps += 1
             if len(pending) > 2:  # bound run-ahead so the progress bar shows real throughput
                 jax.block_until_ready(pending[-3]["loss"])
-            if progress is not None:
-                progress.update(1)
+            progress.update(1)
             done = step + 1
             if done % log_every == 0 or done == end:
                 summary = _summarize(pending)
@@ -209,10 +210,9 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
                 summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split, cfg.log_test_examples)
                 if writer is not None:
                     writer.write(done, summary)
-                if progress is not None:
-                    progress.set_postfix(loss=f"{summary['loss']:.3f}",
-                                         test_acc=f"{summary['test_clean_accuracy']:.3f}",
-                                         img_s=f"{summary['images_per_s']:.1f}")
+                progress.set_postfix(loss=f"{summary['loss']:.3f}",
+                                     test_acc=f"{summary['test_clean_accuracy']:.3f}",
+                                     img_s=f"{summary['images_per_s']:.1f}")
                 logging.info("step %d: %s", done, summary)
                 pending, window_start, window_steps = [], time.perf_counter(), 0
                 if not np.isfinite(summary["loss"]):
@@ -224,8 +224,7 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
         if writer is not None:
             writer.close()
         manager.close()
-        if progress is not None:
-            progress.close()
+        progress.close()
     return state
 
 
@@ -235,11 +234,3 @@ def _summarize(step_metrics: list) -> dict:
     reduced = {k: (jnp.max(v) if k.endswith("_max") else v[-1] if k == "learning_rate" else jnp.mean(v))
                for k, v in stacked.items()}
     return {k: float(v) for k, v in jax.device_get(reduced).items()}
-
-
-def _progress_bar(cfg, start, total):
-    if not cfg.progress_bar:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, desc=f"train {cfg.method}")

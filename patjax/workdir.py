@@ -31,8 +31,9 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from patjax import kept_models, sharding, state as state_lib
-from patjax.config import RESUMABLE_FIELDS, default_config, validate
+from patjax import data, kept_models, sharding, state as state_lib
+from patjax import config as config_lib
+from patjax.config import RESUMABLE_FIELDS, validate
 from patjax.errors import UserError
 
 
@@ -41,18 +42,16 @@ def config_path(workdir: str) -> str:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-    path = config_path(workdir)
-    if not os.path.isfile(path):
+    saved = read_json(config_path(workdir), "restore it from the run's records or start a new --workdir")
+    if saved is None:
         raise UserError(f"{workdir!r} is not a patjax workdir (no config.json)")
     try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as error:  # truncated, not JSON, unreadable
-        raise UserError(f"{path} is damaged ({' '.join(str(error).split())[:120]}); restore it from the run's "
-                        "records or start a new --workdir") from None
-    if not isinstance(saved, dict):
-        raise UserError(f"{path} is damaged (not a JSON object); restore it or start a new --workdir")
-    return ml_collections.ConfigDict(saved)
+        cfg = config_lib.upgrade(saved)
+        validate(cfg)  # every config read from a workdir is checked here, as train checks a new one
+    except (AttributeError, KeyError, TypeError, ValueError) as error:  # JSON, but not a config's shape
+        raise UserError(f"{config_path(workdir)} is damaged ({type(error).__name__}: "
+                        f"{' '.join(str(error).split())[:100]}); restore it or start a new --workdir") from None
+    return cfg
 
 
 def _flatten(d, prefix=""):
@@ -69,8 +68,6 @@ def check_resume_compatible(cfg, workdir: str) -> None:
     """Refuses to resume a checkpoint with a config that changes what a step computes."""
     saved = _flatten(json.loads(load_config(workdir).to_json()))
     current = _flatten(json.loads(cfg.to_json()))
-    # A field added to the config after the run started was, for that run, its default.
-    saved = {**_flatten(json.loads(default_config().to_json())), **saved}
     differing = sorted(
         k for k in set(saved) | set(current)
         if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k))
@@ -78,6 +75,24 @@ def check_resume_compatible(cfg, workdir: str) -> None:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:4])
         raise UserError(f"config does not match the checkpoint in {workdir!r} ({shown}); "
                         "use a new --workdir or the saved config")
+    step = latest_step(workdir)
+    if step is not None:
+        _check_passed_milestones(load_config(workdir), cfg, step)
+
+
+def _check_passed_milestones(saved, cfg, step: int) -> None:
+    """A longer (or shorter) run moves MultiStepLR's milestones, which are fractions of the run;
+    one the run has passed must stay where it was, or the resumed run would go back to a higher
+    learning rate (or skip a decay it has not had)."""
+    steps_per_epoch = data.NUM_TRAIN[cfg.dataset] // int(cfg.batch_size)
+    passed = [b for b in state_lib.lr_milestones(saved, steps_per_epoch) if b <= step]
+    now = [b for b in state_lib.lr_milestones(cfg, steps_per_epoch) if b <= step]
+    if passed != now:
+        total = state_lib.total_steps(cfg, steps_per_epoch)
+        keep = ", ".join(f"{b / total:.6g}" for b in passed)
+        raise UserError(f"resuming at step {step} would move the learning-rate milestones the run has passed "
+                        f"(steps {passed} -> {now}); keep them with lr_decay_fractions starting ({keep}) for "
+                        f"{total} steps, or use a new --workdir")
 
 
 def save_config(cfg, workdir: str) -> None:
@@ -110,6 +125,21 @@ def _atomic(path: str, write: Callable[[str], None], suffix: str = ".tmp") -> No
     tmp = path + suffix
     write(tmp)
     os.replace(tmp, path)
+
+
+def read_json(path: str, remedy: str) -> Optional[dict]:
+    """The JSON object in `path`, or None if there is no such file. A damaged file (truncated,
+    not JSON, not an object, unreadable) is one line naming it and `remedy`."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path} is damaged ({' '.join(str(error).split())[:120]}); {remedy}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} is damaged (not a JSON object); {remedy}")
+    return obj
 
 
 def write_json(path: str, obj) -> Any:
@@ -287,13 +317,12 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     of devices restores here.
     """
     cfg = load_config(workdir)
-    validate(cfg)
     newest = require_checkpoint(workdir)
     tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
     model_holder = {}
 
     def init():
-        _, fns, st = state_lib.create_train_state(cfg, tx)
+        fns, st = state_lib.create_train_state(cfg, tx)
         model_holder["fns"] = fns
         return st
 

@@ -6,12 +6,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 LAYERS = {  # lower number = lower layer; a module may import its own layer or below
     "errors": 0, "cli": 0, "logits": 0,
-    "ops": 1, "stats": 1, "download": 1, "data": 1, "samplers": 1, "attacks": 1, "robustness": 1,
+    "ops": 1, "stats": 1, "download": 1, "data": 1, "samplers": 1, "attacks": 1, "square": 1, "fab": 1, "robustness": 1,
     "models": 2, "methods": 2,
     "config": 3,
     "state": 4, "sharding": 4, "kept_models": 4, "workdir": 4, "eval_files": 4,
     "evaluators": 5, "evaluators.common": 5, "evaluators.clean": 5, "evaluators.attack": 5,
-    "evaluators.apgd": 5, "evaluators.pr": 5, "report": 5,
+    "evaluators.apgd": 5, "evaluators.autoattack": 5, "evaluators.pr": 5, "report": 5,
     "evaluation": 6,
     "train": 7, "diagnose": 7,
     "suites": 8, "suite_results": 8, "runner": 8,

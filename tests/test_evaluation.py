@@ -1,5 +1,6 @@
 """The evaluation driver: batch/chunk invariance, intervals against scipy, the comparison table,
 paired differences and the plot, and clean CLI errors."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -181,7 +182,7 @@ def test_bad_evaluator_is_one_line_user_error(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, "
-                                               "apgd_ce, apgd_dlr, pr, apgd, all"]
+                                               "apgd_ce, apgd_dlr, aa, pr, apgd, all"]
 
 
 def strict_json(path):
@@ -390,8 +391,9 @@ def test_prob_acc_is_strict_at_the_threshold():
     # count; counted by hand in integers: #{counts > 100 (1 - q)}.
     counts = np.array([80, 81, 90, 91, 95, 96, 99, 100])
     correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
-    s = {"pr_samples": 100, "entropic_lambda": 0.5, "confidence": 0.95, "bootstrap_resamples": 50,
-         "seed": 0, "prob_acc_q": (0.2, 0.1, 0.05, 0.01)}
+    s = evaluation.resolve(config_lib.default_config(), config_lib.default_config().eval)
+    s = dataclasses.replace(s, pr_samples=100, entropic_lambda=0.5, confidence=0.95, bootstrap_resamples=50,
+                            seed=0, prob_acc_q=(0.2, 0.1, 0.05, 0.01))
     figs = evaluators.pr.level_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
     for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
         assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)

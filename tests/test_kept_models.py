@@ -19,7 +19,7 @@ def small_cnn_state(seed=0):
     cfg.model = "small_cnn"
     cfg.seed = seed
     tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
-    _, _, state = state_lib.create_train_state(cfg, tx)
+    _, state = state_lib.create_train_state(cfg, tx)
     return cfg, state
 
 
@@ -42,7 +42,7 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
     # Another architecture's variables: refused, naming the file.
     other = config_lib.default_config()
     other.model, other.model_width = "resnet18", 8
-    _, _, resnet = state_lib.create_train_state(other, state_lib.make_optimizer(other, lambda s: 0.1))
+    _, resnet = state_lib.create_train_state(other, state_lib.make_optimizer(other, lambda s: 0.1))
     with pytest.raises(UserError, match="does not fit the run's model"):
         kept_models.load(workdir, 800, resnet.params, resnet.batch_stats)
     # A file cut short (a copy interrupted) and a file of the wrong step: one line each.

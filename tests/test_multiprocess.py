@@ -31,8 +31,8 @@ out = {{}}
 def leaves(state):
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get((state.params, state.batch_stats, state.opt_state)))]
 
-def run(workdir, steps):
-    return train.train_and_evaluate(tiny_config(data_dir={data_dir!r}, num_train_steps=steps), workdir)
+def run(workdir, steps, **overrides):
+    return train.train_and_evaluate(tiny_config(data_dir={data_dir!r}, num_train_steps=steps, **overrides), workdir)
 
 {body}
 np.savez({out!r} + f".{{jax.process_index()}}.npz", **{{k: np.asarray(v) for k, v in out.items()}})
@@ -121,7 +121,7 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
     back = launch(2, f"""
         cfg, fns, r = workdir_lib.restore({one_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
-        s = run({one_dir!r}, 5)
+        s = run({one_dir!r}, 5, lr_decay_fractions=(0.6, 0.8))  # the 4-step run's milestones 3, 4 stay
         out["step"] = int(s.step)
         """, tmp_path, data_dir, "back")
     for a, b in zip(leaves_of(back[1], "restored_"), leaves_of(one, "final_"), strict=True):

@@ -91,46 +91,7 @@ def perturbed(state, key):
 # ---------------------------------------------------------------------------------------
 # Weights between layouts: Flax NHWC / HWIO / (in, out) <-> torch NCHW / OIHW / (out, in).
 
-def layer_pairs(model):
-    """[(patjax module path, torch module)] for the peer's SmallCNN or ResNet18."""
-    if isinstance(model, peer.SmallCNN):
-        convs = [m for m in model.features if isinstance(m, torch.nn.Conv2d)]
-        norms = [m for m in model.features if isinstance(m, torch.nn.BatchNorm2d)]
-        pairs = [((f"Conv_{i}",), m) for i, m in enumerate(convs)]
-        pairs += [((f"BatchNorm_{i}",), m) for i, m in enumerate(norms)]
-    else:
-        pairs = [(("Conv_0",), model.conv1), (("BatchNorm_0",), model.bn1)]
-        for i, block in enumerate(model.blocks):
-            names = {"Conv_0": block.conv1, "BatchNorm_0": block.bn1, "Conv_1": block.conv2,
-                     "BatchNorm_1": block.bn2}
-            if len(block.shortcut):
-                names.update(shortcut_conv=block.shortcut[0], shortcut_bn=block.shortcut[1])
-            pairs += [((f"BasicBlock_{i}", name), m) for name, m in names.items()]
-    return pairs + [(("Dense_0",), model.linear)]
-
-
-def subtree(tree, path):
-    for name in path:
-        tree = tree[name]
-    return tree
-
-
-def load_patjax_weights(model, params, batch_stats):
-    t = lambda a: torch.from_numpy(np.array(a, np.float32))  # noqa: E731
-    with torch.no_grad():
-        for path, m in layer_pairs(model):
-            p = subtree(params, path)
-            if isinstance(m, torch.nn.Conv2d):
-                m.weight.copy_(t(p["kernel"]).permute(3, 2, 0, 1))      # HWIO -> OIHW
-            elif isinstance(m, torch.nn.Linear):
-                m.weight.copy_(t(p["kernel"]).T)                         # (in, out) -> (out, in)
-                m.bias.copy_(t(p["bias"]))
-            else:
-                stats = subtree(batch_stats, path)
-                m.weight.copy_(t(p["scale"]))
-                m.bias.copy_(t(p["bias"]))
-                m.running_mean.copy_(t(stats["mean"]))
-                m.running_var.copy_(t(stats["var"]))
+layer_pairs, load_patjax_weights = peer.layer_pairs, peer.load_patjax_weights
 
 
 def nest(flat):
@@ -210,7 +171,7 @@ def setup(request):
     steps_per_epoch = 1
     schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
     tx = state_lib.make_optimizer(cfg, schedule)
-    _, model_fns, state = state_lib.create_train_state(cfg, tx)
+    model_fns, state = state_lib.create_train_state(cfg, tx)
     state = perturbed(state, jax.random.PRNGKey(1))
     images = jnp.asarray(realistic_images(jax.random.PRNGKey(2), BATCH))
     labels = jax.random.randint(jax.random.PRNGKey(3), (BATCH,), 0, 10)

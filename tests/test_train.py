@@ -52,12 +52,21 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
         state = train.train_and_evaluate(tiny_config(data_dir=data.TFDS), workdir)
         assert int(state.step) == 4
         assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
-        # Resume with a longer run: continues from step 4, not from scratch.
-        state = train.train_and_evaluate(tiny_config(data_dir=data.TFDS, num_train_steps=6), workdir)
+        # Resume with a longer run: continues from step 4, not from scratch. The 4-step run's
+        # learning-rate milestones (steps 3 and 4) are kept where they were (a longer run with the
+        # same fractions would move them, which is refused).
+        with pytest.raises(UserError, match="milestones"):
+            train.train_and_evaluate(tiny_config(data_dir=data.TFDS, num_train_steps=6), workdir)
+        longer = tiny_config(data_dir=data.TFDS, num_train_steps=6, lr_decay_fractions=(0.5, 4 / 6))
+        state = train.train_and_evaluate(longer, workdir)
         assert int(state.step) == 6
         results = evaluation.evaluate_workdir(workdir, progress=False)
     lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [l["step"] for l in lines] == [2, 4, 6]
+    # The rate of each window's last step (0-based 1, 3, 5): milestones at 3 and 4 passed before
+    # the run was extended and kept; none after, so the rate never goes back up.
+    lr = tiny_config().learning_rate
+    np.testing.assert_allclose([l["learning_rate"] for l in lines], [lr, lr * 0.1, lr * 0.01], rtol=1e-6)
     for key in ("loss", "adv_accuracy", "snis_weight_mean", "snis_weight_max", "learning_rate",
                 "images_per_s", "test_clean_accuracy"):
         assert np.isfinite(lines[-1][key]), key
@@ -87,7 +96,8 @@ def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     partial = workdir / "checkpoints" / "4.orbax-checkpoint-tmp"
     (partial / "default.orbax-checkpoint-tmp").mkdir(parents=True)
     (partial / "default.orbax-checkpoint-tmp" / "manifest.ocdbt").write_bytes(b"\0" * 10)
-    state = train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3), str(workdir))
+    longer = tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3))  # milestones stay at 2
+    state = train.train_and_evaluate(longer, str(workdir))
     assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
 
 
@@ -148,5 +158,5 @@ def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp
     monkeypatch.chdir(tmp_path)
     link = str(tmp_path / "moved_data")
     os.symlink(data_dir, link)
-    state = train.train_and_evaluate(tiny_config(data_dir=link, num_train_steps=3), workdir)
+    state = train.train_and_evaluate(tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
     assert int(state.step) == 3

@@ -157,7 +157,7 @@ def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, d
         assert holder.stdout.readline().strip() == "held"
         before = sorted(os.listdir(workdir))
         with pytest.raises(UserError) as error:
-            train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3), workdir)
+            train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
         message = str(error.value)
         assert "is in use by a trainer (pid " in message and "\n" not in message
         with pytest.raises(UserError, match="is in use by a trainer"):
@@ -173,5 +173,5 @@ def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, d
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # The lock of a killed process is gone with it: the resume goes ahead.
-    state = train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3), workdir)
+    state = train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
     assert int(state.step) == 3

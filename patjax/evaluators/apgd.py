@@ -10,18 +10,18 @@ DEPARTURE = ("first interval: the first iterate's loss is compared with the star
              "where auto-attack compares it with an unfilled (zero) entry of its loss buffer")
 
 
-def _apgd(loss: str, stream: int, name: str) -> common.Evaluator:
+def _apgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
         return common.per_example(lambda k, xi, yi: attacks.apgd(
-            logits_fn, k, xi, yi, eps=s["eps"], steps=s["apgd_steps"], loss=loss, rho=s["apgd_rho"]),
+            logits_fn, k, xi, yi, eps=s.attack_eps, steps=s.apgd_steps, loss=loss, rho=s.apgd_rho),
             key, indices, x, y).robust
 
     def settings(s) -> dict:
-        return {"eps": s["eps"], "steps": s["apgd_steps"], "rho": s["apgd_rho"], "loss": loss, "restarts": 1,
+        return {"eps": s.attack_eps, "steps": s.apgd_steps, "rho": s.apgd_rho, "loss": loss, "restarts": 1,
                 "departure": DEPARTURE}
 
-    return common.attack_evaluator(name, stream, batch_robust, settings)
+    return common.attack_evaluator(name, label, stream, batch_robust, settings)
 
 
-APGD_CE = _apgd("ce", stream=3, name="apgd_ce")
-APGD_DLR = _apgd("dlr", stream=4, name="apgd_dlr")
+APGD_CE = _apgd("ce", stream=3, name="apgd_ce", label="APGD-CE")
+APGD_DLR = _apgd("dlr", stream=4, name="apgd_dlr", label="APGD-DLR")

@@ -14,22 +14,22 @@ from patjax import attacks
 from patjax.evaluators import common
 
 
-def _pgd(loss: str, stream: int, name: str) -> common.Evaluator:
+def _pgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
         loss_fn = attacks.cross_entropy_loss if loss == "ce" else functools.partial(
-            attacks.cw_margin_loss, kappa=s["kappa"])
+            attacks.cw_margin_loss, kappa=s.cw_kappa)
         x_adv = common.per_example(lambda k, xi, yi: attacks.pgd(
-            logits_fn, k, xi, yi, eps=s["eps"], step_size=s["step_size"], steps=s["steps"],
+            logits_fn, k, xi, yi, eps=s.attack_eps, step_size=s.attack_step_size, steps=s.attack_steps,
             loss_fn=loss_fn, random_start=True), key, indices, x, y)
         return jnp.argmax(logits_fn(x_adv), -1) == y
 
     def settings(s) -> dict:
-        kappa = {"kappa": s["kappa"]} if loss == "cw_margin" else {}
-        return {"eps": s["eps"], "step_size": s["step_size"], "steps": s["steps"], "loss": loss, **kappa,
+        kappa = {"kappa": s.cw_kappa} if loss == "cw_margin" else {}
+        return {"eps": s.attack_eps, "step_size": s.attack_step_size, "steps": s.attack_steps, "loss": loss, **kappa,
                 "random_start": "uniform"}
 
-    return common.attack_evaluator(name, stream, batch_robust, settings)
+    return common.attack_evaluator(name, label, stream, batch_robust, settings)
 
 
-PGD20 = _pgd("ce", stream=1, name="pgd20")
-CW20 = _pgd("cw_margin", stream=2, name="cw20")
+PGD20 = _pgd("ce", stream=1, name="pgd20", label="PGD")
+CW20 = _pgd("cw_margin", stream=2, name="cw20", label="CW")

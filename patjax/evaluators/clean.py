@@ -21,7 +21,7 @@ def make_batch_fn(model_fns, s, pass_name):
 
 
 def figures(per_image, s) -> dict:
-    return {"clean_accuracy": common.proportion(per_image["clean"]["correct"], s["confidence"])}
+    return {"clean_accuracy": common.proportion(per_image["clean"]["correct"], s.confidence)}
 
 
 EVALUATOR = common.Evaluator("clean", passes, make_batch_fn, figures)
@@ -36,7 +36,7 @@ def accuracy_fn(model_fns, batch_size: int):
     def accuracy(state, split, num_examples=None):
         n = len(split) if not num_examples or num_examples <= 0 else min(num_examples, len(split))
         hits = [batch_fn(state.params, state.batch_stats, images, labels, indices)["correct"][mask]
-                for images, labels, indices, mask in common.padded_batches(split, n, batch_size)]
+                for images, labels, indices, mask in common.padded_batches(split, np.arange(n), batch_size)]
         return float(np.sum(np.concatenate(jax.device_get(hits)))) / n
 
     return accuracy

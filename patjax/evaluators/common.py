@@ -20,8 +20,42 @@ from typing import Callable
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from patjax import data, sharding, stats
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Every evaluator's settings, checked and typed once (`evaluation.resolve`); what
+    results.json records under "settings" (`dataclasses.asdict`), under the same names."""
+
+    pr_distributions: tuple   # the headline law first (the Table-1 protocol: 'uniform')
+    pr_epsilons: tuple
+    pr_samples: int           # N per image
+    pr_chunk_size: int
+    pdis_c1: float
+    pdis_sigma: float         # of p_dis, 1 / sqrt(2 c1)
+    entropic_lambda: float
+    attack_eps: float
+    attack_step_size: float
+    attack_steps: int
+    cw_kappa: float
+    apgd_steps: int
+    apgd_rho: float
+    aa_target_classes: int
+    aa_fab_steps: int
+    aa_square_queries: int
+    aa_masking_eps_factors: tuple
+    prob_acc_q: tuple
+    confidence: float
+    bootstrap_resamples: int
+    seed: int
+
+    @property
+    def pr_distribution(self) -> str:
+        """The law of the headline PR."""
+        return self.pr_distributions[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +67,12 @@ class Evaluator:
     make_batch_fn: (model_fns, settings, pass name) -> the jitted per-batch function.
     figures: (per-image outputs of every pass run, settings) -> {figure name: figure}.
     worst_case: whether its per-image outcome joins the worst case over attacks.
+    label: its column's name in tables.
+    subset: (pass name, per-image outputs of the passes before it) -> the indices of the images
+      the pass runs on, or None for all of them (AutoAttack attacks only the points still
+      robust); a pass on a subset returns zeros elsewhere and an `attacked` mask.
+    combine: (per-image outputs of its passes, settings) -> its own per-image outputs (under its
+      name), e.g. the outcome of several passes.
     needs_clean: whether its figures need the clean pass (PR over clean-correct images).
     """
 
@@ -42,9 +82,12 @@ class Evaluator:
     figures: Callable[[dict, dict], dict]
     worst_case: bool = False
     needs_clean: bool = False
+    label: str = ""
+    subset: Callable | None = None
+    combine: Callable | None = None
 
 
-def attack_evaluator(name: str, stream: int, batch_robust: Callable, settings: Callable) -> Evaluator:
+def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable, settings: Callable) -> Evaluator:
     """A worst-case attack as an evaluator: one pass whose per-image output is `robust`.
 
     batch_robust(logits_fn, key, indices, x, y, s) -> (batch,) bool: whether each image is still
@@ -55,7 +98,7 @@ def attack_evaluator(name: str, stream: int, batch_robust: Callable, settings: C
         return (name,)
 
     def make_batch_fn(model_fns, s, pass_name):
-        key = attack_key(s["seed"], stream)
+        key = attack_key(s.seed, stream)
 
         def fn(params, batch_stats, images, labels, indices):
             logits_fn = inference_logits_fn(model_fns, params, batch_stats)
@@ -63,9 +106,9 @@ def attack_evaluator(name: str, stream: int, batch_robust: Callable, settings: C
         return jax.jit(fn)
 
     def figures(per_image, s) -> dict:
-        return {name: dict(proportion(per_image[name]["robust"], s["confidence"]), settings=settings(s))}
+        return {name: dict(proportion(per_image[name]["robust"], s.confidence), settings=settings(s))}
 
-    return Evaluator(name, passes, make_batch_fn, figures, worst_case=True)
+    return Evaluator(name, passes, make_batch_fn, figures, worst_case=True, label=label)
 
 
 def attack_key(seed: int, stream: int):
@@ -88,20 +131,23 @@ def per_example(attack, key, indices, x, y):
     return jax.vmap(one)(indices, x, y)
 
 
-def padded_batches(split: data.Split, num_examples: int, batch_size: int):
+def padded_batches(split: data.Split, image_indices: np.ndarray, batch_size: int):
     """Yields (images uint8, labels, image indices, mask) with every batch of batch_size."""
-    for start in range(0, num_examples, batch_size):
-        stop = min(start + batch_size, num_examples)
-        pad = batch_size - (stop - start)
-        images = np.pad(split.images[start:stop], ((0, pad), (0, 0), (0, 0), (0, 0)))
-        labels = np.pad(split.labels[start:stop], (0, pad))
-        indices = np.arange(start, start + batch_size, dtype=np.int32)
-        mask = np.arange(batch_size) < (stop - start)
+    for start in range(0, len(image_indices), batch_size):
+        chosen = image_indices[start:start + batch_size]
+        pad = batch_size - len(chosen)
+        images = np.pad(split.images[chosen], ((0, pad), (0, 0), (0, 0), (0, 0)))
+        labels = np.pad(split.labels[chosen], (0, pad))
+        # Padding takes indices past the chosen ones': its keys never collide with a real image's.
+        indices = np.concatenate([chosen, np.arange(pad) + len(split)]).astype(np.int32)
+        mask = np.arange(batch_size) < len(chosen)
         yield images, labels, indices, mask
 
 
-def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress):
-    """Per-example outputs of one pass over the first n images (padding removed) and its wall time.
+def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=None):
+    """Per-example outputs of one pass over the first n images (padding removed) and its wall time;
+    with `subset` (image indices below n), over those images only: zeros elsewhere, and
+    `attacked` marks the images it ran on.
 
     Each batch is split over the devices of `sharding.make_mesh` (on a CPU host one per core,
     see cli.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
@@ -110,27 +156,30 @@ def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress):
     mesh = sharding.make_mesh(batch_size)
     params, batch_stats = sharding.place_on_mesh(mesh, (state.params, state.batch_stats))[0]
     outputs = []
-    bar = _bar(progress, n, desc)
+    chosen = np.arange(n) if subset is None else np.asarray(subset, np.int64)
+    bar = tqdm(total=len(chosen), unit="img", desc=desc, dynamic_ncols=True, disable=not progress)
     start = time.perf_counter()
-    for images, labels, indices, mask in padded_batches(split, n, batch_size):
+    for images, labels, indices, mask in padded_batches(split, chosen, batch_size):
         images, labels, indices = sharding.shard_batch(mesh, images, labels, indices)
         out = sharding.to_host(batch_fn(params, batch_stats, images, labels, indices))
         outputs.append(jax.tree.map(lambda a: np.asarray(a)[mask], out))
-        if bar is not None:
-            bar.update(int(mask.sum()))
-            bar.set_postfix(img_s=f"{bar.n / (time.perf_counter() - start):.1f}")
-    if bar is not None:
-        bar.close()
+        bar.update(int(mask.sum()))
+        bar.set_postfix(img_s=f"{bar.n / (time.perf_counter() - start):.1f}")
+    bar.close()
     wall = time.perf_counter() - start
-    return jax.tree.map(lambda *a: np.concatenate(a), *outputs), wall
+    if subset is None:
+        return jax.tree.map(lambda *a: np.concatenate(a), *outputs), wall
+    attacked = np.zeros(n, bool)
+    attacked[chosen] = True
+    if not outputs:
+        return {"attacked": attacked}, wall
 
-
-def _bar(enabled, total, desc):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="img", desc=desc, dynamic_ncols=True)
+    def scatter(*parts):
+        values = np.concatenate(parts)
+        full = np.zeros((n,) + values.shape[1:], values.dtype)
+        full[chosen] = values
+        return full
+    return {**jax.tree.map(scatter, *outputs), "attacked": attacked}, wall
 
 
 # ---------------------------------------------------------------------------------------
@@ -162,7 +211,7 @@ def mean_with_interval(values, s, mask=None) -> dict:
     mask = np.ones(values.shape) if mask is None else np.asarray(mask, np.float64)
     if mask.sum() == 0:
         return {"value": None, "interval": [None, None], "n": 0}
-    idx = bootstrap_indices(int(values.size), int(s["bootstrap_resamples"]), int(s["seed"]))
-    value, (lo, hi) = stats.ratio_interval((values * mask)[None], mask[None], idx, s["confidence"])
+    idx = bootstrap_indices(int(values.size), s.bootstrap_resamples, int(s.seed))
+    value, (lo, hi) = stats.ratio_interval((values * mask)[None], mask[None], idx, s.confidence)
     return {"value": value, "interval": [lo, hi], "n": int(mask.sum()),
-            "interval_method": f"percentile bootstrap over images ({s['bootstrap_resamples']} resamples)"}
+            "interval_method": f"percentile bootstrap over images ({s.bootstrap_resamples} resamples)"}

@@ -19,36 +19,36 @@ from patjax.evaluators import common
 def levels(s, distribution):
     """(perturbation levels, their result keys): eps for gaussian/uniform, sigma of p_dis for pdis."""
     if distribution == robustness.PDIS:
-        return (s["pdis_sigma"],), [f"c1={s['pdis_c1']:g}"]
-    return s["epsilons"], [robustness.level_key(e) for e in s["epsilons"]]
+        return (s.pdis_sigma,), [f"c1={s.pdis_c1:g}"]
+    return s.pr_epsilons, [robustness.level_key(e) for e in s.pr_epsilons]
 
 
 def passes(s) -> tuple:
-    return tuple(f"pr_{d}" for d in s["distributions"])
+    return tuple(f"pr_{d}" for d in s.pr_distributions)
 
 
 def make_batch_fn(model_fns, s, pass_name):
     distribution = pass_name[len("pr_"):]
     level_values, _ = levels(s, distribution)
-    root = jax.random.PRNGKey(s["seed"])
+    root = jax.random.PRNGKey(s.seed)
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = common.inference_logits_fn(model_fns, params, batch_stats)
         pr_stats = robustness.pr_statistics(
-            logits_fn, root, data.to_float(images), labels, indices, level_values, s["pr_samples"],
-            s["pr_chunk_size"], distribution, s["entropic_lambda"])
+            logits_fn, root, data.to_float(images), labels, indices, level_values, s.pr_samples,
+            s.pr_chunk_size, distribution, s.entropic_lambda)
         return {k: v.T for k, v in pr_stats.items()}  # (batch, levels)
     return jax.jit(fn)
 
 
 def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     """Figures of one perturbation level from per-image statistics (arrays over images)."""
-    n_samples = s["pr_samples"]
+    n_samples = s.pr_samples
     per_image = np.asarray(counts, np.float64) / n_samples
-    lam = s["entropic_lambda"]
+    lam = s.entropic_lambda
     mean_loss = np.asarray(sum_loss, np.float64) / n_samples
     risk = robustness.entropic_risk(lse_loss, n_samples, lam, sum_loss)
-    cp_lo, cp_hi = stats.clopper_pearson(counts, n_samples, s["confidence"])
+    cp_lo, cp_hi = stats.clopper_pearson(counts, n_samples, s.confidence)
     out = {}
     clean_correct = np.asarray(correct, bool)
     for subset, mask in (("all", np.ones_like(clean_correct)), ("clean_correct", clean_correct)):
@@ -58,9 +58,9 @@ def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
         out[subset] = fig
     # ProbAcc_q: fraction of images with PR_i > 1 - q, over all images (`prob_acc`) and over
     # clean-correct images (`clean_correct.prob_acc`, AT-PR's Prob.Acc convention).
-    out["prob_acc"] = {robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s) for q in s["prob_acc_q"]}
+    out["prob_acc"] = {robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s) for q in s.prob_acc_q}
     out["clean_correct"]["prob_acc"] = {robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s, clean_correct)
-                                        for q in s["prob_acc_q"]}
+                                        for q in s.prob_acc_q}
     out["expected_loss"] = common.mean_with_interval(mean_loss, s)
     bound = robustness.lower_bound(mean_loss)
     out["lower_bound"] = common.mean_with_interval(bound, s)
@@ -77,7 +77,7 @@ def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
 def figures(per_image, s) -> dict:
     correct = per_image["clean"]["correct"]
     out = {}
-    for d in s["distributions"]:
+    for d in s.pr_distributions:
         _, keys = levels(s, d)
         st = per_image[f"pr_{d}"]
         out[d] = {k: level_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j], correct, s)

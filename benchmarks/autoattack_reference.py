@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""patjax's `aa` against the reference AutoAttack on the same weights and images.
+
+The reference is Croce & Hein's own code as packaged on PyPI (`pyautoattack`, the fra31/auto-
+attack sources), standard version, run on a PyTorch copy of a patjax model (the small CNN or
+ResNet-18 of benchmarks/torch_pat_peer.py, weights copied with `load_patjax_weights`; the
+script first checks that both give the same logits). torchattacks' `AutoAttack(version=
+'standard')` is run too when installed: it is not the reference's standard version (its APGD,
+APGD-T and FAB run 10 iterations, not 100, and its Square rescales the p schedule), so it is
+reported beside, not compared against.
+
+  pip install torch==2.13.0 pyautoattack==0.2.0 torchattacks==3.5.1
+  python benchmarks/autoattack_reference.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
+      --num_examples=500 --out=aa_pgd_s0.json
+
+Prints and writes one JSON object: robust accuracy after each attack for both, the images on
+which they disagree, and the wall time of each (patjax's four attack passes, the reference's
+run_standard_evaluation) on this machine. Timings are of one run each: compare them as the
+ratio of alternating runs (`--only`).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
+
+
+def load_peer():
+    spec = importlib.util.spec_from_file_location("torch_pat_peer", REPO / "benchmarks" / "torch_pat_peer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="a patjax run with a checkpoint or kept model")
+    p.add_argument("--num_examples", type=int, default=500, help="the first N test images")
+    p.add_argument("--eps", type=float, default=8 / 255)
+    p.add_argument("--batch_size", type=int, default=250)
+    p.add_argument("--data_dir", default=None)
+    p.add_argument("--only", choices=("patjax", "reference", "torchattacks"), action="append",
+                   help="run only these (repeatable); default: all that are installed")
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    return p.parse_args(argv)
+
+
+def run_patjax(cfg, model_fns, state, split, n, batch_size):
+    from patjax import evaluation
+
+    per_image = {}
+    results = evaluation.evaluate_state(cfg, model_fns, state, split, num_examples=n, batch_size=batch_size,
+                                        progress=False, evaluators="aa", per_image_out=per_image)
+    fig = results["figures"]["aa"]
+    walls = results["evaluator_wall_time_s"]
+    return {
+        "robust_accuracy": fig["value"], "interval": fig["interval"],
+        "after": {"clean": float(per_image["aa_apgd_ce.clean_correct"].mean()),
+                  **{k: v["value"] for k, v in fig["after"].items()}},
+        "masking": fig["masking"],
+        "wall_s_attacks": round(sum(walls[f"aa_{s}"] for s in ("apgd_ce", "apgd_t", "fab_t", "square")), 1),
+        "wall_s_passes": walls,
+        "robust": per_image["aa.robust"],
+    }
+
+
+def run_reference(torch_model, x, y, eps, batch_size, seed=0):
+    from pyautoattack import AutoAttack
+
+    adversary = AutoAttack(torch_model, norm="Linf", eps=eps, version="standard", seed=seed)
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    adversary.logger.addHandler(handler)
+    adversary.logger.setLevel(logging.DEBUG)
+    adversary.verbose = True
+    start = time.perf_counter()
+    x_adv, _ = adversary.run_standard_evaluation(x, y, batch_size=batch_size)
+    wall = time.perf_counter() - start
+    robust = predict(torch_model, x_adv, batch_size) == y.numpy()
+    after = {}
+    names = {"APGD-CE": "apgd_ce", "APGD-T": "apgd_t", "FAB-T": "fab_t", "SQUARE": "square"}
+    for message in records:
+        if message.startswith("initial accuracy"):
+            after["clean"] = float(message.split(":")[1].strip().rstrip("%")) / 100
+        if message.startswith("robust accuracy after"):
+            name = message.split("after ")[1].split(":")[0]
+            after[names.get(name, name)] = float(message.split(":")[1].split("%")[0]) / 100
+    return {"robust_accuracy": float(robust.mean()), "after": after, "wall_s": round(wall, 1), "robust": robust,
+            "settings": "pyautoattack 0.2.0 AutoAttack(norm='Linf', version='standard', seed=0)"}
+
+
+def run_torchattacks(torch_model, x, y, eps, batch_size):
+    import torchattacks
+
+    attack = torchattacks.AutoAttack(torch_model, norm="Linf", eps=eps, version="standard", n_classes=10, seed=0)
+    start = time.perf_counter()
+    x_adv = np.concatenate([attack(x[i:i + batch_size], y[i:i + batch_size]).numpy()
+                            for i in range(0, len(x), batch_size)])
+    wall = time.perf_counter() - start
+    import torch
+
+    robust = predict(torch_model, torch.from_numpy(x_adv), batch_size) == y.numpy()
+    return {"robust_accuracy": float(robust.mean()), "wall_s": round(wall, 1), "robust": robust,
+            "settings": "torchattacks 3.5.1 AutoAttack(version='standard'): APGD/APGD-T/FAB 10 steps, "
+                        "Square 5000 queries with resc_schedule=True"}
+
+
+def predict(torch_model, x, batch_size):
+    import torch
+
+    with torch.no_grad():
+        return np.concatenate([torch_model(x[i:i + batch_size]).argmax(1).numpy()
+                               for i in range(0, len(x), batch_size)])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from patjax import cli, data
+    cli.use_cpu_cores_as_devices()
+    import jax
+    import torch
+
+    from patjax import workdir as workdir_lib
+
+    peer = load_peer()
+    cfg, model_fns, state = workdir_lib.restore(args.workdir)
+    cfg.eval.attack_eps = args.eps
+    split = data.load_split(cfg.dataset, "test", args.data_dir or cfg.get("data_dir"))
+    n = min(args.num_examples, len(split))
+    x_np = np.asarray(data.to_float(split.images[:n]))
+    y_np = np.asarray(split.labels[:n]).astype(np.int64)
+
+    if cfg.model not in ("small_cnn", "resnet18"):
+        raise SystemExit(f"error: no PyTorch copy of model {cfg.model!r}")
+    torch_model = peer.create_model(cfg.model, num_classes=data.NUM_CLASSES[cfg.dataset],
+                                    width=int(cfg.get("model_width", 64)), dataset=cfg.dataset)
+    params, batch_stats = jax.device_get((state.params, state.batch_stats))
+    peer.load_patjax_weights(torch_model, params, batch_stats)
+    torch_model.eval()
+    x = torch.from_numpy(x_np).permute(0, 3, 1, 2).contiguous()
+    y = torch.from_numpy(y_np)
+    with torch.no_grad():
+        torch_logits = torch_model(x[:64]).numpy()
+    jax_logits = np.asarray(model_fns.infer(state.params, state.batch_stats, x_np[:64]))
+    logit_gap = float(np.max(np.abs(torch_logits - jax_logits)))
+    if logit_gap > 1e-3 * max(1.0, float(np.max(np.abs(jax_logits)))):
+        raise SystemExit(f"error: the PyTorch copy's logits differ from patjax's by {logit_gap}")
+
+    out = {"workdir": args.workdir, "step": int(state.step), "num_examples": n, "eps": args.eps,
+           "max_logit_difference": logit_gap, "torch_threads": torch.get_num_threads(),
+           "jax_devices": jax.device_count()}
+    wanted = set(args.only or ("patjax", "reference", "torchattacks"))
+    robust = {}
+    if "patjax" in wanted:
+        res = run_patjax(cfg, model_fns, state, split, n, args.batch_size)
+        robust["patjax"] = res.pop("robust")
+        out["patjax"] = res
+    if "reference" in wanted:
+        with contextlib.suppress(ImportError):
+            res = run_reference(torch_model, x, y, args.eps, args.batch_size)
+            robust["reference"] = res.pop("robust")
+            out["reference"] = res
+    if "torchattacks" in wanted:
+        with contextlib.suppress(ImportError):
+            res = run_torchattacks(torch_model, x, y, args.eps, args.batch_size)
+            robust["torchattacks"] = res.pop("robust")
+            out["torchattacks"] = res
+    if "patjax" in robust and "reference" in robust:
+        a, b = robust["patjax"], robust["reference"]
+        out["difference_pp"] = round(100 * (a.mean() - b.mean()), 2)
+        out["robust_in_patjax_only"] = [int(i) for i in np.flatnonzero(a & ~b)]
+        out["robust_in_reference_only"] = [int(i) for i in np.flatnonzero(~a & b)]
+    text = json.dumps(out, indent=1, default=float)
+    print(text)
+    if args.out:
+        pathlib.Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

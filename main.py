@@ -8,6 +8,7 @@ checkout, the download cache) or downloaded on first use (patjax.data.resolve_da
 
 Running the same command again resumes from the latest checkpoint in --workdir.
 """
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -17,8 +18,9 @@ from patjax.cli import guarded, parse_flags, start
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for the config, checkpoints and metrics.")
-flags.DEFINE_integer("stop_after_steps", None,
-                     "Stop (with a checkpoint) after this many steps of this invocation; rerun to resume.")
+flags.DEFINE_integer(
+    "stop_after_steps", None, "Stop (with a checkpoint) after this many steps of this invocation; rerun to resume."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -18,6 +18,7 @@ which they disagree, and the wall time of each (patjax's four attack passes, the
 run_standard_evaluation) on this machine. Timings are of one run each: compare them as the
 ratio of alternating runs (`--only`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,12 @@ def parse_args(argv=None):
     p.add_argument("--eps", type=float, default=8 / 255)
     p.add_argument("--batch_size", type=int, default=250)
     p.add_argument("--data_dir", default=None)
-    p.add_argument("--only", choices=("patjax", "reference", "torchattacks"), action="append",
-                   help="run only these (repeatable); default: all that are installed")
+    p.add_argument(
+        "--only",
+        choices=("patjax", "reference", "torchattacks"),
+        action="append",
+        help="run only these (repeatable); default: all that are installed",
+    )
     p.add_argument("--out", default=None, help="write the JSON here too")
     return p.parse_args(argv)
 
@@ -60,14 +65,26 @@ def run_patjax(cfg, model_fns, state, split, n, batch_size):
     from patjax import evaluation
 
     per_image = {}
-    results = evaluation.evaluate_state(cfg, model_fns, state, split, num_examples=n, batch_size=batch_size,
-                                        progress=False, evaluators="aa", per_image_out=per_image)
+    results = evaluation.evaluate_state(
+        cfg,
+        model_fns,
+        state,
+        split,
+        num_examples=n,
+        batch_size=batch_size,
+        progress=False,
+        evaluators="aa",
+        per_image_out=per_image,
+    )
     fig = results["figures"]["aa"]
     walls = results["evaluator_wall_time_s"]
     return {
-        "robust_accuracy": fig["value"], "interval": fig["interval"],
-        "after": {"clean": float(per_image["aa_apgd_ce.clean_correct"].mean()),
-                  **{k: v["value"] for k, v in fig["after"].items()}},
+        "robust_accuracy": fig["value"],
+        "interval": fig["interval"],
+        "after": {
+            "clean": float(per_image["aa_apgd_ce.clean_correct"].mean()),
+            **{k: v["value"] for k, v in fig["after"].items()},
+        },
         "masking": fig["masking"],
         "wall_s_attacks": round(sum(walls[f"aa_{s}"] for s in ("apgd_ce", "apgd_t", "fab_t", "square")), 1),
         "wall_s_passes": walls,
@@ -97,8 +114,13 @@ def run_reference(torch_model, x, y, eps, batch_size, seed=0):
         if message.startswith("robust accuracy after"):
             name = message.split("after ")[1].split(":")[0]
             after[names.get(name, name)] = float(message.split(":")[1].split("%")[0]) / 100
-    return {"robust_accuracy": float(robust.mean()), "after": after, "wall_s": round(wall, 1), "robust": robust,
-            "settings": "pyautoattack 0.2.0 AutoAttack(norm='Linf', version='standard', seed=0)"}
+    return {
+        "robust_accuracy": float(robust.mean()),
+        "after": after,
+        "wall_s": round(wall, 1),
+        "robust": robust,
+        "settings": "pyautoattack 0.2.0 AutoAttack(norm='Linf', version='standard', seed=0)",
+    }
 
 
 def run_torchattacks(torch_model, x, y, eps, batch_size):
@@ -106,28 +128,35 @@ def run_torchattacks(torch_model, x, y, eps, batch_size):
 
     attack = torchattacks.AutoAttack(torch_model, norm="Linf", eps=eps, version="standard", n_classes=10, seed=0)
     start = time.perf_counter()
-    x_adv = np.concatenate([attack(x[i:i + batch_size], y[i:i + batch_size]).numpy()
-                            for i in range(0, len(x), batch_size)])
+    x_adv = np.concatenate(
+        [attack(x[i : i + batch_size], y[i : i + batch_size]).numpy() for i in range(0, len(x), batch_size)]
+    )
     wall = time.perf_counter() - start
     import torch
 
     robust = predict(torch_model, torch.from_numpy(x_adv), batch_size) == y.numpy()
-    return {"robust_accuracy": float(robust.mean()), "wall_s": round(wall, 1), "robust": robust,
-            "settings": "torchattacks 3.5.1 AutoAttack(version='standard'): APGD/APGD-T/FAB 10 steps, "
-                        "Square 5000 queries with resc_schedule=True"}
+    return {
+        "robust_accuracy": float(robust.mean()),
+        "wall_s": round(wall, 1),
+        "robust": robust,
+        "settings": "torchattacks 3.5.1 AutoAttack(version='standard'): APGD/APGD-T/FAB 10 steps, "
+        "Square 5000 queries with resc_schedule=True",
+    }
 
 
 def predict(torch_model, x, batch_size):
     import torch
 
     with torch.no_grad():
-        return np.concatenate([torch_model(x[i:i + batch_size]).argmax(1).numpy()
-                               for i in range(0, len(x), batch_size)])
+        return np.concatenate(
+            [torch_model(x[i : i + batch_size]).argmax(1).numpy() for i in range(0, len(x), batch_size)]
+        )
 
 
 def main(argv=None):
     args = parse_args(argv)
     from patjax import cli, data
+
     cli.use_cpu_cores_as_devices()
     import jax
     import torch
@@ -144,8 +173,9 @@ def main(argv=None):
 
     if cfg.model not in ("small_cnn", "resnet18"):
         raise SystemExit(f"error: no PyTorch copy of model {cfg.model!r}")
-    torch_model = peer.create_model(cfg.model, num_classes=data.NUM_CLASSES[cfg.dataset],
-                                    width=int(cfg.get("model_width", 64)), dataset=cfg.dataset)
+    torch_model = peer.create_model(
+        cfg.model, num_classes=data.NUM_CLASSES[cfg.dataset], width=int(cfg.get("model_width", 64)), dataset=cfg.dataset
+    )
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
     peer.load_patjax_weights(torch_model, params, batch_stats)
     torch_model.eval()
@@ -158,9 +188,15 @@ def main(argv=None):
     if logit_gap > 1e-3 * max(1.0, float(np.max(np.abs(jax_logits)))):
         raise SystemExit(f"error: the PyTorch copy's logits differ from patjax's by {logit_gap}")
 
-    out = {"workdir": args.workdir, "step": int(state.step), "num_examples": n, "eps": args.eps,
-           "max_logit_difference": logit_gap, "torch_threads": torch.get_num_threads(),
-           "jax_devices": jax.device_count()}
+    out = {
+        "workdir": args.workdir,
+        "step": int(state.step),
+        "num_examples": n,
+        "eps": args.eps,
+        "max_logit_difference": logit_gap,
+        "torch_threads": torch.get_num_threads(),
+        "jax_devices": jax.device_count(),
+    }
     wanted = set(args.only or ("patjax", "reference", "torchattacks"))
     robust = {}
     if "patjax" in wanted:

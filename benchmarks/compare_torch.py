@@ -12,11 +12,13 @@ patjax computes) for resnet18, benchmarks/torch_small_cnn_peer.py (the same step
 SmallCNN) for small_cnn; $PATJAX_TORCH_REFERENCE, if set, replaces the resnet18 peer by another
 script taking --width --batch --langevin-steps --iters [--threads] and printing a JSON line
 with images_per_s -- and one patjax arm per --patjax-variant (extra flags for
-epoch_throughput.py; default: none), e.g. --patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
+epoch_throughput.py; default: none), e.g.
+--patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
 measures the convolution input-gradient switch against the same peer runs. A variant may
 start with environment assignments (--patjax-variant='PJRT_NPROC=2 --cpu-devices 2'). With
 --no-peer only the patjax arms run, and ratios are to the first one.
 """
+
 import argparse
 import json
 import os
@@ -42,17 +44,30 @@ def main():
     p.add_argument("--langevin-steps", type=int, default=10)
     p.add_argument("--iters", type=int, default=3, help="timed steps per run (after one warm-up)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--patjax-variant", action="append", default=None,
-                   help="extra flags for epoch_throughput.py; repeat for several patjax arms")
-    p.add_argument("--peer-threads", type=int, action="append", default=None,
-                   help="also run the peer with --threads N (repeatable): under load from other "
-                        "processes, OpenMP's default thread count can fare much worse than 1 thread")
+    p.add_argument(
+        "--patjax-variant",
+        action="append",
+        default=None,
+        help="extra flags for epoch_throughput.py; repeat for several patjax arms",
+    )
+    p.add_argument(
+        "--peer-threads",
+        type=int,
+        action="append",
+        default=None,
+        help="also run the peer with --threads N (repeatable): under load from other "
+        "processes, OpenMP's default thread count can fare much worse than 1 thread",
+    )
     p.add_argument("--peak-gflops", type=float, default=0.0)
-    p.add_argument("--cpus", default="",
-                   help="pin every arm to these CPUs with taskset (e.g. 0) and give the peer as many "
-                        "threads: a per-core comparison that other load on the machine disturbs less")
-    p.add_argument("--no-peer", action="store_true",
-                   help="run only the patjax arms (ratios to the first --patjax-variant)")
+    p.add_argument(
+        "--cpus",
+        default="",
+        help="pin every arm to these CPUs with taskset (e.g. 0) and give the peer as many "
+        "threads: a per-core comparison that other load on the machine disturbs less",
+    )
+    p.add_argument(
+        "--no-peer", action="store_true", help="run only the patjax arms (ratios to the first --patjax-variant)"
+    )
     p.add_argument("--json", action="store_true", help="also print one JSON line with every run")
     a = p.parse_args()
     variants = a.patjax_variant or [""]
@@ -69,36 +84,60 @@ def main():
         env = [t for t in tokens if "=" in t and not t.startswith("-")]
         flags = [t for t in tokens if t not in env]
         arms[f"patjax {v}".strip()] = (["env", *env] if env else []) + [
-            sys.executable, os.path.join(HERE, "epoch_throughput.py"), "--json", "--model", a.model,
-            "--width", str(a.width), "--peak-gflops", str(a.peak_gflops), *common, *flags]
+            sys.executable,
+            os.path.join(HERE, "epoch_throughput.py"),
+            "--json",
+            "--model",
+            a.model,
+            "--width",
+            str(a.width),
+            "--peak-gflops",
+            str(a.peak_gflops),
+            *common,
+            *flags,
+        ]
     baseline = next(iter(arms))
     if a.cpus:
         ncpus = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1)) for r in a.cpus.split(","))
-        arms = {name: (cmd + ["--threads", str(ncpus)] if name == "torch" else cmd)
-                for name, cmd in arms.items()}
+        arms = {name: (cmd + ["--threads", str(ncpus)] if name == "torch" else cmd) for name, cmd in arms.items()}
         arms = {name: ["taskset", "-c", a.cpus, *cmd] for name, cmd in arms.items()}
     runs = {name: [] for name in arms}
     for r in range(a.rounds):
         for name, cmd in arms.items():
             result = run_json(cmd)
             runs[name].append(result)
-            extra = (f" compile {result['compile_s']:.1f}s" if "compile_s" in result else "")
-            print(f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra}"
-                  f" (load {os.getloadavg()[0]:.1f})", flush=True)
+            extra = f" compile {result['compile_s']:.1f}s" if "compile_s" in result else ""
+            print(
+                f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra} (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     medians = {name: statistics.median(x["images_per_s"] for x in rs) for name, rs in runs.items()}
-    print(f"\n{a.model} batch {a.batch} T={a.langevin_steps}, {a.rounds} alternating rounds "
-          f"of {a.iters} timed steps" + (f", pinned to CPUs {a.cpus}" if a.cpus else "")
-          + f"; load average at the end {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n{a.model} batch {a.batch} T={a.langevin_steps}, {a.rounds} alternating rounds "
+        f"of {a.iters} timed steps"
+        + (f", pinned to CPUs {a.cpus}" if a.cpus else "")
+        + f"; load average at the end {os.getloadavg()[0]:.2f}"
+    )
     for name, m in medians.items():
-        print(f"  {name:>40}: median {m:8.2f} img/s   ratio to {baseline} {m / medians[baseline]:.2f}"
-              + "".join(f", to {peer} {m / medians[peer]:.2f}" for peer in medians
-                        if peer.startswith("torch ")))
+        print(
+            f"  {name:>40}: median {m:8.2f} img/s   ratio to {baseline} {m / medians[baseline]:.2f}"
+            + "".join(f", to {peer} {m / medians[peer]:.2f}" for peer in medians if peer.startswith("torch "))
+        )
     if a.json:
-        print(json.dumps({"model": a.model, "batch": a.batch, "langevin_steps": a.langevin_steps,
-                          "cpus": a.cpus or None, "load_average": os.getloadavg(),
-                          "medians": medians,
-                          "ratios": {n: m / medians[baseline] for n, m in medians.items()},
-                          "runs": runs}))
+        print(
+            json.dumps(
+                {
+                    "model": a.model,
+                    "batch": a.batch,
+                    "langevin_steps": a.langevin_steps,
+                    "cpus": a.cpus or None,
+                    "load_average": os.getloadavg(),
+                    "medians": medians,
+                    "ratios": {n: m / medians[baseline] for n, m in medians.items()},
+                    "runs": runs,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

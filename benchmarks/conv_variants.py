@@ -21,6 +21,7 @@ profile_step.py count them: multiply-adds on real input elements, padding exclud
 and, for scale, XLA's rate on the weight gradient's matmul shape (576 x 16384 x 64) with the
 long axis contracted in place or pre-transposed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,13 +55,14 @@ def conv_shift(x, k):
     o = k.shape[-1]
     z = (x.reshape(b * h * w, c) @ k.transpose(2, 0, 1, 3).reshape(c, 9 * o)).reshape(b, h, w, 9, o)
     z = jnp.pad(z, ((0, 0), (1, 1), (1, 1), (0, 0), (0, 0)))
-    return sum(z[:, i:i + h, j:j + w, 3 * i + j, :] for i in range(3) for j in range(3))
+    return sum(z[:, i : i + h, j : j + w, 3 * i + j, :] for i in range(3) for j in range(3))
 
 
 def in_loop(conv):
     def run(x, k):
         grad = jax.grad(lambda xa: jnp.sum(jnp.tanh(conv(xa, k))))
         return jax.lax.fori_loop(0, 3, lambda _, xa: xa + 1e-3 * grad(xa), x)
+
     return run
 
 
@@ -73,19 +75,21 @@ def wgrad_rows(x, g):
     b, h, w, c = x.shape
     o = g.shape[-1]
     xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    cols = jnp.concatenate([xp[:, :, j:j + w, :] for j in range(3)], axis=-1).transpose(1, 0, 2, 3)
+    cols = jnp.concatenate([xp[:, :, j : j + w, :] for j in range(3)], axis=-1).transpose(1, 0, 2, 3)
     gt = g.transpose(1, 0, 2, 3).reshape(h * b * w, o)
-    rows = [jax.lax.dot_general(cols[i:i + h].reshape(h * b * w, 3 * c), gt, (((0,), (0,)), ((), ())))
-            for i in range(3)]
+    rows = [
+        jax.lax.dot_general(cols[i : i + h].reshape(h * b * w, 3 * c), gt, (((0,), (0,)), ((), ()))) for i in range(3)
+    ]
     return jnp.stack(rows).reshape(3, 3, c, o)
 
 
 def wgrad_im2col(x, g):
     b, h, w, c = x.shape
     xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    cols = jnp.concatenate([xp[:, i:i + h, j:j + w, :] for i in range(3) for j in range(3)], axis=-1)
-    return jax.lax.dot_general(cols.reshape(b * h * w, 9 * c), g.reshape(b * h * w, -1),
-                               (((0,), (0,)), ((), ()))).reshape(3, 3, c, -1)
+    cols = jnp.concatenate([xp[:, i : i + h, j : j + w, :] for i in range(3) for j in range(3)], axis=-1)
+    return jax.lax.dot_general(
+        cols.reshape(b * h * w, 9 * c), g.reshape(b * h * w, -1), (((0,), (0,)), ((), ()))
+    ).reshape(3, 3, c, -1)
 
 
 def main(argv=None):
@@ -106,11 +110,18 @@ def main(argv=None):
         gflop = 2 * a.batch * channels * channels * (3 * size - 2) ** 2 / 1e9
         xla_gflop = jax.jit(conv_lib).lower(x, k).cost_analysis()["flops"] / 1e9
         assert abs(gflop - xla_gflop) <= 1e-6 * gflop, (gflop, xla_gflop)  # the same count as XLA's
-        rates = {name: round(passes * gflop / seconds(fn, *args), 1) for name, fn, args, passes in [
-            ("lib", conv_lib, (x, k), 1), ("shift", conv_shift, (x, k), 1),
-            ("lib_loop", in_loop(conv_lib), (x, k), 6), ("shift_loop", in_loop(conv_shift), (x, k), 6),
-            ("wgrad_lib", wgrad_lib, (x, g), 1), ("wgrad_rows", wgrad_rows, (x, g), 1),
-            ("wgrad_im2col", wgrad_im2col, (x, g), 1)]}
+        rates = {
+            name: round(passes * gflop / seconds(fn, *args), 1)
+            for name, fn, args, passes in [
+                ("lib", conv_lib, (x, k), 1),
+                ("shift", conv_shift, (x, k), 1),
+                ("lib_loop", in_loop(conv_lib), (x, k), 6),
+                ("shift_loop", in_loop(conv_shift), (x, k), 6),
+                ("wgrad_lib", wgrad_lib, (x, g), 1),
+                ("wgrad_rows", wgrad_rows, (x, g), 1),
+                ("wgrad_im2col", wgrad_im2col, (x, g), 1),
+            ]
+        }
         print(f"{size:2d}x{size:<2d}x{channels:<3d}", "  ".join(f"{n} {r:6.1f}" for n, r in rates.items()), flush=True)
     m, kk, n = 576, 16384, 64
     lhs_long_first = jnp.ones((kk, m), jnp.float32)

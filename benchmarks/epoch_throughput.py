@@ -15,6 +15,7 @@ FLOPs: XLA's cost analysis counts a while-loop body once whatever its trip count
 step's FLOPs are assembled as F(T=0) + T * (F(T=1) - F(T=0)) from the cost analyses of the
 step lowered at T = 0 and T = 1 (lowering only, no extra compilation).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,18 +34,31 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=64, help="ResNet/WRN stem width (ignored by small_cnn)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--langevin-steps", type=int, default=10, help="T")
-    p.add_argument("--iters", type=int, default=3,
-                   help="timed steps after --warmup steps; 0: compile, FLOPs and memory only")
+    p.add_argument(
+        "--iters", type=int, default=3, help="timed steps after --warmup steps; 0: compile, FLOPs and memory only"
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--conv-input-grad", default="auto", choices=("auto", "reordered", "autodiff"),
-                   help="patjax.ops convolution input gradient (auto: reordered kernel on CPU only)")
-    p.add_argument("--cpu-devices", type=int, default=0,
-                   help="JAX CPU devices the batch is split over (0: one per usable core, as main.py "
-                        "does; 1: a single device, plain JAX's default)")
-    p.add_argument("--peak-gflops", type=float, default=0.0,
-                   help="device peak for the utilization figure (e.g. 310 for this 2-core CPU, fp32)")
+    p.add_argument(
+        "--conv-input-grad",
+        default="auto",
+        choices=("auto", "reordered", "autodiff"),
+        help="patjax.ops convolution input gradient (auto: reordered kernel on CPU only)",
+    )
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=0,
+        help="JAX CPU devices the batch is split over (0: one per usable core, as main.py "
+        "does; 1: a single device, plain JAX's default)",
+    )
+    p.add_argument(
+        "--peak-gflops",
+        type=float,
+        default=0.0,
+        help="device peak for the utilization figure (e.g. 310 for this 2-core CPU, fp32)",
+    )
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (saves two lowerings)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     return p.parse_args(argv)
@@ -93,8 +107,11 @@ def peak_memory_bytes(compiled) -> dict:
     if m is None:
         return {}
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    return {"peak_memory_bytes": int(peak), "temp_memory_bytes": int(m.temp_size_in_bytes),
-            "argument_memory_bytes": int(m.argument_size_in_bytes)}
+    return {
+        "peak_memory_bytes": int(peak),
+        "temp_memory_bytes": int(m.temp_size_in_bytes),
+        "argument_memory_bytes": int(m.argument_size_in_bytes),
+    }
 
 
 def run(args) -> dict:
@@ -130,21 +147,32 @@ def run(args) -> dict:
     images_per_s = args.batch / median
     device = jax.devices()[0]
     result = {
-        "impl": "patjax", "method": args.method, "model": args.model,
+        "impl": "patjax",
+        "method": args.method,
+        "model": args.model,
         "width": args.width if args.model != "small_cnn" else None,
-        "batch": args.batch, "langevin_steps": T, "compute_dtype": args.compute_dtype,
+        "batch": args.batch,
+        "langevin_steps": T,
+        "compute_dtype": args.compute_dtype,
         "conv_input_grad": ops.conv_input_grad_mode(),
-        "lower_s": round(lower_s, 3), "compile_s": round(compile_s, 3),
-        "median_step_s": round(median, 4) if times else None, "step_times_s": [round(t, 4) for t in times],
+        "lower_s": round(lower_s, 3),
+        "compile_s": round(compile_s, 3),
+        "median_step_s": round(median, 4) if times else None,
+        "step_times_s": [round(t, 4) for t in times],
         "images_per_s": round(images_per_s, 3) if times else None,
         "epoch_s_projected": round(EPOCH_IMAGES / images_per_s, 1) if times else None,
         "flops_per_image": flops_per_image,
         "achieved_gflops": round(flops_per_image * images_per_s / 1e9, 2) if flops_per_image and times else None,
-        "utilization": (round(flops_per_image * images_per_s / 1e9 / args.peak_gflops, 4)
-                        if flops_per_image and args.peak_gflops and times else None),
+        "utilization": (
+            round(flops_per_image * images_per_s / 1e9 / args.peak_gflops, 4)
+            if flops_per_image and args.peak_gflops and times
+            else None
+        ),
         **peak_memory_bytes(compiled),
-        "backend": jax.default_backend(), "device": device.device_kind,
-        "device_count": jax.device_count(), "mesh_devices": int(state.step.sharding.num_devices),
+        "backend": jax.default_backend(),
+        "device": device.device_kind,
+        "device_count": jax.device_count(),
+        "mesh_devices": int(state.step.sharding.num_devices),
         "jax": jax.__version__,
     }
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None

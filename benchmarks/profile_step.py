@@ -27,6 +27,7 @@ on its share of the batch at the same time.
 
 CPU only in its grouping (on a GPU the trace has kernel names, not HLO op names).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,7 @@ def parse_hlo(text: str):
         if m:
             dims = re.match(r"\w+\[([\d,]*)\]", m.group(2))
             shape = [int(d) for d in dims.group(1).split(",") if d] if dims else []
-            instructions[m.group(1)] = {"opcode": m.group(3), "shape": shape, "computation": current,
-                                        "line": line}
+            instructions[m.group(1)] = {"opcode": m.group(3), "shape": shape, "computation": current, "line": line}
     return instructions, computations
 
 
@@ -97,21 +97,27 @@ def _window_attr(line: str, key: str, default: list[int]) -> list[int]:
     return [int(v) for v in m.group(1).split("x")] if m else default
 
 
-def _valid_taps(in_size: int, out_size: int, size: int, stride: int, pad_lo: int, lhs_dilation: int,
-                rhs_dilation: int) -> int:
+def _valid_taps(
+    in_size: int, out_size: int, size: int, stride: int, pad_lo: int, lhs_dilation: int, rhs_dilation: int
+) -> int:
     """Window taps that land on a real input element, summed over the output positions of one
     axis (padding and the zeros of an lhs dilation are not multiplied): the count XLA's cost
     analysis uses, so that the FLOPs here and its FLOPs agree."""
     last = (in_size - 1) * lhs_dilation
-    return sum(1 for o in range(out_size) for j in range(size)
-               if 0 <= (p := o * stride + j * rhs_dilation - pad_lo) <= last and p % lhs_dilation == 0)
+    return sum(
+        1
+        for o in range(out_size)
+        for j in range(size)
+        if 0 <= (p := o * stride + j * rhs_dilation - pad_lo) <= last and p % lhs_dilation == 0
+    )
 
 
 def convolution_info(line: str, lines):
     """FLOPs, direction and op_name of the convolution on `line`."""
     out = [int(d) for d in re.search(r"= \w+\[([\d,]*)\]", line).group(1).split(",") if d]
-    operands = [o.strip().split(" ")[-1].lstrip("%")
-                for o in re.search(r"convolution\(([^)]*)\)", line).group(1).split(",")]
+    operands = [
+        o.strip().split(" ")[-1].lstrip("%") for o in re.search(r"convolution\(([^)]*)\)", line).group(1).split(",")
+    ]
     lhs, kernel = _shape_of(operands[0], lines), _shape_of(operands[-1], lines)
     lhs_labels, rhs_labels, out_labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", line).groups()
     spatial = sorted(c for c in out_labels if c.isdigit())
@@ -123,10 +129,16 @@ def convolution_info(line: str, lines):
     pad_lo = [int(p.split("_")[0]) for p in pads.group(1).split("x")] if pads else [0] * len(spatial)
     taps = 1
     for i, axis in enumerate(spatial):
-        taps *= _valid_taps(lhs[lhs_labels.index(axis)], out[out_labels.index(axis)], size[i], stride[i],
-                            pad_lo[i], lhs_dilation[i], rhs_dilation[i])
-    flops = (2 * out[out_labels.index("b")] * out[out_labels.index("f")]
-             * kernel[rhs_labels.index("i")] * taps)
+        taps *= _valid_taps(
+            lhs[lhs_labels.index(axis)],
+            out[out_labels.index(axis)],
+            size[i],
+            stride[i],
+            pad_lo[i],
+            lhs_dilation[i],
+            rhs_dilation[i],
+        )
+    flops = 2 * out[out_labels.index("b")] * out[out_labels.index("f")] * kernel[rhs_labels.index("i")] * taps
     op_name = re.search(r'op_name="([^"]*)"', line)
     op_name = op_name.group(1) if op_name else ""
     out_spatial = [out[out_labels.index(axis)] for axis in spatial]
@@ -165,8 +177,14 @@ def classify(name: str, instructions, computations):
         op_name = op_name or conv_op_name
         path = "library" if "__ynn_fusion" in line or "__onednn" in line or "__xnn" in line else "generic"
         kind = f"conv {direction} ({path})"
-    elif ins["opcode"] in ("all-reduce", "all-reduce-start", "all-reduce-done", "all-gather",
-                           "reduce-scatter", "collective-permute"):
+    elif ins["opcode"] in (
+        "all-reduce",
+        "all-reduce-start",
+        "all-reduce-done",
+        "all-gather",
+        "reduce-scatter",
+        "collective-permute",
+    ):
         kind = "collective (all-reduce)"
     elif "transpose" in name or ins["opcode"] in ("transpose", "copy"):
         kind = "layout transpose/copy"
@@ -186,14 +204,24 @@ def profile(args) -> dict:
     from patjax import cli
 
     cli.use_cpu_cores_as_devices()
+    import epoch_throughput
     import jax
     from jax.profiler import ProfileData
 
-    import epoch_throughput
-
-    bench_args = epoch_throughput.parse_args([
-        "--method", args.method, "--model", args.model, "--width", str(args.width),
-        "--batch", str(args.batch), "--langevin-steps", str(args.langevin_steps)])
+    bench_args = epoch_throughput.parse_args(
+        [
+            "--method",
+            args.method,
+            "--model",
+            args.model,
+            "--width",
+            str(args.width),
+            "--batch",
+            str(args.batch),
+            "--langevin-steps",
+            str(args.langevin_steps),
+        ]
+    )
     step, state, images, labels, permutation = epoch_throughput.build(bench_args, args.langevin_steps)
     lowered = step.lower(state, images, labels, permutation)
     compiled = lowered.compile()
@@ -231,24 +259,45 @@ def profile(args) -> dict:
         g["ms"] += ns / 1e6 / devices
         g["gflop"] += flops * counts[name] / 1e9 / devices
         if flops:
-            convolutions.append({"op": name, "phase": phase, "kind": kind, "calls": counts[name],
-                                 "ms_per_call": round(ns / 1e6 / counts[name], 3),
-                                 "gflops_per_s": round(flops / (ns / counts[name]), 1),
-                                 "shape": instructions[name]["shape"]})
+            convolutions.append(
+                {
+                    "op": name,
+                    "phase": phase,
+                    "kind": kind,
+                    "calls": counts[name],
+                    "ms_per_call": round(ns / 1e6 / counts[name], 3),
+                    "gflops_per_s": round(flops / (ns / counts[name]), 1),
+                    "shape": instructions[name]["shape"],
+                }
+            )
     total_ms = sum(g["ms"] for g in groups.values())
     rows = []
     for (phase, kind), g in sorted(groups.items(), key=lambda kv: -kv[1]["ms"]):
-        rows.append({"phase": phase, "kind": kind, "ms_per_device": round(g["ms"], 1),
-                     "share": round(g["ms"] / total_ms, 4), "gflop_per_device": round(g["gflop"], 4),
-                     "gflops_per_s": round(g["gflop"] / (g["ms"] / 1e3), 1) if g["gflop"] else None})
+        rows.append(
+            {
+                "phase": phase,
+                "kind": kind,
+                "ms_per_device": round(g["ms"], 1),
+                "share": round(g["ms"] / total_ms, 4),
+                "gflop_per_device": round(g["gflop"], 4),
+                "gflops_per_s": round(g["gflop"] / (g["ms"] / 1e3), 1) if g["gflop"] else None,
+            }
+        )
     convolutions.sort(key=lambda r: -r["ms_per_call"] * r["calls"])
-    return {"model": args.model, "batch": args.batch, "langevin_steps": args.langevin_steps,
-            "devices": devices, "traced_step_s": round(step_s, 3),
-            "op_ms_per_device": round(total_ms, 1),
-            # XLA's cost analysis of the step (a while body counted once: exact at T = 1), per
-            # device, to check the convolution FLOP accounting above against.
-            "xla_cost_analysis_gflop_per_device": round(xla_gflop / devices, 4), "groups": rows, "slowest_convolutions": convolutions[:args.top],
-            "load_average_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "model": args.model,
+        "batch": args.batch,
+        "langevin_steps": args.langevin_steps,
+        "devices": devices,
+        "traced_step_s": round(step_s, 3),
+        "op_ms_per_device": round(total_ms, 1),
+        # XLA's cost analysis of the step (a while body counted once: exact at T = 1), per
+        # device, to check the convolution FLOP accounting above against.
+        "xla_cost_analysis_gflop_per_device": round(xla_gflop / devices, 4),
+        "groups": rows,
+        "slowest_convolutions": convolutions[: args.top],
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def main(argv=None):
@@ -257,9 +306,11 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['model']} batch {result['batch']} T={result['langevin_steps']} on "
-          f"{result['devices']} device(s): traced step {result['traced_step_s']} s, "
-          f"op time {result['op_ms_per_device']} ms per device (load {result['load_average_1m']})")
+    print(
+        f"{result['model']} batch {result['batch']} T={result['langevin_steps']} on "
+        f"{result['devices']} device(s): traced step {result['traced_step_s']} s, "
+        f"op time {result['op_ms_per_device']} ms per device (load {result['load_average_1m']})"
+    )
     print(f"{'phase':8} {'kind':32} {'ms/device':>10} {'share':>7} {'GFLOP/s per op-thread':>22}")
     for r in result["groups"]:
         rate = "" if r["gflops_per_s"] is None else f"{r['gflops_per_s']:.1f}"
@@ -267,8 +318,10 @@ def main(argv=None):
     if result["slowest_convolutions"]:
         print("\nslowest convolutions (all calls, all devices):")
         for r in result["slowest_convolutions"]:
-            print(f"  {r['op']:20} {r['phase']:8} {r['kind']:30} {r['calls']:3d} x {r['ms_per_call']:7.2f} ms "
-                  f"{r['gflops_per_s']:7.1f} GFLOP/s  out {r['shape']}")
+            print(
+                f"  {r['op']:20} {r['phase']:8} {r['kind']:30} {r['calls']:3d} x {r['ms_per_call']:7.2f} ms "
+                f"{r['gflops_per_s']:7.1f} GFLOP/s  out {r['shape']}"
+            )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ CIFAR-shaped data and prints one JSON line:
   pip install torch==2.13.0
   python benchmarks/torch_pat_peer.py --model resnet18 --batch 32 --langevin-steps 10 --width 64 --iters 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,7 @@ class BatchNorm(nn.BatchNorm2d):
 
     def forward(self, x):
         if not self.training:
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                False, 0.0, self.eps)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
         with torch.no_grad():
             var, mean = torch.var_mean(x, (0, 2, 3), correction=0)
             self.running_mean.lerp_(mean, self.momentum)
@@ -130,8 +130,16 @@ class ResNet18(nn.Module):
         w = width
         self.normalize = Normalize(*DATASET_STATS[dataset])
         self.conv1, self.bn1 = conv3x3(3, w), BatchNorm(w)
-        plan = [(w, w, 1), (w, w, 1), (w, 2 * w, 2), (2 * w, 2 * w, 1),
-                (2 * w, 4 * w, 2), (4 * w, 4 * w, 1), (4 * w, 8 * w, 2), (8 * w, 8 * w, 1)]
+        plan = [
+            (w, w, 1),
+            (w, w, 1),
+            (w, 2 * w, 2),
+            (2 * w, 2 * w, 1),
+            (2 * w, 4 * w, 2),
+            (4 * w, 4 * w, 1),
+            (4 * w, 8 * w, 2),
+            (8 * w, 8 * w, 1),
+        ]
         self.blocks = nn.Sequential(*[BasicBlock(*p) for p in plan])
         self.linear = nn.Linear(8 * w, num_classes)
         init_like_patjax(self)
@@ -160,8 +168,7 @@ def layer_pairs(model):
     else:
         pairs = [(("Conv_0",), model.conv1), (("BatchNorm_0",), model.bn1)]
         for i, block in enumerate(model.blocks):
-            names = {"Conv_0": block.conv1, "BatchNorm_0": block.bn1, "Conv_1": block.conv2,
-                     "BatchNorm_1": block.bn2}
+            names = {"Conv_0": block.conv1, "BatchNorm_0": block.bn1, "Conv_1": block.conv2, "BatchNorm_1": block.bn2}
             if len(block.shortcut):
                 names.update(shortcut_conv=block.shortcut[0], shortcut_bn=block.shortcut[1])
             pairs += [((f"BasicBlock_{i}", name), m) for name, m in names.items()]
@@ -176,15 +183,17 @@ def subtree(tree, path):
 
 def load_patjax_weights(model, params, batch_stats):
     """Copies patjax parameters and BatchNorm statistics (Flax names, HWIO kernels) into the model."""
+
     def t(a):
         return torch.from_numpy(np.array(a, np.float32))
+
     with torch.no_grad():
         for path, m in layer_pairs(model):
             p = subtree(params, path)
             if isinstance(m, torch.nn.Conv2d):
-                m.weight.copy_(t(p["kernel"]).permute(3, 2, 0, 1))      # HWIO -> OIHW
+                m.weight.copy_(t(p["kernel"]).permute(3, 2, 0, 1))  # HWIO -> OIHW
             elif isinstance(m, torch.nn.Linear):
-                m.weight.copy_(t(p["kernel"]).T)                         # (in, out) -> (out, in)
+                m.weight.copy_(t(p["kernel"]).T)  # (in, out) -> (out, in)
                 m.bias.copy_(t(p["bias"]))
             else:
                 stats = subtree(batch_stats, path)
@@ -194,11 +203,11 @@ def load_patjax_weights(model, params, batch_stats):
                 m.running_var.copy_(t(stats["var"]))
 
 
-def make_optimizer(model: nn.Module, lr: float = 0.01, momentum: float = 0.9,
-                   weight_decay: float = 5e-4) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: nn.Module, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 5e-4
+) -> torch.optim.Optimizer:
     """Appendix E: SGD, Nesterov momentum 0.9, weight decay 5e-4 added to the gradient."""
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=True,
-                           weight_decay=weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=True, weight_decay=weight_decay)
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,8 +237,8 @@ def langevin_step(model: nn.Module, x_adv, x, y, noise, s: LangevinSettings):
     """One step, lines 9-13: noise, projection, clipped energy gradient, projected descent."""
     noisy = (x_adv + s.noise_scale * noise).clamp(0.0, 1.0).requires_grad_(True)  # line 10
     (grad,) = torch.autograd.grad(langevin_energy(model, noisy, x, y, s.c1, s.c2), noisy)
-    v = grad.clamp(-s.grad_clip, s.grad_clip)                                      # line 12
-    return (noisy.detach() - s.step_size * v).clamp(0.0, 1.0)                      # line 13
+    v = grad.clamp(-s.grad_clip, s.grad_clip)  # line 12
+    return (noisy.detach() - s.step_size * v).clamp(0.0, 1.0)  # line 13
 
 
 def langevin_chain(model: nn.Module, x, y, start, noises: Iterable[torch.Tensor], s: LangevinSettings):
@@ -278,7 +287,7 @@ def pat_update(model: nn.Module, optimizer: torch.optim.Optimizer, x_adv, y, bet
     loss, _ = weighted_loss(losses, beta)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    optimizer.step()                                             # line 20
+    optimizer.step()  # line 20
     return loss.detach()
 
 
@@ -288,8 +297,9 @@ def pat_step_from(model, optimizer, x, y, start, noises, settings: LangevinSetti
     return pat_update(model, optimizer, x_adv, y, beta)
 
 
-def pat_step(model, optimizer, x, y, settings: LangevinSettings, beta: float = 0.001,
-             generator: Optional[torch.Generator] = None):
+def pat_step(
+    model, optimizer, x, y, settings: LangevinSettings, beta: float = 0.001, generator: Optional[torch.Generator] = None
+):
     """One PAT step with the sampler's randomness drawn from torch's generator."""
     x_adv = langevin_sample(model, x, y, settings, generator)
     return pat_update(model, optimizer, x_adv, y, beta)
@@ -343,13 +353,17 @@ def main(argv=None, model: Optional[str] = None):
     x = torch.rand(a.batch, 3, 32, 32)
     y = torch.randint(0, a.classes, (a.batch,))
     first, step = time_steps(net, optimizer, x, y, LangevinSettings(steps=a.langevin_steps), a.iters)
-    record = {"impl": "torch-eager" + ("+compile" if a.compile else ""), "model": a.model,
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": a.batch,
-              "langevin_steps": a.langevin_steps}
+    record = {
+        "impl": "torch-eager" + ("+compile" if a.compile else ""),
+        "model": a.model,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "batch": a.batch,
+        "langevin_steps": a.langevin_steps,
+    }
     if a.model == "resnet18":
         record["width"] = a.width
-    record.update(first_step_s=round(first, 3), median_step_s=round(step, 4),
-                  images_per_s=round(a.batch / step, 2))
+    record.update(first_step_s=round(first, 3), median_step_s=round(step, 4), images_per_s=round(a.batch / step, 2))
     print(json.dumps(record))
 
 

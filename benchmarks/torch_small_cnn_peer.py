@@ -7,6 +7,7 @@ linear head); the step, optimizer, timing and JSON line are torch_pat_peer.py's.
 
   python benchmarks/torch_small_cnn_peer.py --batch 128 --langevin-steps 20 --iters 5
 """
+
 import os
 import sys
 

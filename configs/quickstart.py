@@ -1,7 +1,8 @@
 """A few minutes on a 2-core CPU: the small CNN, few Langevin steps, a few hundred steps.
 
-  python main.py --config=configs/quickstart.py --workdir=runs/quickstart
+python main.py --config=configs/quickstart.py --workdir=runs/quickstart
 """
+
 from patjax.config import default_config
 
 

@@ -5,6 +5,7 @@ model), a PRNG key and arrays, loops with `jax.lax`, and returns its result unde
 `stop_gradient`. Adversarial examples always lie in the eps-ball around x intersected
 with [0, 1]^d.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -42,8 +43,18 @@ def fgsm(logits_fn: LogitsFn, x: jax.Array, y: jax.Array, eps: float) -> jax.Arr
     return jax.lax.stop_gradient(project_linf(x + eps * jnp.sign(grad), x, eps))
 
 
-def pgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
-        step_size: float, steps: int, loss_fn=cross_entropy_loss, random_start: bool = True) -> jax.Array:
+def pgd(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps: float,
+    step_size: float,
+    steps: int,
+    loss_fn=cross_entropy_loss,
+    random_start: bool = True,
+) -> jax.Array:
     """L-inf PGD (Madry et al. 2018): sign-gradient ascent on loss_fn, projected every step.
 
     random_start: x + U(-eps, eps)^d (MadryLab/cifar10_challenge), else start at x.
@@ -64,8 +75,8 @@ def pgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps:
 # gradient point as in AT-PR's code). Each returns points in the eps-ball around x
 # intersected with [0, 1]^d, under stop_gradient.
 
-def fgsm_random_point(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
-                      eps: float) -> jax.Array:
+
+def fgsm_random_point(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, eps: float) -> jax.Array:
     """FGSM as in wellzline/AT-PR attack_algorithms.py `fgsm_loss`: the CE gradient is taken at
     clip(x + U(-eps, eps)^d, 0, 1), the step eps * sign(grad) starts from x itself."""
     x_random = jnp.clip(x + jax.random.uniform(key, x.shape, x.dtype, -eps, eps), 0.0, 1.0)
@@ -79,14 +90,16 @@ def gaussian_start(key: jax.Array, x: jax.Array, scale: float) -> jax.Array:
     return x + scale * jax.random.normal(key, x.shape, x.dtype)
 
 
-def sign_ascent(logits_fn: LogitsFn, x_start: jax.Array, x: jax.Array, target, *, eps,
-                step_size, steps, loss_fn=cross_entropy_loss) -> jax.Array:
+def sign_ascent(
+    logits_fn: LogitsFn, x_start: jax.Array, x: jax.Array, target, *, eps, step_size, steps, loss_fn=cross_entropy_loss
+) -> jax.Array:
     """`steps` projected sign-gradient ascent steps on sum_i loss_fn(logits_i, target_i) from
     x_start: x <- P(x + step_size * sign(grad)), P the projection onto the eps-ball ∩ [0,1]^d.
 
     `steps` may be a traced integer (a while loop then runs exactly that many steps); the
     result is projected once more, so steps = 0 returns P(x_start).
     """
+
     def step(_, x_adv):
         grad = input_gradient(logits_fn, loss_fn, x_adv, target)
         return project_linf(x_adv + step_size * jnp.sign(grad), x, eps)
@@ -102,42 +115,67 @@ def kl_from_clean_loss(adv_logits: jax.Array, clean_probs: jax.Array) -> jax.Arr
     return jnp.sum(clean_probs * (log_or_zero(clean_probs) - log_q), axis=-1)
 
 
-def trades_kl_attack(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, *, eps: float,
-                     step_size: float, steps: int, init_noise: float = 0.001) -> jax.Array:
+def trades_kl_attack(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    *,
+    eps: float,
+    step_size: float,
+    steps: int,
+    init_noise: float = 0.001,
+) -> jax.Array:
     """The TRADES inner maximization (yaodongyu/TRADES trades.py, distance='l_inf'): from
     x + init_noise * N(0, 1), sign ascent on KL(p(x) || p(x_adv)) with p(x) held fixed."""
     clean_probs = jax.lax.stop_gradient(jax.nn.softmax(logits_fn(x), axis=-1))
-    return sign_ascent(logits_fn, gaussian_start(key, x, init_noise), x, clean_probs, eps=eps,
-                       step_size=step_size, steps=steps, loss_fn=kl_from_clean_loss)
+    return sign_ascent(
+        logits_fn,
+        gaussian_start(key, x, init_noise),
+        x,
+        clean_probs,
+        eps=eps,
+        step_size=step_size,
+        steps=steps,
+        loss_fn=kl_from_clean_loss,
+    )
 
 
-def mart_attack(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
-                step_size: float, steps: int, init_noise: float = 0.001) -> jax.Array:
+def mart_attack(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps: float,
+    step_size: float,
+    steps: int,
+    init_noise: float = 0.001,
+) -> jax.Array:
     """The MART inner maximization (YisenWang/MART mart.py): CE sign ascent from
     x + init_noise * N(0, 1)."""
-    return sign_ascent(logits_fn, gaussian_start(key, x, init_noise), x, y, eps=eps,
-                       step_size=step_size, steps=steps)
+    return sign_ascent(logits_fn, gaussian_start(key, x, init_noise), x, y, eps=eps, step_size=step_size, steps=steps)
 
 
 class AtprSettings(NamedTuple):
     """The AT-PR search (wellzline/AT-PR attack_algorithms.py `PR` and `pick_best_ae`)."""
+
     eps: float = 8 / 255
     step_size: float = 2 / 255
     steps: int = 10
-    num_candidates: int = 10          # the standard PGD plus num_candidates - 1 randomized ones
-    eps_spread: float = 0.02          # eps' ~ U(eps - eps_spread, eps)
-    step_size_spread: float = 0.003   # alpha' ~ U(alpha - spread, alpha + spread)
-    steps_below: int = 2              # steps' ~ randint(steps - below, steps + above), inclusive
+    num_candidates: int = 10  # the standard PGD plus num_candidates - 1 randomized ones
+    eps_spread: float = 0.02  # eps' ~ U(eps - eps_spread, eps)
+    step_size_spread: float = 0.003  # alpha' ~ U(alpha - spread, alpha + spread)
+    steps_below: int = 2  # steps' ~ randint(steps - below, steps + above), inclusive
     steps_above: int = 10
-    refine_max_iters: int = 40        # cap of pick_best_ae's refinement loop
+    refine_max_iters: int = 40  # cap of pick_best_ae's refinement loop
     refine_stop_fraction: float = 0.1  # refine while more than this fraction of the batch is misclassified
 
 
 class AtprResult(NamedTuple):
-    x_adv: jax.Array        # (B, ...) the selected point per example
-    choice: jax.Array       # (B,) index of the selected candidate (0 = the standard PGD)
-    candidates: jax.Array   # (C, B, ...) every candidate
-    distances: jax.Array    # (C, B) L-inf distance from each candidate to its refined point
+    x_adv: jax.Array  # (B, ...) the selected point per example
+    choice: jax.Array  # (B,) index of the selected candidate (0 = the standard PGD)
+    candidates: jax.Array  # (C, B, ...) every candidate
+    distances: jax.Array  # (C, B) L-inf distance from each candidate to its refined point
     refine_iters: jax.Array  # (C,) refinement iterations run per candidate
 
 
@@ -146,23 +184,29 @@ def atpr_candidate_settings(key: jax.Array, s: AtprSettings):
     k_eps, k_alpha, k_steps = jax.random.split(key, 3)
     n = s.num_candidates - 1
     eps = jax.random.uniform(k_eps, (n,), jnp.float32, max(s.eps - s.eps_spread, 0.0), s.eps)
-    alpha = jax.random.uniform(k_alpha, (n,), jnp.float32, s.step_size - s.step_size_spread,
-                               s.step_size + s.step_size_spread)
+    alpha = jax.random.uniform(
+        k_alpha, (n,), jnp.float32, s.step_size - s.step_size_spread, s.step_size + s.step_size_spread
+    )
     steps = jax.random.randint(k_steps, (n,), max(s.steps - s.steps_below, 0), s.steps + s.steps_above + 1)
-    return (jnp.concatenate([jnp.array([s.eps], jnp.float32), eps]),
-            jnp.concatenate([jnp.array([s.step_size], jnp.float32), alpha]),
-            jnp.concatenate([jnp.array([s.steps], jnp.int32), steps.astype(jnp.int32)]))
+    return (
+        jnp.concatenate([jnp.array([s.eps], jnp.float32), eps]),
+        jnp.concatenate([jnp.array([s.step_size], jnp.float32), alpha]),
+        jnp.concatenate([jnp.array([s.steps], jnp.int32), steps.astype(jnp.int32)]),
+    )
 
 
-def atpr_refine(logits_fn: LogitsFn, x_adv: jax.Array, y: jax.Array, *, step_size: float,
-                max_iters: int, stop_fraction: float):
+def atpr_refine(
+    logits_fn: LogitsFn, x_adv: jax.Array, y: jax.Array, *, step_size: float, max_iters: int, stop_fraction: float
+):
     """`pick_best_ae`'s refinement of one candidate: while more than stop_fraction of the batch is
     misclassified (and at most max_iters times), move every misclassified example one signed
     step *down* the CE gradient, clipped to [0, 1] only. Returns (refined x, iterations)."""
+
     def value_and_grad(z):
         def total(z):
             logits = logits_fn(z)
             return jnp.sum(cross_entropy_loss(logits, y)), logits
+
         (_, logits), grad = jax.value_and_grad(total, has_aux=True)(z)
         return jnp.argmax(logits, axis=-1) != y, grad
 
@@ -184,8 +228,9 @@ def atpr_refine(logits_fn: LogitsFn, x_adv: jax.Array, y: jax.Array, *, step_siz
     return jax.lax.stop_gradient(z), count
 
 
-def atpr_search(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
-                s: AtprSettings = AtprSettings()) -> AtprResult:
+def atpr_search(
+    logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, s: AtprSettings = AtprSettings()
+) -> AtprResult:
     """AT-PR's inner maximization (`PR` + `pick_best_ae`), compiled.
 
     Candidates: the standard PGD (eps, alpha, steps, uniform random start) and
@@ -205,8 +250,14 @@ def atpr_search(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
         e, a = e.astype(x.dtype), a.astype(x.dtype)
         start = project_linf(x + jax.random.uniform(k, x.shape, x.dtype, -e, e), x, e)
         x_adv = sign_ascent(logits_fn, start, x, y, eps=e, step_size=a, steps=n)
-        refined, count = atpr_refine(logits_fn, x_adv, y, step_size=s.step_size,
-                                     max_iters=s.refine_max_iters, stop_fraction=s.refine_stop_fraction)
+        refined, count = atpr_refine(
+            logits_fn,
+            x_adv,
+            y,
+            step_size=s.step_size,
+            max_iters=s.refine_max_iters,
+            stop_fraction=s.refine_stop_fraction,
+        )
         distance = jnp.max(jnp.abs(x_adv - refined).reshape(x.shape[0], -1), axis=1)
         return x_adv, distance, count
 
@@ -220,6 +271,7 @@ def atpr_search(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
 # APGD (Croce & Hein 2020, "Reliable evaluation of adversarial robustness with an ensemble
 # of diverse parameter-free attacks"), L-inf, following fra31/auto-attack
 # autoattack/autopgd_base.py (APGDAttack.attack_single_run and perturb).
+
 
 def dlr_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
     """Difference of logits ratio: -(z_y - max_{i!=y} z_i) / (z_pi1 - z_pi3 + 1e-12).
@@ -237,7 +289,8 @@ def dlr_targeted_loss(logits: jax.Array, y: jax.Array, target: jax.Array) -> jax
     """
     sorted_logits = jnp.sort(logits, axis=-1)
     return -(true_value(logits, y) - true_value(logits, target)) / (
-        sorted_logits[:, -1] - 0.5 * (sorted_logits[:, -3] + sorted_logits[:, -4]) + 1e-12)
+        sorted_logits[:, -1] - 0.5 * (sorted_logits[:, -3] + sorted_logits[:, -4]) + 1e-12
+    )
 
 
 APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss, "dlr_targeted": dlr_targeted_loss}
@@ -261,15 +314,25 @@ def apgd_checkpoints(steps: int) -> list[int]:
 
 
 class ApgdResult(NamedTuple):
-    x_adv: jax.Array      # as perturb returns it: for a clean-correct image the run fooled, the last misclassified
-                          # point (start included); x itself for robust and clean-misclassified images
-    robust: jax.Array     # (B,) bool: x and every iterate (start included) classified correctly
+    x_adv: jax.Array  # as perturb returns it: for a clean-correct image the run fooled, the last misclassified
+    # point (start included); x itself for robust and clean-misclassified images
+    robust: jax.Array  # (B,) bool: x and every iterate (start included) classified correctly
     best_loss: jax.Array  # (B,) the highest loss reached (start included), for every image
 
 
-def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
-         steps: int = 100, loss: str = "ce", rho: float = 0.75, momentum: float = 0.75,
-         target: jax.Array | None = None) -> ApgdResult:
+def apgd(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps: float,
+    steps: int = 100,
+    loss: str = "ce",
+    rho: float = 0.75,
+    momentum: float = 0.75,
+    target: jax.Array | None = None,
+) -> ApgdResult:
     """One run of L-inf APGD (autopgd_base.py: APGDAttack.perturb with n_restarts=1, i.e. one
     attack_single_run on the clean-correct images).
 
@@ -320,6 +383,7 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
             logits = logits_fn(z)
             per_example = loss_fn(logits, y)
             return jnp.sum(per_example), (per_example, logits)
+
         (_, (per_example, logits)), grad = jax.value_and_grad(total, has_aux=True)(z)
         return per_example, jnp.argmax(logits, axis=-1) == y, grad
 
@@ -365,12 +429,19 @@ def apgd(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps
         return n
 
     state = {
-        "x_adv": x_start, "x_old": x_start, "grad": grad0,
+        "x_adv": x_start,
+        "x_old": x_start,
+        "grad": grad0,
         "step": jnp.full((batch,), 2.0 * eps, x.dtype),
-        "x_best": x_start, "grad_best": grad0, "best_loss": loss0, "x_best_adv": x_start,
+        "x_best": x_start,
+        "grad_best": grad0,
+        "best_loss": loss0,
+        "x_best_adv": x_start,
         "robust": clean_correct & correct0,
-        "prev_loss": loss0, "increases": jnp.zeros((batch,), jnp.int32),
-        "reduced_last": jnp.ones((batch,), bool), "best_loss_last": loss0,
+        "prev_loss": loss0,
+        "increases": jnp.zeros((batch,), jnp.int32),
+        "reduced_last": jnp.ones((batch,), bool),
+        "best_loss_last": loss0,
     }
     s = jax.lax.fori_loop(0, steps, body, state)
     # perturb: adv = x, overwritten by attack_single_run's x_best_adv where a clean-correct image was fooled.

@@ -1,5 +1,6 @@
 """Command-line glue: user errors become one line on stderr and exit status 2, no traceback;
 on a CPU host, every usable core becomes a JAX device (data parallelism, see below)."""
+
 from __future__ import annotations
 
 import os
@@ -84,8 +85,7 @@ def initialize_distributed() -> int:
             num_processes = int(os.environ["PATJAX_NUM_PROCESSES"])
             process_id = int(os.environ["PATJAX_PROCESS_ID"])
         except (KeyError, ValueError):
-            raise UserError("PATJAX_COORDINATOR needs PATJAX_NUM_PROCESSES and PATJAX_PROCESS_ID "
-                            "(integers)") from None
+            raise UserError("PATJAX_COORDINATOR needs PATJAX_NUM_PROCESSES and PATJAX_PROCESS_ID (integers)") from None
         if not 0 <= process_id < num_processes:
             raise UserError(f"PATJAX_PROCESS_ID must be in [0, {num_processes}), got {process_id}")
         kwargs = dict(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
@@ -108,6 +108,7 @@ def guarded(main: Callable) -> Callable:
         except KeyboardInterrupt:
             print("interrupted; the latest complete checkpoint is kept", file=sys.stderr)
             sys.exit(130)
+
     return wrapped
 
 
@@ -144,8 +145,10 @@ def parse_flags(argv):
         sys.exit(2)
     except (OSError, AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
         detail = _one_line(error) or type(error).__name__
-        print(f"error: cannot load the config given on the command line: {type(error).__name__}: {detail}",
-              file=sys.stderr)
+        print(
+            f"error: cannot load the config given on the command line: {type(error).__name__}: {detail}",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 

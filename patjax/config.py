@@ -3,6 +3,7 @@
 Config files in configs/ start from `default_config()` and override fields; every field
 can also be overridden on the command line with --config.KEY=VALUE.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,18 +17,28 @@ from patjax.errors import UserError
 # the data are read from (the dataset itself is `dataset`), not what a given step computes.
 # The learning-rate milestones follow the run's length; a resume that would move one the run
 # has passed is refused (workdir.check_resume_compatible).
-RESUMABLE_FIELDS = ("num_epochs", "num_train_steps", "lr_decay_fractions", "checkpoint_every_steps", "log_every_steps",
-                    "log_test_examples", "max_checkpoints_to_keep", "progress_bar", "eval", "data_dir")
+RESUMABLE_FIELDS = (
+    "num_epochs",
+    "num_train_steps",
+    "lr_decay_fractions",
+    "checkpoint_every_steps",
+    "log_every_steps",
+    "log_test_examples",
+    "max_checkpoints_to_keep",
+    "progress_bar",
+    "eval",
+    "data_dir",
+)
 
 
 def default_config() -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict()
-    cfg.dataset = "cifar10"          # 'cifar10' | 'cifar100'
+    cfg.dataset = "cifar10"  # 'cifar10' | 'cifar100'
     # A directory with the official binary archives extracted; None: found or downloaded
     # (data.resolve_data_dir); 'tfds': tensorflow-datasets.
     cfg.data_dir = ml_collections.config_dict.placeholder(str)
-    cfg.model = "resnet18"           # 'resnet18' | 'wrn50_2' | 'small_cnn'
-    cfg.model_width = 64             # ResNet-18 / WRN stem width (64 in the paper)
+    cfg.model = "resnet18"  # 'resnet18' | 'wrn50_2' | 'small_cnn'
+    cfg.model_width = 64  # ResNet-18 / WRN stem width (64 in the paper)
     cfg.method = "pat"
     cfg.compute_dtype = "float32"
 
@@ -35,7 +46,7 @@ def default_config() -> ml_collections.ConfigDict:
     # PyTorch's SGD, lr 0.01 x0.1 at epochs 75 and 90 of 100, batch 256.
     cfg.batch_size = 256
     cfg.num_epochs = 100
-    cfg.num_train_steps = -1         # > 0 overrides num_epochs
+    cfg.num_train_steps = -1  # > 0 overrides num_epochs
     cfg.learning_rate = 0.01
     cfg.momentum = 0.9
     cfg.nesterov = True
@@ -48,10 +59,10 @@ def default_config() -> ml_collections.ConfigDict:
 
     # Algorithm 1 / Appendix E.
     cfg.langevin = ml_collections.ConfigDict()
-    cfg.langevin.steps = 100         # T
-    cfg.langevin.step_size = 0.3     # eta
+    cfg.langevin.steps = 100  # T
+    cfg.langevin.step_size = 0.3  # eta
     cfg.langevin.noise_scale = 0.001  # sigma
-    cfg.langevin.grad_clip = 1.0     # rho
+    cfg.langevin.grad_clip = 1.0  # rho
     cfg.langevin.c1 = 0.3
     cfg.langevin.c2 = 0.42
     cfg.langevin.bn_mode = "inference"  # BatchNorm inside the sampler: 'inference' | 'train'
@@ -63,7 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.langevin.tolerance = 0.0
 
     cfg.pat = ml_collections.ConfigDict()
-    cfg.pat.beta = 0.001             # SNIS smoothing factor (Eq. 2, Sec. 5.4); 0 is PAT(WOS)
+    cfg.pat.beta = 0.001  # SNIS smoothing factor (Eq. 2, Sec. 5.4); 0 is PAT(WOS)
 
     # Baselines (docs/baselines.md). Inner attack shared by fgsm, pgd, alp, clp, trades, mart,
     # atpr, pgd_cor, fgsm_cor: Appendix E, "10-step attack, L-inf <= 8/255"; alpha = 2/255 as
@@ -77,31 +88,31 @@ def default_config() -> ml_collections.ConfigDict:
     # 'inference' | 'train' force one mode for all. Never updates the running statistics.
     cfg.attack.bn_mode = "auto"
     cfg.fgsm = ml_collections.ConfigDict()
-    cfg.fgsm.random_start = False    # True: gradient at x + U(-eps, eps) as AT-PR's fgsm_loss
+    cfg.fgsm.random_start = False  # True: gradient at x + U(-eps, eps) as AT-PR's fgsm_loss
     cfg.trades = ml_collections.ConfigDict()
-    cfg.trades.beta = 6.0            # yaodongyu/TRADES train_trades_cifar10.py
-    cfg.trades.step_size = 0.007     # ditto (AT-PR's reimplementation uses 2/255)
-    cfg.trades.init_noise = 0.001    # start x + 0.001 * N(0, 1)
+    cfg.trades.beta = 6.0  # yaodongyu/TRADES train_trades_cifar10.py
+    cfg.trades.step_size = 0.007  # ditto (AT-PR's reimplementation uses 2/255)
+    cfg.trades.init_noise = 0.001  # start x + 0.001 * N(0, 1)
     cfg.mart = ml_collections.ConfigDict()
-    cfg.mart.beta = -1.0             # < 0: 5 for resnet18 (MART train_resnet.py), 6 otherwise
-    cfg.mart.step_size = 0.007       # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
+    cfg.mart.beta = -1.0  # < 0: 5 for resnet18 (MART train_resnet.py), 6 otherwise
+    cfg.mart.step_size = 0.007  # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
     cfg.mart.init_noise = 0.001
     cfg.alp = ml_collections.ConfigDict()
-    cfg.alp.weight = 0.01            # wellzline/AT-PR ALP: CE(adv) + 0.01 mean ||z_adv - z||_2
+    cfg.alp.weight = 0.01  # wellzline/AT-PR ALP: CE(adv) + 0.01 mean ||z_adv - z||_2
     cfg.clp = ml_collections.ConfigDict()
-    cfg.clp.weight = 0.3             # wellzline/AT-PR CLP: CE(clean) + 0.3 mean ||z_adv - z||_2
+    cfg.clp.weight = 0.3  # wellzline/AT-PR CLP: CE(clean) + 0.3 mean ||z_adv - z||_2
     cfg.atpr = ml_collections.ConfigDict()  # wellzline/AT-PR attack_algorithms.py PR, pick_best_ae
-    cfg.atpr.num_candidates = 10     # the standard PGD + 9 randomized PGDs
-    cfg.atpr.eps_spread = 0.02       # eps' ~ U(eps - 0.02, eps)
+    cfg.atpr.num_candidates = 10  # the standard PGD + 9 randomized PGDs
+    cfg.atpr.eps_spread = 0.02  # eps' ~ U(eps - 0.02, eps)
     cfg.atpr.step_size_spread = 0.003  # alpha' ~ U(alpha - 0.003, alpha + 0.003)
-    cfg.atpr.steps_below = 2         # steps' ~ randint(steps - 2, steps + 10), inclusive
+    cfg.atpr.steps_below = 2  # steps' ~ randint(steps - 2, steps + 10), inclusive
     cfg.atpr.steps_above = 10
-    cfg.atpr.refine_max_iters = 40   # cap of the refinement loop
+    cfg.atpr.refine_max_iters = 40  # cap of the refinement loop
     cfg.atpr.refine_stop_fraction = 0.1  # refine while > 10% of the batch is misclassified
 
     cfg.checkpoint_every_steps = -1  # <= 0: every epoch
     cfg.max_checkpoints_to_keep = 3
-    cfg.log_every_steps = -1         # <= 0: every epoch
+    cfg.log_every_steps = -1  # <= 0: every epoch
     # Test images each log measures clean accuracy on (the first N); <= 0: the whole test split.
     # A smoke test's run is a few steps, and 10,000 images would cost it more than its training.
     cfg.log_test_examples = -1
@@ -110,20 +121,20 @@ def default_config() -> ml_collections.ConfigDict:
     # Evaluation defaults used by `python -m patjax.evaluate` (flags override them).
     cfg.eval = ml_collections.ConfigDict()
     cfg.eval.batch_size = 500
-    cfg.eval.num_examples = -1       # -1: the whole test split
+    cfg.eval.num_examples = -1  # -1: the whole test split
     cfg.eval.pr_epsilons = (0.1, 0.12, 0.15, 0.2)
-    cfg.eval.pr_samples = 100        # N perturbations per image
+    cfg.eval.pr_samples = 100  # N perturbations per image
     # The law of the headline PR (results.json's `pr`, over clean-correct images):
     # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
     # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1].
     cfg.eval.pr_distribution = "uniform"
-    cfg.eval.pr_chunk_size = 25      # perturbations evaluated at once per image
+    cfg.eval.pr_chunk_size = 25  # perturbations evaluated at once per image
     cfg.eval.seed = 0
     # Evaluators (`--evaluators` overrides): names of patjax.evaluators.REGISTRY or its aliases
     # ('apgd', 'all'). Old workdirs without these fields get these defaults.
     cfg.eval.evaluators = ("all",)
-    cfg.eval.attack_eps = 8 / 255          # PGD-20 / CW-20 / APGD budget (Appendix E)
-    cfg.eval.attack_step_size = 2 / 255    # PGD-20 / CW-20 alpha
+    cfg.eval.attack_eps = 8 / 255  # PGD-20 / CW-20 / APGD budget (Appendix E)
+    cfg.eval.attack_step_size = 2 / 255  # PGD-20 / CW-20 alpha
     cfg.eval.attack_steps = 20
     # CW-inf margin loss confidence: 2 as the AT-PR code's evaluate.py (cw_loss(..., margin=2)), the
     # closest public source of the Table-1 protocol; the paper does not state it.
@@ -140,8 +151,8 @@ def default_config() -> ml_collections.ConfigDict:
     # PR is computed for every distribution listed ('pdis' = the paper's p_dis with c1 below) and
     # always for pr_distribution, whose figure is the top-level `pr` of results.json.
     cfg.eval.pr_distributions = ("uniform", "gaussian", "pdis")
-    cfg.eval.pdis_c1 = -1.0                # <= 0: langevin.c1; p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d
-    cfg.eval.entropic_lambda = -1.0        # < 0: langevin.c2 - pat.beta (Proposition 10)
+    cfg.eval.pdis_c1 = -1.0  # <= 0: langevin.c1; p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d
+    cfg.eval.entropic_lambda = -1.0  # < 0: langevin.c2 - pat.beta (Proposition 10)
     cfg.eval.prob_acc_q = (0.2, 0.1, 0.05, 0.01)
     cfg.eval.confidence = 0.95
     cfg.eval.bootstrap_resamples = 2000
@@ -152,9 +163,16 @@ def upgrade(saved: dict) -> ml_collections.ConfigDict:
     """A config read from a workdir, completed with today's defaults: a field added to the config
     after the run was made was, for that run, its default (every field added so far kept the
     behaviour of the code before it). The one place older workdirs are brought up to date."""
+
     def merge(base: dict, over: dict) -> dict:
-        return {**base, **{k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-                           for k, v in over.items()}}
+        return {
+            **base,
+            **{
+                k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                for k, v in over.items()
+            },
+        }
+
     return ml_collections.ConfigDict(merge(default_config().to_dict(), saved))
 
 

@@ -14,6 +14,7 @@ The whole split lives on the device as uint8 (150 MB for CIFAR training sets); e
 gathers its batch by index from a per-epoch permutation and augments it inside the compiled
 step (`augment`), so no host input pipeline can become the bottleneck.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,7 @@ NUM_TRAIN = {"cifar10": 50_000, "cifar100": 50_000}  # images in the official tr
 
 _BINARY_LAYOUT = {
     # dataset: (subdir, train files, test files, label byte offset, record length)
-    "cifar10": ("cifar-10-batches-bin", [f"data_batch_{i}.bin" for i in range(1, 6)],
-                ["test_batch.bin"], 0, 3073),
+    "cifar10": ("cifar-10-batches-bin", [f"data_batch_{i}.bin" for i in range(1, 6)], ["test_batch.bin"], 0, 3073),
     "cifar100": ("cifar-100-binary", ["train.bin"], ["test.bin"], 1, 3074),  # fine label
 }
 
@@ -106,18 +106,21 @@ def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
     files = [os.path.join(folder, f) for f in (train_files if split == "train" else test_files)]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
-        raise UserError(f"data_dir {data_dir!r} lacks the {dataset} {split} split: missing "
-                        f"{', '.join(os.path.relpath(m, data_dir) for m in missing)}")
+        raise UserError(
+            f"data_dir {data_dir!r} lacks the {dataset} {split} split: missing "
+            f"{', '.join(os.path.relpath(m, data_dir) for m in missing)}"
+        )
     images, labels = [], []
     for path in files:
         raw = np.fromfile(path, dtype=np.uint8)
         if raw.size == 0 or raw.size % record:
-            raise UserError(f"{path} is not in the official CIFAR binary layout "
-                            f"({raw.size} bytes, records of {record})")
+            raise UserError(
+                f"{path} is not in the official CIFAR binary layout ({raw.size} bytes, records of {record})"
+            )
         raw = raw.reshape(-1, record)
         labels.append(raw[:, label_offset].astype(np.int32))
         # 1,024 red, 1,024 green, 1,024 blue bytes, each plane row-major 32x32 -> NHWC.
-        images.append(raw[:, record - 3072:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        images.append(raw[:, record - 3072 :].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
     split_data = Split(np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels))
     if split_data.labels.max() >= NUM_CLASSES[dataset]:
         raise UserError(f"{folder} holds labels >= {NUM_CLASSES[dataset]}: not {dataset}")
@@ -145,7 +148,8 @@ def _load_tfds(dataset: str, split: str) -> Split:
             raise UserError(
                 f"{dataset} is not prepared in {builder.data_dir} and preparing it with "
                 "tensorflow-datasets needs TensorFlow: pip install 'patjax[tfds-prepare]', "
-                "or leave data_dir unset to download the official binary archives")
+                "or leave data_dir unset to download the official binary archives"
+            )
         builder.download_and_prepare()
         source = builder.as_data_source(split=split)
     images = np.empty((len(source), 32, 32, 3), np.uint8)
@@ -159,6 +163,7 @@ def _load_tfds(dataset: str, split: str) -> Split:
 
 # ---------------------------------------------------------------------------------------
 # In-jit batch assembly.
+
 
 def epoch_permutation(key: jax.Array, epoch, num_examples: int) -> jax.Array:
     """The order of the training set in `epoch`: a pure function of (key, epoch)."""

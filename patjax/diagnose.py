@@ -19,6 +19,7 @@ stationarity both distances measure the same fluctuation.)
 Writes OUT/sampler_diagnostic.json (every curve; OUT defaults to WORKDIR/diagnose) and
 OUT/sampler_diagnostic.png (energy and distances against t).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,7 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
     """
     T = settings.steps
     batch = x.shape[0]
-    xs = jnp.repeat(x, chains, axis=0)            # chain k of image i is row i * chains + k
+    xs = jnp.repeat(x, chains, axis=0)  # chain k of image i is row i * chains + k
     ys = jnp.repeat(y, chains, axis=0)
     chain = samplers.langevin_chain(logits_fn, key, xs, ys, settings)
     axes = tuple(range(1, x.ndim))
@@ -85,8 +86,9 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
     return curves
 
 
-def compare_samplers(logits_fn, key, x, y, reference: samplers.LangevinSettings,
-                     candidate: samplers.LangevinSettings) -> dict:
+def compare_samplers(
+    logits_fn, key, x, y, reference: samplers.LangevinSettings, candidate: samplers.LangevinSettings
+) -> dict:
     """How close a cheaper sampler's samples are to the reference sampler's, against the floor.
 
     Returns the candidate's mean and max gradient steps per example; the mean per-pixel
@@ -98,13 +100,15 @@ def compare_samplers(logits_fn, key, x, y, reference: samplers.LangevinSettings,
     ref, _ = samplers.langevin_sample_with_steps(logits_fn, ref_key, x, y, reference)
     ref2, _ = samplers.langevin_sample_with_steps(logits_fn, floor_key, x, y, reference)
     cand, steps = samplers.langevin_sample_with_steps(logits_fn, cand_key, x, y, candidate)
-    return {"candidate_steps_mean": jnp.mean(steps.astype(jnp.float32)),
-            "candidate_steps_max": jnp.max(steps),
-            "reference_steps": jnp.float32(reference.steps),
-            "distance_to_reference": jnp.mean(jnp.abs(cand - ref)),
-            "floor": jnp.mean(jnp.abs(ref2 - ref)),
-            "candidate_distance_to_x": jnp.mean(jnp.abs(cand - x)),
-            "reference_distance_to_x": jnp.mean(jnp.abs(ref - x))}
+    return {
+        "candidate_steps_mean": jnp.mean(steps.astype(jnp.float32)),
+        "candidate_steps_max": jnp.max(steps),
+        "reference_steps": jnp.float32(reference.steps),
+        "distance_to_reference": jnp.mean(jnp.abs(cand - ref)),
+        "floor": jnp.mean(jnp.abs(ref2 - ref)),
+        "candidate_distance_to_x": jnp.mean(jnp.abs(cand - x)),
+        "reference_distance_to_x": jnp.mean(jnp.abs(ref - x)),
+    }
 
 
 ENDPOINT_MARGIN = 1.1
@@ -121,17 +125,30 @@ def first_step_within(distance_to_last: np.ndarray, tolerance: float):
 
 def check_settings(num_examples: int, chains: int, steps: int, init: str) -> None:
     if num_examples < 1 or chains < 2 or steps < 1:
-        raise UserError(f"num_examples >= 1, chains >= 2 and steps >= 1 are needed, got "
-                        f"{num_examples}, {chains}, {steps}")
+        raise UserError(
+            f"num_examples >= 1, chains >= 2 and steps >= 1 are needed, got {num_examples}, {chains}, {steps}"
+        )
     samplers.LangevinSettings(init=init)  # the check of init, as for a config's
 
 
-def diagnose(cfg, model_fns, state, split: data.Split, *, num_examples: int, chains: int, steps: int,
-             init: str, seed: int, tolerance: float | None = None) -> dict:
+def diagnose(
+    cfg,
+    model_fns,
+    state,
+    split: data.Split,
+    *,
+    num_examples: int,
+    chains: int,
+    steps: int,
+    init: str,
+    seed: int,
+    tolerance: float | None = None,
+) -> dict:
     """The diagnostic's results dict (what sampler_diagnostic.json holds)."""
     check_settings(num_examples, chains, steps, init)
-    settings = dataclasses.replace(samplers.LangevinSettings.from_config(cfg.langevin), steps=steps,
-                                   init=init, tolerance=0.0)
+    settings = dataclasses.replace(
+        samplers.LangevinSettings.from_config(cfg.langevin), steps=steps, init=init, tolerance=0.0
+    )
     n = min(num_examples, len(split))
     x = data.to_float(jnp.asarray(split.images[:n]))
     y = jnp.asarray(split.labels[:n], jnp.int32)
@@ -141,8 +158,14 @@ def diagnose(cfg, model_fns, state, split: data.Split, *, num_examples: int, cha
     curves = {k: np.asarray(v, np.float64) for k, v in jax.device_get(fn(jax.random.PRNGKey(seed), x, y)).items()}
     spread = float(curves.pop("endpoint_spread"))
     result = {
-        "settings": {**dataclasses.asdict(settings), "num_examples": n, "chains": chains, "seed": seed,
-                     "checkpoint_step": int(state.step), "bn_mode": bn_mode},
+        "settings": {
+            **dataclasses.asdict(settings),
+            "num_examples": n,
+            "chains": chains,
+            "seed": seed,
+            "checkpoint_step": int(state.step),
+            "bn_mode": bn_mode,
+        },
         "curves": {k: [None if not np.isfinite(v) else float(v) for v in c] for k, c in curves.items()},
         "endpoint_spread": spread,
         "endpoint_margin": ENDPOINT_MARGIN,
@@ -170,8 +193,12 @@ def plot(result: dict, path: str) -> None:
     right.plot(t, c["mean_abs_delta"], label="mean |x_t - x|")
     right.plot(t, c["distance_to_last"], label="mean |x_t - x_T|")
     right.plot(t, c["drift"], label="drift")
-    right.axhline(result["endpoint_margin"] * result["endpoint_spread"], color="gray", ls=":",
-                  label=f"{result['endpoint_margin']} x between-chain spread at T")
+    right.axhline(
+        result["endpoint_margin"] * result["endpoint_spread"],
+        color="gray",
+        ls=":",
+        label=f"{result['endpoint_margin']} x between-chain spread at T",
+    )
     if result["steps_to_endpoint"] is not None:
         right.axvline(result["steps_to_endpoint"], color="gray", ls="--", lw=0.8)
     right.set_xscale("symlog", linthresh=1)
@@ -181,9 +208,11 @@ def plot(result: dict, path: str) -> None:
     right.set_xlabel("Langevin step t")
     right.legend(fontsize=7)
     s = result["settings"]
-    fig.suptitle(f"init={s['init']}, eta={s['step_size']}, c1={s['c1']}, c2={s['c2']}, sigma={s['noise_scale']}, "
-                 f"{s['num_examples']} images x {s['chains']} chains, checkpoint step {s['checkpoint_step']}",
-                 fontsize=9)
+    fig.suptitle(
+        f"init={s['init']}, eta={s['step_size']}, c1={s['c1']}, c2={s['c2']}, sigma={s['noise_scale']}, "
+        f"{s['num_examples']} images x {s['chains']} chains, checkpoint step {s['checkpoint_step']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -209,39 +238,57 @@ def main(argv):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
     cfg, model_fns, state = workdir_lib.restore(FLAGS.workdir)
     split = data.load_split(cfg.dataset, "test", cfg.data_dir)
-    result = diagnose(cfg, model_fns, state, split, num_examples=FLAGS.num_examples, chains=FLAGS.chains,
-                      steps=FLAGS.steps, init=FLAGS.init, seed=FLAGS.seed, tolerance=FLAGS.tolerance)
+    result = diagnose(
+        cfg,
+        model_fns,
+        state,
+        split,
+        num_examples=FLAGS.num_examples,
+        chains=FLAGS.chains,
+        steps=FLAGS.steps,
+        init=FLAGS.init,
+        seed=FLAGS.seed,
+        tolerance=FLAGS.tolerance,
+    )
     if FLAGS.compare_tolerance is not None:
-        reference = dataclasses.replace(samplers.LangevinSettings.from_config(cfg.langevin), steps=FLAGS.steps,
-                                        init="uniform", tolerance=0.0)
-        candidate = dataclasses.replace(reference, init=FLAGS.init, tolerance=FLAGS.compare_tolerance,
-                                        steps=FLAGS.compare_steps or FLAGS.steps)
+        reference = dataclasses.replace(
+            samplers.LangevinSettings.from_config(cfg.langevin), steps=FLAGS.steps, init="uniform", tolerance=0.0
+        )
+        candidate = dataclasses.replace(
+            reference, init=FLAGS.init, tolerance=FLAGS.compare_tolerance, steps=FLAGS.compare_steps or FLAGS.steps
+        )
         n = min(FLAGS.num_examples, len(split))
         logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, cfg.langevin.bn_mode)
         fn = jax.jit(lambda k, x, y: compare_samplers(logits_fn, k, x, y, reference, candidate))
         x = data.to_float(jnp.asarray(split.images[:n]))
         figures = jax.device_get(fn(jax.random.PRNGKey(FLAGS.seed + 1), x, jnp.asarray(split.labels[:n], jnp.int32)))
-        result["sampler_comparison"] = {"reference": dataclasses.asdict(reference),
-                                        "candidate": dataclasses.asdict(candidate),
-                                        **{k: float(v) for k, v in figures.items()}}
+        result["sampler_comparison"] = {
+            "reference": dataclasses.asdict(reference),
+            "candidate": dataclasses.asdict(candidate),
+            **{k: float(v) for k, v in figures.items()},
+        }
         f = result["sampler_comparison"]
-        print(f"init={FLAGS.init}, tolerance={FLAGS.compare_tolerance}: {f['candidate_steps_mean']:.1f} gradient "
-              f"steps per example on average (max {f['candidate_steps_max']:.0f}) vs {FLAGS.steps}; mean "
-              f"|x_cand - x_ref| {f['distance_to_reference']:.5f} vs {f['floor']:.5f} between two reference chains")
-    path = write(result, FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"),
-                 f"sampler_diagnostic_{FLAGS.init}")
+        print(
+            f"init={FLAGS.init}, tolerance={FLAGS.compare_tolerance}: {f['candidate_steps_mean']:.1f} gradient "
+            f"steps per example on average (max {f['candidate_steps_max']:.0f}) vs {FLAGS.steps}; mean "
+            f"|x_cand - x_ref| {f['distance_to_reference']:.5f} vs {f['floor']:.5f} between two reference chains"
+        )
+    path = write(result, FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"), f"sampler_diagnostic_{FLAGS.init}")
     c = result["curves"]
     marks = sorted({t for t in (0, 1, 5, 10, 25, 50, 100, 200, FLAGS.steps) if t <= FLAGS.steps})
-    print(f"{'t':>5} {'mean|x_t-x|':>12} {'max|x_t-x|':>11} {'|x_t-x_T|':>10} {'drift':>9} {'energy':>9} "
-          f"{'miscls':>7}")
+    print(f"{'t':>5} {'mean|x_t-x|':>12} {'max|x_t-x|':>11} {'|x_t-x_T|':>10} {'drift':>9} {'energy':>9} {'miscls':>7}")
     for t in marks:
         drift = c["drift"][t]
-        print(f"{t:>5} {c['mean_abs_delta'][t]:>12.5f} {c['max_abs_delta'][t]:>11.4f} "
-              f"{c['distance_to_last'][t]:>10.5f} {'' if drift is None else f'{drift:.6f}':>9} "
-              f"{c['energy'][t]:>9.4f} {c['misclassified'][t]:>7.3f}")
-    print(f"between-chain spread at T={FLAGS.steps}: {result['endpoint_spread']:.5f}; the chain stays within "
-          f"{ENDPOINT_MARGIN} x of it from step {result['steps_to_endpoint']}" + (
-              f"; within {FLAGS.tolerance} from step {result['steps_to_tolerance']}" if FLAGS.tolerance else ""))
+        print(
+            f"{t:>5} {c['mean_abs_delta'][t]:>12.5f} {c['max_abs_delta'][t]:>11.4f} "
+            f"{c['distance_to_last'][t]:>10.5f} {'' if drift is None else f'{drift:.6f}':>9} "
+            f"{c['energy'][t]:>9.4f} {c['misclassified'][t]:>7.3f}"
+        )
+    print(
+        f"between-chain spread at T={FLAGS.steps}: {result['endpoint_spread']:.5f}; the chain stays within "
+        f"{ENDPOINT_MARGIN} x of it from step {result['steps_to_endpoint']}"
+        + (f"; within {FLAGS.tolerance} from step {result['steps_to_tolerance']}" if FLAGS.tolerance else "")
+    )
     print(f"wrote {path}")
 
 
@@ -254,11 +301,16 @@ def cli():
     flags.DEFINE_integer("chains", 4, "Independent chains per image (>= 2, for the spread).")
     flags.DEFINE_string("init", "uniform", "Chain start: uniform (Algorithm 1) or clean (x).")
     flags.DEFINE_float("tolerance", None, "Also report the first step within this mean |x_t - x_T|.")
-    flags.DEFINE_float("compare_tolerance", None, "Also compare the sampler with --init and this "
-                       "langevin.tolerance against the paper's (uniform start, --steps steps): steps "
-                       "taken and distance of its samples to the paper's against the floor.")
-    flags.DEFINE_integer("compare_steps", None, "The compared sampler's maximum T (default: --steps); "
-                         "the reference keeps --steps.")
+    flags.DEFINE_float(
+        "compare_tolerance",
+        None,
+        "Also compare the sampler with --init and this "
+        "langevin.tolerance against the paper's (uniform start, --steps steps): steps "
+        "taken and distance of its samples to the paper's against the floor.",
+    )
+    flags.DEFINE_integer(
+        "compare_steps", None, "The compared sampler's maximum T (default: --steps); the reference keeps --steps."
+    )
     flags.DEFINE_integer("seed", 0, "Seed of the chains.")
     flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/diagnose).")
     app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)

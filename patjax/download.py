@@ -18,6 +18,7 @@ What a reader of the cache can rely on:
 - two processes filling the same cache take turns on `<cache_dir>/.download.lock`; the second
   finds the data in place and downloads nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,10 +45,18 @@ from patjax.errors import UserError
 # dataset: (url, md5, size in bytes, directory the archive extracts to). The size only sets
 # the progress bar's total when the server sends no Content-Length; it never accepts a file.
 ARCHIVES = {
-    "cifar10": ("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
-                "c32a1d4ab5d03f1284b67883e8d87530", 170_052_171, "cifar-10-batches-bin"),
-    "cifar100": ("https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz",
-                 "03b5dce01913d631647c71ecec9e9cb8", 168_513_733, "cifar-100-binary"),
+    "cifar10": (
+        "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+        "c32a1d4ab5d03f1284b67883e8d87530",
+        170_052_171,
+        "cifar-10-batches-bin",
+    ),
+    "cifar100": (
+        "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz",
+        "03b5dce01913d631647c71ecec9e9cb8",
+        168_513_733,
+        "cifar-100-binary",
+    ),
 }
 
 # The files `patjax.data._load_binary` reads, inside each archive's directory. Kept here rather
@@ -78,8 +87,15 @@ def is_present(dataset: str, cache_dir: str) -> bool:
     return all(os.path.isfile(os.path.join(cache_dir, top_dir, f)) for f in EXPECTED_FILES[dataset])
 
 
-def ensure_dataset(dataset: str, cache_dir: str, *, url: str | None = None, md5: str | None = None,
-                   timeout: float = 60.0, progress: bool = True) -> str:
+def ensure_dataset(
+    dataset: str,
+    cache_dir: str,
+    *,
+    url: str | None = None,
+    md5: str | None = None,
+    timeout: float = 60.0,
+    progress: bool = True,
+) -> str:
     """Returns `cache_dir` once it holds `dataset` in the official binary layout.
 
     Downloads and extracts the archive if needed, from `$PATJAX_CIFAR_MIRROR` (a directory URL
@@ -100,26 +116,29 @@ def ensure_dataset(dataset: str, cache_dir: str, *, url: str | None = None, md5:
     try:
         os.makedirs(cache_dir, exist_ok=True)
     except OSError as error:
-        raise UserError(f"cannot create the data cache {cache_dir!r} ({_reason(error, timeout)}); "
-                        "set PATJAX_CACHE_DIR to a writable directory") from None
+        raise UserError(
+            f"cannot create the data cache {cache_dir!r} ({_reason(error, timeout)}); "
+            "set PATJAX_CACHE_DIR to a writable directory"
+        ) from None
     with _download_lock(cache_dir):
         if is_present(dataset, cache_dir):  # another process downloaded it while we waited
             return cache_dir
         target = os.path.join(cache_dir, top_dir)
         if os.path.lexists(target):
-            raise UserError(f"{target} exists but lacks some of {', '.join(EXPECTED_FILES[dataset])}; "
-                            "remove it and run again to download it afresh")
+            raise UserError(
+                f"{target} exists but lacks some of {', '.join(EXPECTED_FILES[dataset])}; "
+                "remove it and run again to download it afresh"
+            )
         _remove_leftovers(cache_dir)
-        print(f"downloading {DISPLAY_NAMES[dataset]} ({size / 1e6:.0f} MB) from {url} to {cache_dir}",
-              file=sys.stderr)
-        _download_and_extract(dataset, cache_dir, url, md5, size if url == default_url else None,
-                              timeout, progress)
+        print(f"downloading {DISPLAY_NAMES[dataset]} ({size / 1e6:.0f} MB) from {url} to {cache_dir}", file=sys.stderr)
+        _download_and_extract(dataset, cache_dir, url, md5, size if url == default_url else None, timeout, progress)
         print(f"{DISPLAY_NAMES[dataset]} is in {target}", file=sys.stderr)
     return cache_dir
 
 
-def _download_and_extract(dataset: str, cache_dir: str, url: str, md5: str, size: int | None,
-                          timeout: float, progress: bool) -> None:
+def _download_and_extract(
+    dataset: str, cache_dir: str, url: str, md5: str, size: int | None, timeout: float, progress: bool
+) -> None:
     """Fills `cache_dir/<top_dir>` in one rename; removes its temporary files however it ends
     (Ctrl-C included, which propagates as KeyboardInterrupt)."""
     top_dir = ARCHIVES[dataset][3]
@@ -133,8 +152,10 @@ def _download_and_extract(dataset: str, cache_dir: str, url: str, md5: str, size
             _extract(dataset, url, archive, extracted)
             os.replace(os.path.join(extracted, top_dir), os.path.join(cache_dir, top_dir))
         except OSError as error:  # the cache itself: permissions, a full disk
-            raise UserError(f"could not write {DISPLAY_NAMES[dataset]} into {cache_dir} "
-                            f"({_reason(error, timeout)}); free space or set PATJAX_CACHE_DIR") from None
+            raise UserError(
+                f"could not write {DISPLAY_NAMES[dataset]} into {cache_dir} "
+                f"({_reason(error, timeout)}); free space or set PATJAX_CACHE_DIR"
+            ) from None
     finally:
         if archive is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -143,8 +164,7 @@ def _download_and_extract(dataset: str, cache_dir: str, url: str, md5: str, size
             shutil.rmtree(extracted, ignore_errors=True)
 
 
-def _fetch(dataset: str, url: str, md5: str, size: int | None, timeout: float, progress: bool,
-           out: BinaryIO) -> None:
+def _fetch(dataset: str, url: str, md5: str, size: int | None, timeout: float, progress: bool, out: BinaryIO) -> None:
     """Streams `url` into `out`, refusing a short transfer or a wrong md5."""
     digest = hashlib.md5(usedforsecurity=False)  # an integrity check, allowed on FIPS systems
     received, expected_length = 0, None
@@ -153,8 +173,13 @@ def _fetch(dataset: str, url: str, md5: str, size: int | None, timeout: float, p
         with urllib.request.urlopen(request, timeout=timeout) as response:
             length = response.headers.get("Content-Length", "")
             expected_length = int(length) if length.isdigit() else None
-            with tqdm(total=expected_length or size, unit="B", unit_scale=True,
-                      desc=DISPLAY_NAMES[dataset], disable=not progress) as bar:
+            with tqdm(
+                total=expected_length or size,
+                unit="B",
+                unit_scale=True,
+                desc=DISPLAY_NAMES[dataset],
+                disable=not progress,
+            ) as bar:
                 while chunk := response.read(_CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
@@ -219,8 +244,9 @@ def _download_lock(cache_dir: str) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
-        raise UserError(f"cannot open {path} ({_reason(error, 0)}); set PATJAX_CACHE_DIR to a "
-                        "writable directory") from None
+        raise UserError(
+            f"cannot open {path} ({_reason(error, 0)}); set PATJAX_CACHE_DIR to a writable directory"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -228,8 +254,9 @@ def _download_lock(cache_dir: str) -> Iterator[None]:
             print(f"waiting for another process downloading into {cache_dir}", file=sys.stderr)
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as error:  # e.g. a network filesystem without flock
-            raise UserError(f"cannot lock {path} ({_reason(error, 0)}); set PATJAX_CACHE_DIR to a "
-                            "local directory") from None
+            raise UserError(
+                f"cannot lock {path} ({_reason(error, 0)}); set PATJAX_CACHE_DIR to a local directory"
+            ) from None
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -247,8 +274,10 @@ def _remove_leftovers(cache_dir: str) -> None:
 
 def _download_error(dataset: str, url: str, reason: str) -> UserError:
     name, top_dir = DISPLAY_NAMES[dataset], ARCHIVES[dataset][3]
-    return UserError(f"could not download {name} from {url} ({reason}); download it yourself and pass "
-                     f"--config.data_dir=DIR holding {top_dir}/, or set PATJAX_DATA_DIR")
+    return UserError(
+        f"could not download {name} from {url} ({reason}); download it yourself and pass "
+        f"--config.data_dir=DIR holding {top_dir}/, or set PATJAX_DATA_DIR"
+    )
 
 
 def _reason(error: BaseException, timeout: float) -> str:

@@ -1,6 +1,7 @@
 """An evaluation's files in a run's workdir: eval/per_image.npz, then eval/results.json (and
 curve/step_N/ for a learning curve's points), their identity, and the check that two
 evaluations share their images and noise. The rest of a workdir is `patjax.workdir`."""
+
 from __future__ import annotations
 
 import os
@@ -12,16 +13,30 @@ from patjax import robustness
 from patjax.errors import UserError
 from patjax.workdir import _atomic, read_json, write_json
 
-
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
 META_PREFIX = "meta."
-IDENTITY_FIELDS = ("step", "seed", "num_examples", "pr_samples", "pr_epsilons", "pr_distributions",
-                   "evaluators", "dataset")
+IDENTITY_FIELDS = (
+    "step",
+    "seed",
+    "num_examples",
+    "pr_samples",
+    "pr_epsilons",
+    "pr_distributions",
+    "evaluators",
+    "dataset",
+)
 # Settings two evaluations must share for their per-image outcomes to be paired image by image
 # on the same perturbations (common random numbers), with the definitions of the distributions.
-COMMON_RANDOM_NUMBER_FIELDS = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1",
-                               *robustness.DEFINITIONS)
+COMMON_RANDOM_NUMBER_FIELDS = (
+    "num_examples",
+    "pr_samples",
+    "seed",
+    "pr_epsilons",
+    "dataset",
+    "pdis_c1",
+    *robustness.DEFINITIONS,
+)
 
 
 def identity(settings: dict) -> dict:
@@ -42,8 +57,10 @@ def check_per_image(results: dict, per_image: dict, where: str) -> None:
     if META_PREFIX + "step" not in per_image:
         n = len(per_image.get("image_index", ()))
         if n != settings.get("num_examples"):
-            raise UserError(f"{where}: per_image.npz holds {n} images but results.json "
-                            f"{settings.get('num_examples')}; re-run the evaluation")
+            raise UserError(
+                f"{where}: per_image.npz holds {n} images but results.json "
+                f"{settings.get('num_examples')}; re-run the evaluation"
+            )
         return
     differing = []
     for k in IDENTITY_FIELDS:
@@ -52,8 +69,9 @@ def check_per_image(results: dict, per_image: dict, where: str) -> None:
         if stored.shape != expected.shape or not np.array_equal(stored, expected):
             differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
     if differing:
-        raise UserError(f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); "
-                        f"re-run the evaluation")
+        raise UserError(
+            f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); re-run the evaluation"
+        )
 
 
 def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
@@ -61,8 +79,10 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
     common random numbers: the same images, perturbations and distribution definitions."""
     differing = [k for k in COMMON_RANDOM_NUMBER_FIELDS if a.get(k) != b.get(k)]
     if differing:
-        raise UserError(f"{name_a!r} and {name_b!r} were evaluated with different settings "
-                        f"({', '.join(differing)}): not comparable on common random numbers")
+        raise UserError(
+            f"{name_a!r} and {name_b!r} were evaluated with different settings "
+            f"({', '.join(differing)}): not comparable on common random numbers"
+        )
 
 
 def eval_dir(workdir: str, step: Optional[int] = None) -> str:
@@ -74,7 +94,7 @@ def curve_steps(workdir: str) -> list[int]:
     """The steps with an evaluation in curve/, ascending."""
     directory = os.path.join(workdir, "curve")
     names = os.listdir(directory) if os.path.isdir(directory) else []
-    return sorted(int(n[len("step_"):]) for n in names if n.startswith("step_") and n[len("step_"):].isdigit())
+    return sorted(int(n[len("step_") :]) for n in names if n.startswith("step_") and n[len("step_") :].isdigit())
 
 
 def results_path(workdir: str, step: Optional[int] = None) -> str:
@@ -122,8 +142,9 @@ def load_results(workdir: str, step: Optional[int] = None):
     checked to belong together."""
     results = read_results(workdir, step)
     if results is None:
-        raise UserError(f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate "
-                        f"--workdir={workdir}")
+        raise UserError(
+            f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate --workdir={workdir}"
+        )
     npz = per_image_path(workdir, step)
     per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
     check_per_image(results, per_image, workdir)

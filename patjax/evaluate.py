@@ -9,13 +9,13 @@ checkpoint (`patjax.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then D
 prints the comparison of all of them (`patjax.evaluation.compare`). The evaluators are those of
 `patjax.evaluators`; docs/evaluation.md describes the figures and their intervals.
 """
+
 from __future__ import annotations
 
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import evaluation, evaluators, sharding
-from patjax import eval_files
+from patjax import eval_files, evaluation, evaluators, sharding
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -49,37 +49,58 @@ def main(argv):
         # Every workdir is checked before any is evaluated, so a mistake in the last one does
         # not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir:
-            evaluation.check_workdir(workdir, num_examples, FLAGS.batch_size, spec, overrides,
-                                     overwrite=FLAGS.overwrite)
+            evaluation.check_workdir(
+                workdir, num_examples, FLAGS.batch_size, spec, overrides, overwrite=FLAGS.overwrite
+            )
         for workdir in FLAGS.workdir:
-            results = evaluation.evaluate_workdir(workdir, num_examples, FLAGS.batch_size, evaluators=spec,
-                                     overrides=overrides, overwrite=FLAGS.overwrite)
+            results = evaluation.evaluate_workdir(
+                workdir, num_examples, FLAGS.batch_size, evaluators=spec, overrides=overrides, overwrite=FLAGS.overwrite
+            )
             if sharding.is_writer():
-                print(f"{evaluation.workdir_name(workdir)}: wrote {eval_files.results_path(workdir)} "
-                      f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})")
+                print(
+                    f"{evaluation.workdir_name(workdir)}: wrote {eval_files.results_path(workdir)} "
+                    f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
+                )
     if sharding.is_writer():
         print(evaluation.compare(FLAGS.workdir, FLAGS.plot))
 
 
 def define_flags():
     flags.DEFINE_multi_string("workdir", None, "Workdir(s) of trained runs (several: one comparison).")
-    flags.DEFINE_integer("num_examples", None, "Test images to evaluate, the first ones of the split; "
-                         "-1: all of them (default: config.eval).")
+    flags.DEFINE_integer(
+        "num_examples",
+        None,
+        "Test images to evaluate, the first ones of the split; -1: all of them (default: config.eval).",
+    )
     flags.DEFINE_integer("batch_size", None, "Images per evaluation batch (default: config.eval).")
-    flags.DEFINE_string("evaluators", None, f"Comma-separated, from {', '.join(evaluators.NAMES)}, or the "
-                        f"groups {', '.join(evaluators.ALIASES)} (default: config.eval.evaluators).")
+    flags.DEFINE_string(
+        "evaluators",
+        None,
+        f"Comma-separated, from {', '.join(evaluators.NAMES)}, or the "
+        f"groups {', '.join(evaluators.ALIASES)} (default: config.eval.evaluators).",
+    )
     flags.DEFINE_integer("pr_samples", None, "N perturbations per image for PR.")
     flags.DEFINE_integer("pr_chunk_size", None, "Perturbations per image evaluated at once (memory).")
-    flags.DEFINE_string("pr_distribution", None, "Law of the headline PR (results.json's `pr`): uniform (the "
-                        "Table-1 protocol, the default) or gaussian.")
+    flags.DEFINE_string(
+        "pr_distribution",
+        None,
+        "Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default) or gaussian.",
+    )
     flags.DEFINE_string("pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis.")
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
-    flags.DEFINE_bool("full", False, "Every evaluator and PR law on the whole test split (flags given "
-                      "explicitly still win), whatever the workdir's config evaluates by default.")
+    flags.DEFINE_bool(
+        "full",
+        False,
+        "Every evaluator and PR law on the whole test split (flags given "
+        "explicitly still win), whatever the workdir's config evaluates by default.",
+    )
     flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")
-    flags.DEFINE_bool("overwrite", False, "Replace eval/results.json even if it holds evaluators this "
-                      "evaluation does not run (they are lost).")
+    flags.DEFINE_bool(
+        "overwrite",
+        False,
+        "Replace eval/results.json even if it holds evaluators this evaluation does not run (they are lost).",
+    )
     flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
 
 

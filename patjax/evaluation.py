@@ -17,6 +17,7 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
   settings            seed, number of images, checkpoint step, every evaluator's settings
   evaluator_wall_time_s, wall_time_s
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,28 +28,32 @@ import time
 import ml_collections
 import numpy as np
 
-from patjax import data, report, robustness, sharding, stats
+from patjax import data, eval_files, report, robustness, sharding, stats
 from patjax import evaluators as evaluators_lib
-from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.evaluators import common
 
-
 # The paper's Table 1 reports PR above clean accuracy for every adversarially trained model, so
 # its PR is a mean over the images each model classifies correctly; the law is not stated and
 # is inferred from the AT-PR code's evaluate.py (docs/evaluation.md, "The Table-1 protocol").
-PROTOCOL = ("Table-1 protocol: per image, the fraction of N samples uniform on [max(x - eps, 0), "
-            "min(x + eps, 1)] per pixel with s(x') < 0 (ties adversarial); the mean over the images the "
-            "model classifies correctly")
-SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
+PROTOCOL = (
+    "Table-1 protocol: per image, the fraction of N samples uniform on [max(x - eps, 0), "
+    "min(x + eps, 1)] per pixel with s(x') < 0 (ties adversarial); the mean over the images the "
+    "model classifies correctly"
+)
+SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 WHOLE_SPLIT = -1  # num_examples meaning every image of the test split
 
 
 def _integer(name, value, minimum, maximum=None) -> int:
     """value as an int, or a one-line UserError naming the setting."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum or (
-            maximum is not None and value > maximum):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise UserError(f"{name} must be an integer {bound}, got {value!r}")
     return int(value)
@@ -61,8 +66,9 @@ def check_run_settings(num_examples, batch_size) -> None:
     if num_examples == WHOLE_SPLIT and not isinstance(num_examples, bool):
         return
     if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
-        raise UserError(f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test "
-                        f"split, got {num_examples!r}")
+        raise UserError(
+            f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test split, got {num_examples!r}"
+        )
 
 
 def resolve(cfg, ev) -> common.EvalSettings:
@@ -105,16 +111,28 @@ def resolve(cfg, ev) -> common.EvalSettings:
     if robustness.PDIS in distributions and not c1 > 0:
         raise UserError(f"p_dis needs c1 > 0 (eval.pdis_c1, else langevin.c1), got {c1}")
     return common.EvalSettings(
-        pr_distributions=tuple(distributions), pr_epsilons=epsilons, pr_samples=int(ev.pr_samples),
-        pr_chunk_size=int(ev.pr_chunk_size), pdis_c1=c1, pdis_sigma=robustness.pdis_sigma(c1),
-        entropic_lambda=max(lam, 0.0), attack_eps=float(ev.attack_eps),
-        attack_step_size=float(ev.attack_step_size), attack_steps=int(ev.attack_steps),
-        cw_kappa=float(ev.cw_kappa), apgd_steps=int(ev.apgd_steps), apgd_rho=float(ev.apgd_rho),
-        aa_target_classes=int(ev.aa_target_classes), aa_fab_steps=int(ev.aa_fab_steps),
+        pr_distributions=tuple(distributions),
+        pr_epsilons=epsilons,
+        pr_samples=int(ev.pr_samples),
+        pr_chunk_size=int(ev.pr_chunk_size),
+        pdis_c1=c1,
+        pdis_sigma=robustness.pdis_sigma(c1),
+        entropic_lambda=max(lam, 0.0),
+        attack_eps=float(ev.attack_eps),
+        attack_step_size=float(ev.attack_step_size),
+        attack_steps=int(ev.attack_steps),
+        cw_kappa=float(ev.cw_kappa),
+        apgd_steps=int(ev.apgd_steps),
+        apgd_rho=float(ev.apgd_rho),
+        aa_target_classes=int(ev.aa_target_classes),
+        aa_fab_steps=int(ev.aa_fab_steps),
         aa_square_queries=int(ev.aa_square_queries),
         aa_masking_eps_factors=tuple(float(f) for f in ev.aa_masking_eps_factors),
-        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q), confidence=float(ev.confidence),
-        bootstrap_resamples=int(ev.bootstrap_resamples), seed=int(ev.seed))
+        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q),
+        confidence=float(ev.confidence),
+        bootstrap_resamples=int(ev.bootstrap_resamples),
+        seed=int(ev.seed),
+    )
 
 
 def check_config(cfg) -> None:
@@ -140,9 +158,18 @@ def apply_overrides(cfg, overrides: dict | None):
     return cfg
 
 
-def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: int = -1,
-                   batch_size: int = 500, progress: bool = True, evaluators=None,
-                   per_image_out: dict | None = None) -> dict:
+def evaluate_state(
+    cfg,
+    model_fns,
+    state,
+    split: data.Split,
+    *,
+    num_examples: int = -1,
+    batch_size: int = 500,
+    progress: bool = True,
+    evaluators=None,
+    per_image_out: dict | None = None,
+) -> dict:
     """Every chosen evaluator on the first num_examples images of `split` (-1: all of them).
 
     evaluators: names or a comma-separated string (default cfg.eval.evaluators).
@@ -164,7 +191,8 @@ def evaluate_state(cfg, model_fns, state, split: data.Split, *, num_examples: in
             batch_fn = evaluator.make_batch_fn(model_fns, s, pass_name)
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             per_image[pass_name], walls[pass_name] = common.evaluate_pass(
-                batch_fn, state, split, n, batch_size, pass_name, progress, subset)
+                batch_fn, state, split, n, batch_size, pass_name, progress, subset
+            )
         if evaluator.combine:
             per_image[evaluator.name] = evaluator.combine(per_image, s)
     for evaluator in sorted(chosen, key=lambda e: evaluators_lib.NAMES.index(e.name)):
@@ -211,9 +239,11 @@ def protocol_text(distribution: str, num_samples: int) -> str:
     under another law."""
     if distribution == "uniform":
         return PROTOCOL.replace("N samples", f"N = {num_samples} samples")
-    return (f"per image, the fraction of N = {num_samples} samples of {robustness.DEFINITIONS[distribution]} "
-            f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
-            f"protocol's uniform law)")
+    return (
+        f"per image, the fraction of N = {num_samples} samples of {robustness.DEFINITIONS[distribution]} "
+        f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
+        f"protocol's uniform law)"
+    )
 
 
 def _flatten_per_image(per_image, s, n) -> dict:
@@ -224,12 +254,19 @@ def _flatten_per_image(per_image, s, n) -> dict:
         if "counts" in out:  # per-image PR_i = counts / N and its Clopper-Pearson interval
             flat[f"{name}.pr"] = out["counts"] / s.pr_samples
             flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = stats.clopper_pearson(
-                out["counts"], s.pr_samples, s.confidence)
+                out["counts"], s.pr_samples, s.confidence
+            )
     return flat
 
 
-def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=None,
-                  overrides: dict | None = None, overwrite: bool = True):
+def check_workdir(
+    workdir: str,
+    num_examples=None,
+    batch_size=None,
+    evaluators=None,
+    overrides: dict | None = None,
+    overwrite: bool = True,
+):
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the eval settings with the overrides, evaluators, num_examples and
     batch_size; with overwrite=False also that an existing eval/results.json holds no
@@ -239,8 +276,9 @@ def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=N
     ev = cfg.eval
     resolve(cfg, ev)
     chosen = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
-    check_run_settings(ev.num_examples if num_examples is None else num_examples,
-                              ev.batch_size if batch_size is None else batch_size)
+    check_run_settings(
+        ev.num_examples if num_examples is None else num_examples, ev.batch_size if batch_size is None else batch_size
+    )
     workdir_lib.require_checkpoint(workdir)
     if not overwrite:
         previous = (eval_files.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
@@ -249,13 +287,21 @@ def check_workdir(workdir: str, num_examples=None, batch_size=None, evaluators=N
             raise UserError(
                 f"{workdir}: eval/results.json holds {', '.join(dropped)}, which this evaluation "
                 f"({', '.join(chosen)}) would replace and lose; include them in --evaluators, or pass "
-                f"--overwrite")
+                f"--overwrite"
+            )
     return cfg
 
 
-def evaluate_workdir(workdir: str, num_examples: int | None = None, batch_size: int | None = None,
-        progress: bool = True, evaluators=None, overrides: dict | None = None,
-        overwrite: bool = True, step: int | None = None) -> dict:
+def evaluate_workdir(
+    workdir: str,
+    num_examples: int | None = None,
+    batch_size: int | None = None,
+    progress: bool = True,
+    evaluators=None,
+    overrides: dict | None = None,
+    overwrite: bool = True,
+    step: int | None = None,
+) -> dict:
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
     eval/per_image.npz, then eval/results.json (`workdir.write_results`). Returns the results as
     written (non-finite numbers as None). overwrite=False (the command line's default) refuses
@@ -271,10 +317,16 @@ def evaluate_workdir(workdir: str, num_examples: int | None = None, batch_size: 
         split = data.load_split(cfg.dataset, "test", cfg.data_dir)
         per_image = {}
         results = evaluate_state(
-            cfg, model_fns, state, split,
+            cfg,
+            model_fns,
+            state,
+            split,
             num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
             batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
-            progress=progress and sharding.is_writer(), evaluators=evaluators, per_image_out=per_image)
+            progress=progress and sharding.is_writer(),
+            evaluators=evaluators,
+            per_image_out=per_image,
+        )
         if not sharding.is_writer():
             return workdir_lib.json_safe(results)
         return eval_files.write_results(workdir, results, per_image, step)
@@ -296,9 +348,17 @@ def paired_differences(workdirs, results_list, per_images) -> list:
             if key not in pi or key not in base or "clean.correct" not in pi or "clean.correct" not in base:
                 continue
             row["distributions"][d] = {
-                level: stats.pr_difference(pi[key][:, j], pi["clean.correct"], base[key][:, j], base["clean.correct"],
-                                     st["pr_samples"], indices, st["confidence"])
-                for j, level in enumerate(res["figures"]["pr"][d])}
+                level: stats.pr_difference(
+                    pi[key][:, j],
+                    pi["clean.correct"],
+                    base[key][:, j],
+                    base["clean.correct"],
+                    st["pr_samples"],
+                    indices,
+                    st["confidence"],
+                )
+                for j, level in enumerate(res["figures"]["pr"][d])
+            }
         out.append(row)
     common.bootstrap_indices.cache_clear()
     return out

@@ -10,6 +10,7 @@
 The suites are those of `patjax.suites`; `patjax.runner` runs them (workers, claims, resume:
 docs/cluster.md) and `patjax.suite_results` computes the tables' figures.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,13 +40,17 @@ def main(argv):
     num_workers, worker_index = runner.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
     if FLAGS.dry_run:
         mine = runner.partition(runs, num_workers, worker_index)
-        print(f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'downloaded at first use'}"
-              + (f"; worker {worker_index} of {num_workers} takes {len(mine)}" if num_workers > 1 else ""))
+        print(
+            f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'downloaded at first use'}"
+            + (f"; worker {worker_index} of {num_workers} takes {len(mine)}" if num_workers > 1 else "")
+        )
         for position, r in mine:
             c = r.config
             length = f"steps {c.num_train_steps}" if c.num_train_steps > 0 else f"{c.num_epochs} epochs"
-            print(f"  run {position + 1}/{len(runs)} {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
-                  f"{length} T={c.langevin.steps} -> {suite_results.run_dir(FLAGS.workdir, r)}")
+            print(
+                f"  run {position + 1}/{len(runs)} {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
+                f"{length} T={c.langevin.steps} -> {suite_results.run_dir(FLAGS.workdir, r)}"
+            )
         return
     if FLAGS.handover:
         paths = runner.handover(suite, FLAGS.workdir)
@@ -57,40 +62,69 @@ def main(argv):
         if not os.path.isdir(FLAGS.workdir):
             raise UserError(f"no suite directory {FLAGS.workdir!r} to report on")
         summary = runner.write_report(suite, FLAGS.workdir)
-        print(f"wrote {os.path.join(FLAGS.workdir, 'results.md')} ({summary['num_done']}/{summary['num_runs']} "
-              f"runs done)")
+        print(
+            f"wrote {os.path.join(FLAGS.workdir, 'results.md')} ({summary['num_done']}/{summary['num_runs']} runs done)"
+        )
         return
     if FLAGS.compilation_cache:
         # Runs of one method differ only in the seed, and every run of a group is evaluated by the
         # same functions: XLA's persistent cache compiles each once per suite.
         jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(FLAGS.workdir), "jax_cache"))
-    runner.run_suite(suite, FLAGS.workdir, groups=groups, methods=methods, max_runs=FLAGS.max_runs,
-                     progress_bars=FLAGS.progress_bars, num_workers=num_workers, worker_index=worker_index,
-                     only=FLAGS.only)
+    runner.run_suite(
+        suite,
+        FLAGS.workdir,
+        groups=groups,
+        methods=methods,
+        max_runs=FLAGS.max_runs,
+        progress_bars=FLAGS.progress_bars,
+        num_workers=num_workers,
+        worker_index=worker_index,
+        only=FLAGS.only,
+    )
 
 
 def define_flags():
     flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(suites.SUITES)}.")
     flags.DEFINE_string("workdir", None, "Suite directory (runs/, results.md, results.json, pr_vs_eps.png).")
-    flags.DEFINE_string("data_dir", None, "CIFAR binary archives directory (default: $PATJAX_DATA_DIR, else a "
-                        "shared/data beside the checkout, else the download cache, downloaded at first use); "
-                        "'tfds': tensorflow-datasets.")
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "CIFAR binary archives directory (default: $PATJAX_DATA_DIR, else a "
+        "shared/data beside the checkout, else the download cache, downloaded at first use); "
+        "'tfds': tensorflow-datasets.",
+    )
     flags.DEFINE_string("groups", None, "Comma-separated groups of the suite to run (default: all).")
     flags.DEFINE_string("methods", None, "Comma-separated methods of the suite to run (default: all).")
     flags.DEFINE_integer("max_runs", None, "Leave after working on this many runs; rerun to continue.")
     flags.DEFINE_bool("dry_run", False, "Print the runs and leave.")
-    flags.DEFINE_bool("handover", False, "With no worker running: keep each unfinished run's curve models and "
-                      "newest checkpoint only, and print how to commit them (a clean clone then resumes).")
-    flags.DEFINE_string("only", "", "'train': train the runs and leave their evaluation to a later invocation; "
-                        "'evaluate': evaluate the runs already trained and leave the others.")
+    flags.DEFINE_bool(
+        "handover",
+        False,
+        "With no worker running: keep each unfinished run's curve models and "
+        "newest checkpoint only, and print how to commit them (a clean clone then resumes).",
+    )
+    flags.DEFINE_string(
+        "only",
+        "",
+        "'train': train the runs and leave their evaluation to a later invocation; "
+        "'evaluate': evaluate the runs already trained and leave the others.",
+    )
     flags.DEFINE_bool("report_only", False, "Rewrite results.md/json/png from finished runs only.")
     flags.DEFINE_bool("progress_bars", True, "tqdm bars for training and evaluation (stderr).")
     flags.DEFINE_bool("compilation_cache", True, "Persistent XLA compilation cache in DIR/jax_cache.")
-    flags.DEFINE_integer("num_workers", None, "Static partition: K workers share the suite; this one takes "
-                         "the runs at positions p with p % K == --worker_index (default: SLURM_ARRAY_TASK_COUNT "
-                         "in a SLURM job array, else 1).")
-    flags.DEFINE_integer("worker_index", None, "This worker's index i, 0 to K-1 (default: SLURM_ARRAY_TASK_ID - "
-                         "SLURM_ARRAY_TASK_MIN in a SLURM job array, else 0).")
+    flags.DEFINE_integer(
+        "num_workers",
+        None,
+        "Static partition: K workers share the suite; this one takes "
+        "the runs at positions p with p % K == --worker_index (default: SLURM_ARRAY_TASK_COUNT "
+        "in a SLURM job array, else 1).",
+    )
+    flags.DEFINE_integer(
+        "worker_index",
+        None,
+        "This worker's index i, 0 to K-1 (default: SLURM_ARRAY_TASK_ID - "
+        "SLURM_ARRAY_TASK_MIN in a SLURM job array, else 0).",
+    )
 
 
 def cli():

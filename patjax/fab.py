@@ -43,6 +43,7 @@ Differences from the reference:
     equal box distances in the projection) can be ordered differently;
   - float32 unless x is float64 (the reference casts x to float32).
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,8 @@ from patjax.logits import LogitsFn
 
 
 class FabResult(NamedTuple):
-    x_adv: jax.Array   # (B, ...) see fab_targeted / fab_t; x itself where nothing is returned
-    norm: jax.Array    # (B,) |x_adv - x|_inf of the smallest adversarial found; inf if none; 0 if x is misclassified
+    x_adv: jax.Array  # (B, ...) see fab_targeted / fab_t; x itself where nothing is returned
+    norm: jax.Array  # (B,) |x_adv - x|_inf of the smallest adversarial found; inf if none; 0 if x is misclassified
     fooled: jax.Array  # (B,) bool: argmax f(x_adv) != y and |x_adv - x|_inf <= eps
 
 
@@ -79,40 +80,44 @@ def projection_linf(points: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
     w = w * sign[:, None]
     b = b * sign
     nonzero = (w != 0).astype(t.dtype)
-    a = (w < 0).astype(t.dtype)                   # face per coordinate: 1 where w_i < 0, else 0
-    d = (a - t) * nonzero                         # the full move to those faces
-    p = a - t * (2 * a - 1)                       # p_i = |a_i - t_i|
-    order = jnp.argsort(p, axis=1)                # ascending p
+    a = (w < 0).astype(t.dtype)  # face per coordinate: 1 where w_i < 0, else 0
+    d = (a - t) * nonzero  # the full move to those faces
+    p = a - t * (2 * a - 1)  # p_i = |a_i - t_i|
+    order = jnp.argsort(p, axis=1)  # ascending p
     descending = order[:, ::-1]
-    b = b - jnp.sum(w * t, axis=1)                # target value of w.d: -c <= 0
-    b0 = jnp.sum(w * d, axis=1)                   # g(max p): the full move
+    b = b - jnp.sum(w * t, axis=1)  # target value of w.d: -c <= 0
+    b0 = jnp.sum(w * d, axis=1)  # g(max p): the full move
     ws = jnp.take_along_axis(w, descending, axis=1)
-    s = jnp.cumsum(jnp.abs(ws), axis=1)           # s_j = sum of |w| over the j+1 largest p
+    s = jnp.cumsum(jnp.abs(ws), axis=1)  # s_j = sum of |w| over the j+1 largest p
     sb = jnp.cumsum(-ws * jnp.take_along_axis(d, descending, axis=1), axis=1) + b0[:, None]
     p_desc = jnp.take_along_axis(p, descending, axis=1)
     # g at lambda = p_(j) (the j-th largest p) is sb_j - s_j p_(j).
     b2 = sb[:, -1] - s[:, -1] * p_desc[:, -1]
-    small = b - b2 > 0                            # lambda <= min p: no coordinate reaches its face
-    middle = (b - b0 > 0) & ~small                # lambda between two breakpoints
+    small = b - b2 > 0  # lambda <= min p: no coordinate reaches its face
+    middle = (b - b0 > 0) & ~small  # lambda between two breakpoints
 
     def bisect(_, bounds):
         lb, ub = bounds
         mid = jnp.floor((lb + ub) / 2)
         j = mid.astype(jnp.int32)[:, None]
-        g = (jnp.take_along_axis(sb, j, axis=1) - jnp.take_along_axis(s, j, axis=1)
-             * jnp.take_along_axis(p_desc, j, axis=1))[:, 0]
+        g = (
+            jnp.take_along_axis(sb, j, axis=1)
+            - jnp.take_along_axis(s, j, axis=1) * jnp.take_along_axis(p_desc, j, axis=1)
+        )[:, 0]
         c = b - g > 0
         return jnp.where(c, mid, lb), jnp.where(c, ub, mid)
 
     lb0 = jnp.zeros(b.shape, t.dtype)
-    lb, _ = jax.lax.fori_loop(0, math.ceil(math.log2(n)) if n > 1 else 0, bisect,
-                              (lb0, jnp.full(b.shape, n - 1, t.dtype)))
+    lb, _ = jax.lax.fori_loop(
+        0, math.ceil(math.log2(n)) if n > 1 else 0, bisect, (lb0, jnp.full(b.shape, n - 1, t.dtype))
+    )
     lb = lb.astype(jnp.int32)[:, None]
 
     lambda_small = jnp.maximum((b - sb[:, -1]) / (-s[:, -1]), 0.0)[:, None]
     d_small = (2 * a - 1) * lambda_small
-    lambda_mid = jnp.maximum((b[:, None] - jnp.take_along_axis(sb, lb, axis=1))
-                             / (-jnp.take_along_axis(s, lb, axis=1)), 0.0)
+    lambda_mid = jnp.maximum(
+        (b[:, None] - jnp.take_along_axis(sb, lb, axis=1)) / (-jnp.take_along_axis(s, lb, axis=1)), 0.0
+    )
     d_mid = jnp.minimum(lambda_mid, d) * a + jnp.maximum(-lambda_mid, d) * (1 - a)
     d = jnp.where(small[:, None], d_small, jnp.where(middle[:, None], d_mid, d))
     return d * nonzero
@@ -122,9 +127,20 @@ def _linf(z: jax.Array) -> jax.Array:
     return jnp.max(jnp.abs(z.reshape(z.shape[0], -1)), axis=1)
 
 
-def fab_targeted(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, target: jax.Array, *,
-                 eps: float, n_iter: int = 100, alpha_max: float = 0.1, eta: float = 1.05,
-                 beta: float = 0.9, random_start: bool | jax.Array = False) -> FabResult:
+def fab_targeted(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    target: jax.Array,
+    *,
+    eps: float,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+    random_start: bool | jax.Array = False,
+) -> FabResult:
     """One targeted FAB run (attack_single_run(is_targeted=True)) on images x in [0, 1]^(NHWC).
 
     target: (B,) the class whose boundary with y is linearized. random_start (may be traced):
@@ -144,11 +160,14 @@ def fab_targeted(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array
 
     def diff_and_grad(z):
         """f_t - f_y and its input gradient (gradient of the sum over the batch)."""
+
         def total(z):
             logits = logits_fn(z)
-            diff = (jnp.take_along_axis(logits, target[:, None], axis=-1)
-                    - jnp.take_along_axis(logits, y[:, None], axis=-1))[:, 0]
+            diff = (
+                jnp.take_along_axis(logits, target[:, None], axis=-1) - jnp.take_along_axis(logits, y[:, None], axis=-1)
+            )[:, 0]
             return jnp.sum(diff), diff
+
         grad, diff = jax.grad(total, has_aux=True)(z)
         return diff, grad
 
@@ -157,8 +176,7 @@ def fab_targeted(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array
         df, dg = diff_and_grad(x1)
         w = flat(dg)
         b = -df + jnp.sum(w * flat(x1), axis=1)
-        d3 = projection_linf(jnp.concatenate([flat(x1), flat(x)]), jnp.concatenate([w, w]),
-                             jnp.concatenate([b, b]))
+        d3 = projection_linf(jnp.concatenate([flat(x1), flat(x)]), jnp.concatenate([w, w]), jnp.concatenate([b, b]))
         d1, d2 = d3[:batch].reshape(x.shape), d3[batch:].reshape(x.shape)
         a0 = jnp.maximum(jnp.max(jnp.abs(d3), axis=1), 1e-8)
         a1, a2 = a0[:batch], a0[batch:]
@@ -184,15 +202,28 @@ def fab_target_classes(logits: jax.Array, n_target_classes: int = 9) -> jax.Arra
     """(n_target_classes, B): row k - 2 is argsort(logits)[:, -k], k = 2, ..., n_target_classes + 1
     (fab_base.py: output.sort(dim=-1)[1][:, -self.target_class])."""
     if n_target_classes + 1 > logits.shape[-1]:
-        raise ValueError(f"FAB-T with {n_target_classes} target classes needs at least "
-                         f"{n_target_classes + 1} classes, got {logits.shape[-1]}")
+        raise ValueError(
+            f"FAB-T with {n_target_classes} target classes needs at least "
+            f"{n_target_classes + 1} classes, got {logits.shape[-1]}"
+        )
     order = jnp.argsort(logits, axis=-1)
-    return order[:, ::-1][:, 1:n_target_classes + 1].T
+    return order[:, ::-1][:, 1 : n_target_classes + 1].T
 
 
-def fab_t(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps: float,
-          n_target_classes: int = 9, n_restarts: int = 1, n_iter: int = 100, alpha_max: float = 0.1,
-          eta: float = 1.05, beta: float = 0.9) -> FabResult:
+def fab_t(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps: float,
+    n_target_classes: int = 9,
+    n_restarts: int = 1,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+) -> FabResult:
     """AutoAttack's FAB-T (FABAttack.perturb with targeted=True; 'standard': n_restarts = 1).
 
     For each target rank k = 2, ..., n_target_classes + 1 and restart r (random start for r > 0),
@@ -215,8 +246,19 @@ def fab_t(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, ep
 
     def body(state):
         i, robust, adv, norm = state
-        run = fab_targeted(logits_fn, keys[i], x, y, targets[i // n_restarts], eps=eps, n_iter=n_iter,
-                           alpha_max=alpha_max, eta=eta, beta=beta, random_start=i % n_restarts > 0)
+        run = fab_targeted(
+            logits_fn,
+            keys[i],
+            x,
+            y,
+            targets[i // n_restarts],
+            eps=eps,
+            n_iter=n_iter,
+            alpha_max=alpha_max,
+            eta=eta,
+            beta=beta,
+            random_start=i % n_restarts > 0,
+        )
         newly = robust & run.fooled
         adv = jnp.where(newly.reshape(bshape), run.x_adv, adv)
         norm = jnp.where(newly, run.norm, jnp.where(robust, jnp.minimum(norm, run.norm), norm))

@@ -7,6 +7,7 @@ more (about 0.4 MB for the small CNN), so a suite committed with its models can 
 again under any later protocol without retraining. safetensors stores named float32 arrays
 without pickling; the names are the flax variable paths ("params/Conv_0/kernel").
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ def save(workdir: str, step: int, params: Any, batch_stats: Any, metadata: dict)
     target = path(workdir, step)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = target + ".tmp"
-    save_file(tensors, tmp, metadata={"format": FORMAT, "step": str(int(step)),
-                                      **{k: str(v) for k, v in metadata.items()}})
+    save_file(
+        tensors, tmp, metadata={"format": FORMAT, "step": str(int(step)), **{k: str(v) for k, v in metadata.items()}}
+    )
     os.replace(tmp, target)
     return target
 
@@ -78,13 +80,16 @@ def load(workdir: str, step: int, abstract_params: Any, abstract_batch_stats: An
             value = tensors.pop(name, None)
             if value is None or value.shape != tuple(spec.shape) or value.dtype != spec.dtype:
                 got = "missing" if value is None else f"{value.dtype}{list(value.shape)}"
-                raise UserError(f"{file} does not fit the run's model: {name} is {got}, expected "
-                                f"{spec.dtype}{list(spec.shape)}")
+                raise UserError(
+                    f"{file} does not fit the run's model: {name} is {got}, expected {spec.dtype}{list(spec.shape)}"
+                )
             tree[key] = value
         out.append(traverse_util.unflatten_dict(tree, sep="/"))
     if tensors:
-        raise UserError(f"{file} does not fit the run's model: it has {len(tensors)} array(s) the model lacks "
-                        f"(e.g. {next(iter(tensors))})")
+        raise UserError(
+            f"{file} does not fit the run's model: it has {len(tensors)} array(s) the model lacks "
+            f"(e.g. {next(iter(tensors))})"
+        )
     return out[0], out[1], metadata
 
 

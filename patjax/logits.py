@@ -4,6 +4,7 @@
 misclassified (ties count as adversarial). The CW and DLR attack losses, MART's runner-up
 class and the PR estimators are all built from `true_value` and `other_values`.
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -18,7 +18,8 @@ without importance weights).
 Conventions shared by all methods:
 - Inner attacks/samplers see the parameters under `stop_gradient`. BatchNorm during the
   sampler is `cfg.langevin.bn_mode` (inference by default, our choice where the paper is
-  silent: each chain's energy then depends on its own image only; docs/design.md); during a baseline's attack it is `cfg.attack.bn_mode`,
+  silent: each chain's energy then depends on its own image only; docs/design.md); during a
+  baseline's attack it is `cfg.attack.bn_mode`,
   whose default 'auto' is the mode of that baseline's reference code
   (`REFERENCE_ATTACK_BN_MODE`). An attack never updates the running statistics.
 - The outer loss runs the model in training mode: batch statistics normalize each pass,
@@ -27,6 +28,7 @@ Conventions shared by all methods:
 - Reductions over the batch are over the *global* batch: the step is written on global
   arrays, so under `jax.sharding` the SNIS softmax still normalizes over every example.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -36,9 +38,9 @@ import jax.numpy as jnp
 import optax
 
 from patjax import attacks, samplers
+from patjax.errors import UserError
 from patjax.logits import log_or_zero, other_values, true_value
 from patjax.models import ModelFns
-from patjax.errors import UserError
 
 
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
@@ -62,7 +64,7 @@ def _accuracy(logits, y):
 def _weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
     """Phase 2 of Algorithm 2 on a given adversarial batch."""
     logits, new_batch_stats = model.train(params, batch_stats, x_adv)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)   # line 16
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)  # line 16
     loss, weights = weighted_loss(losses, beta)
     metrics = {
         "loss": loss,
@@ -109,9 +111,15 @@ def pat_wos(params, model, batch_stats, x, y, key, cfg):
 # - 'inference': yaodongyu/TRADES trades.py and YisenWang/MART mart.py call model.eval()
 #   before the attack and model.train() after it.
 REFERENCE_ATTACK_BN_MODE = {
-    "fgsm": "train", "fgsm_cor": "train", "pgd": "train", "pgd_cor": "train",
-    "alp": "train", "clp": "train", "atpr": "train",
-    "trades": "inference", "mart": "inference",
+    "fgsm": "train",
+    "fgsm_cor": "train",
+    "pgd": "train",
+    "pgd_cor": "train",
+    "alp": "train",
+    "clp": "train",
+    "atpr": "train",
+    "trades": "inference",
+    "mart": "inference",
 }
 
 
@@ -170,16 +178,22 @@ def fgsm_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg,
 def pgd_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg, method="pgd"):
     """L-inf PGD with a uniform random start (Madry et al.; MadryLab/cifar10_challenge)."""
     logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, method))
-    return attacks.pgd(logits_fn, key, x, y, eps=float(cfg.attack.epsilon),
-                       step_size=float(cfg.attack.step_size), steps=int(cfg.attack.steps))
+    return attacks.pgd(
+        logits_fn,
+        key,
+        x,
+        y,
+        eps=float(cfg.attack.epsilon),
+        step_size=float(cfg.attack.step_size),
+        steps=int(cfg.attack.steps),
+    )
 
 
 def clean(params, model, batch_stats, x, y, key, cfg):
     """Standard training: mean CE(f(x), y); adv_accuracy is the accuracy on the clean batch."""
     (logits,), new_batch_stats = train_passes(model, params, batch_stats, [x])
     loss = _mean_ce(logits, y)
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(logits, y),
-                                    **_uniform_weights(y.shape[0])})
+    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(logits, y), **_uniform_weights(y.shape[0])})
 
 
 def fgsm(params, model, batch_stats, x, y, key, cfg):
@@ -210,14 +224,20 @@ def _logit_pairing(params, model, batch_stats, x, y, key, cfg, name, passes):
     """CE on the first pass + cfg.<name>.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2, the passes
     ("adv": x_pgd, "clean": x) in the reference's order (BatchNorm sees them in that order)."""
     x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, name)
-    logits, new_batch_stats = train_passes(model, params, batch_stats,
-                                           [x_adv if p == "adv" else x for p in passes])
+    logits, new_batch_stats = train_passes(model, params, batch_stats, [x_adv if p == "adv" else x for p in passes])
     adv_logits, clean_logits = logits[passes.index("adv")], logits[passes.index("clean")]
     ce = _mean_ce(logits[0], y)
     pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
     loss = ce + float(cfg[name].weight) * pairing
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
-                                    "pairing_loss": pairing, **_uniform_weights(y.shape[0])})
+    return loss, (
+        new_batch_stats,
+        {
+            "loss": loss,
+            "adv_accuracy": _accuracy(adv_logits, y),
+            "pairing_loss": pairing,
+            **_uniform_weights(y.shape[0]),
+        },
+    )
 
 
 def alp(params, model, batch_stats, x, y, key, cfg):
@@ -237,17 +257,29 @@ def trades(params, model, batch_stats, x, y, key, cfg):
     x_adv from `attacks.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
     arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
     logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "trades"))
-    x_adv = attacks.trades_kl_attack(logits_fn, key, x, eps=float(cfg.attack.epsilon),
-                                     step_size=float(cfg.trades.step_size), steps=int(cfg.attack.steps),
-                                     init_noise=float(cfg.trades.init_noise))
-    (clean_logits, adv_logits, _), new_batch_stats = train_passes(
-        model, params, batch_stats, [x, x_adv, x])
+    x_adv = attacks.trades_kl_attack(
+        logits_fn,
+        key,
+        x,
+        eps=float(cfg.attack.epsilon),
+        step_size=float(cfg.trades.step_size),
+        steps=int(cfg.attack.steps),
+        init_noise=float(cfg.trades.init_noise),
+    )
+    (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
     natural = _mean_ce(clean_logits, y)
     robust = jnp.mean(attacks.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
     loss = natural + float(cfg.trades.beta) * robust
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
-                                    "natural_loss": natural, "robust_loss": robust,
-                                    **_uniform_weights(y.shape[0])})
+    return loss, (
+        new_batch_stats,
+        {
+            "loss": loss,
+            "adv_accuracy": _accuracy(adv_logits, y),
+            "natural_loss": natural,
+            "robust_loss": robust,
+            **_uniform_weights(y.shape[0]),
+        },
+    )
 
 
 def mart(params, model, batch_stats, x, y, key, cfg):
@@ -257,9 +289,16 @@ def mart(params, model, batch_stats, x, y, key, cfg):
     k_i = argmax_{k != y_i} p_k(x_adv_i); log p(x_adv) is log(p + 1e-12) inside the KL, and the
     weight (1 - p_y(x)) is not detached, as in the reference. beta = `mart_beta(cfg)`."""
     logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "mart"))
-    x_adv = attacks.mart_attack(logits_fn, key, x, y, eps=float(cfg.attack.epsilon),
-                                step_size=float(cfg.mart.step_size), steps=int(cfg.attack.steps),
-                                init_noise=float(cfg.mart.init_noise))
+    x_adv = attacks.mart_attack(
+        logits_fn,
+        key,
+        x,
+        y,
+        eps=float(cfg.attack.epsilon),
+        step_size=float(cfg.mart.step_size),
+        steps=int(cfg.attack.steps),
+        init_noise=float(cfg.mart.init_noise),
+    )
     (clean_logits, adv_logits), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv])
     adv_probs = jax.nn.softmax(adv_logits, axis=-1)
     runner_up_prob = true_value(adv_probs, jnp.argmax(other_values(adv_probs, y), axis=-1))
@@ -269,19 +308,32 @@ def mart(params, model, batch_stats, x, y, key, cfg):
     kl = jnp.sum(clean_probs * (log_or_zero(clean_probs) - jnp.log(adv_probs + 1e-12)), axis=-1)
     robust = jnp.mean(kl * (1.0000001 - true_prob))
     loss = boosted_ce + mart_beta(cfg) * robust
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(adv_logits, y),
-                                    "boosted_ce": boosted_ce, "robust_loss": robust,
-                                    **_uniform_weights(y.shape[0])})
+    return loss, (
+        new_batch_stats,
+        {
+            "loss": loss,
+            "adv_accuracy": _accuracy(adv_logits, y),
+            "boosted_ce": boosted_ce,
+            "robust_loss": robust,
+            **_uniform_weights(y.shape[0]),
+        },
+    )
 
 
 def atpr_settings(cfg) -> attacks.AtprSettings:
     a = cfg.atpr
     return attacks.AtprSettings(
-        eps=float(cfg.attack.epsilon), step_size=float(cfg.attack.step_size), steps=int(cfg.attack.steps),
-        num_candidates=int(a.num_candidates), eps_spread=float(a.eps_spread),
-        step_size_spread=float(a.step_size_spread), steps_below=int(a.steps_below),
-        steps_above=int(a.steps_above), refine_max_iters=int(a.refine_max_iters),
-        refine_stop_fraction=float(a.refine_stop_fraction))
+        eps=float(cfg.attack.epsilon),
+        step_size=float(cfg.attack.step_size),
+        steps=int(cfg.attack.steps),
+        num_candidates=int(a.num_candidates),
+        eps_spread=float(a.eps_spread),
+        step_size_spread=float(a.step_size_spread),
+        steps_below=int(a.steps_below),
+        steps_above=int(a.steps_above),
+        refine_max_iters=int(a.refine_max_iters),
+        refine_stop_fraction=float(a.refine_stop_fraction),
+    )
 
 
 def atpr(params, model, batch_stats, x, y, key, cfg):
@@ -289,8 +341,11 @@ def atpr(params, model, batch_stats, x, y, key, cfg):
     logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "atpr"))
     result = attacks.atpr_search(logits_fn, key, x, y, atpr_settings(cfg))
     loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, result.x_adv, y, 0.0)
-    metrics = dict(metrics, atpr_pgd_fraction=jnp.mean(result.choice == 0),
-                   atpr_refine_iters=jnp.mean(result.refine_iters.astype(jnp.float32)))
+    metrics = dict(
+        metrics,
+        atpr_pgd_fraction=jnp.mean(result.choice == 0),
+        atpr_refine_iters=jnp.mean(result.refine_iters.astype(jnp.float32)),
+    )
     return loss, (new_batch_stats, metrics)
 
 
@@ -317,11 +372,21 @@ def get_method(name: str):
 
 
 # The paper's row order (Table 1, then the ablation variants of Table 2) and names.
-METHOD_ORDER = ("clean", "fgsm", "fgsm_cor", "pgd", "pgd_cor", "alp", "clp", "trades", "mart",
-                "atpr", "pat_wos", "pat")
-DISPLAY_NAMES = {"clean": "Clean", "fgsm": "FGSM", "fgsm_cor": "FGSM-COR", "pgd": "PGD",
-                 "pgd_cor": "PGD-COR", "alp": "ALP", "clp": "CLP", "trades": "TRADES", "mart": "MART",
-                 "atpr": "AT-PR", "pat_wos": "PAT(WOS)", "pat": "PAT"}
+METHOD_ORDER = ("clean", "fgsm", "fgsm_cor", "pgd", "pgd_cor", "alp", "clp", "trades", "mart", "atpr", "pat_wos", "pat")
+DISPLAY_NAMES = {
+    "clean": "Clean",
+    "fgsm": "FGSM",
+    "fgsm_cor": "FGSM-COR",
+    "pgd": "PGD",
+    "pgd_cor": "PGD-COR",
+    "alp": "ALP",
+    "clp": "CLP",
+    "trades": "TRADES",
+    "mart": "MART",
+    "atpr": "AT-PR",
+    "pat_wos": "PAT(WOS)",
+    "pat": "PAT",
+}
 
 
 def ordered(methods):

@@ -19,6 +19,7 @@ Models:
   Zagoruyko & Komodakis (2016) for ImageNet and by torchvision; it is *not* the
   CIFAR WideResNet-depth-width family (WRN-28-10, WRN-34-10) of the TRADES/MART code.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,9 @@ class ModelFns:
         """(logits, new_batch_stats) with BatchNorm normalizing by batch statistics."""
         if not batch_stats:
             return self.apply({"params": params}, x, train=True), batch_stats
-        logits, updates = self.apply({"params": params, "batch_stats": batch_stats}, x,
-                                     train=True, mutable=["batch_stats"])
+        logits, updates = self.apply(
+            {"params": params, "batch_stats": batch_stats}, x, train=True, mutable=["batch_stats"]
+        )
         return logits, updates["batch_stats"]
 
     def attack_logits_fn(self, params, batch_stats, bn_mode: str = "inference"):
@@ -59,7 +61,6 @@ class ModelFns:
         if bn_mode == "train":  # batch statistics, running averages discarded
             return lambda x: self.train(params, batch_stats, x)[0]
         raise UserError(f"unknown bn_mode {bn_mode!r}; choose 'inference' or 'train'")
-
 
 
 # Per-channel statistics of the training splits (pixel values / 255).
@@ -86,7 +87,9 @@ class Conv(nn.Module):
     @nn.compact
     def __call__(self, x):
         kernel = self.param(
-            "kernel", _KAIMING, (self.kernel_size, self.kernel_size, x.shape[-1], self.features),
+            "kernel",
+            _KAIMING,
+            (self.kernel_size, self.kernel_size, x.shape[-1], self.features),
             jnp.float32,
         )
         return ops.conv2d(x.astype(self.dtype), kernel.astype(self.dtype), self.strides, self.padding)
@@ -170,8 +173,16 @@ class ResNet18(nn.Module):
         w = self.width
         x = Normalize(self.mean, self.std)(x.astype(self.dtype))
         x = nn.relu(_batch_norm(train, self.dtype)(Conv(w, 3, 1, 1, self.dtype)(x)))
-        for features, strides in [(w, 1), (w, 1), (2 * w, 2), (2 * w, 1),
-                                  (4 * w, 2), (4 * w, 1), (8 * w, 2), (8 * w, 1)]:
+        for features, strides in [
+            (w, 1),
+            (w, 1),
+            (2 * w, 2),
+            (2 * w, 1),
+            (4 * w, 2),
+            (4 * w, 1),
+            (8 * w, 2),
+            (8 * w, 1),
+        ]:
             x = BasicBlock(features, strides, self.dtype)(x, train)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)

@@ -26,6 +26,7 @@ uses the reordered kernel on the CPU backend only, where it was measured to help
 (benchmarks/README.md). The mode is read when a function is traced, so set it before
 the first `jax.jit` call.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,7 +60,8 @@ def conv_input_grad_mode() -> str:
 
 def _conv(x, kernel, strides, padding):
     return jax.lax.conv_general_dilated(
-        x, kernel,
+        x,
+        kernel,
         window_strides=(strides, strides),
         padding=((padding, padding), (padding, padding)),
         dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -89,8 +91,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, strides: int, padding: int) -> jax.A
     return _conv(x, kernel, strides, padding)
 
 
-def _transposed_conv_padding(in_size: int, kernel_size: int, out_size: int, strides: int,
-                             padding: int) -> tuple[int, int]:
+def _transposed_conv_padding(
+    in_size: int, kernel_size: int, out_size: int, strides: int, padding: int
+) -> tuple[int, int]:
     """Padding of the transposed convolution that maps the output gradient back to the input.
 
     Same arithmetic as jax/_src/lax/convolution.py `_conv_general_vjp_lhs_padding`: the
@@ -110,9 +113,11 @@ def conv_input_grad(g: jax.Array, kernel: jax.Array, in_shape, strides: int, pad
     reordered = jax.lax.optimization_barrier(jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2))
     pads = tuple(
         _transposed_conv_padding(in_shape[axis], kernel.shape[axis - 1], g.shape[axis], strides, padding)
-        for axis in (1, 2))
+        for axis in (1, 2)
+    )
     return jax.lax.conv_general_dilated(
-        g, reordered,
+        g,
+        reordered,
         window_strides=(1, 1),
         padding=pads,
         lhs_dilation=(strides, strides),
@@ -144,7 +149,7 @@ def _pool_windows(x: jax.Array, window: int) -> jax.Array:
     """(B, H', W', C, window*window): each non-overlapping window's values, row-major."""
     b, h, w, c = x.shape
     h, w = h // window, w // window
-    x = x[:, :h * window, :w * window, :].reshape(b, h, window, w, window, c)
+    x = x[:, : h * window, : w * window, :].reshape(b, h, window, w, window, c)
     return x.transpose(0, 1, 3, 5, 2, 4).reshape(b, h, w, c, window * window)
 
 

@@ -4,10 +4,10 @@ Nothing here reads a workdir or computes a figure: every value and interval show
 by `patjax.evaluation` or `patjax.suite_results`; this module only lays them out, in the
 paper's order and names.
 """
+
 from __future__ import annotations
 
-from patjax import robustness
-from patjax import evaluators
+from patjax import evaluators, robustness
 from patjax.methods import DISPLAY_NAMES, ordered
 
 TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr", "pat")
@@ -62,6 +62,7 @@ def _percent(value) -> float:
 # ---------------------------------------------------------------------------------------
 # Evaluated runs side by side (python -m patjax.evaluate with several workdirs).
 
+
 def comparison(names, results_list) -> str:
     """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run and
     PR under the headline protocol; then PR under every other law evaluated (over the same
@@ -76,38 +77,75 @@ def comparison(names, results_list) -> str:
     rows = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
-        rows.append([name, pct(f.get("clean_accuracy"), 2)] + [pct(f.get(a), 2) for a in evaluators.TABLE_ATTACKS]
-                    + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys])
-    tables += [text_table(["run", "Acc %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS]
-                          + [f"PR({e}) %" for e in eps_keys], rows),
-               f"PR: {first.get('pr_protocol', dist)}", ""]
+        rows.append(
+            [name, pct(f.get("clean_accuracy"), 2)]
+            + [pct(f.get(a), 2) for a in evaluators.TABLE_ATTACKS]
+            + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys]
+        )
+    tables += [
+        text_table(
+            ["run", "Acc %"]
+            + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS]
+            + [f"PR({e}) %" for e in eps_keys],
+            rows,
+        ),
+        f"PR: {first.get('pr_protocol', dist)}",
+        "",
+    ]
     for d in laws:
         levels = list(pr_of(first, d))
         if not levels:
             continue
-        subsets = (("clean_correct", "clean-correct images"), ("all", "all images")) if d != dist else \
-            (("all", "all images"),)
+        subsets = (
+            (("clean_correct", "clean-correct images"), ("all", "all images"))
+            if d != dist
+            else (("all", "all images"),)
+        )
         for subset, words in subsets:
-            rows = [[name] + [pct(pr_of(r, d).get(e, {}).get(subset), 2) for e in levels]
-                    for name, r in zip(names, results_list)]
+            rows = [
+                [name] + [pct(pr_of(r, d).get(e, {}).get(subset), 2) for e in levels]
+                for name, r in zip(names, results_list)
+            ]
             tables += [text_table([f"{d}, {words}"] + [f"PR({e}) %" for e in levels], rows), ""]
     extra = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
-        extra.append([name] + [pct(f.get(a), 2) for a in evaluators.OTHER_ATTACKS] + [pct(f.get("worst_case"), 2)]
-                     + [pct(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys])
-    note = (f"({s['num_examples']} test images, {s.get('num_clean_correct')} of them clean-correct in the first "
-            f"run; N={s['pr_samples']}, seed {s['seed']}; [{_confidence_pct(s)} intervals]: Clopper-Pearson for "
-            f"accuracies, bootstrap over images for PR; LB = Theorem 2 lower bound 1 - E[f]/log 2 over all "
-            f"images, {dist} noise)")
-    tables += [text_table(["run"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.OTHER_ATTACKS] + ["worst %"]
-                          + [f"LB({e}) %" for e in eps_keys], extra),
-               note]
+        extra.append(
+            [name]
+            + [pct(f.get(a), 2) for a in evaluators.OTHER_ATTACKS]
+            + [pct(f.get("worst_case"), 2)]
+            + [pct(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
+        )
+    note = (
+        f"({s['num_examples']} test images, {s.get('num_clean_correct')} of them clean-correct in the first "
+        f"run; N={s['pr_samples']}, seed {s['seed']}; [{_confidence_pct(s)} intervals]: Clopper-Pearson for "
+        f"accuracies, bootstrap over images for PR; LB = Theorem 2 lower bound 1 - E[f]/log 2 over all "
+        f"images, {dist} noise)"
+    )
+    tables += [
+        text_table(
+            ["run"]
+            + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.OTHER_ATTACKS]
+            + ["worst %"]
+            + [f"LB({e}) %" for e in eps_keys],
+            extra,
+        ),
+        note,
+    ]
+    for name, r in zip(names, results_list):  # AutoAttack: each attack's share, the masking checks
+        aa = r.get("figures", {}).get("aa")
+        if aa:
+            after = ", ".join(f"{k} {100 * v['value']:.2f}" for k, v in aa["after"].items())
+            signs = "; ".join(aa["masking"]["masking_signs"]) or "none"
+            tables.append(f"{name}: AutoAttack robust % after {after}; signs of gradient masking: {signs}")
     return "\n".join(tables)
 
 
-ESTIMAND_WORDS = {"clean_correct": "each run over its own clean-correct images (Table 1)",
-                  "both_correct": "images both runs classify correctly", "all": "all images"}
+ESTIMAND_WORDS = {
+    "clean_correct": "each run over its own clean-correct images (Table 1)",
+    "both_correct": "images both runs classify correctly",
+    "all": "all images",
+}
 
 
 def differences(diffs, dist) -> str:
@@ -118,8 +156,10 @@ def differences(diffs, dist) -> str:
     out = []
     for estimand, words in ESTIMAND_WORDS.items():
         header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({e}) pp" for e in eps_keys]
-        rows = [[row["run"]] + [signed(row["distributions"].get(dist, {}).get(e, {}).get(estimand)) for e in eps_keys]
-                for row in diffs]
+        rows = [
+            [row["run"]] + [signed(row["distributions"].get(dist, {}).get(e, {}).get(estimand)) for e in eps_keys]
+            for row in diffs
+        ]
         out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
     return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
 
@@ -135,9 +175,14 @@ def plot_pr(names, results_list):
             if not pr:
                 continue
             eps = [float(e) for e in pr]
-            line, = ax.plot(eps, [_percent(pr[e]["all"]["value"]) for e in pr], marker="o", label=name)
-            ax.fill_between(eps, [_percent(pr[e]["all"]["interval"][0]) for e in pr],
-                            [_percent(pr[e]["all"]["interval"][1]) for e in pr], alpha=0.25, color=line.get_color())
+            (line,) = ax.plot(eps, [_percent(pr[e]["all"]["value"]) for e in pr], marker="o", label=name)
+            ax.fill_between(
+                eps,
+                [_percent(pr[e]["all"]["interval"][0]) for e in pr],
+                [_percent(pr[e]["all"]["interval"][1]) for e in pr],
+                alpha=0.25,
+                color=line.get_color(),
+            )
         s = results_list[0]["settings"]
         ax.set_title(f"{d} noise, N={s['pr_samples']}, {s['num_examples']} images")
         ax.set_xlabel("eps")
@@ -151,21 +196,28 @@ def plot_pr(names, results_list):
 # ---------------------------------------------------------------------------------------
 # A suite's report (results.md and pr_vs_eps.png from suite_results.build).
 
+
 def _label(method, g):
     seeds = g["methods"][method]["seeds"]
     return f"{DISPLAY_NAMES.get(method, method)} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
 
 
 def _figure_row(label, figs, eps_keys, pr_key):
-    return [label, pct(figs.get("clean_accuracy"))] + [pct(figs.get(a)) for a in evaluators.TABLE_ATTACKS] + \
-           [pct(figs[pr_key].get(e)) for e in eps_keys]
+    return (
+        [label, pct(figs.get("clean_accuracy"))]
+        + [pct(figs.get(a)) for a in evaluators.TABLE_ATTACKS]
+        + [pct(figs[pr_key].get(e)) for e in eps_keys]
+    )
 
 
 def suite_markdown(report: dict) -> str:
     """results.md: Tables 1 and 2 in the paper's layout, PR over all images, the paired
     differences, every run, and the runs' status and wall times."""
-    out = [f"# Suite `{report['suite']}`: {report['description']}", "",
-           f"{report['num_done']} of {report['num_runs']} runs trained and evaluated."]
+    out = [
+        f"# Suite `{report['suite']}`: {report['description']}",
+        "",
+        f"{report['num_done']} of {report['num_runs']} runs trained and evaluated.",
+    ]
     if report["scaled_down"]:
         out += ["", "Scaled down from the paper (Appendix E):", ""] + [f"- {line}" for line in report["scaled_down"]]
     for gname, g in report["groups"].items():
@@ -174,19 +226,35 @@ def suite_markdown(report: dict) -> str:
             out += _group_tables(g)
         else:
             out += ["No run evaluated yet.", ""]
-        out += ["### Runs", "", md_table(
-            ["Run", "status", "steps", "train min", "eval min"],
-            [[e["name"], e["status"], e.get("step", ""),
-              f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
-              f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else ""] for e in g["runs"]]), ""]
+        out += [
+            "### Runs",
+            "",
+            md_table(
+                ["Run", "status", "steps", "train min", "eval min"],
+                [
+                    [
+                        e["name"],
+                        e["status"],
+                        e.get("step", ""),
+                        f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
+                        f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else "",
+                    ]
+                    for e in g["runs"]
+                ],
+            ),
+            "",
+        ]
     for sweep in report.get("sweeps", ()):
         out += _sweep_tables(sweep)
     if report.get("matched"):
         out += _matched_tables(report)
     if report.get("invocations"):
         total = sum(i["wall_s"] for i in report["invocations"])
-        out += [f"Time of the suite's invocations so far: {total / 60:.1f} min summed over "
-                f"{len(report['invocations'])} invocation(s) (workers that ran at once each count).", ""]
+        out += [
+            f"Time of the suite's invocations so far: {total / 60:.1f} min summed over "
+            f"{len(report['invocations'])} invocation(s) (workers that ran at once each count).",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -196,43 +264,83 @@ def _group_tables(g) -> list:
     conf = int(round(100 * ev["confidence"]))
     pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
     head = ["Method", "Acc. %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS] + pr_cols
-    out = [f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
-           f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}, CW kappa {ev.get('cw_kappa')}; "
-           f"PR: {ev['pr_distribution']} noise first"
-           f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
-           f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
-           f"[{conf} % interval].", ""]
+    out = [
+        f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
+        f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}, CW kappa {ev.get('cw_kappa')}; "
+        f"PR: {ev['pr_distribution']} noise first"
+        f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
+        f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
+        f"[{conf} % interval].",
+        "",
+    ]
     t1 = [m for m in g["methods"] if m in TABLE1_METHODS or m not in sum(TABLE2_PAIRS, ())]
     if t1:
-        out += ["### Table 1 layout (mean over seeds; PR over clean-correct images, the paper's convention)", "",
-                md_table(head, [_figure_row(_label(m, g), g["methods"][m]["mean"], eps_keys, "pr_clean_correct")
-                                for m in ordered(t1)]), ""]
+        out += [
+            "### Table 1 layout (mean over seeds; PR over clean-correct images, the paper's convention)",
+            "",
+            md_table(
+                head,
+                [_figure_row(_label(m, g), g["methods"][m]["mean"], eps_keys, "pr_clean_correct") for m in ordered(t1)],
+            ),
+            "",
+        ]
     pairs = [p for p in TABLE2_PAIRS if p[0] in g["methods"] or p[1] in g["methods"]]
     if pairs:
-        rows = [_figure_row(_label(m, g), g["methods"][m]["mean"], eps_keys, "pr_clean_correct")
-                for pair in pairs for m in pair if m in g["methods"]]
-        out += ["### Table 2 layout (ablation; mean over seeds; PR over clean-correct images)", "",
-                md_table(head, rows), ""]
+        rows = [
+            _figure_row(_label(m, g), g["methods"][m]["mean"], eps_keys, "pr_clean_correct")
+            for pair in pairs
+            for m in pair
+            if m in g["methods"]
+        ]
+        out += [
+            "### Table 2 layout (ablation; mean over seeds; PR over clean-correct images)",
+            "",
+            md_table(head, rows),
+            "",
+        ]
     laws = list(next(iter(g["methods"].values()))["mean"].get("laws", {})) or [ev["pr_distribution"]]
     for law in laws[1:]:
-        out += [f"### PR under {law} noise over clean-correct images (mean over seeds)", "",
-                md_table(["Method"] + pr_cols, [[_label(m, g)] + [pct(g["methods"][m]["mean"]["laws"][law]
-                                                                      ["pr_clean_correct"].get(e)) for e in eps_keys]
-                                                for m in g["methods"]]), ""]
+        out += [
+            f"### PR under {law} noise over clean-correct images (mean over seeds)",
+            "",
+            md_table(
+                ["Method"] + pr_cols,
+                [
+                    [_label(m, g)]
+                    + [pct(g["methods"][m]["mean"]["laws"][law]["pr_clean_correct"].get(e)) for e in eps_keys]
+                    for m in g["methods"]
+                ],
+            ),
+            "",
+        ]
     for law in laws:
-        out += [f"### PR under {law} noise over all test images (misclassified images count with their PR, "
-                "mostly ~0)", "",
-                md_table(["Method"] + pr_cols,
-                         [[_label(m, g)] + [pct(g["methods"][m]["mean"].get("laws", {law: g["methods"][m]["mean"]})
-                                                [law]["pr_all"].get(e)) for e in eps_keys]
-                          for m in g["methods"]]), ""]
+        out += [
+            f"### PR under {law} noise over all test images (misclassified images count with their PR, mostly ~0)",
+            "",
+            md_table(
+                ["Method"] + pr_cols,
+                [
+                    [_label(m, g)]
+                    + [
+                        pct(g["methods"][m]["mean"].get("laws", {law: g["methods"][m]["mean"]})[law]["pr_all"].get(e))
+                        for e in eps_keys
+                    ]
+                    for m in g["methods"]
+                ],
+            ),
+            "",
+        ]
     if g["differences"]:
-        dhead = ["A − B", "seeds", "ΔAcc pp"] + [f"Δ{evaluators.REGISTRY[a].label} pp" for a in evaluators.TABLE_ATTACKS] \
+        dhead = (
+            ["A − B", "seeds", "ΔAcc pp"]
+            + [f"Δ{evaluators.REGISTRY[a].label} pp" for a in evaluators.TABLE_ATTACKS]
             + [f"ΔPR({e}) pp" for e in eps_keys]
-        estimands = (("pr_clean_correct", "each run over its own clean-correct images: the difference of the "
-                                          "Table-1 figures"),
-                     ("pr_common_correct", "the images both runs classify correctly, paired image by image"),
-                     ("pr_all", "all test images"))
+        )
+        estimands = (
+            ("pr_clean_correct", "each run over its own clean-correct images: the difference of the Table-1 figures"),
+            ("pr_common_correct", "the images both runs classify correctly, paired image by image"),
+            ("pr_all", "all test images"),
+        )
         for law in laws:
             for key, title in estimands:
                 rows = []
@@ -242,20 +350,40 @@ def _group_tables(g) -> list:
                         pr = fig.get("laws", {law: fig}).get(law, {})
                         if key not in pr:
                             continue
-                        rows.append([name if label == "mean" else "", label, signed(fig.get("clean_accuracy"))]
-                                    + [signed(fig.get(a)) for a in evaluators.TABLE_ATTACKS]
-                                    + [signed(pr[key].get(e)) for e in eps_keys])
+                        rows.append(
+                            [name if label == "mean" else "", label, signed(fig.get("clean_accuracy"))]
+                            + [signed(fig.get(a)) for a in evaluators.TABLE_ATTACKS]
+                            + [signed(pr[key].get(e)) for e in eps_keys]
+                        )
                 if rows:
-                    out += [f"### Paired differences A − B ({law} noise; percentage points; PR over {title})", "",
-                            md_table(dhead, rows), ""]
-        out += [f"Paired: run A and run B of a seed are evaluated on the same images with the same noise "
-                f"draws; the interval is a percentile bootstrap over images ({ev['bootstrap_resamples']} "
-                f"resamples, the same resamples for every seed). It covers evaluation sampling only, not "
-                f"training-seed variance: compare the seed rows for that.", ""]
-    out += ["### Every run (PR over clean-correct images)", "",
-            md_table(["Run"] + head[1:], [_figure_row(e["name"], e["figures"], eps_keys, "pr_clean_correct")
-                                          for e in g["runs"] if e["status"] == "done"]), "",
-            "Per-run intervals: Clopper-Pearson for accuracies, bootstrap over images for PR.", ""]
+                    out += [
+                        f"### Paired differences A − B ({law} noise; percentage points; PR over {title})",
+                        "",
+                        md_table(dhead, rows),
+                        "",
+                    ]
+        out += [
+            f"Paired: run A and run B of a seed are evaluated on the same images with the same noise "
+            f"draws; the interval is a percentile bootstrap over images ({ev['bootstrap_resamples']} "
+            f"resamples, the same resamples for every seed). It covers evaluation sampling only, not "
+            f"training-seed variance: compare the seed rows for that.",
+            "",
+        ]
+    out += [
+        "### Every run (PR over clean-correct images)",
+        "",
+        md_table(
+            ["Run"] + head[1:],
+            [
+                _figure_row(e["name"], e["figures"], eps_keys, "pr_clean_correct")
+                for e in g["runs"]
+                if e["status"] == "done"
+            ],
+        ),
+        "",
+        "Per-run intervals: Clopper-Pearson for accuracies, bootstrap over images for PR.",
+        "",
+    ]
     return out
 
 
@@ -270,45 +398,80 @@ def _matched_tables(report) -> list:
         rows = []
         for label, fig in [("mean", m["mean"])] + [(f"seed {k}", v) for k, v in m["per_seed"].items()]:
             ranges = fig["accuracy_range_a"]
-            rows.append([label, f"{100 * fig['matched_accuracy']:.1f}",
-                         "; ".join(f"{100 * lo:.1f}–{100 * hi:.1f}" for lo, hi in ranges),
-                         f"{100 * fig['resamples_matched']:.0f}"]
-                        + [signed(fig["pr_clean_correct"][e]) for e in eps_keys])
-        out += [f"### {m['a']} − {m['b']} ({m['law']} noise)", "",
-                md_table(["seeds", "B's clean acc. %", "A's curve spans acc. %", "resamples matched %"]
-                         + [f"ΔPR({e}) pp" for e in eps_keys], rows), ""]
+            rows.append(
+                [
+                    label,
+                    f"{100 * fig['matched_accuracy']:.1f}",
+                    "; ".join(f"{100 * lo:.1f}–{100 * hi:.1f}" for lo, hi in ranges),
+                    f"{100 * fig['resamples_matched']:.0f}",
+                ]
+                + [signed(fig["pr_clean_correct"][e]) for e in eps_keys]
+            )
+        out += [
+            f"### {m['a']} − {m['b']} ({m['law']} noise)",
+            "",
+            md_table(
+                ["seeds", "B's clean acc. %", "A's curve spans acc. %", "resamples matched %"]
+                + [f"ΔPR({e}) pp" for e in eps_keys],
+                rows,
+            ),
+            "",
+        ]
     for m in report["matched"]:
         if "nearest" not in m:
             continue
         eps_keys = list(m["nearest"]["mean"]["pr"])
         rows = []
-        for label, fig in [("mean", m["nearest"]["mean"])] + [(f"seed {k}", v) for k, v in m["nearest"]["per_seed"].items()]:
+        for label, fig in [("mean", m["nearest"]["mean"])] + [
+            (f"seed {k}", v) for k, v in m["nearest"]["per_seed"].items()
+        ]:
             for estimand in ("clean_correct", "both_correct", "all"):
-                rows.append([label if estimand == "clean_correct" else "", ", ".join(map(str, fig["steps_a"])),
-                             f"{100 * fig['clean_accuracy_a']:.1f} vs {100 * fig['clean_accuracy_b']:.1f}",
-                             signed(fig["clean_accuracy_difference"]), estimand.replace("_", "-")]
-                            + [signed(fig["pr"][e][estimand]) for e in eps_keys])
-        out += [f"### {m['a']} − {m['b']} at the nearest clean accuracy ({m['law']} noise)", "",
-                md_table(["seeds", "A's step", "acc. A vs B %", "ΔAcc pp", "PR over"] + [f"ΔPR({e}) pp" for e in eps_keys],
-                         rows), "",
-                "A's learning-curve point whose clean accuracy is nearest to that of B's final model, against that "
-                "model: no interpolation. PR over: each model's own clean-correct images (Table 1's estimand), the "
-                "images both classify correctly, all images; paired percentile bootstrap over images.", ""]
-    out += ["A's PR over its own clean-correct images, interpolated linearly in clean accuracy between the points "
-            "of its learning curve (its kept models, evaluated on the suite's images and noise), at the clean "
-            "accuracy of B's final model of the same seed, minus B's PR: the Table-1 estimand with clean accuracy "
-            "held equal. The interval is a paired percentile bootstrap over images that recomputes every "
-            "accuracy and PR and the interpolation in each resample; resamples in which B's accuracy falls "
-            "outside A's curve are dropped (their share is shown).", ""]
+                rows.append(
+                    [
+                        label if estimand == "clean_correct" else "",
+                        ", ".join(map(str, fig["steps_a"])),
+                        f"{100 * fig['clean_accuracy_a']:.1f} vs {100 * fig['clean_accuracy_b']:.1f}",
+                        signed(fig["clean_accuracy_difference"]),
+                        estimand.replace("_", "-"),
+                    ]
+                    + [signed(fig["pr"][e][estimand]) for e in eps_keys]
+                )
+        out += [
+            f"### {m['a']} − {m['b']} at the nearest clean accuracy ({m['law']} noise)",
+            "",
+            md_table(
+                ["seeds", "A's step", "acc. A vs B %", "ΔAcc pp", "PR over"] + [f"ΔPR({e}) pp" for e in eps_keys], rows
+            ),
+            "",
+            "A's learning-curve point whose clean accuracy is nearest to that of B's final model, against that "
+            "model: no interpolation. PR over: each model's own clean-correct images (Table 1's estimand), the "
+            "images both classify correctly, all images; paired percentile bootstrap over images.",
+            "",
+        ]
+    out += [
+        "A's PR over its own clean-correct images, interpolated linearly in clean accuracy between the points "
+        "of its learning curve (its kept models, evaluated on the suite's images and noise), at the clean "
+        "accuracy of B's final model of the same seed, minus B's PR: the Table-1 estimand with clean accuracy "
+        "held equal. The interval is a paired percentile bootstrap over images that recomputes every "
+        "accuracy and PR and the interpolation in each resample; resamples in which B's accuracy falls "
+        "outside A's curve are dropped (their share is shown).",
+        "",
+    ]
     curves = report.get("curves", {})
     if curves:
         eps_keys = list(next(iter(curves.values()))[0]["pr_clean_correct"])
-        rows = [[name, p["step"], f"{100 * p['clean_accuracy']:.1f}"]
-                + [("-" if p["pr_clean_correct"][e] is None else f"{100 * p['pr_clean_correct'][e]:.1f}")
-                   for e in eps_keys]
-                for name, points in curves.items() for p in points]
-        out += ["### Learning curves (clean accuracy and PR over clean-correct images)", "",
-                md_table(["run", "step", "Acc. %"] + [f"PR(·, {e}) %" for e in eps_keys], rows), ""]
+        rows = [
+            [name, p["step"], f"{100 * p['clean_accuracy']:.1f}"]
+            + [("-" if p["pr_clean_correct"][e] is None else f"{100 * p['pr_clean_correct'][e]:.1f}") for e in eps_keys]
+            for name, points in curves.items()
+            for p in points
+        ]
+        out += [
+            "### Learning curves (clean accuracy and PR over clean-correct images)",
+            "",
+            md_table(["run", "step", "Acc. %"] + [f"PR(·, {e}) %" for e in eps_keys], rows),
+            "",
+        ]
     return out
 
 
@@ -325,19 +488,31 @@ def plot_curves(report: dict):
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     methods = list(dict.fromkeys(name.rsplit("_s", 1)[0] for name in curves))
-    fig.suptitle("PR against clean accuracy along training (points in training order; the step of each "
-                 "final model is written beside it)", fontsize=9)
+    fig.suptitle(
+        "PR against clean accuracy along training (points in training order; the step of each "
+        "final model is written beside it)",
+        fontsize=9,
+    )
     for ax, e in zip(axes.ravel(), eps_keys):
         for name, points in curves.items():
             color = colors[methods.index(name.rsplit("_s", 1)[0]) % len(colors)]
-            ax.plot([100 * p["clean_accuracy"] for p in points], [_percent(p["pr_clean_correct"][e]) for p in points],
-                    marker="o", ms=3, color=color, label=name)
-            ax.annotate(str(points[-1]["step"]), (100 * points[-1]["clean_accuracy"],
-                                                  _percent(points[-1]["pr_clean_correct"][e])), fontsize=6)
+            ax.plot(
+                [100 * p["clean_accuracy"] for p in points],
+                [_percent(p["pr_clean_correct"][e]) for p in points],
+                marker="o",
+                ms=3,
+                color=color,
+                label=name,
+            )
+            ax.annotate(
+                str(points[-1]["step"]),
+                (100 * points[-1]["clean_accuracy"], _percent(points[-1]["pr_clean_correct"][e])),
+                fontsize=6,
+            )
         ax.set_xlabel("clean accuracy %")
         ax.set_ylabel(f"PR(·, {e}) % over clean-correct images")
         ax.grid(alpha=0.3)
-    for ax in axes.ravel()[len(eps_keys):]:
+    for ax in axes.ravel()[len(eps_keys) :]:
         ax.set_visible(False)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
@@ -354,16 +529,34 @@ def _sweep_tables(sweep) -> list:
     for e in sweep["points"] + [b for b in sweep["baselines"] if b["run"] not in in_points]:
         figs = e.get("figures", {})
         diffs = e.get("differences", {})
-        rows.append([e["label"], e["run"] if e["status"] == "done" else f"{e['run']} (pending)",
-                     f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
-                     pct(figs.get("clean_accuracy")), pct(figs.get("pgd20")),
-                     pct(figs.get("pr_clean_correct", {}).get(eps))]
-                    + [cell for b in base for cell in (signed(diffs.get(b, {}).get("pr_common_correct", {}).get(eps)),
-                                                       signed(diffs.get(b, {}).get("pgd20")))])
-    return [f"## Sweep: {sweep['axis']}", "",
-            "One seed per point. PR over the run's clean-correct images; ΔPR over the images both runs "
-            "classify correctly; Δ: paired (same images, same noise draws), percentile bootstrap over images. "
-            "Baselines that are not points are the last rows.", "", md_table(head, rows), ""]
+        rows.append(
+            [
+                e["label"],
+                e["run"] if e["status"] == "done" else f"{e['run']} (pending)",
+                f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
+                pct(figs.get("clean_accuracy")),
+                pct(figs.get("pgd20")),
+                pct(figs.get("pr_clean_correct", {}).get(eps)),
+            ]
+            + [
+                cell
+                for b in base
+                for cell in (
+                    signed(diffs.get(b, {}).get("pr_common_correct", {}).get(eps)),
+                    signed(diffs.get(b, {}).get("pgd20")),
+                )
+            ]
+        )
+    return [
+        f"## Sweep: {sweep['axis']}",
+        "",
+        "One seed per point. PR over the run's clean-correct images; ΔPR over the images both runs "
+        "classify correctly; Δ: paired (same images, same noise draws), percentile bootstrap over images. "
+        "Baselines that are not points are the last rows.",
+        "",
+        md_table(head, rows),
+        "",
+    ]
 
 
 def plot_sweep(sweep: dict):
@@ -376,18 +569,30 @@ def plot_sweep(sweep: dict):
     eps = sweep["epsilon"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    metrics = ((lambda f: f["pr_clean_correct"][eps], f"PR(·, {eps}) %, clean-correct images"),
-               (lambda f: f["pgd20"], "PGD-20 robust accuracy %"))
+    metrics = (
+        (lambda f: f["pr_clean_correct"][eps], f"PR(·, {eps}) %, clean-correct images"),
+        (lambda f: f["pgd20"], "PGD-20 robust accuracy %"),
+    )
     for ax, (get, title) in zip(axes, metrics):
         series = list(dict.fromkeys(e["series"] for e in done))
         for i, name in enumerate(series):
             pts = sorted((e for e in done if e["series"] == name), key=lambda e: e["value"])
             x = [e["value"] for e in pts]
             y = [_percent(get(e["figures"])["value"]) for e in pts]
-            err = [[y_ - _percent(get(e["figures"])["interval"][0]) for y_, e in zip(y, pts)],
-                   [_percent(get(e["figures"])["interval"][1]) - y_ for y_, e in zip(y, pts)]]
-            ax.errorbar(x, y, yerr=err, marker="o" if i == 0 else "s", capsize=3, color=colors[i % len(colors)],
-                        ls="-" if i == 0 else "none", label=name)
+            err = [
+                [y_ - _percent(get(e["figures"])["interval"][0]) for y_, e in zip(y, pts)],
+                [_percent(get(e["figures"])["interval"][1]) - y_ for y_, e in zip(y, pts)],
+            ]
+            ax.errorbar(
+                x,
+                y,
+                yerr=err,
+                marker="o" if i == 0 else "s",
+                capsize=3,
+                color=colors[i % len(colors)],
+                ls="-" if i == 0 else "none",
+                label=name,
+            )
         in_points = {e["run"] for e in sweep["points"]}
         for j, b in enumerate(e for e in sweep["baselines"] if e["status"] == "done" and e["run"] not in in_points):
             fb = get(b["figures"])
@@ -422,17 +627,36 @@ def plot_suite(report: dict):
             for i, method in enumerate(g["methods"]):
                 color = colors[i % len(colors)]
                 mean = g["methods"][method]["mean"][key]
-                ax.plot(eps, [_percent(mean[e]["value"]) for e in eps_keys], marker="o", color=color,
-                        label=_label(method, g))
-                ax.fill_between(eps, [_percent(mean[e]["interval"][0]) for e in eps_keys],
-                                [_percent(mean[e]["interval"][1]) for e in eps_keys], color=color, alpha=0.2)
+                ax.plot(
+                    eps,
+                    [_percent(mean[e]["value"]) for e in eps_keys],
+                    marker="o",
+                    color=color,
+                    label=_label(method, g),
+                )
+                ax.fill_between(
+                    eps,
+                    [_percent(mean[e]["interval"][0]) for e in eps_keys],
+                    [_percent(mean[e]["interval"][1]) for e in eps_keys],
+                    color=color,
+                    alpha=0.2,
+                )
                 for entry in g["runs"]:
                     if entry["method"] == method and entry["status"] == "done":
-                        ax.plot(eps, [_percent(entry["figures"][key][e]["value"]) for e in eps_keys],
-                                color=color, lw=0.8, ls=":", alpha=0.8)
+                        ax.plot(
+                            eps,
+                            [_percent(entry["figures"][key][e]["value"]) for e in eps_keys],
+                            color=color,
+                            lw=0.8,
+                            ls=":",
+                            alpha=0.8,
+                        )
             ev = g["evaluation"]
-            ax.set_title(f"{gname}: PR over {title}\n({ev['pr_distribution']}, N={ev['pr_samples']}, "
-                         f"{ev['num_examples']} images; dotted: single seeds)", fontsize=9)
+            ax.set_title(
+                f"{gname}: PR over {title}\n({ev['pr_distribution']}, N={ev['pr_samples']}, "
+                f"{ev['num_examples']} images; dotted: single seeds)",
+                fontsize=9,
+            )
             ax.set_xlabel("eps")
             ax.set_ylabel(f"PR % ({int(round(100 * ev['confidence']))} % bootstrap band)")
             ax.grid(alpha=0.3)

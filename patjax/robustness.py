@@ -19,6 +19,7 @@ split, and the same base noise is used for every eps (scaled by eps, or mapped o
 eps's interval [lo, hi]). So every model evaluated with the same seed sees the same
 perturbations, and batch size and chunk size do not change any figure.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -32,8 +33,7 @@ from patjax.logits import LogitsFn, margin, true_value
 DISTRIBUTIONS = ("gaussian", "uniform")
 
 
-def base_noise(key: jax.Array, image_index: jax.Array, sample_index: jax.Array, shape,
-               distribution: str) -> jax.Array:
+def base_noise(key: jax.Array, image_index: jax.Array, sample_index: jax.Array, shape, distribution: str) -> jax.Array:
     """Base noise of sample `sample_index` of image `image_index` (common random numbers).
 
     'gaussian': z ~ N(0, I); 'uniform': u ~ U[0, 1]^d. `perturb` turns it into the sample
@@ -96,8 +96,9 @@ def pdis_sigma(c1: float) -> float:
     return float((2.0 * c1) ** -0.5)
 
 
-def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
-                      sample_ids: jax.Array, levels: jax.Array, distribution: str) -> jax.Array:
+def perturbed_samples(
+    key: jax.Array, x: jax.Array, image_indices: jax.Array, sample_ids: jax.Array, levels: jax.Array, distribution: str
+) -> jax.Array:
     """Perturbed images of shape (levels, batch, samples, H, W, C), all in [0, 1].
 
     'gaussian' / 'uniform': `base_noise` (common random numbers) turned into a sample of every
@@ -109,26 +110,39 @@ def perturbed_samples(key: jax.Array, x: jax.Array, image_indices: jax.Array,
     """
     shape = x.shape[1:]
     if distribution in DISTRIBUTIONS:
-        noise = jax.vmap(lambda i: jax.vmap(
-            lambda j: base_noise(key, i, j, shape, distribution))(sample_ids))(image_indices)
+        noise = jax.vmap(lambda i: jax.vmap(lambda j: base_noise(key, i, j, shape, distribution))(sample_ids))(
+            image_indices
+        )
         return perturb(x, levels, noise, distribution)
     if distribution == PDIS:
+
         def one_level(sigma):
             def one_image(i, xi):
                 def one_sample(j):
                     k = jax.random.fold_in(jax.random.fold_in(key, i), j)
                     z = jax.random.truncated_normal(k, -xi / sigma, (1.0 - xi) / sigma, shape, xi.dtype)
                     return jnp.clip(xi + sigma * z, 0.0, 1.0)  # the clip only guards rounding
+
                 return jax.vmap(one_sample)(sample_ids)
+
             return jax.vmap(one_image)(image_indices, x)
+
         return jax.vmap(one_level)(levels)
     raise ValueError(f"unknown distribution {distribution!r}; choose one of {ALL_DISTRIBUTIONS}")
 
 
-def pr_statistics(logits_fn: LogitsFn, key: jax.Array, x: jax.Array,
-                  y: jax.Array, image_indices: jax.Array, levels: Sequence[float], num_samples: int,
-                  chunk_size: int, distribution: str = "gaussian",
-                  entropic_lambda: float = 0.0) -> dict:
+def pr_statistics(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    image_indices: jax.Array,
+    levels: Sequence[float],
+    num_samples: int,
+    chunk_size: int,
+    distribution: str = "gaussian",
+    entropic_lambda: float = 0.0,
+) -> dict:
     """Per-(level, image) sufficient statistics of N perturbed samples, chunk_size at a time.
 
     Returns {'counts': int32 (L, B) non-adversarial samples, 'sum_loss': (L, B) sum of the
@@ -168,14 +182,18 @@ def pr_statistics(logits_fn: LogitsFn, key: jax.Array, x: jax.Array,
         lse_loss = jnp.logaddexp(lse_loss, jax.nn.logsumexp(jnp.where(valid, lam * loss, -jnp.inf), axis=-1))
         return counts, sum_loss, lse_loss
 
-    init = (jnp.zeros((batch, num_levels), jnp.int32), jnp.zeros((batch, num_levels), jnp.float32),
-            jnp.full((batch, num_levels), -jnp.inf, jnp.float32))
+    init = (
+        jnp.zeros((batch, num_levels), jnp.int32),
+        jnp.zeros((batch, num_levels), jnp.float32),
+        jnp.full((batch, num_levels), -jnp.inf, jnp.float32),
+    )
     counts, sum_loss, lse_loss = jax.lax.fori_loop(0, num_chunks, chunk, init)
     return {"counts": counts.T, "sum_loss": sum_loss.T, "lse_loss": lse_loss.T}
 
 
 # ---------------------------------------------------------------------------------------
 # Host-side estimators and intervals (numpy/scipy, float64).
+
 
 def variance_decomposition(per_image_pr, num_samples: int) -> dict:
     """Var(mean PR_i-hat) = (between-image variance + mean binomial variance) / n, estimated.
@@ -187,8 +205,11 @@ def variance_decomposition(per_image_pr, num_samples: int) -> dict:
     n = p.shape[-1]
     total = p.var(axis=-1, ddof=1) if n > 1 else np.zeros(p.shape[:-1])
     within = (p * (1 - p)).mean(axis=-1) / max(num_samples - 1, 1)
-    return {"standard_error": np.sqrt(total / n), "between_image_variance": np.maximum(total - within, 0.0),
-            "monte_carlo_variance": within}
+    return {
+        "standard_error": np.sqrt(total / n),
+        "between_image_variance": np.maximum(total - within, 0.0),
+        "monte_carlo_variance": within,
+    }
 
 
 def entropic_risk(lse_loss, num_samples: int, entropic_lambda: float, sum_loss=None):

@@ -29,6 +29,7 @@ docs/cluster.md).
 - The report is rebuilt by one worker at a time (an flock on DIR/.report.lock) from whatever
   has finished.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,10 +42,8 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from patjax import data, evaluation, evaluators, kept_models, report, robustness
-from patjax import suite_results, train
+from patjax import data, eval_files, evaluation, evaluators, kept_models, report, robustness, suite_results, train
 from patjax import state as state_lib
-from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.suite_results import RECORD_FILE, read_record, run_dir
@@ -93,8 +92,9 @@ def _evaluation_settings(suite: Suite, curve: bool) -> tuple:
     """(evaluators, eval overrides) of the suite's final evaluation, or of its curve points; the
     overrides always name the headline law, so that a run's config (whose default law may be an
     older one) never decides it."""
-    chosen, overrides = (suite.curve_evaluators, suite.curve_eval_overrides) if curve else \
-        (suite.evaluators, suite.eval_overrides)
+    chosen, overrides = (
+        (suite.curve_evaluators, suite.curve_eval_overrides) if curve else (suite.evaluators, suite.eval_overrides)
+    )
     return chosen, {"pr_distribution": suite.pr_distribution, **overrides}
 
 
@@ -123,16 +123,18 @@ class _Progress:
     def __call__(self, index: int, run: Run, message: str):
         elapsed = time.perf_counter() - self.start
         stamp = time.strftime("%H:%M:%S")
-        print(f"[{stamp} +{elapsed / 60:5.1f} min] run {index}/{self.total} {run.name}: {message}",
-              file=self.stream, flush=True)
+        print(
+            f"[{stamp} +{elapsed / 60:5.1f} min] run {index}/{self.total} {run.name}: {message}",
+            file=self.stream,
+            flush=True,
+        )
 
 
-CLAIM_FILE = ".claim"   # in each run's directory; held (flock) by the worker on the run
+CLAIM_FILE = ".claim"  # in each run's directory; held (flock) by the worker on the run
 REPORT_LOCK = ".report.lock"  # in the suite's directory; held while the report is rebuilt
 
 
-def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] = None,
-                environ=None) -> tuple[int, int]:
+def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] = None, environ=None) -> tuple[int, int]:
     """(K, i): this worker takes the runs at positions p of the plan with p % K == i.
 
     The values given; when neither is given, a SLURM job array's (K = SLURM_ARRAY_TASK_COUNT,
@@ -146,13 +148,17 @@ def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] =
             try:
                 values[name] = int(environ.get(name, ""))
             except ValueError:
-                raise UserError(f"{name} must be an integer in a SLURM job array, got "
-                                f"{environ.get(name)!r}; or give --num_workers and --worker_index") from None
+                raise UserError(
+                    f"{name} must be an integer in a SLURM job array, got "
+                    f"{environ.get(name)!r}; or give --num_workers and --worker_index"
+                ) from None
         num_workers = values["SLURM_ARRAY_TASK_COUNT"]
         worker_index = values["SLURM_ARRAY_TASK_ID"] - values["SLURM_ARRAY_TASK_MIN"]
-        source = (f"from SLURM_ARRAY_TASK_ID {values['SLURM_ARRAY_TASK_ID']} - SLURM_ARRAY_TASK_MIN "
-                  f"{values['SLURM_ARRAY_TASK_MIN']} of SLURM_ARRAY_TASK_COUNT {num_workers}; an array with "
-                  f"a step or gaps needs --num_workers and --worker_index")
+        source = (
+            f"from SLURM_ARRAY_TASK_ID {values['SLURM_ARRAY_TASK_ID']} - SLURM_ARRAY_TASK_MIN "
+            f"{values['SLURM_ARRAY_TASK_MIN']} of SLURM_ARRAY_TASK_COUNT {num_workers}; an array with "
+            f"a step or gaps needs --num_workers and --worker_index"
+        )
     else:
         source = "from --num_workers and --worker_index"
         num_workers = 1 if num_workers is None else num_workers
@@ -163,8 +169,9 @@ def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] =
     if num_workers < 1:
         raise UserError(f"the number of workers must be at least 1, got {num_workers} ({source})")
     if not 0 <= worker_index < num_workers:
-        raise UserError(f"worker index {worker_index} is not in 0..{num_workers - 1} for {num_workers} "
-                        f"worker(s) ({source})")
+        raise UserError(
+            f"worker index {worker_index} is not in 0..{num_workers - 1} for {num_workers} worker(s) ({source})"
+        )
     return num_workers, worker_index
 
 
@@ -177,13 +184,26 @@ def _finished(suite: Suite, run: Run, directory: str) -> bool:
     """Whether the run was trained and evaluated with the suite's current settings, and its
     models and curve points kept and evaluated."""
     record = _trained(run, directory)
-    return (record is not None and _eval_matches(suite, record["step"], directory)
-            and _models_and_curve_done(suite, run, record["step"], directory))
+    return (
+        record is not None
+        and _eval_matches(suite, record["step"], directory)
+        and _models_and_curve_done(suite, run, record["step"], directory)
+    )
 
 
-def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs: Optional[int] = None,
-              progress_bars: bool = False, stream=None, num_workers: int = 1, worker_index: int = 0,
-              only: str = "") -> dict:
+def run_suite(
+    suite: Suite,
+    workdir: str,
+    *,
+    groups=None,
+    methods=None,
+    max_runs: Optional[int] = None,
+    progress_bars: bool = False,
+    stream=None,
+    num_workers: int = 1,
+    worker_index: int = 0,
+    only: str = "",
+) -> dict:
     """Trains and evaluates this worker's runs of the suite (reusing finished ones) and writes the report.
 
     Any number of workers may run at once on one workdir: a worker claims a run (an flock on
@@ -210,8 +230,12 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
     role = f"suite worker {worker_index} of {num_workers}"
     todo = partition(runs, num_workers, worker_index)
     if num_workers > 1:
-        print(f"{role} (pid {os.getpid()} on {socket.gethostname()}): {len(todo)} of the {len(runs)} runs "
-              f"(positions p with p % {num_workers} == {worker_index})", file=out, flush=True)
+        print(
+            f"{role} (pid {os.getpid()} on {socket.gethostname()}): {len(todo)} of the {len(runs)} runs "
+            f"(positions p with p % {num_workers} == {worker_index})",
+            file=out,
+            flush=True,
+        )
     worked = 0
     leaving = False
     while todo:
@@ -242,8 +266,9 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
                     progress(index, run, "reused (finished by another worker)")
                     continue
                 worked += 1
-                _train_and_evaluate(suite, run, directory, lambda message: progress(index, run, message),
-                                    progress_bars, only == "train")
+                _train_and_evaluate(
+                    suite, run, directory, lambda message: progress(index, run, message), progress_bars, only == "train"
+                )
             summary = write_report(suite, workdir)
             progress(index, run, f"report updated ({summary['num_done']}/{summary['num_runs']} runs done)")
         if leaving or held_elsewhere == todo:  # nothing changed since the last look: others hold the rest
@@ -252,20 +277,35 @@ def run_suite(suite: Suite, workdir: str, *, groups=None, methods=None, max_runs
         if todo:
             print(f"{role}: looking again at {len(todo)} run(s) other workers held", file=out, flush=True)
     wall = time.perf_counter() - invocation_start
-    _record_invocation(workdir, {
-        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": round(wall, 1),
-        "runs_worked_on": worked, **provenance, "groups": list(groups or []), "methods": list(methods or []),
-        "num_workers": num_workers, "worker_index": worker_index, "host": socket.gethostname(),
-        "pid": os.getpid()})
+    _record_invocation(
+        workdir,
+        {
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_s": round(wall, 1),
+            "runs_worked_on": worked,
+            **provenance,
+            "groups": list(groups or []),
+            "methods": list(methods or []),
+            "num_workers": num_workers,
+            "worker_index": worker_index,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        },
+    )
     summary = write_report(suite, workdir)  # after the record: the report counts this invocation too
-    print(f"suite {suite.name}: {summary['num_done']}/{summary['num_runs']} runs done; "
-          f"{role if num_workers > 1 else 'this invocation'} worked on {worked} run(s) in {wall / 60:.1f} min; "
-          f"wrote {os.path.join(workdir, 'results.md')}", file=out, flush=True)
+    print(
+        f"suite {suite.name}: {summary['num_done']}/{summary['num_runs']} runs done; "
+        f"{role if num_workers > 1 else 'this invocation'} worked on {worked} run(s) in {wall / 60:.1f} min; "
+        f"wrote {os.path.join(workdir, 'results.md')}",
+        file=out,
+        flush=True,
+    )
     return summary
 
 
-def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[str], None],
-                        progress_bars: bool, train_only: bool = False) -> None:
+def _train_and_evaluate(
+    suite: Suite, run: Run, directory: str, say: Callable[[str], None], progress_bars: bool, train_only: bool = False
+) -> None:
     """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it
     (unless train_only)."""
     cfg = copy.deepcopy(run.config)
@@ -274,15 +314,22 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
     record = _trained(run, directory)
     if record is None:
         existing = read_record(directory) or {}
-        say(f"training {_expected_steps(cfg)} steps"
-            + (" (resuming from its latest checkpoint)" if os.path.isdir(os.path.join(directory, "checkpoints"))
-               else ""))
+        say(
+            f"training {_expected_steps(cfg)} steps"
+            + (
+                " (resuming from its latest checkpoint)"
+                if os.path.isdir(os.path.join(directory, "checkpoints"))
+                else ""
+            )
+        )
         t0 = time.perf_counter()
         state = train.train_and_evaluate(cfg, directory)
         train_wall = time.perf_counter() - t0
-        record = {"step": int(state.step),
-                  "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
-                  "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)]}
+        record = {
+            "step": int(state.step),
+            "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
+            "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)],
+        }
         del state
         workdir_lib.write_json(record_path, record)
         say(f"trained in {train_wall / 60:.1f} min")
@@ -302,9 +349,14 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
         say(f"evaluating ({', '.join(suite.evaluators)})")
         t0 = time.perf_counter()
         chosen, overrides = _evaluation_settings(suite, curve=False)
-        evaluation.evaluate_workdir(directory, num_examples=suite.num_eval_examples,
-                                    batch_size=suite.eval_batch_size, progress=progress_bars,
-                                    evaluators=list(chosen), overrides=overrides)
+        evaluation.evaluate_workdir(
+            directory,
+            num_examples=suite.num_eval_examples,
+            batch_size=suite.eval_batch_size,
+            progress=progress_bars,
+            evaluators=list(chosen),
+            overrides=overrides,
+        )
         record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
         workdir_lib.write_json(record_path, record)
         say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
@@ -313,9 +365,15 @@ def _train_and_evaluate(suite: Suite, run: Run, directory: str, say: Callable[[s
             continue
         t0 = time.perf_counter()
         chosen, overrides = _evaluation_settings(suite, curve=True)
-        evaluation.evaluate_workdir(directory, num_examples=suite.num_eval_examples,
-                                    batch_size=suite.eval_batch_size, progress=progress_bars,
-                                    evaluators=list(chosen), overrides=overrides, step=curve_step)
+        evaluation.evaluate_workdir(
+            directory,
+            num_examples=suite.num_eval_examples,
+            batch_size=suite.eval_batch_size,
+            progress=progress_bars,
+            evaluators=list(chosen),
+            overrides=overrides,
+            step=curve_step,
+        )
         say(f"curve point at step {curve_step} evaluated in {(time.perf_counter() - t0) / 60:.1f} min")
     if suite.keep_models and _models_and_curve_done(suite, run, step, directory):
         # Its kept models are all a finished run needs; a checkpoint carried in git by `handover`
@@ -358,14 +416,23 @@ def _provenance() -> dict:
     """The code the invocation ran: git commit and files changed since it (if any)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "patjax", "configs"], cwd=repo,
-                                 capture_output=True, text=True, timeout=10).stdout.split("\n")
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "patjax", "configs"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"git_commit": commit, "uncommitted_changes": [line[3:] for line in changed if line.strip()],
-            "command": " ".join(sys.argv)}
+    return {
+        "git_commit": commit,
+        "uncommitted_changes": [line[3:] for line in changed if line.strip()],
+        "command": " ".join(sys.argv),
+    }
 
 
 def write_report(suite: Suite, workdir: str) -> dict:

@@ -13,6 +13,7 @@ Randomness is drawn per example from `fold_in(key, i)`, so sample i depends only
 (x_i, y_i), its index and the key -- not on the other images of the batch, nor on the
 batch size or on how the batch is split over devices.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,10 +42,10 @@ class LangevinSettings:
         chain of the batch is frozen; T stays the maximum.
     """
 
-    steps: int = 100          # T
-    step_size: float = 0.3    # eta
+    steps: int = 100  # T
+    step_size: float = 0.3  # eta
     noise_scale: float = 0.001  # sigma
-    grad_clip: float = 1.0    # rho
+    grad_clip: float = 1.0  # rho
     c1: float = 0.3
     c2: float = 0.42
     init: str = "uniform"
@@ -57,8 +58,10 @@ class LangevinSettings:
         # Algorithm 1: eta, sigma, c1, c2 >= 0 and rho > 0; a negative step or weight would turn
         # the sampler's descent on the energy into an ascent and still train without complaint.
         if min(self.step_size, self.noise_scale, self.c1, self.c2) < 0 or not self.grad_clip > 0:
-            raise UserError("langevin.step_size, noise_scale, c1 and c2 must be >= 0 and langevin.grad_clip > 0, "
-                            f"got {self.step_size}, {self.noise_scale}, {self.c1}, {self.c2}, {self.grad_clip}")
+            raise UserError(
+                "langevin.step_size, noise_scale, c1 and c2 must be >= 0 and langevin.grad_clip > 0, "
+                f"got {self.step_size}, {self.noise_scale}, {self.c1}, {self.c2}, {self.grad_clip}"
+            )
         if self.init not in INITS:
             raise UserError(f"langevin.init must be one of {', '.join(INITS)}, got {self.init!r}")
         if not self.tolerance >= 0:
@@ -66,10 +69,16 @@ class LangevinSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "LangevinSettings":
-        return cls(steps=int(cfg.steps), step_size=float(cfg.step_size),
-                   noise_scale=float(cfg.noise_scale), grad_clip=float(cfg.grad_clip),
-                   c1=float(cfg.c1), c2=float(cfg.c2), init=str(cfg.init),
-                   tolerance=float(cfg.tolerance))
+        return cls(
+            steps=int(cfg.steps),
+            step_size=float(cfg.step_size),
+            noise_scale=float(cfg.noise_scale),
+            grad_clip=float(cfg.grad_clip),
+            c1=float(cfg.c1),
+            c2=float(cfg.c2),
+            init=str(cfg.init),
+            tolerance=float(cfg.tolerance),
+        )
 
 
 def per_example_keys(key: jax.Array, batch_size: int, offset: jax.Array | int = 0) -> jax.Array:
@@ -77,14 +86,14 @@ def per_example_keys(key: jax.Array, batch_size: int, offset: jax.Array | int = 
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch_size) + offset)
 
 
-def langevin_energy(logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: float,
-                    targeted: bool = False) -> jax.Array:
+def langevin_energy(logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: float, targeted: bool = False) -> jax.Array:
     """Batch energy of Algorithm 2, line 11 (a scalar: the sum over examples)."""
     return jnp.sum(per_example_energy(logits_fn, x_adv, x, labels, c1, c2, targeted))
 
 
-def per_example_energy(logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: float,
-                       targeted: bool = False) -> jax.Array:
+def per_example_energy(
+    logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: float, targeted: bool = False
+) -> jax.Array:
     """E(x_adv_i) of each example (B,): c1 ||x_adv_i - x_i||^2 -+ c2 CE(x_adv_i)."""
     cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits_fn(x_adv), labels)
     squared_distance = jnp.sum(jnp.square(x_adv - x), axis=tuple(range(1, x.ndim)))
@@ -96,13 +105,19 @@ def per_example_energy(logits_fn: LogitsFn, x_adv, x, labels, c1: float, c2: flo
 class Chain:
     """The pieces of Algorithm 1 for one batch, shared by the sampler and its diagnostic."""
 
-    start: jax.Array                     # x_0, (B, H, W, C)
+    start: jax.Array  # x_0, (B, H, W, C)
     step: Callable[[jax.Array, jax.Array], tuple]  # (t, x_t) -> (x_{t+1}, drift (B,))
 
 
-def langevin_chain(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
-                   settings: LangevinSettings, target: Optional[jax.Array] = None,
-                   index_offset: jax.Array | int = 0) -> Chain:
+def langevin_chain(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    settings: LangevinSettings,
+    target: Optional[jax.Array] = None,
+    index_offset: jax.Array | int = 0,
+) -> Chain:
     """The start and the step of Algorithm 1 (arguments as `langevin_sample`)."""
     s = settings
     keys = per_example_keys(key, x.shape[0], index_offset)
@@ -113,24 +128,28 @@ def langevin_chain(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Arr
     else:
         start = x
     labels = y if target is None else target
-    energy_grad = jax.grad(
-        lambda xa: langevin_energy(logits_fn, xa, x, labels, s.c1, s.c2, target is not None))
+    energy_grad = jax.grad(lambda xa: langevin_energy(logits_fn, xa, x, labels, s.c1, s.c2, target is not None))
     pixel_axes = tuple(range(1, x.ndim))
 
     def step(t, x_adv):
-        noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), sample_shape, x.dtype))(
-            noise_keys)
-        noisy = jnp.clip(x_adv + s.noise_scale * noise, 0.0, 1.0)   # line 10: apply noise
+        noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), sample_shape, x.dtype))(noise_keys)
+        noisy = jnp.clip(x_adv + s.noise_scale * noise, 0.0, 1.0)  # line 10: apply noise
         v = jnp.clip(energy_grad(noisy), -s.grad_clip, s.grad_clip)  # lines 11-12
-        new = jnp.clip(noisy - s.step_size * v, 0.0, 1.0)           # line 13
+        new = jnp.clip(noisy - s.step_size * v, 0.0, 1.0)  # line 13
         return new, jnp.mean(jnp.abs(new - noisy), axis=pixel_axes)
 
     return Chain(start=start, step=step)
 
 
-def langevin_sample(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
-                    settings: LangevinSettings, target: Optional[jax.Array] = None,
-                    index_offset: jax.Array | int = 0) -> jax.Array:
+def langevin_sample(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    settings: LangevinSettings,
+    target: Optional[jax.Array] = None,
+    index_offset: jax.Array | int = 0,
+) -> jax.Array:
     """Draws x_adv ~ p_adv(. ; x, y) with T projected Langevin steps (Algorithm 1).
 
     Args:
@@ -148,9 +167,15 @@ def langevin_sample(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Ar
     return langevin_sample_with_steps(logits_fn, key, x, y, settings, target, index_offset)[0]
 
 
-def langevin_sample_with_steps(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
-                               settings: LangevinSettings, target: Optional[jax.Array] = None,
-                               index_offset: jax.Array | int = 0):
+def langevin_sample_with_steps(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    settings: LangevinSettings,
+    target: Optional[jax.Array] = None,
+    index_offset: jax.Array | int = 0,
+):
     """(x_adv, steps (B,) int32): `langevin_sample` and the steps each chain took."""
     s = settings
     chain = langevin_chain(logits_fn, key, x, y, s, target, index_offset)

@@ -1,4 +1,5 @@
 """Where arrays live: the 1-D 'data' mesh that splits the global batch, and placement on it."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,7 @@ def make_mesh(batch_size: int):
         count = max(k for k in range(1, count + 1) if batch_size % k == 0)
     elif batch_size % count:
         raise UserError(f"batch_size {batch_size} is not divisible by the {count} devices")
-    return jax.make_mesh((count,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
-                         devices=devices[:count])
+    return jax.make_mesh((count,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices[:count])
 
 
 def place_on_mesh(mesh, state, *arrays):

@@ -54,6 +54,7 @@ Kept as in the reference, on purpose: the corner is drawn from {0 .. h - s - 1}
 column of an image are never changed by a square; a margin of exactly 0 stops the search but
 the image counts as robust (argmax picks the first maximum, y on a tie) and x is returned.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,30 +81,44 @@ def p_selection(it: int, n_queries: int = 5000, p_init: float = 0.8, rescale_sch
     schedule); with rescale_schedule, `it` is first mapped to int(it / n_queries * 10000)."""
     if rescale_schedule:
         it = int(it / n_queries * 10000)
-    for divisor, upper in ((1, 10), (2, 50), (4, 200), (8, 500), (16, 1000), (32, 2000), (64, 4000),
-                           (128, 6000), (256, 8000)):
+    for divisor, upper in (
+        (1, 10),
+        (2, 50),
+        (4, 200),
+        (8, 500),
+        (16, 1000),
+        (32, 2000),
+        (64, 4000),
+        (128, 6000),
+        (256, 8000),
+    ):
         if it <= upper:
             return p_init / divisor
     return p_init / 512
 
 
-def square_sizes(n_queries: int, height: int, width: int, channels: int, p_init: float = 0.8,
-                 rescale_schedule: bool = False) -> np.ndarray:
+def square_sizes(
+    n_queries: int, height: int, width: int, channels: int, p_init: float = 0.8, rescale_schedule: bool = False
+) -> np.ndarray:
     """Side of the square at each iteration, (n_queries,) int32, computed in Python floats exactly
     as square.py does: s = min(max(int(round(sqrt(p * n_features / c))), 1), min(h, w))."""
     n_features = channels * height * width
-    sizes = [min(max(int(round(math.sqrt(p_selection(i, n_queries, p_init, rescale_schedule)
-                                          * n_features / channels))), 1), min(height, width))
-             for i in range(n_queries)]
+    sizes = [
+        min(
+            max(int(round(math.sqrt(p_selection(i, n_queries, p_init, rescale_schedule) * n_features / channels))), 1),
+            min(height, width),
+        )
+        for i in range(n_queries)
+    ]
     return np.asarray(sizes, np.int32).reshape(n_queries)
 
 
 class SquareResult(NamedTuple):
-    x_adv: jax.Array     # (B, H, W, C) x_best where the run fooled the image, x otherwise (perturb)
-    fooled: jax.Array    # (B,) bool: argmax logits_fn(x_adv) != y (clean-misclassified images included)
-    queries: jax.Array   # (B,) int32 queries of the run: 1 + iterations spent unfooled; 0 if not attacked
-    margin: jax.Array    # (B,) margin_min at the end (the clean margin for clean-misclassified images)
-    x_best: jax.Array    # (B, H, W, C) the last accepted point, fooled or not (x if not attacked)
+    x_adv: jax.Array  # (B, H, W, C) x_best where the run fooled the image, x otherwise (perturb)
+    fooled: jax.Array  # (B,) bool: argmax logits_fn(x_adv) != y (clean-misclassified images included)
+    queries: jax.Array  # (B,) int32 queries of the run: 1 + iterations spent unfooled; 0 if not attacked
+    margin: jax.Array  # (B,) margin_min at the end (the clean margin for clean-misclassified images)
+    x_best: jax.Array  # (B, H, W, C) the last accepted point, fooled or not (x if not attacked)
     margin_trace: jax.Array | None  # (n_queries + 1, B) margin_min after each iteration, or None
 
 
@@ -111,9 +126,19 @@ class SquareResult(NamedTuple):
 SquareDraw = Callable[[jax.Array, jax.Array], tuple]
 
 
-def square_linf(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array, *, eps,
-                n_queries: int = 5000, p_init: float = 0.8, rescale_schedule: bool = False,
-                shared_squares: bool = False, return_trace: bool = False) -> SquareResult:
+def square_linf(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps,
+    n_queries: int = 5000,
+    p_init: float = 0.8,
+    rescale_schedule: bool = False,
+    shared_squares: bool = False,
+    return_trace: bool = False,
+) -> SquareResult:
     """L-inf Square Attack on a batch of NHWC images in [0, 1] (see the module docstring).
 
     n_queries, p_init, rescale_schedule, shared_squares and return_trace must be Python values
@@ -136,12 +161,20 @@ def square_linf(logits_fn: LogitsFn, key: jax.Array, x: jax.Array, y: jax.Array,
         return vh, vw, jax.random.rademacher(k_sign, (n_draw, 1, 1, channels), x.dtype)
 
     sizes = square_sizes(n_queries, height, width, channels, p_init, rescale_schedule)
-    return square_linf_run(logits_fn, x, y, eps=eps, sizes=sizes, stripes=stripes, draw=draw,
-                           return_trace=return_trace)
+    return square_linf_run(logits_fn, x, y, eps=eps, sizes=sizes, stripes=stripes, draw=draw, return_trace=return_trace)
 
 
-def square_linf_run(logits_fn: LogitsFn, x: jax.Array, y: jax.Array, *, eps, sizes: np.ndarray,
-                    stripes: jax.Array, draw: SquareDraw, return_trace: bool = False) -> SquareResult:
+def square_linf_run(
+    logits_fn: LogitsFn,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps,
+    sizes: np.ndarray,
+    stripes: jax.Array,
+    draw: SquareDraw,
+    return_trace: bool = False,
+) -> SquareResult:
     """The attack with its random draws given: stripes (B, 1, W, C) of ±1 for the start, and
     draw(i, s) for iteration i's square of side s. `square_linf` supplies them from a key; a
     cross-check can replay another implementation's draws here."""
@@ -170,8 +203,8 @@ def square_linf_run(logits_fn: LogitsFn, x: jax.Array, y: jax.Array, *, eps, siz
         i, x_best, margin_min, queries, trace = state
         s = sizes[i]
         vh, vw, signs = draw(i, s)
-        in_rows = (rows >= vh[:, None]) & (rows < vh[:, None] + s)      # (n, H)
-        in_cols = (cols >= vw[:, None]) & (cols < vw[:, None] + s)      # (n, W)
+        in_rows = (rows >= vh[:, None]) & (rows < vh[:, None] + s)  # (n, H)
+        in_cols = (cols >= vw[:, None]) & (cols < vw[:, None] + s)  # (n, W)
         square = in_rows[:, :, None, None] & in_cols[:, None, :, None]  # (n, H, W, 1)
         x_new = project_linf(x_best + jnp.where(square, 2.0 * eps * signs, 0.0), x, eps)
         margin_new = margin(logits_fn(x_new), y)
@@ -195,6 +228,11 @@ def square_linf_run(logits_fn: LogitsFn, x: jax.Array, y: jax.Array, *, eps, siz
     # perturb re-evaluates the returned points and keeps those that are misclassified.
     run_fooled = attacked & (jnp.argmax(logits_fn(x_best), axis=-1) != y)
     x_adv = jnp.where(run_fooled[:, None, None, None], x_best, x)
-    return SquareResult(jax.lax.stop_gradient(x_adv), run_fooled | ~attacked, queries,
-                        jax.lax.stop_gradient(margin_min), jax.lax.stop_gradient(x_best),
-                        None if trace is None else jax.lax.stop_gradient(trace))
+    return SquareResult(
+        jax.lax.stop_gradient(x_adv),
+        run_fooled | ~attacked,
+        queries,
+        jax.lax.stop_gradient(margin_min),
+        jax.lax.stop_gradient(x_best),
+        None if trace is None else jax.lax.stop_gradient(trace),
+    )

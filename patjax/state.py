@@ -1,6 +1,7 @@
 """The train state (one pytree that checkpoints whole), the model it belongs to, and the optimizer.
 
 The workdir that holds a run's config and checkpoints is `patjax.workdir`."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,8 +30,9 @@ def compute_dtype(cfg):
 
 def build_model(cfg):
     kwargs = {} if cfg.model == "small_cnn" else {"width": int(cfg.model_width)}
-    return models.create_model(cfg.model, cfg.dataset, data.NUM_CLASSES[cfg.dataset],
-                               dtype=compute_dtype(cfg), **kwargs)
+    return models.create_model(
+        cfg.model, cfg.dataset, data.NUM_CLASSES[cfg.dataset], dtype=compute_dtype(cfg), **kwargs
+    )
 
 
 def total_steps(cfg, steps_per_epoch: int) -> int:
@@ -67,6 +69,7 @@ def create_train_state(cfg, tx: optax.GradientTransformation):
     root = jax.random.PRNGKey(int(cfg.seed))
     init_key, rng = jax.random.split(root)
     params, batch_stats = models.init_variables(model, init_key)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats,
-                       opt_state=tx.init(params), rng=rng)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats, opt_state=tx.init(params), rng=rng
+    )
     return ModelFns(model.apply), state

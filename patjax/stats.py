@@ -6,6 +6,7 @@ results (`patjax.evaluation`) and the suite tables (`patjax.suite_results`) alik
   paired differences between runs): the percentile bootstrap over test images of
   `ratio_interval`, every resample drawing the same images for every run (paired).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,14 @@ def bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarr
     return np.random.default_rng(seed).integers(0, num_items, size=(num_resamples, num_items))
 
 
-def ratio_interval(numerators: np.ndarray, denominators: np.ndarray, indices: np.ndarray,
-                   confidence: float, chunk: int = 250, row_weights=None):
+def ratio_interval(
+    numerators: np.ndarray,
+    denominators: np.ndarray,
+    indices: np.ndarray,
+    confidence: float,
+    chunk: int = 250,
+    row_weights=None,
+):
     """Mean over rows (seeds) of sum(num_s) / sum(den_s), with a percentile bootstrap over columns.
 
     numerators, denominators: (S, n) per-image values of S runs on the same n images; every
@@ -50,7 +57,7 @@ def ratio_interval(numerators: np.ndarray, denominators: np.ndarray, indices: np
     value = float(weights @ (num.sum(axis=1) / totals))
     stats = []
     for start in range(0, len(indices), chunk):
-        idx = indices[start:start + chunk]                  # (r, n)
+        idx = indices[start : start + chunk]  # (r, n)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios = num[:, idx].sum(-1) / den[:, idx].sum(-1)  # (S, r)
         stats.append(weights @ ratios)
@@ -60,8 +67,7 @@ def ratio_interval(numerators: np.ndarray, denominators: np.ndarray, indices: np
     return value, (float(low), float(high))
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, indices: np.ndarray, confidence: float, mask=None,
-                      per: int = 1):
+def paired_difference(a: np.ndarray, b: np.ndarray, indices: np.ndarray, confidence: float, mask=None, per: int = 1):
     """Mean over images of a - b (averaged over rows: seeds), with the paired bootstrap of
     `ratio_interval`: every resample draws the same images for A and B, so the interval covers
     the difference itself, not the spread of two independent estimates.
@@ -91,8 +97,9 @@ def ratio_difference(num_a, den_a, num_b, den_b, indices: np.ndarray, confidence
     num_a, den_a, num_b, den_b = (np.atleast_2d(np.asarray(v, np.float64)) for v in (num_a, den_a, num_b, den_b))
     seeds = num_a.shape[0]
     weights = np.concatenate([np.full(seeds, 1.0 / seeds), np.full(seeds, -1.0 / seeds)])
-    return ratio_interval(np.concatenate([num_a, num_b]), np.concatenate([den_a, den_b]), indices, confidence,
-                          row_weights=weights)
+    return ratio_interval(
+        np.concatenate([num_a, num_b]), np.concatenate([den_a, den_b]), indices, confidence, row_weights=weights
+    )
 
 
 # The estimands of a difference between two runs' PR (`pr_difference`): each run over its own
@@ -101,8 +108,9 @@ def ratio_difference(num_a, den_a, num_b, den_b, indices: np.ndarray, confidence
 ESTIMANDS = ("clean_correct", "both_correct", "all")
 
 
-def pr_difference(counts_a, correct_a, counts_b, correct_b, num_samples: int, indices: np.ndarray,
-                  confidence: float) -> dict:
+def pr_difference(
+    counts_a, correct_a, counts_b, correct_b, num_samples: int, indices: np.ndarray, confidence: float
+) -> dict:
     """PR(A) - PR(B) under each of `ESTIMANDS`: {estimand: {value, interval, n, interval_method}}.
 
     counts_*: (S, n) or (n,) non-adversarial samples out of num_samples per image, on the same
@@ -115,15 +123,26 @@ def pr_difference(counts_a, correct_a, counts_b, correct_b, num_samples: int, in
     both = correct_a & correct_b
     method = f"paired percentile bootstrap over images ({len(indices)} resamples)"
     figures = {
-        "clean_correct": (ratio_difference(counts_a / num_samples * correct_a, correct_a,
-                                           counts_b / num_samples * correct_b, correct_b, indices, confidence),
-                          int(min(correct_a.sum(axis=1).min(), correct_b.sum(axis=1).min()))),
-        "both_correct": (paired_difference(counts_a, counts_b, indices, confidence, mask=both, per=num_samples),
-                         int(both.sum(axis=1).min())),
+        "clean_correct": (
+            ratio_difference(
+                counts_a / num_samples * correct_a,
+                correct_a,
+                counts_b / num_samples * correct_b,
+                correct_b,
+                indices,
+                confidence,
+            ),
+            int(min(correct_a.sum(axis=1).min(), correct_b.sum(axis=1).min())),
+        ),
+        "both_correct": (
+            paired_difference(counts_a, counts_b, indices, confidence, mask=both, per=num_samples),
+            int(both.sum(axis=1).min()),
+        ),
         "all": (paired_difference(counts_a, counts_b, indices, confidence, per=num_samples), int(counts_a.shape[1])),
     }
-    return {k: {"value": v, "interval": list(ci), "n": n, "interval_method": method}
-            for k, ((v, ci), n) in figures.items()}
+    return {
+        k: {"value": v, "interval": list(ci), "n": n, "interval_method": method} for k, ((v, ci), n) in figures.items()
+    }
 
 
 def matched_difference(curves_a, finals_b, indices: np.ndarray, confidence: float) -> dict:
@@ -142,9 +161,10 @@ def matched_difference(curves_a, finals_b, indices: np.ndarray, confidence: floa
     seeds of B's clean accuracy, "accuracy_range_a": per seed [min, max] of A's clean accuracy,
     "resamples_matched": the fraction of resamples with a match for every seed}.
     """
+
     def figures(correct, pr, idx):
         # (models, R) clean accuracy and (models, R, L) PR over each model's clean-correct images
-        c = correct[:, idx]                       # (M, R, n)
+        c = correct[:, idx]  # (M, R, n)
         acc = c.mean(axis=-1)
         with np.errstate(invalid="ignore", divide="ignore"):
             prs = np.einsum("mrn,mrnl->mrl", c, pr[:, idx]) / c.sum(axis=-1)[..., None]
@@ -165,25 +185,34 @@ def matched_difference(curves_a, finals_b, indices: np.ndarray, confidence: floa
         pr_a = np.stack([np.asarray(p, np.float64) for _, p in curve])
         cb, pb = np.asarray(correct_b, np.float64)[None], np.asarray(pr_b, np.float64)[None]
         outs = []
-        for idx in [full] + [indices[i:i + 250] for i in range(0, len(indices), 250)]:  # bounded memory
+        for idx in [full] + [indices[i : i + 250] for i in range(0, len(indices), 250)]:  # bounded memory
             acc_a, prs_a = figures(correct_a, pr_a, idx)
             acc_b, prs_b = figures(cb, pb, idx)
-            outs.append(np.stack([interpolate(acc_a[:, r], prs_a[:, r], acc_b[0, r]) - prs_b[0, r]
-                                  for r in range(idx.shape[0])]))
+            outs.append(
+                np.stack(
+                    [interpolate(acc_a[:, r], prs_a[:, r], acc_b[0, r]) - prs_b[0, r] for r in range(idx.shape[0])]
+                )
+            )
         per_seed_value.append(outs[0][0])
         per_seed_boot.append(np.concatenate(outs[1:]))
         acc_full, _ = figures(correct_a, pr_a, full)
         ranges.append([float(acc_full.min()), float(acc_full.max())])
         targets.append(float(cb.mean()))
     value = np.mean(per_seed_value, axis=0)
-    boot = np.mean(per_seed_boot, axis=0)        # (R, L); NaN where a seed had no match
+    boot = np.mean(per_seed_boot, axis=0)  # (R, L); NaN where a seed had no match
     matched = ~np.isnan(boot).any(axis=1)
     alpha = 1.0 - confidence
     if np.isnan(value).any() or not matched.any():
         interval = [None, None]
     else:
-        interval = [np.quantile(boot[matched], alpha / 2, axis=0).tolist(),
-                    np.quantile(boot[matched], 1 - alpha / 2, axis=0).tolist()]
-    return {"value": None if np.isnan(value).any() else value.tolist(), "interval": interval,
-            "matched_accuracy": float(np.mean(targets)), "accuracy_range_a": ranges,
-            "resamples_matched": float(matched.mean())}
+        interval = [
+            np.quantile(boot[matched], alpha / 2, axis=0).tolist(),
+            np.quantile(boot[matched], 1 - alpha / 2, axis=0).tolist(),
+        ]
+    return {
+        "value": None if np.isnan(value).any() else value.tolist(),
+        "interval": interval,
+        "matched_accuracy": float(np.mean(targets)),
+        "accuracy_range_a": ranges,
+        "resamples_matched": float(matched.mean()),
+    }

@@ -9,6 +9,7 @@ Intervals (95 % by default, `eval.confidence`):
   evaluation's sampling error (which images, which noise draws) for the trained models at
   hand; they do not cover seed-to-seed training variance, which the per-seed rows show.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,14 +18,22 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from patjax import methods, robustness, stats
-from patjax import eval_files, evaluators
-from patjax.workdir import read_json
+from patjax import eval_files, evaluators, methods, robustness, stats
 from patjax.suites import Run, Suite, Sweep, plan, run_name
+from patjax.workdir import read_json
 
 # Paired differences reported (A - B), when both methods are in the suite.
-COMPARISONS = (("pat", "pgd"), ("pat", "pat_wos"), ("pgd_cor", "pgd"), ("fgsm_cor", "fgsm"),
-               ("pat", "trades"), ("pat", "mart"), ("pat", "atpr"), ("pat", "clean"), ("pgd", "clean"))
+COMPARISONS = (
+    ("pat", "pgd"),
+    ("pat", "pat_wos"),
+    ("pgd_cor", "pgd"),
+    ("fgsm_cor", "fgsm"),
+    ("pat", "trades"),
+    ("pat", "mart"),
+    ("pat", "atpr"),
+    ("pat", "clean"),
+    ("pgd", "clean"),
+)
 ATTACKS = evaluators.TABLE_ATTACKS
 RECORD_FILE = "suite_run.json"  # in each run's directory: its training step and wall times
 
@@ -38,11 +47,11 @@ class RunOutcome:
     """Per-image outcomes of one evaluated run (arrays over the same test images)."""
 
     run: Run
-    correct: np.ndarray                 # (n,) bool, clean
-    robust: dict                        # {'pgd20': (n,) bool, 'cw20': ...}
-    pr_counts: dict                     # {law: (n, levels) non-adversarial samples}, the headline law first
-    results: dict                       # eval/results.json
-    record: dict                        # suite_run.json
+    correct: np.ndarray  # (n,) bool, clean
+    robust: dict  # {'pgd20': (n,) bool, 'cw20': ...}
+    pr_counts: dict  # {law: (n, levels) non-adversarial samples}, the headline law first
+    results: dict  # eval/results.json
+    record: dict  # suite_run.json
 
     @property
     def settings(self) -> dict:
@@ -55,8 +64,10 @@ class RunOutcome:
 
 def read_record(directory: str) -> Optional[dict]:
     """A run's suite_run.json, or None before its training finished."""
-    return read_json(os.path.join(directory, RECORD_FILE),
-                     "delete it and run the suite again (training resumes from the run's checkpoints)")
+    return read_json(
+        os.path.join(directory, RECORD_FILE),
+        "delete it and run the suite again (training resumes from the run's checkpoints)",
+    )
 
 
 def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOutcome]:
@@ -70,8 +81,14 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
     laws = [pr_distribution] + [d for d in robustness.DISTRIBUTIONS if d != pr_distribution]
     counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
-    return RunOutcome(run=run, correct=per_image["clean.correct"].astype(bool), robust=robust, pr_counts=counts,
-                      results=results, record=record)
+    return RunOutcome(
+        run=run,
+        correct=per_image["clean.correct"].astype(bool),
+        robust=robust,
+        pr_counts=counts,
+        results=results,
+        record=record,
+    )
 
 
 def _figure(value, interval, method, n):
@@ -83,9 +100,13 @@ def own_figures(o: RunOutcome) -> dict:
     f = o.results["figures"]
     keep = lambda fig: {k: fig[k] for k in ("value", "interval", "interval_method", "n") if k in fig}
     out = {name: keep(f[name]) for name in ("clean_accuracy",) + ATTACKS if name in f}
-    out["laws"] = {d: {"pr_all": {e: keep(f["pr"][d][e]["all"]) for e in o.eps_keys},
-                       "pr_clean_correct": {e: keep(f["pr"][d][e]["clean_correct"]) for e in o.eps_keys}}
-                   for d in o.pr_counts}
+    out["laws"] = {
+        d: {
+            "pr_all": {e: keep(f["pr"][d][e]["all"]) for e in o.eps_keys},
+            "pr_clean_correct": {e: keep(f["pr"][d][e]["clean_correct"]) for e in o.eps_keys},
+        }
+        for d in o.pr_counts
+    }
     out.update(out["laws"][next(iter(o.pr_counts))])  # the headline law's, at the top
     return out
 
@@ -133,8 +154,11 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
     method = f"paired bootstrap over images, mean of {len(a)} seed(s)"
     out = {"seeds": [o.run.seed for o in a]}
     metrics = [("clean_accuracy", [o.correct for o in a], [o.correct for o in b])]
-    metrics += [(attack, [o.robust[attack] for o in a], [o.robust[attack] for o in b])
-                for attack in ATTACKS if all(attack in o.robust for o in list(a) + list(b))]
+    metrics += [
+        (attack, [o.robust[attack] for o in a], [o.robust[attack] for o in b])
+        for attack in ATTACKS
+        if all(attack in o.robust for o in list(a) + list(b))
+    ]
     for name, ha, hb in metrics:
         out[name] = _figure(*stats.paired_difference(np.stack(ha), np.stack(hb), indices, confidence), method, n)
     samples = a[0].settings["pr_samples"]
@@ -144,9 +168,15 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
     for d in _common_laws(list(a) + list(b)):
         law = out["laws"][d] = {key: {} for key in names.values()}
         for j, eps in enumerate(a[0].eps_keys):
-            diff = stats.pr_difference(np.stack([o.pr_counts[d][:, j] for o in a]), correct_a,
-                                       np.stack([o.pr_counts[d][:, j] for o in b]), correct_b,
-                                       samples, indices, confidence)
+            diff = stats.pr_difference(
+                np.stack([o.pr_counts[d][:, j] for o in a]),
+                correct_a,
+                np.stack([o.pr_counts[d][:, j] for o in b]),
+                correct_b,
+                samples,
+                indices,
+                confidence,
+            )
             for estimand, key in names.items():
                 law[key][eps] = dict(diff[estimand], interval_method=f"{method}, {estimand.replace('_', '-')}")
     out.update(out["laws"][next(iter(out["laws"]))])
@@ -171,15 +201,25 @@ def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
     unknown = [p.run_name for p in named if p.run_name not in outcomes]
     if unknown:
         raise ValueError(f"sweep {sweep.name!r} names runs the suite does not have: {', '.join(unknown)}")
-    out = {"name": sweep.name, "axis": sweep.axis, "epsilon": robustness.level_key(sweep.epsilon), "points": [],
-           "baselines": []}
+    out = {
+        "name": sweep.name,
+        "axis": sweep.axis,
+        "epsilon": robustness.level_key(sweep.epsilon),
+        "points": [],
+        "baselines": [],
+    }
     done = [outcomes[p.run_name] for p in named if outcomes[p.run_name] is not None]
     if done:
         indices, confidence = _pairing(done)
     for p in named:
         o = outcomes[p.run_name]
-        entry = {"label": p.label, "run": p.run_name, "value": p.value, "series": p.series,
-                 "status": "done" if o else "pending"}
+        entry = {
+            "label": p.label,
+            "run": p.run_name,
+            "value": p.value,
+            "series": p.series,
+            "status": "done" if o else "pending",
+        }
         if o is not None:
             entry.update(figures=own_figures(o), train_wall_s=o.record.get("train_wall_s"))
         if p in sweep.baselines:
@@ -188,7 +228,9 @@ def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
         if o is not None:
             entry["differences"] = {
                 b.label: paired_difference([o], [outcomes[b.run_name]], indices, confidence)
-                for b in sweep.baselines if outcomes[b.run_name] is not None and b.run_name != p.run_name}
+                for b in sweep.baselines
+                if outcomes[b.run_name] is not None and b.run_name != p.run_name
+            }
         out["points"].append(entry)
     return out
 
@@ -202,10 +244,20 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     for step in eval_files.curve_steps(directory):
         results, per_image = eval_files.load_results(directory, step)
         eval_files.check_comparable(outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}")
-        points.append({"step": step, "correct": per_image["clean.correct"].astype(bool),
-                       "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"]})
-    points.append({"step": int(outcome.settings["step"]), "correct": outcome.correct,
-                   "pr": outcome.pr_counts[law] / outcome.settings["pr_samples"]})
+        points.append(
+            {
+                "step": step,
+                "correct": per_image["clean.correct"].astype(bool),
+                "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"],
+            }
+        )
+    points.append(
+        {
+            "step": int(outcome.settings["step"]),
+            "correct": outcome.correct,
+            "pr": outcome.pr_counts[law] / outcome.settings["pr_samples"],
+        }
+    )
     return points
 
 
@@ -235,27 +287,43 @@ def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, l
             partner = run_name(group_b, method_b, run.seed)
             if outcomes.get(name) is not None and outcomes.get(partner) is not None:
                 pairs.append((outcomes[name], outcomes[partner]))
-        entry = {"a": f"{group_a}/{method_a}", "b": f"{group_b}/{method_b}", "law": law,
-                 "seeds": [a.run.seed for a, _ in pairs]}
+        entry = {
+            "a": f"{group_a}/{method_a}",
+            "b": f"{group_b}/{method_b}",
+            "law": law,
+            "seeds": [a.run.seed for a, _ in pairs],
+        }
         entries.append(entry)
         if not pairs:
             continue
         indices, confidence = _pairing([o for pair in pairs for o in pair])
         eps_keys = pairs[0][0].eps_keys
         loaded = [(load_curve(workdir, a, law), b) for a, b in pairs]
-        method = (f"A's PR over its clean-correct images interpolated linearly in clean accuracy between its "
-                  f"learning-curve points, at the clean accuracy of B's final model, minus B's; paired "
-                  f"percentile bootstrap over images ({len(indices)} resamples)")
+        method = (
+            f"A's PR over its clean-correct images interpolated linearly in clean accuracy between its "
+            f"learning-curve points, at the clean accuracy of B's final model, minus B's; paired "
+            f"percentile bootstrap over images ({len(indices)} resamples)"
+        )
         per_seed = {}
         for (points, b), (a, _) in zip(loaded, pairs):
-            fig = stats.matched_difference([[(p["correct"], p["pr"]) for p in points]],
-                                           [(b.correct, b.pr_counts[law] / b.settings["pr_samples"])], indices, confidence)
+            fig = stats.matched_difference(
+                [[(p["correct"], p["pr"]) for p in points]],
+                [(b.correct, b.pr_counts[law] / b.settings["pr_samples"])],
+                indices,
+                confidence,
+            )
             per_seed[str(a.run.seed)] = _by_level(fig, eps_keys, method)
-        fig = stats.matched_difference([[(p["correct"], p["pr"]) for p in points] for points, _ in loaded],
-                                       [(b.correct, b.pr_counts[law] / b.settings["pr_samples"]) for _, b in pairs],
-                                       indices, confidence)
-        entry.update(mean=_by_level(fig, eps_keys, method), per_seed=per_seed,
-                     nearest=_nearest(loaded, law, eps_keys, indices, confidence))
+        fig = stats.matched_difference(
+            [[(p["correct"], p["pr"]) for p in points] for points, _ in loaded],
+            [(b.correct, b.pr_counts[law] / b.settings["pr_samples"]) for _, b in pairs],
+            indices,
+            confidence,
+        )
+        entry.update(
+            mean=_by_level(fig, eps_keys, method),
+            per_seed=per_seed,
+            nearest=_nearest(loaded, law, eps_keys, indices, confidence),
+        )
     return curves, entries
 
 
@@ -272,15 +340,27 @@ def _nearest(loaded, law: str, eps_keys, indices, confidence) -> dict:
     def figures(pairs):
         correct_a = np.stack([p["correct"] for p, _ in pairs])
         correct_b = np.stack([b.correct for _, b in pairs])
-        out = {"steps_a": [int(p["step"]) for p, _ in pairs],
-               "clean_accuracy_a": float(correct_a.mean()), "clean_accuracy_b": float(correct_b.mean()),
-               "clean_accuracy_difference": _figure(*stats.paired_difference(correct_a, correct_b, indices, confidence),
-                                                    "paired bootstrap over images", correct_a.shape[1]),
-               "pr": {}}
+        out = {
+            "steps_a": [int(p["step"]) for p, _ in pairs],
+            "clean_accuracy_a": float(correct_a.mean()),
+            "clean_accuracy_b": float(correct_b.mean()),
+            "clean_accuracy_difference": _figure(
+                *stats.paired_difference(correct_a, correct_b, indices, confidence),
+                "paired bootstrap over images",
+                correct_a.shape[1],
+            ),
+            "pr": {},
+        }
         for j, e in enumerate(eps_keys):
-            out["pr"][e] = stats.pr_difference(np.stack([p["pr"][:, j] for p, _ in pairs]), correct_a,
-                                               np.stack([b.pr_counts[law][:, j] / b.settings["pr_samples"]
-                                                         for _, b in pairs]), correct_b, 1, indices, confidence)
+            out["pr"][e] = stats.pr_difference(
+                np.stack([p["pr"][:, j] for p, _ in pairs]),
+                correct_a,
+                np.stack([b.pr_counts[law][:, j] / b.settings["pr_samples"] for _, b in pairs]),
+                correct_b,
+                1,
+                indices,
+                confidence,
+            )
         return out
 
     return {"mean": figures(chosen), "per_seed": {str(b.run.seed): figures([(p, b)]) for p, b in chosen}}
@@ -289,10 +369,13 @@ def _nearest(loaded, law: str, eps_keys, indices, confidence) -> dict:
 def _by_level(fig: dict, eps_keys, method: str) -> dict:
     out = {k: fig[k] for k in ("matched_accuracy", "accuracy_range_a", "resamples_matched")}
     out["pr_clean_correct"] = {
-        e: {"value": None if fig["value"] is None else fig["value"][j],
+        e: {
+            "value": None if fig["value"] is None else fig["value"][j],
             "interval": [None, None] if fig["interval"][0] is None else [fig["interval"][0][j], fig["interval"][1][j]],
-            "interval_method": method}
-        for j, e in enumerate(eps_keys)}
+            "interval_method": method,
+        }
+        for j, e in enumerate(eps_keys)
+    }
     return out
 
 
@@ -301,8 +384,15 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
     ({run name: RunOutcome or None})."""
     runs = plan(suite)
     done = [o for o in outcomes.values() if o is not None]
-    out = {"suite": suite.name, "description": suite.description, "scaled_down": list(suite.scaled_down),
-           "num_runs": len(runs), "num_done": len(done), "groups": {}, "invocations": invocations}
+    out = {
+        "suite": suite.name,
+        "description": suite.description,
+        "scaled_down": list(suite.scaled_down),
+        "num_runs": len(runs),
+        "num_done": len(done),
+        "groups": {},
+        "invocations": invocations,
+    }
     for group in suite.groups:
         group_runs = [r for r in runs if r.group == group.name]
         group_done = [outcomes[r.name] for r in group_runs if outcomes[r.name] is not None]
@@ -310,18 +400,45 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
         out["groups"][group.name] = g
         for r in group_runs:
             o = outcomes[r.name]
-            g["runs"].append({"name": r.name, "method": r.method, "seed": r.seed, "status": "done" if o else "pending",
-                              "workdir": os.path.relpath(run_dir(workdir, r), workdir),
-                              **({"train_wall_s": o.record.get("train_wall_s"),
-                                  "eval_wall_s": o.record.get("eval_wall_s"),
-                                  "step": o.record.get("step")} if o else {})})
+            g["runs"].append(
+                {
+                    "name": r.name,
+                    "method": r.method,
+                    "seed": r.seed,
+                    "status": "done" if o else "pending",
+                    "workdir": os.path.relpath(run_dir(workdir, r), workdir),
+                    **(
+                        {
+                            "train_wall_s": o.record.get("train_wall_s"),
+                            "eval_wall_s": o.record.get("eval_wall_s"),
+                            "step": o.record.get("step"),
+                        }
+                        if o
+                        else {}
+                    ),
+                }
+            )
         if not group_done:
             continue
         indices, confidence = _pairing(group_done)
         s = group_done[0].settings
-        g["evaluation"] = {k: s.get(k) for k in ("num_examples", "pr_samples", "pr_epsilons", "pr_distribution",
-                                                 "seed", "confidence", "bootstrap_resamples", "attack_eps",
-                                                 "attack_step_size", "attack_steps", "cw_kappa", "dataset")}
+        g["evaluation"] = {
+            k: s.get(k)
+            for k in (
+                "num_examples",
+                "pr_samples",
+                "pr_epsilons",
+                "pr_distribution",
+                "seed",
+                "confidence",
+                "bootstrap_resamples",
+                "attack_eps",
+                "attack_step_size",
+                "attack_steps",
+                "cw_kappa",
+                "dataset",
+            )
+        }
         by_method = {}
         for o in group_done:
             by_method.setdefault(o.run.method, {})[o.run.seed] = o
@@ -331,18 +448,28 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                 entry["figures"] = own_figures(o)
         for method in methods.ordered(by_method):
             seeds = sorted(by_method[method])
-            g["methods"][method] = {"seeds": seeds,
-                                    "mean": mean_figures([by_method[method][k] for k in seeds], indices, confidence)}
+            g["methods"][method] = {
+                "seeds": seeds,
+                "mean": mean_figures([by_method[method][k] for k in seeds], indices, confidence),
+            }
         for ma, mb in COMPARISONS:
             common = sorted(set(by_method.get(ma, {})) & set(by_method.get(mb, {})))
             if not common:
                 continue
-            g["differences"].append({
-                "a": ma, "b": mb, "seeds": common,
-                "mean": paired_difference([by_method[ma][k] for k in common], [by_method[mb][k] for k in common],
-                                          indices, confidence),
-                "per_seed": {str(k): paired_difference([by_method[ma][k]], [by_method[mb][k]], indices, confidence)
-                             for k in common}})
+            g["differences"].append(
+                {
+                    "a": ma,
+                    "b": mb,
+                    "seeds": common,
+                    "mean": paired_difference(
+                        [by_method[ma][k] for k in common], [by_method[mb][k] for k in common], indices, confidence
+                    ),
+                    "per_seed": {
+                        str(k): paired_difference([by_method[ma][k]], [by_method[mb][k]], indices, confidence)
+                        for k in common
+                    },
+                }
+            )
     out["sweeps"] = [sweep_figures(sweep, outcomes) for sweep in suite.sweeps]
     out["curves"], out["matched"] = matched_figures(suite, workdir, outcomes)
     return out

@@ -13,6 +13,7 @@ on the same test images with the same evaluation seed (common random numbers).
 
 `patjax.runner` runs a suite; `python -m patjax.experiments` is its command line.
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,7 +59,7 @@ class Suite:
     evaluators: Sequence[str]
     eval_overrides: dict
     scaled_down: Sequence[str] = ()  # human-readable list of what differs from the paper
-    sweeps: Sequence["Sweep"] = ()   # runs of several groups lined up along one setting
+    sweeps: Sequence["Sweep"] = ()  # runs of several groups lined up along one setting
     # Learning curves: every `curve_every_steps` steps of training (0: none) a checkpoint is kept;
     # the runner evaluates each with `curve_evaluators` on the suite's images and keeps its model.
     curve_every_steps: int = 0
@@ -92,7 +93,7 @@ class SweepPoint:
     method: str
     seed: int = 0
     value: Optional[float] = None  # position on the axis; None for a baseline
-    series: str = ""               # points of one series are joined by a line in the plot
+    series: str = ""  # points of one series are joined by a line in the plot
 
     @property
     def run_name(self) -> str:
@@ -108,10 +109,10 @@ class Sweep:
     """
 
     name: str
-    axis: str                        # what the points' values are, for the table and the plot
+    axis: str  # what the points' values are, for the table and the plot
     points: Sequence[SweepPoint]
     baselines: Sequence[SweepPoint]  # each point's paired difference to each baseline is reported
-    epsilon: float = 0.2             # the PR level shown
+    epsilon: float = 0.2  # the PR level shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +137,7 @@ def set_field(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:
     target[last] = value
 
 
-def plan(suite: Suite, groups: Optional[Sequence[str]] = None,
-         methods: Optional[Sequence[str]] = None) -> list[Run]:
+def plan(suite: Suite, groups: Optional[Sequence[str]] = None, methods: Optional[Sequence[str]] = None) -> list[Run]:
     """The suite's runs in order (group, seed, method in the paper's order), optionally filtered."""
     known_groups = [g.name for g in suite.groups]
     for name in groups or ():
@@ -175,8 +175,16 @@ CPU_PGD_STEPS = 5
 CPU_EVAL_EXAMPLES = 500
 
 
-def _cpu_config(data_dir: Optional[str], *, batch_size: int, train_steps: int, langevin_steps: int,
-                eval_examples: int, eval_batch_size: int, pr: dict) -> ml_collections.ConfigDict:
+def _cpu_config(
+    data_dir: Optional[str],
+    *,
+    batch_size: int,
+    train_steps: int,
+    langevin_steps: int,
+    eval_examples: int,
+    eval_batch_size: int,
+    pr: dict,
+) -> ml_collections.ConfigDict:
     """The base config of the CPU suites: real CIFAR-10, the small CNN, lr 0.05 with the paper's
     MultiStepLR shape, PR with the suite's laws (`pr`: eval fields)."""
     cfg = config_lib.default_config()
@@ -196,50 +204,72 @@ def _cpu_config(data_dir: Optional[str], *, batch_size: int, train_steps: int, l
 
 def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:
     """Real CIFAR-10, small CNN, T = 5, a fraction of an epoch; 5 methods x 2 seeds."""
-    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=CPU_TRAIN_STEPS,
-                      langevin_steps=CPU_LANGEVIN_STEPS, eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250,
-                      pr=GAUSSIAN_ONLY)
+    cfg = _cpu_config(
+        data_dir,
+        batch_size=CPU_BATCH_SIZE,
+        train_steps=CPU_TRAIN_STEPS,
+        langevin_steps=CPU_LANGEVIN_STEPS,
+        eval_examples=CPU_EVAL_EXAMPLES,
+        eval_batch_size=250,
+        pr=GAUSSIAN_ONLY,
+    )
     cfg.attack.steps = CPU_PGD_STEPS  # PGD / PGD-COR: the same number of inner gradient steps as T
     cfg.checkpoint_every_steps = 25
     cfg.log_every_steps = CPU_TRAIN_STEPS  # each log also measures accuracy on the 10,000 test images
-    group = Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"),
-                  seeds=(0, 1))
+    group = Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pgd_cor", "pat_wos", "pat"), seeds=(0, 1))
     return Suite(
         name="ablation_cpu",
         description="CPU-scale test of Tables 1-2 on real CIFAR-10 (small CNN, scaled-down training)",
         groups=(group,),
-        num_eval_examples=CPU_EVAL_EXAMPLES, eval_batch_size=250,
+        num_eval_examples=CPU_EVAL_EXAMPLES,
+        eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={**GAUSSIAN_ONLY, "seed": 0}, keep_models=False,
+        eval_overrides={**GAUSSIAN_ONLY, "seed": 0},
+        keep_models=False,
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {CPU_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
             f"({CPU_TRAIN_STEPS * CPU_BATCH_SIZE} images, {CPU_TRAIN_STEPS * CPU_BATCH_SIZE / 50000:.2f} epochs of "
             f"the full 50,000-image training set) instead of 100 epochs of batch 256; lr 0.05 (paper 0.01) "
             f"with the paper's MultiStepLR shape (x0.1 at 75 % and 90 % of the run)",
-            f"PAT / PAT(WOS): T = {CPU_LANGEVIN_STEPS} Langevin steps instead of 100 (other sampler settings as the paper)",
+            f"PAT / PAT(WOS): T = {CPU_LANGEVIN_STEPS} Langevin steps instead of 100 "
+            f"(other sampler settings as the paper)",
             f"PGD / PGD-COR training attack: {CPU_PGD_STEPS} steps (paper: 10) of alpha 2/255 in the 8/255 "
             f"L-inf ball, so that PGD and PAT take the same number of inner gradient steps",
             f"evaluation: the first {CPU_EVAL_EXAMPLES} CIFAR-10 test images instead of 10,000; PGD-20 and CW-20 "
             f"as the paper (eps 8/255, alpha 2/255); PR with Gaussian noise, N = 100, eps 0.1/0.12/0.15/0.2",
             "seeds: 2 per method",
-        ))
+        ),
+    )
 
 
 # The smoke suite (smoke_cpu_suite): seconds per run, for tests and for trying out workers.
 SMOKE_TRAIN_STEPS = 4
 SMOKE_BATCH_SIZE = 32
 SMOKE_EVAL_EXAMPLES = 16
-SMOKE_EVAL = {"pr_distributions": ("uniform",), "seed": 0, "pr_samples": 4, "pr_chunk_size": 4, "attack_steps": 2,
-              "bootstrap_resamples": 200}
+SMOKE_EVAL = {
+    "pr_distributions": ("uniform",),
+    "seed": 0,
+    "pr_samples": 4,
+    "pr_chunk_size": 4,
+    "attack_steps": 2,
+    "bootstrap_resamples": 200,
+}
 
 
 def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
     """Real CIFAR-10, small CNN, 4 steps of batch 32, T = 2; clean and PAT x 2 seeds, evaluated
     on 16 images: every piece of a suite (claims, resume, report) in seconds per run."""
     # eval batch: also the batch of the training log's test accuracy: one batch
-    cfg = _cpu_config(data_dir, batch_size=SMOKE_BATCH_SIZE, train_steps=SMOKE_TRAIN_STEPS, langevin_steps=2,
-                      eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=500, pr={"pr_distributions": ("uniform",)})
+    cfg = _cpu_config(
+        data_dir,
+        batch_size=SMOKE_BATCH_SIZE,
+        train_steps=SMOKE_TRAIN_STEPS,
+        langevin_steps=2,
+        eval_examples=SMOKE_EVAL_EXAMPLES,
+        eval_batch_size=500,
+        pr={"pr_distributions": ("uniform",)},
+    )
     cfg.attack.steps = 2
     cfg.checkpoint_every_steps = 2
     cfg.log_every_steps = SMOKE_TRAIN_STEPS
@@ -250,22 +280,27 @@ def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
         name="smoke_cpu",
         description="smoke test of the suite machinery on real CIFAR-10 (a few steps; the figures mean nothing)",
         groups=(group,),
-        num_eval_examples=SMOKE_EVAL_EXAMPLES, eval_batch_size=SMOKE_EVAL_EXAMPLES,
+        num_eval_examples=SMOKE_EVAL_EXAMPLES,
+        eval_batch_size=SMOKE_EVAL_EXAMPLES,
         evaluators=("clean", "pgd20", "pr"),
         eval_overrides=SMOKE_EVAL,
-        curve_every_steps=2, curve_evaluators=("clean", "pr"), curve_methods=("pat",), curve_eval_overrides=SMOKE_EVAL,
+        curve_every_steps=2,
+        curve_evaluators=("clean", "pr"),
+        curve_methods=("pat",),
+        curve_eval_overrides=SMOKE_EVAL,
         matched=((("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "clean")),),
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128)",
             f"training: {SMOKE_TRAIN_STEPS} steps of batch {SMOKE_BATCH_SIZE}; PAT with T = 2",
             f"evaluation: the first {SMOKE_EVAL_EXAMPLES} test images; PGD with 2 steps; PR with N = 4; PAT's "
             "learning curve at step 2",
-        ))
+        ),
+    )
 
 
 # The stationary CPU suite (stationary_cpu_suite): 2 epochs of CIFAR-10, the sampler at stationarity.
-STATIONARY_TRAIN_STEPS = 800          # 2.05 epochs of batch 128
-STATIONARY_LANGEVIN_STEPS = 35        # the diagnostic: the uniform-start chain is at its endpoint by step 32
+STATIONARY_TRAIN_STEPS = 800  # 2.05 epochs of batch 128
+STATIONARY_LANGEVIN_STEPS = 35  # the diagnostic: the uniform-start chain is at its endpoint by step 32
 STATIONARY_EVAL_EXAMPLES = 1000
 STATIONARY_T_SWEEP = (5, 10, 25, 100)  # plus STATIONARY_LANGEVIN_STEPS from the main group
 # The cheaper sampler: a chain started at x is at its endpoint by step 19 (the diagnostic), so T = 20
@@ -276,9 +311,15 @@ STATIONARY_CHEAP_SAMPLER = {"langevin.init": "clean", "langevin.tolerance": 3e-4
 def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
     """Real CIFAR-10, small CNN, 2 epochs, PAT's sampler at stationarity (T = 35 and 100),
     PGD with the paper's 10 steps; a T-sweep and the opt-in cheaper sampler, one seed each."""
-    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
-                      langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
-                      eval_batch_size=250, pr=GAUSSIAN_ONLY)
+    cfg = _cpu_config(
+        data_dir,
+        batch_size=CPU_BATCH_SIZE,
+        train_steps=STATIONARY_TRAIN_STEPS,
+        langevin_steps=STATIONARY_LANGEVIN_STEPS,
+        eval_examples=STATIONARY_EVAL_EXAMPLES,
+        eval_batch_size=250,
+        pr=GAUSSIAN_ONLY,
+    )
     cfg.checkpoint_every_steps = 50
     cfg.log_every_steps = 200
     cfg.progress_bar = False
@@ -293,21 +334,29 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
     groups.append(Group("pat_clean_start_T20", cheap, methods=("pat",), seeds=(0,)))
     # PR(0.2) and PGD-20 against T (seed 0 of each), each paired with PGD and with the paper's T = 100.
     by_steps = {STATIONARY_LANGEVIN_STEPS: "cifar10_small_cnn", **{t: f"pat_T{t}" for t in STATIONARY_T_SWEEP}}
-    paper = [SweepPoint(f"T = {t}", by_steps[t], "pat", 0, value=t, series="uniform start (Algorithm 1)")
-             for t in sorted(by_steps)]
-    cheaper = SweepPoint("start at x, T <= 20", "pat_clean_start_T20", "pat", 0, value=20,
-                         series="start at x, T <= 20, tolerance 3e-4")
+    paper = [
+        SweepPoint(f"T = {t}", by_steps[t], "pat", 0, value=t, series="uniform start (Algorithm 1)")
+        for t in sorted(by_steps)
+    ]
+    cheaper = SweepPoint(
+        "start at x, T <= 20", "pat_clean_start_T20", "pat", 0, value=20, series="start at x, T <= 20, tolerance 3e-4"
+    )
     sweep = Sweep(
-        name="T", axis="Langevin steps T", points=(*paper, cheaper),
-        baselines=(SweepPoint("PGD", "cifar10_small_cnn", "pgd", 0), SweepPoint("PAT T = 100", "pat_T100", "pat", 0)))
+        name="T",
+        axis="Langevin steps T",
+        points=(*paper, cheaper),
+        baselines=(SweepPoint("PGD", "cifar10_small_cnn", "pgd", 0), SweepPoint("PAT T = 100", "pat_T100", "pat", 0)),
+    )
     return Suite(
         name="stationary_cpu",
         description="CPU-scale test of the paper's claim with PAT's sampler at stationarity "
-                    "(small CNN, 2 epochs of CIFAR-10)",
+        "(small CNN, 2 epochs of CIFAR-10)",
         groups=tuple(groups),
-        num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
+        num_eval_examples=STATIONARY_EVAL_EXAMPLES,
+        eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={**GAUSSIAN_ONLY, "seed": 0}, keep_models=False,
+        eval_overrides={**GAUSSIAN_ONLY, "seed": 0},
+        keep_models=False,
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
@@ -321,7 +370,8 @@ def stationary_cpu_suite(data_dir: Optional[str]) -> Suite:
             "PR with Gaussian noise, N = 100, eps 0.1/0.12/0.15/0.2",
             "seeds: 2 per method in the main group, 1 in the T-sweep groups",
         ),
-        sweeps=(sweep,))
+        sweeps=(sweep,),
+    )
 
 
 # The Table-1 CPU suite (table1_cpu_suite): stationary_cpu's runs, kept, evaluated under the
@@ -333,9 +383,15 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
     """stationary_cpu's clean, PGD-10 and PAT (T = 35) runs and the cheaper sampler, 2 seeds each,
     evaluated under the Table-1 protocol (uniform noise headline, Gaussian and p_dis beside) with
     learning curves for the comparison at matched clean accuracy (docs/reproduction.md)."""
-    cfg = _cpu_config(data_dir, batch_size=CPU_BATCH_SIZE, train_steps=STATIONARY_TRAIN_STEPS,
-                      langevin_steps=STATIONARY_LANGEVIN_STEPS, eval_examples=STATIONARY_EVAL_EXAMPLES,
-                      eval_batch_size=250, pr=TABLE1_EVAL)
+    cfg = _cpu_config(
+        data_dir,
+        batch_size=CPU_BATCH_SIZE,
+        train_steps=STATIONARY_TRAIN_STEPS,
+        langevin_steps=STATIONARY_LANGEVIN_STEPS,
+        eval_examples=STATIONARY_EVAL_EXAMPLES,
+        eval_batch_size=250,
+        pr=TABLE1_EVAL,
+    )
     cfg.checkpoint_every_steps = TABLE1_CURVE_EVERY_STEPS
     cfg.max_checkpoints_to_keep = STATIONARY_TRAIN_STEPS // TABLE1_CURVE_EVERY_STEPS  # every curve point
     cfg.log_every_steps = 200
@@ -343,20 +399,26 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
     cheap = copy.deepcopy(cfg)
     for key, value in STATIONARY_CHEAP_SAMPLER.items():
         set_field(cheap, key, value)
-    groups = (Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pat"), seeds=(0, 1)),
-              Group("pat_clean_start_T20", cheap, methods=("pat",), seeds=(0, 1)))
+    groups = (
+        Group("cifar10_small_cnn", cfg, methods=("clean", "pgd", "pat"), seeds=(0, 1)),
+        Group("pat_clean_start_T20", cheap, methods=("pat",), seeds=(0, 1)),
+    )
     return Suite(
         name="table1_cpu",
         description="CPU-scale comparison of PAT and PGD under the Table-1 PR protocol, with learning "
-                    "curves for matched clean accuracy (small CNN, 2 epochs of CIFAR-10)",
+        "curves for matched clean accuracy (small CNN, 2 epochs of CIFAR-10)",
         groups=groups,
-        num_eval_examples=STATIONARY_EVAL_EXAMPLES, eval_batch_size=250,
+        num_eval_examples=STATIONARY_EVAL_EXAMPLES,
+        eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
         eval_overrides={**TABLE1_EVAL, "seed": 0},
         curve_every_steps=TABLE1_CURVE_EVERY_STEPS,
-        curve_evaluators=("clean", "pr"), curve_methods=("pgd", "pat"),
-        matched=((("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "pgd")),
-                 (("pat_clean_start_T20", "pat"), ("cifar10_small_cnn", "pgd"))),
+        curve_evaluators=("clean", "pr"),
+        curve_methods=("pgd", "pat"),
+        matched=(
+            (("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "pgd")),
+            (("pat_clean_start_T20", "pat"), ("cifar10_small_cnn", "pgd")),
+        ),
         curve_eval_overrides={**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0},
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
@@ -371,11 +433,11 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
             "and p_dis beside; learning curves (clean, uniform PR) every "
             f"{TABLE1_CURVE_EVERY_STEPS} steps",
             "seeds: 2 per method",
-        ))
+        ),
+    )
 
 
-PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"),
-                ("cifar100", "wrn50_2"))
+PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"), ("cifar100", "wrn50_2"))
 
 
 def paper_full_suite(data_dir: Optional[str]) -> Suite:
@@ -391,12 +453,14 @@ def paper_full_suite(data_dir: Optional[str]) -> Suite:
     return Suite(
         name="paper_full",
         description="Tables 1 and 2 of the paper at its settings (ResNet-18 / WRN-50-2, CIFAR-10/100, "
-                    "T = 100, 100 epochs, every method)",
+        "T = 100, 100 epochs, every method)",
         groups=tuple(groups),
-        num_eval_examples=-1, eval_batch_size=500,
+        num_eval_examples=-1,
+        eval_batch_size=500,
         evaluators=("clean", "pgd20", "cw20", "pr"),
         eval_overrides={**TABLE1_EVAL, "seed": 0},
-        scaled_down=())
+        scaled_down=(),
+    )
 
 
 SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
@@ -412,4 +476,3 @@ def get_suite(name: str, data_dir: Optional[str]) -> Suite:
     if name not in SUITES:
         raise UserError(f"unknown suite {name!r}; choose one of {sorted(SUITES)}")
     return SUITES[name](data_dir)
-

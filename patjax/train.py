@@ -7,6 +7,7 @@ Algorithm 2), takes the gradient, applies the optimizer and updates BatchNorm st
 It is written on global-batch arrays; the batch is sharded over a 1-D 'data' mesh, so
 batch reductions (the SNIS softmax included) still run over the whole global batch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,14 +26,27 @@ from absl import logging
 from tqdm import tqdm
 
 from patjax import config as config_lib
-from patjax import data, evaluation, methods, sharding, state as state_lib
+from patjax import data, evaluation, methods, sharding
+from patjax import state as state_lib
 from patjax import workdir as workdir_lib
-from patjax.evaluators import clean as clean_evaluator
 from patjax.errors import UserError
+from patjax.evaluators import clean as clean_evaluator
 
 
-def train_step(state: state_lib.TrainState, images, labels, permutation, *, model_fns, method,
-               cfg, steps_per_epoch: int, tx: optax.GradientTransformation, schedule, batch_sharding):
+def train_step(
+    state: state_lib.TrainState,
+    images,
+    labels,
+    permutation,
+    *,
+    model_fns,
+    method,
+    cfg,
+    steps_per_epoch: int,
+    tx: optax.GradientTransformation,
+    schedule,
+    batch_sharding,
+):
     """One step of Algorithm 2 (or of the configured method) on the step's global batch."""
     batch_size = int(cfg.batch_size)
     position = state.step % steps_per_epoch
@@ -46,14 +60,11 @@ def train_step(state: state_lib.TrainState, images, labels, permutation, *, mode
         y = jax.lax.with_sharding_constraint(y, batch_sharding)
 
     grad_fn = jax.value_and_grad(method, has_aux=True)
-    (_, (batch_stats, metrics)), grads = grad_fn(
-        state.params, model_fns, state.batch_stats, x, y, method_key, cfg)
+    (_, (batch_stats, metrics)), grads = grad_fn(state.params, model_fns, state.batch_stats, x, y, method_key, cfg)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, learning_rate=schedule(state.step),
-                   grad_norm=optax.tree.norm(grads))
-    new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
-                              opt_state=opt_state)
+    metrics = dict(metrics, learning_rate=schedule(state.step), grad_norm=optax.tree.norm(grads))
+    new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state)
     return new_state, metrics
 
 
@@ -70,9 +81,16 @@ def create_step(cfg, steps_per_epoch: int, mesh):
 
 def make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, batch_sharding=None):
     method = methods.get_method(cfg.method)
-    step = functools.partial(train_step, model_fns=model_fns, method=method, cfg=cfg,
-                             steps_per_epoch=steps_per_epoch, tx=tx, schedule=schedule,
-                             batch_sharding=batch_sharding)
+    step = functools.partial(
+        train_step,
+        model_fns=model_fns,
+        method=method,
+        cfg=cfg,
+        steps_per_epoch=steps_per_epoch,
+        tx=tx,
+        schedule=schedule,
+        batch_sharding=batch_sharding,
+    )
     return jax.jit(step, donate_argnums=(0,))
 
 
@@ -116,9 +134,11 @@ def check_collectives_pair_across_processes(cfg) -> None:
     else:
         return
     if mode == "train":
-        raise UserError(f"{cfg.method}'s {where} runs BatchNorm on batch statistics, whose all-reduces several "
-                        f"CPU processes can pair wrongly (docs/multiprocess.md); run one process, or set "
-                        f"--config.{setting}=inference")
+        raise UserError(
+            f"{cfg.method}'s {where} runs BatchNorm on batch statistics, whose all-reduces several "
+            f"CPU processes can pair wrongly (docs/multiprocess.md); run one process, or set "
+            f"--config.{setting}=inference"
+        )
 
 
 def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None):
@@ -168,7 +188,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
 
     # Restored straight onto this run's mesh: a checkpoint written on any device count resumes.
     restored, restored_step = workdir_lib.restore_newest_intact(
-        manager, sharding.replicated_target(state, mesh), on_damaged=move_aside)
+        manager, sharding.replicated_target(state, mesh), on_damaged=move_aside
+    )
     if moved:
         manager.reload()  # the moved steps may be saved again
     if restored is not None:
@@ -185,8 +206,14 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
     start = int(state.step)
     end = num_steps if stop_after_steps is None else min(num_steps, start + stop_after_steps)
     writer = _MetricWriter(workdir) if sharding.is_writer() else None
-    progress = tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True, desc=f"train {cfg.method}",
-                    disable=not (cfg.progress_bar and sharding.is_writer()))
+    progress = tqdm(
+        total=num_steps,
+        initial=start,
+        unit="step",
+        dynamic_ncols=True,
+        desc=f"train {cfg.method}",
+        disable=not (cfg.progress_bar and sharding.is_writer()),
+    )
     pending, window_start, window_steps = [], time.perf_counter(), 0
     permutation, permutation_epoch = None, None
     try:
@@ -210,9 +237,11 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
                 summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split, cfg.log_test_examples)
                 if writer is not None:
                     writer.write(done, summary)
-                progress.set_postfix(loss=f"{summary['loss']:.3f}",
-                                     test_acc=f"{summary['test_clean_accuracy']:.3f}",
-                                     img_s=f"{summary['images_per_s']:.1f}")
+                progress.set_postfix(
+                    loss=f"{summary['loss']:.3f}",
+                    test_acc=f"{summary['test_clean_accuracy']:.3f}",
+                    img_s=f"{summary['images_per_s']:.1f}",
+                )
                 logging.info("step %d: %s", done, summary)
                 pending, window_start, window_steps = [], time.perf_counter(), 0
                 if not np.isfinite(summary["loss"]):
@@ -231,6 +260,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
 def _summarize(step_metrics: list) -> dict:
     """Means over the logging window (maxima for *_max, the last learning rate), one transfer."""
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *step_metrics)
-    reduced = {k: (jnp.max(v) if k.endswith("_max") else v[-1] if k == "learning_rate" else jnp.mean(v))
-               for k, v in stacked.items()}
+    reduced = {
+        k: (jnp.max(v) if k.endswith("_max") else v[-1] if k == "learning_rate" else jnp.mean(v))
+        for k, v in stacked.items()
+    }
     return {k: float(v) for k, v in jax.device_get(reduced).items()}

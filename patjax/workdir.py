@@ -13,6 +13,7 @@ Layout:
   .lock              held (flock) by the process that writes the workdir
   .claim             held (flock) by the suite worker working on the run (patjax.runner)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,9 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from patjax import data, kept_models, sharding, state as state_lib
 from patjax import config as config_lib
+from patjax import data, kept_models, sharding
+from patjax import state as state_lib
 from patjax.config import RESUMABLE_FIELDS, validate
 from patjax.errors import UserError
 
@@ -49,8 +51,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
         cfg = config_lib.upgrade(saved)
         validate(cfg)  # every config read from a workdir is checked here, as train checks a new one
     except (AttributeError, KeyError, TypeError, ValueError) as error:  # JSON, but not a config's shape
-        raise UserError(f"{config_path(workdir)} is damaged ({type(error).__name__}: "
-                        f"{' '.join(str(error).split())[:100]}); restore it or start a new --workdir") from None
+        raise UserError(
+            f"{config_path(workdir)} is damaged ({type(error).__name__}: "
+            f"{' '.join(str(error).split())[:100]}); restore it or start a new --workdir"
+        ) from None
     return cfg
 
 
@@ -69,12 +73,15 @@ def check_resume_compatible(cfg, workdir: str) -> None:
     saved = _flatten(json.loads(load_config(workdir).to_json()))
     current = _flatten(json.loads(cfg.to_json()))
     differing = sorted(
-        k for k in set(saved) | set(current)
-        if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k))
+        k
+        for k in set(saved) | set(current)
+        if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
+    )
     if differing:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:4])
-        raise UserError(f"config does not match the checkpoint in {workdir!r} ({shown}); "
-                        "use a new --workdir or the saved config")
+        raise UserError(
+            f"config does not match the checkpoint in {workdir!r} ({shown}); use a new --workdir or the saved config"
+        )
     step = latest_step(workdir)
     if step is not None:
         _check_passed_milestones(load_config(workdir), cfg, step)
@@ -90,9 +97,11 @@ def _check_passed_milestones(saved, cfg, step: int) -> None:
     if passed != now:
         total = state_lib.total_steps(cfg, steps_per_epoch)
         keep = ", ".join(f"{b / total:.6g}" for b in passed)
-        raise UserError(f"resuming at step {step} would move the learning-rate milestones the run has passed "
-                        f"(steps {passed} -> {now}); keep them with lr_decay_fractions starting ({keep}) for "
-                        f"{total} steps, or use a new --workdir")
+        raise UserError(
+            f"resuming at step {step} would move the learning-rate milestones the run has passed "
+            f"(steps {passed} -> {now}); keep them with lr_decay_fractions starting ({keep}) for "
+            f"{total} steps, or use a new --workdir"
+        )
 
 
 def save_config(cfg, workdir: str) -> None:
@@ -104,7 +113,6 @@ def save_config(cfg, workdir: str) -> None:
 
 
 def json_safe(obj):
-
     """obj with NaN and +-inf (also as numpy scalars) replaced by None, for strict JSON."""
     if isinstance(obj, dict):
         return {k: json_safe(v) for k, v in obj.items()}
@@ -149,6 +157,7 @@ def write_json(path: str, obj) -> Any:
     def write(tmp):
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=2, allow_nan=False)
+
     _atomic(path, write)
     return obj
 
@@ -157,6 +166,7 @@ def write_text(path: str, text: str) -> None:
     def write(tmp):
         with open(tmp, "w") as f:
             f.write(text)
+
     _atomic(path, write)
 
 
@@ -172,10 +182,11 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
 # ---------------------------------------------------------------------------------------
 # Locks: one writer per workdir, one worker per suite run, one writer of a suite's report.
 
+
 @dataclasses.dataclass(frozen=True)
 class Lock:
-    held: bool    # whether this process holds the lock
-    holder: str   # who holds it: `role (pid P on HOST, since TIME)` as its holder wrote it
+    held: bool  # whether this process holds the lock
+    holder: str  # who holds it: `role (pid P on HOST, since TIME)` as its holder wrote it
 
 
 @contextlib.contextmanager
@@ -200,11 +211,11 @@ def lock(path: str, role: str, *, wait: bool = False):
             yield Lock(held=False, holder=holder)
             return
         except OSError as error:  # e.g. Lustre mounted without flock support
-            raise UserError(f"cannot lock {path}: {error.strerror or error}; the filesystem must support "
-                            "flock (docs/cluster.md)") from None
+            raise UserError(
+                f"cannot lock {path}: {error.strerror or error}; the filesystem must support flock (docs/cluster.md)"
+            ) from None
         os.ftruncate(fd, 0)
-        me = (f"{role} (pid {os.getpid()} on {socket.gethostname()}, since "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S')})")
+        me = f"{role} (pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')})"
         os.pwrite(fd, (me + "\n").encode(), 0)
         yield Lock(held=True, holder=me)
     finally:
@@ -223,8 +234,7 @@ def exclusive(workdir: str, role: str):
     path = os.path.join(workdir, ".lock")
     with lock(path, role) as held:
         if not held.held:
-            raise UserError(f"{workdir!r} is in use by {held.holder}; wait for it to finish, or use "
-                            "another --workdir")
+            raise UserError(f"{workdir!r} is in use by {held.holder}; wait for it to finish, or use another --workdir")
         try:
             yield
         finally:
@@ -236,11 +246,11 @@ def exclusive(workdir: str, role: str):
 # ---------------------------------------------------------------------------------------
 # Checkpoints.
 
+
 def checkpoint_manager(workdir: str, max_to_keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
     # Orbax writes each step to a temporary directory and renames it when complete, so a
     # checkpoint a kill interrupted is never listed or restored.
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                           enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, enable_async_checkpointing=False)
     return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"), options=options)
 
 
@@ -256,8 +266,9 @@ def latest_step(workdir: str) -> Optional[int]:
     return None if step is None else int(step)
 
 
-def restore_newest_intact(manager: ocp.CheckpointManager, target: Any, *,
-                          on_damaged: Optional[Callable[[int], str]] = None):
+def restore_newest_intact(
+    manager: ocp.CheckpointManager, target: Any, *, on_damaged: Optional[Callable[[int], str]] = None
+):
     """(state, step) from the newest checkpoint that restores onto `target`, or (None, None).
 
     A step that fails to restore (a truncated or missing file: a full disk, a copy cut short)
@@ -277,13 +288,18 @@ def restore_newest_intact(manager: ocp.CheckpointManager, target: Any, *,
             continue
         for bad, why in failures:
             done = on_damaged(bad) if on_damaged is not None else "skipped"
-            print(f"warning: checkpoint step {bad} in {manager.directory} could not be restored "
-                  f"({why}); {done}; restored step {step}", file=sys.stderr)
+            print(
+                f"warning: checkpoint step {bad} in {manager.directory} could not be restored "
+                f"({why}); {done}; restored step {step}",
+                file=sys.stderr,
+            )
         return state, int(step)
     if failures:
         step, why = failures[0]
-        raise UserError(f"no checkpoint in {manager.directory} could be restored (newest: step {step}, "
-                        f"{why}); move the damaged step directories away to start over")
+        raise UserError(
+            f"no checkpoint in {manager.directory} could be restored (newest: step {step}, "
+            f"{why}); move the damaged step directories away to start over"
+        )
     return None, None
 
 
@@ -334,8 +350,13 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
         params, batch_stats, _ = kept_models.load(workdir, wanted, abstract.params, abstract.batch_stats)
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         params, batch_stats = jax.device_put((params, batch_stats), replicated)
-        state = state_lib.TrainState(step=jax.numpy.asarray(wanted, jax.numpy.int32), params=params,
-                                     batch_stats=batch_stats, opt_state=None, rng=None)
+        state = state_lib.TrainState(
+            step=jax.numpy.asarray(wanted, jax.numpy.int32),
+            params=params,
+            batch_stats=batch_stats,
+            opt_state=None,
+            rng=None,
+        )
         return cfg, model_holder["fns"], state
     manager = checkpoint_manager(workdir, create=False)
     try:
@@ -344,8 +365,10 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
         elif wanted in manager.all_steps():
             state = manager.restore(wanted, args=ocp.args.StandardRestore(sharding.replicated_target(abstract, mesh)))
         else:
-            raise UserError(f"{workdir!r} has no model of step {wanted} (kept models: "
-                            f"{kept_models.steps(workdir) or 'none'}; checkpoints: {sorted(manager.all_steps()) or 'none'})")
+            raise UserError(
+                f"{workdir!r} has no model of step {wanted} (kept models: "
+                f"{kept_models.steps(workdir) or 'none'}; checkpoints: {sorted(manager.all_steps()) or 'none'})"
+            )
     finally:
         manager.close()
     return cfg, model_holder["fns"], state
@@ -380,7 +403,12 @@ def keep_models(workdir: str, steps_to_keep=None) -> list[int]:
         if (steps_to_keep is not None and step not in steps_to_keep) or step in kept_models.steps(workdir):
             continue
         _, _, state = restore(workdir, step=step)
-        kept_models.save(workdir, step, jax.device_get(state.params), jax.device_get(state.batch_stats),
-                         {"model": cfg.model, "dataset": cfg.dataset, "method": cfg.method, "seed": cfg.seed})
+        kept_models.save(
+            workdir,
+            step,
+            jax.device_get(state.params),
+            jax.device_get(state.batch_stats),
+            {"model": cfg.model, "dataset": cfg.dataset, "method": cfg.method, "seed": cfg.seed},
+        )
         written.append(step)
     return written

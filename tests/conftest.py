@@ -1,4 +1,5 @@
 """Shared test fixtures. Tests run on the CPU, without network, on tiny models."""
+
 import pathlib
 
 import jax
@@ -18,8 +19,10 @@ def find_data_dir():
     found = data.find_data_dir()
     if found:
         return found
-    raise RuntimeError("real CIFAR data not found: set PATJAX_DATA_DIR to a directory holding "
-                       "cifar-10-batches-bin/ (the project's tests use ../shared/data)")
+    raise RuntimeError(
+        "real CIFAR data not found: set PATJAX_DATA_DIR to a directory holding "
+        "cifar-10-batches-bin/ (the project's tests use ../shared/data)"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
 """Tiny models for tests, with closed-form gradients."""
+
 import flax.linen as nn
 import numpy as np
 

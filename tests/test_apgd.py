@@ -1,6 +1,7 @@
 """APGD and CW against independent computations: hand-written losses, the checkpoint formula of
 Croce & Hein (2020), closed-form worst cases of a linear classifier, PGD-20 on a trained MLP, and a
 float64 numpy transcription of fra31/auto-attack's APGD on an MLP with a hand-written gradient."""
+
 import functools
 
 import jax
@@ -26,10 +27,12 @@ def test_dlr_and_cw_losses_equal_hand_computations():
     y = np.array([0, 0, 1])
     np.testing.assert_allclose(attacks.dlr_loss(jnp.asarray(z), jnp.asarray(y)), np_dlr(z, y), rtol=1e-6)
     # CW: -max(z_y - max_{j!=y} z_j + kappa, 0) by hand: rows give z_y - other = 1, -3.5, 0.
-    np.testing.assert_allclose(attacks.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=50.0),
-                               [-51.0, -46.5, -50.0], rtol=1e-6)
-    np.testing.assert_allclose(attacks.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=0.0),
-                               [-1.0, 0.0, 0.0], atol=1e-7)
+    np.testing.assert_allclose(
+        attacks.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=50.0), [-51.0, -46.5, -50.0], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        attacks.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=0.0), [-1.0, 0.0, 0.0], atol=1e-7
+    )
 
 
 def test_checkpoints_follow_the_papers_recursion():
@@ -72,8 +75,16 @@ def test_apgd_and_cw_reach_the_closed_form_worst_case_of_a_linear_classifier():
         np.testing.assert_array_equal(np.asarray(result.robust)[clear], robust[clear])
         delta = np.asarray(result.x_adv) - x
         assert np.abs(delta).max() <= eps + 1e-6 and result.x_adv.min() >= 0 and result.x_adv.max() <= 1
-    cw_adv = attacks.pgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, step_size=eps / 4, steps=20,
-                         loss_fn=attacks.cw_margin_loss)
+    cw_adv = attacks.pgd(
+        logits_fn,
+        key,
+        jnp.asarray(x),
+        jnp.asarray(y),
+        eps=eps,
+        step_size=eps / 4,
+        steps=20,
+        loss_fn=attacks.cw_margin_loss,
+    )
     cw_robust = np.asarray(logits_fn(cw_adv)).argmax(1) == y
     np.testing.assert_array_equal(cw_robust[clear], robust[clear])
 
@@ -84,8 +95,12 @@ def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
     x = rng.uniform(0, 1, size=(n, d)).astype(np.float32)
     t = (x - 0.5) @ rng.normal(size=(d, 2)) / np.sqrt(d) * 3
     y = (np.sin(2 * t[:, 0]) + t[:, 1] > 0.3).astype(np.int32) + (t[:, 1] > 0.8)
-    params = {"w1": jnp.asarray(rng.normal(size=(d, h)) / np.sqrt(d), jnp.float32), "b1": jnp.zeros(h),
-              "w2": jnp.asarray(rng.normal(size=(h, k)) / np.sqrt(h), jnp.float32), "b2": jnp.zeros(k)}
+    params = {
+        "w1": jnp.asarray(rng.normal(size=(d, h)) / np.sqrt(d), jnp.float32),
+        "b1": jnp.zeros(h),
+        "w2": jnp.asarray(rng.normal(size=(h, k)) / np.sqrt(h), jnp.float32),
+        "b2": jnp.zeros(k),
+    }
 
     def apply(p, z):
         return jnp.tanh(z.reshape(z.shape[0], -1) @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
@@ -99,6 +114,7 @@ def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
             g = jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(apply(p, x), y).mean())(p)
             u, s = tx.update(g, s)
             return optax.apply_updates(p, u), s
+
         return jax.lax.fori_loop(0, 300, step, (p, tx.init(p)))[0]
 
     params = train(params)
@@ -130,6 +146,7 @@ def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
 # The model is a tanh MLP whose input gradient is written out by hand, so the reference shares no
 # code with patjax (not even the autodiff).
 
+
 def np_mlp_logits(p, z):
     return np.tanh(z @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
 
@@ -137,7 +154,7 @@ def np_mlp_logits(p, z):
 def np_mlp_input_grad(p, z, dlogits):
     """d/dz of sum_i <dlogits_i, logits(z_i)>: back through W2, tanh' = 1 - tanh^2, W1."""
     hidden = np.tanh(z @ p["w1"] + p["b1"])
-    return ((dlogits @ p["w2"].T) * (1.0 - hidden ** 2)) @ p["w1"].T
+    return ((dlogits @ p["w2"].T) * (1.0 - hidden**2)) @ p["w1"].T
 
 
 def np_ce_and_dlogits(z, y):
@@ -159,8 +176,8 @@ def np_dlr_and_dlogits(z, y):
     g = np.zeros_like(z)
     np.add.at(g, (u, y), -1.0 / den)
     np.add.at(g, (u, other), 1.0 / den)
-    np.add.at(g, (u, order[:, -1]), num / den ** 2)
-    np.add.at(g, (u, order[:, -3]), -num / den ** 2)
+    np.add.at(g, (u, order[:, -1]), num / den**2)
+    np.add.at(g, (u, order[:, -3]), -num / den**2)
     return -num / den, g
 
 
@@ -195,8 +212,9 @@ def np_attack_single_run(x, y, t, eps, n_iter, loss_logits_grad, rho=0.75, liter
         a = 0.75 if i > 0 else 1.0
         x_adv_1 = x_adv + step_size * np.sign(grad)
         x_adv_1 = np.clip(np.minimum(np.maximum(x_adv_1, x - eps), x + eps), 0.0, 1.0)
-        x_adv_1 = np.clip(np.minimum(np.maximum(x_adv + (x_adv_1 - x_adv) * a + grad2 * (1 - a),
-                                                x - eps), x + eps), 0.0, 1.0)
+        x_adv_1 = np.clip(
+            np.minimum(np.maximum(x_adv + (x_adv_1 - x_adv) * a + grad2 * (1 - a), x - eps), x + eps), 0.0, 1.0
+        )
         x_adv = x_adv_1 + 0.0
         loss_indiv, logits, grad = loss_logits_grad(x_adv, y)
         pred = logits.argmax(1) == y
@@ -237,8 +255,9 @@ def np_perturb(x, y, t, eps, n_iter, loss_logits_grad, predict):
     acc = predict(x).argmax(1) == y
     adv = x.copy()
     ind_to_fool = np.nonzero(acc)[0]
-    _, acc_curr, _, adv_curr, _ = np_attack_single_run(x[ind_to_fool], y[ind_to_fool], t[ind_to_fool],
-                                                       eps, n_iter, loss_logits_grad)
+    _, acc_curr, _, adv_curr, _ = np_attack_single_run(
+        x[ind_to_fool], y[ind_to_fool], t[ind_to_fool], eps, n_iter, loss_logits_grad
+    )
     ind_curr = ~acc_curr
     acc[ind_to_fool[ind_curr]] = False
     adv[ind_to_fool[ind_curr]] = adv_curr[ind_curr]
@@ -249,8 +268,12 @@ def mlp_problem(seed=2, n=48, d=8, h=8, k=4, scale=6.0):
     """A random tanh MLP with saturating units (so losses climb steadily for some examples and
     oscillate for others) and a batch with every fifth label wrong."""
     rng = np.random.default_rng(seed)
-    p = {"w1": rng.normal(size=(d, h)) / np.sqrt(d) * scale, "b1": rng.normal(size=h),
-         "w2": rng.normal(size=(h, k)) / np.sqrt(h) * scale, "b2": 0.1 * rng.normal(size=k)}
+    p = {
+        "w1": rng.normal(size=(d, h)) / np.sqrt(d) * scale,
+        "b1": rng.normal(size=h),
+        "w2": rng.normal(size=(h, k)) / np.sqrt(h) * scale,
+        "b2": 0.1 * rng.normal(size=k),
+    }
     x = rng.uniform(0.0, 1.0, size=(n, d))
     y = np_mlp_logits(p, x).argmax(1)
     y[::5] = (y[::5] + 1) % k
@@ -273,8 +296,9 @@ def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts
         t = np.asarray(jax.random.uniform(key, x.shape, jnp.float64, -1.0, 1.0))  # apgd's draw
         for steps in (100, 10):
             for loss, np_loss in (("ce", np_ce_and_dlogits), ("dlr", np_dlr_and_dlogits)):
-                result = attacks.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=APGD_EPS,
-                                      steps=steps, loss=loss)
+                result = attacks.apgd(
+                    logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=APGD_EPS, steps=steps, loss=loss
+                )
                 result = jax.tree.map(np.asarray, result)
                 assert result.x_adv.dtype == np.float64
 

@@ -1,21 +1,47 @@
 """The layering of docs/architecture.md: imports go downward only and sit at module top."""
+
 import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 LAYERS = {  # lower number = lower layer; a module may import its own layer or below
-    "errors": 0, "cli": 0, "logits": 0,
-    "ops": 1, "stats": 1, "download": 1, "data": 1, "samplers": 1, "attacks": 1, "square": 1, "fab": 1, "robustness": 1,
-    "models": 2, "methods": 2,
+    "errors": 0,
+    "cli": 0,
+    "logits": 0,
+    "ops": 1,
+    "stats": 1,
+    "download": 1,
+    "data": 1,
+    "samplers": 1,
+    "attacks": 1,
+    "square": 1,
+    "fab": 1,
+    "robustness": 1,
+    "models": 2,
+    "methods": 2,
     "config": 3,
-    "state": 4, "sharding": 4, "kept_models": 4, "workdir": 4, "eval_files": 4,
-    "evaluators": 5, "evaluators.common": 5, "evaluators.clean": 5, "evaluators.attack": 5,
-    "evaluators.apgd": 5, "evaluators.autoattack": 5, "evaluators.pr": 5, "report": 5,
+    "state": 4,
+    "sharding": 4,
+    "kept_models": 4,
+    "workdir": 4,
+    "eval_files": 4,
+    "evaluators": 5,
+    "evaluators.common": 5,
+    "evaluators.clean": 5,
+    "evaluators.attack": 5,
+    "evaluators.apgd": 5,
+    "evaluators.autoattack": 5,
+    "evaluators.pr": 5,
+    "report": 5,
     "evaluation": 6,
-    "train": 7, "diagnose": 7,
-    "suites": 8, "suite_results": 8, "runner": 8,
-    "evaluate": 9, "experiments": 9,
+    "train": 7,
+    "diagnose": 7,
+    "suites": 8,
+    "suite_results": 8,
+    "runner": 8,
+    "evaluate": 9,
+    "experiments": 9,
 }
 COMMAND_LINES = ("evaluate", "experiments", "diagnose")
 
@@ -74,13 +100,19 @@ def test_evaluators_and_below_import_no_files_reports_or_command_lines():
             forbidden = {"report", *COMMAND_LINES}
         else:
             continue
-        problems += [f"{name} imports {imported}" for imported, _ in project_imports(ast.parse(path.read_text()))
-                     if imported in forbidden]
+        problems += [
+            f"{name} imports {imported}"
+            for imported, _ in project_imports(ast.parse(path.read_text()))
+            if imported in forbidden
+        ]
     assert not problems, "\n".join(problems)
 
 
 def test_the_import_checker_sees_every_import_form():
-    tree = ast.parse("from patjax import a, b as c\nfrom patjax.evaluators import pr\nimport patjax.x\n"
-                     "from patjax.workdir import f\ndef g():\n    from patjax import late\n")
-    assert sorted(project_imports(tree)) == sorted([("a", True), ("b", True), ("evaluators.pr", True), ("x", True),
-                                                    ("workdir", True), ("late", False)])
+    tree = ast.parse(
+        "from patjax import a, b as c\nfrom patjax.evaluators import pr\nimport patjax.x\n"
+        "from patjax.workdir import f\ndef g():\n    from patjax import late\n"
+    )
+    assert sorted(project_imports(tree)) == sorted(
+        [("a", True), ("b", True), ("evaluators.pr", True), ("x", True), ("workdir", True), ("late", False)]
+    )

@@ -1,11 +1,12 @@
 """Inner attacks of the baselines against closed forms and independent numpy re-computations."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Linear, np_softmax
 
 from patjax import attacks
-from helpers import Linear, np_softmax
 
 EPS = 0.1
 
@@ -36,8 +37,9 @@ def assert_in_ball_and_box(x_adv, x, eps):
 def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
     logits_fn, x, y, _, _ = linear_setup()
     key = jax.random.PRNGKey(5)
-    settings = attacks.AtprSettings(eps=EPS, step_size=0.03, steps=3, num_candidates=3,
-                                    eps_spread=0.05, steps_above=2, refine_max_iters=5)
+    settings = attacks.AtprSettings(
+        eps=EPS, step_size=0.03, steps=3, num_candidates=3, eps_spread=0.05, steps_above=2, refine_max_iters=5
+    )
 
     @jax.jit
     def run_all(x, y, key):
@@ -74,10 +76,10 @@ def test_pgd_with_a_margin_loss_reaches_the_closed_form_worst_case_for_four_clas
     # For the margin to a fixed class j, -(z_y - z_j), the worst case is x - eps * sign(w_y - w_j).
     logits_fn, x, y, W, _ = linear_setup(batch=4, k=4, interior=True, seed=2)
     j = (np.asarray(y) + 1) % 4
-    margin_loss = lambda z, t: -(jnp.take_along_axis(z, t[:, None], -1)[:, 0]
-                                 - jnp.take_along_axis(z, jnp.asarray(j)[:, None], -1)[:, 0])
-    x_adv = attacks.pgd(logits_fn, jax.random.PRNGKey(4), x, y, eps=EPS, step_size=0.05, steps=6,
-                        loss_fn=margin_loss)
+    margin_loss = lambda z, t: (
+        -(jnp.take_along_axis(z, t[:, None], -1)[:, 0] - jnp.take_along_axis(z, jnp.asarray(j)[:, None], -1)[:, 0])
+    )
+    x_adv = attacks.pgd(logits_fn, jax.random.PRNGKey(4), x, y, eps=EPS, step_size=0.05, steps=6, loss_fn=margin_loss)
     direction = np.stack([np.sign(W[:, int(t)] - W[:, jj]) for t, jj in zip(np.asarray(y), j)])
     expected = np.asarray(x) - EPS * direction.reshape(x.shape)
     np.testing.assert_allclose(x_adv, expected, atol=1e-6)
@@ -186,8 +188,9 @@ def test_trades_and_mart_attacks_project_onto_the_eps_ball_at_every_step():
         expected = np_sign_ascent(start, xn, grad, eps, step_size, steps)
         np.testing.assert_allclose(got, expected, atol=1e-5)
         assert (np.abs(np.abs(expected - xn) - eps) < 1e-9).any()  # on the ball's surface
-        project_at_the_end = np.clip(np.clip(np_sign_ascent(start, xn, grad, np.inf, step_size, steps),
-                                             xn - eps, xn + eps), 0, 1)
+        project_at_the_end = np.clip(
+            np.clip(np_sign_ascent(start, xn, grad, np.inf, step_size, steps), xn - eps, xn + eps), 0, 1
+        )
         assert np.abs(project_at_the_end - expected).max() > step_size / 2
 
 
@@ -217,9 +220,16 @@ def np_pick_best_ae(candidates, y, predict, grad_fn, step_size, max_iters, fract
 
 def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_reference_does():
     logits_fn, x, y, W, b = linear_setup(batch=8, k=3, seed=4)
-    settings = attacks.AtprSettings(eps=EPS, step_size=0.02, steps=3, num_candidates=4,
-                                    eps_spread=0.05, step_size_spread=0.01, steps_above=3,
-                                    refine_max_iters=6)
+    settings = attacks.AtprSettings(
+        eps=EPS,
+        step_size=0.02,
+        steps=3,
+        num_candidates=4,
+        eps_spread=0.05,
+        step_size_spread=0.01,
+        steps_above=3,
+        refine_max_iters=6,
+    )
     result = attacks.atpr_search(logits_fn, jax.random.PRNGKey(8), x, y, settings)
     candidates = np.asarray(result.candidates, np.float64)
     x_sel, choice = np.asarray(result.x_adv), np.asarray(result.choice)
@@ -239,7 +249,7 @@ def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_ref
 
 
 def test_atpr_falls_back_to_the_standard_pgd_point_and_caps_the_refinement():
-    model_bias = lambda label: (lambda z: jnp.zeros((z.shape[0], 3)).at[:, label].set(5.0))
+    model_bias = lambda label: lambda z: jnp.zeros((z.shape[0], 3)).at[:, label].set(5.0)
     x = jax.random.uniform(jax.random.PRNGKey(0), (6, 2, 2, 3))
     y = jnp.zeros((6,), jnp.int32)
     settings = attacks.AtprSettings(eps=EPS, step_size=0.02, steps=2, num_candidates=3, refine_max_iters=7)

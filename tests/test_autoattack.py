@@ -1,11 +1,12 @@
 """The aa evaluator (standard AutoAttack): on a linear model the exact L-inf robustness within
 [0, 1]^d is a closed form, which AutoAttack must reach; each attack runs only on the images the
 ones before it left robust; the masking checks are reported."""
+
 import numpy as np
 import pytest
+from test_evaluation import tiny_config, tiny_setup
 
 from patjax import data, evaluation
-from test_evaluation import tiny_config, tiny_setup
 
 EPS = 0.03
 
@@ -14,8 +15,9 @@ def worst_case_margin(W, b, x, y, eps):
     """min over j != y and z in the eps-ball ∩ [0,1]^d of (w_y - w_j).z + b_y - b_j: separable, so
     each coordinate sits at the end of its interval that the sign of its coefficient picks."""
     lo, hi = np.maximum(x - eps, 0.0), np.minimum(x + eps, 1.0)
-    margins = [(W[:, y] - W[:, j]) @ np.where(W[:, y] - W[:, j] > 0, lo, hi) + b[y] - b[j]
-               for j in range(W.shape[1]) if j != y]
+    margins = [
+        (W[:, y] - W[:, j]) @ np.where(W[:, y] - W[:, j] > 0, lo, hi) + b[y] - b[j] for j in range(W.shape[1]) if j != y
+    ]
     return min(margins)
 
 
@@ -24,8 +26,9 @@ def evaluated():
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
     cfg = tiny_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
-    results = evaluation.evaluate_state(cfg, model_fns, state, split, batch_size=8, progress=False,
-                                        evaluators="aa", per_image_out=per_image)
+    results = evaluation.evaluate_state(
+        cfg, model_fns, state, split, batch_size=8, progress=False, evaluators="aa", per_image_out=per_image
+    )
     return state, split, results, per_image
 
 

@@ -1,19 +1,19 @@
 """The baseline methods: losses against numpy transcriptions of the reference formulas, their
 gradients against finite differences, BatchNorm statistics against the closed-form momentum
 chain, the COR variants at beta = 0, and two training steps of every method."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-
-from patjax import attacks, data, methods, train
-from patjax.config import default_config, validate
-from patjax.errors import UserError
-from patjax import models
-from patjax.models import SmallCNN
 from helpers import Linear, np_cross_entropy, np_softmax
 from test_train import tiny_config
+
+from patjax import attacks, data, methods, models, train
+from patjax.config import default_config, validate
+from patjax.errors import UserError
+from patjax.models import SmallCNN
 
 K = 4
 
@@ -80,7 +80,8 @@ def np_loss(name, z_clean, z_adv, y, cfg):
         return np_cross_entropy(z_clean, y).mean() + cfg.clp.weight * pairing
     if name == "trades":  # loss_natural + beta * KLDivLoss(log_softmax(adv), softmax(clean)) / B
         return np_cross_entropy(z_clean, y).mean() + cfg.trades.beta * np.mean(
-            np_kl(np_softmax(z_clean), np_softmax(z_adv)))
+            np_kl(np_softmax(z_clean), np_softmax(z_adv))
+        )
     if name == "mart":  # YisenWang/MART mart.py, line by line
         adv_probs = np_softmax(z_adv)
         tmp1 = np.argsort(adv_probs, axis=1)[:, -2:]
@@ -95,20 +96,31 @@ def np_loss(name, z_clean, z_adv, y, cfg):
 
 
 FORMULA_CASES = [
-    ("clean", {}), ("fgsm", {}), ("fgsm", {"fgsm.random_start": True}), ("pgd", {}),
-    ("alp", {}), ("clp", {}), ("trades", {}), ("mart", {}), ("mart", {"mart.beta": 2.5}),
-    ("atpr", {}), ("pgd_cor", {"pat.beta": 0.5}), ("fgsm_cor", {"pat.beta": 0.5}),
+    ("clean", {}),
+    ("fgsm", {}),
+    ("fgsm", {"fgsm.random_start": True}),
+    ("pgd", {}),
+    ("alp", {}),
+    ("clp", {}),
+    ("trades", {}),
+    ("mart", {}),
+    ("mart", {"mart.beta": 2.5}),
+    ("atpr", {}),
+    ("pgd_cor", {"pat.beta": 0.5}),
+    ("fgsm_cor", {"pat.beta": 0.5}),
 ]
 
 
-@pytest.mark.parametrize("name,overrides", FORMULA_CASES,
-                         ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in FORMULA_CASES])
+@pytest.mark.parametrize(
+    "name,overrides", FORMULA_CASES, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in FORMULA_CASES]
+)
 def test_loss_equals_the_reference_formula_on_the_attacks_batch(name, overrides):
     model, x, y, params = linear_setup()
     cfg = baseline_config(**overrides)
     key = jax.random.PRNGKey(7)
-    loss, (_, metrics) = jax.jit(lambda p: methods.METHODS[name](
-        p, models.ModelFns(model.apply), {}, x, y, key, cfg))(params)
+    loss, (_, metrics) = jax.jit(lambda p: methods.METHODS[name](p, models.ModelFns(model.apply), {}, x, y, key, cfg))(
+        params
+    )
     logits_fn = lambda z: model.apply({"params": params}, z)
     x_adv = jax.jit(lambda: adversarial_batch(name, logits_fn, x, y, key, cfg))()
     z_clean = np.asarray(logits_fn(x), np.float64)
@@ -136,8 +148,9 @@ def test_gradient_equals_finite_differences_of_the_formula_at_the_fixed_adversar
     model, x, y, params = linear_setup()
     cfg = baseline_config()
     key = jax.random.PRNGKey(3)
-    grad = jax.jit(jax.grad(lambda p: methods.METHODS[name](
-        p, models.ModelFns(model.apply), {}, x, y, key, cfg)[0]))(params)
+    grad = jax.jit(jax.grad(lambda p: methods.METHODS[name](p, models.ModelFns(model.apply), {}, x, y, key, cfg)[0]))(
+        params
+    )
     x_adv = jax.jit(lambda: adversarial_batch(name, lambda z: model.apply({"params": params}, z), x, y, key, cfg))()
     W = np.asarray(params["Dense_0"]["kernel"], np.float64)
     b = np.asarray(params["Dense_0"]["bias"], np.float64)
@@ -156,12 +169,15 @@ def cnn_setup():
     return model, x, y, variables["params"], variables["batch_stats"]
 
 
-@pytest.mark.parametrize("name,passes,attack_mode", [
-    ("trades", "xax", "inference"),  # trades.py: model(x), model(x_adv), model(x) in train()
-    ("mart", "xa", "inference"),     # mart.py: model(x), model(x_adv)
-    ("alp", "aax", "train"),         # AT-PR ALP: model(x_pgd), model(x_pgd), model(x)
-    ("clp", "xax", "train"),         # AT-PR CLP: model(x), model(x_pgd), model(x)
-])
+@pytest.mark.parametrize(
+    "name,passes,attack_mode",
+    [
+        ("trades", "xax", "inference"),  # trades.py: model(x), model(x_adv), model(x) in train()
+        ("mart", "xa", "inference"),  # mart.py: model(x), model(x_adv)
+        ("alp", "aax", "train"),  # AT-PR ALP: model(x_pgd), model(x_pgd), model(x)
+        ("clp", "xax", "train"),  # AT-PR CLP: model(x), model(x_pgd), model(x)
+    ],
+)
 def test_running_statistics_follow_the_references_passes(name, passes, attack_mode):
     """r_n = m^n r_0 + sum_i m^(n-i) (1 - m) s_i over the passes' batch statistics s_i."""
     model, x, y, params, stats = cnn_setup()
@@ -169,8 +185,9 @@ def test_running_statistics_follow_the_references_passes(name, passes, attack_mo
     cfg = baseline_config()
     key = jax.random.PRNGKey(2)
     _, (new_stats, _) = jax.jit(lambda p, s: methods.METHODS[name](p, fns, s, x, y, key, cfg))(params, stats)
-    x_adv = jax.jit(lambda p, s: adversarial_batch(
-        name, fns.attack_logits_fn(p, s, attack_mode), x, y, key, cfg))(params, stats)
+    x_adv = jax.jit(lambda p, s: adversarial_batch(name, fns.attack_logits_fn(p, s, attack_mode), x, y, key, cfg))(
+        params, stats
+    )
     zeros = jax.tree.map(jnp.zeros_like, stats)
     m = 0.9  # Flax momentum (kept fraction) = 1 - PyTorch's 0.1
 
@@ -180,7 +197,7 @@ def test_running_statistics_follow_the_references_passes(name, passes, attack_mo
 
     s = {"x": batch_statistics(x), "a": batch_statistics(x_adv)}
     n = len(passes)
-    expected = jax.tree.map(lambda r: m ** n * np.asarray(r, np.float64), stats)
+    expected = jax.tree.map(lambda r: m**n * np.asarray(r, np.float64), stats)
     for i, p in enumerate(passes, start=1):
         expected = jax.tree.map(lambda e, si: e + m ** (n - i) * (1 - m) * si, expected, s[p])
     jax.tree.map(lambda a, e: np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-6), new_stats, expected)
@@ -192,8 +209,9 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     fns = models.ModelFns(model.apply)
     cfg = baseline_config(**{"pat.beta": 0.0})
     key = jax.random.PRNGKey(4)
-    run = lambda name: jax.jit(jax.value_and_grad(
-        lambda p: methods.METHODS[name](p, fns, stats, x, y, key, cfg), has_aux=True))(params)
+    run = lambda name: jax.jit(
+        jax.value_and_grad(lambda p: methods.METHODS[name](p, fns, stats, x, y, key, cfg), has_aux=True)
+    )(params)
     (loss_cor, (stats_cor, _)), grad_cor = run(cor)
     (loss_plain, (stats_plain, _)), grad_plain = run(plain)
     np.testing.assert_allclose(loss_cor, loss_plain, rtol=1e-6)
@@ -206,14 +224,28 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
 
 
 def test_registry_holds_exactly_the_twelve_methods_of_tables_1_and_2():
-    assert set(methods.METHODS) == {"clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr",
-                                    "pat", "pat_wos", "pgd_cor", "fgsm_cor"}
+    assert set(methods.METHODS) == {
+        "clean",
+        "fgsm",
+        "pgd",
+        "alp",
+        "clp",
+        "trades",
+        "mart",
+        "atpr",
+        "pat",
+        "pat_wos",
+        "pgd_cor",
+        "fgsm_cor",
+    }
     with_attack = set(methods.METHODS) - {"clean", "pat", "pat_wos"}
     assert set(methods.REFERENCE_ATTACK_BN_MODE) == with_attack
 
 
-@pytest.mark.parametrize("field,value", [("attack.bn_mode", "eval"), ("attack.steps", -1),
-                                         ("atpr.num_candidates", 0), ("atpr.refine_stop_fraction", 1.5)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("attack.bn_mode", "eval"), ("attack.steps", -1), ("atpr.num_candidates", 0), ("atpr.refine_stop_fraction", 1.5)],
+)
 def test_invalid_baseline_settings_are_refused(field, value):
     cfg = baseline_config(**{field: value})
     with pytest.raises(UserError, match=field.split(".")[1]):
@@ -222,13 +254,18 @@ def test_invalid_baseline_settings_are_refused(field, value):
 
 @pytest.mark.parametrize("name", sorted(set(methods.METHODS) - {"pat"}))  # pat: tests/test_train.py
 def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
-    cfg = tiny_config(method=name, num_train_steps=2, data_dir=data.TFDS, **{
-        "attack.steps": 2, "atpr.num_candidates": 2, "atpr.steps_above": 1, "atpr.refine_max_iters": 2})
+    cfg = tiny_config(
+        method=name,
+        num_train_steps=2,
+        data_dir=data.TFDS,
+        **{"attack.steps": 2, "atpr.num_candidates": 2, "atpr.steps_above": 1, "atpr.refine_max_iters": 2},
+    )
     with tfds.testing.mock_data(num_examples=16):
         state = train.train_and_evaluate(cfg, str(tmp_path / name))
     assert int(state.step) == 2
     lines = open(tmp_path / name / "metrics.jsonl").read().splitlines()
     import json
+
     last = json.loads(lines[-1])
     for key in ("loss", "adv_accuracy", "snis_weight_mean", "snis_weight_max", "grad_norm"):
         assert np.isfinite(last[key]), key

@@ -1,4 +1,5 @@
 """The profiling benchmark's FLOP accounting, checked against XLA's own cost analysis."""
+
 import importlib.util
 import json
 import os
@@ -35,9 +36,25 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis():
     # elementwise work and the dense layer) and never exceed it.
     env = dict(os.environ, PATJAX_CPU_DEVICES="1")
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "profile_step.py"), "--model", "small_cnn",
-         "--batch", "8", "--langevin-steps", "1", "--warmup", "1", "--json"],
-        capture_output=True, text=True, env=env, check=True, timeout=300).stdout
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "profile_step.py"),
+            "--model",
+            "small_cnn",
+            "--batch",
+            "8",
+            "--langevin-steps",
+            "1",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["devices"] == 1
     groups = {(g["phase"], g["kind"]): g for g in result["groups"]}
@@ -45,8 +62,12 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis():
     total = result["xla_cost_analysis_gflop_per_device"]
     assert 0.9 * total <= conv_gflop <= total, (conv_gflop, total)
     # Both phases and every convolution direction were found in the trace and timed.
-    for key in [("sampler", "conv forward (library)"), ("sampler", "conv input-grad (library)"),
-                ("update", "conv forward (library)"), ("update", "conv weight-grad (library)")]:
+    for key in [
+        ("sampler", "conv forward (library)"),
+        ("sampler", "conv input-grad (library)"),
+        ("update", "conv forward (library)"),
+        ("update", "conv weight-grad (library)"),
+    ]:
         assert groups[key]["ms_per_device"] > 0 and groups[key]["gflop_per_device"] > 0, key
     # At T = 1 the sampler runs one forward pass and the update one (train mode): the same
     # convolutions on the same batch, so the same FLOPs, found in two different phases.

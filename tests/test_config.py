@@ -1,4 +1,5 @@
 """Reading a workdir's config.json: older workdirs upgraded in one place, damaged ones refused."""
+
 import json
 
 import numpy as np
@@ -30,8 +31,17 @@ def test_an_older_config_reads_with_the_behaviour_its_code_had(tmp_path):
     assert "gaussian" in cfg.eval.pr_distributions
 
 
-@pytest.mark.parametrize("text", ['{"dataset": "cifar10", "mod', "[1, 2]", "", "not json", '{"langevin": 5}',
-                                  '{"eval": {"pr_samples": "many"}, "batch_size": null}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"dataset": "cifar10", "mod',
+        "[1, 2]",
+        "",
+        "not json",
+        '{"langevin": 5}',
+        '{"eval": {"pr_samples": "many"}, "batch_size": null}',
+    ],
+)
 def test_a_damaged_config_is_one_line_naming_the_file(tmp_path, text):
     workdir = write_config(tmp_path, text)
     with pytest.raises(UserError) as error:
@@ -56,12 +66,15 @@ def learning_rates(cfg, upto):
     return np.array([float(schedule(s)) for s in range(upto + 1)])
 
 
-@pytest.mark.parametrize("step, steps, fractions, allowed", [
-    (800, 1600, (0.75, 0.9), False),        # a finished run extended: milestones 600, 720 would move
-    (800, 1600, (0.375, 0.45, 0.9), True),  # the same, keeping 600 and 720 and adding 1440
-    (500, 1600, (0.75, 0.9), True),         # no milestone passed yet: a longer run simply decays later
-    (650, 640, (0.75, 0.9), False),         # shortened: milestone 480 would fall before step 650 unapplied
-])
+@pytest.mark.parametrize(
+    "step, steps, fractions, allowed",
+    [
+        (800, 1600, (0.75, 0.9), False),  # a finished run extended: milestones 600, 720 would move
+        (800, 1600, (0.375, 0.45, 0.9), True),  # the same, keeping 600 and 720 and adding 1440
+        (500, 1600, (0.75, 0.9), True),  # no milestone passed yet: a longer run simply decays later
+        (650, 640, (0.75, 0.9), False),  # shortened: milestone 480 would fall before step 650 unapplied
+    ],
+)
 def test_a_resume_keeps_the_learning_rates_the_run_had(tmp_path, step, steps, fractions, allowed):
     saved, resumed = step_config(800), step_config(steps, fractions)
     # Independently of the check: did the learning rate up to the checkpoint stay as it was?

@@ -14,8 +14,9 @@ def write_binary(path, labels, images, coarse=None):
     with open(path, "wb") as f:
         for i, (label, image) in enumerate(zip(labels, images)):
             head = bytes([label]) if coarse is None else bytes([coarse[i], label])
-            f.write(head + bytes(image[:, :, 0].ravel()) + bytes(image[:, :, 1].ravel())
-                    + bytes(image[:, :, 2].ravel()))
+            f.write(
+                head + bytes(image[:, :, 0].ravel()) + bytes(image[:, :, 1].ravel()) + bytes(image[:, :, 2].ravel())
+            )
 
 
 def test_binary_layout_is_parsed_to_nhwc(tmp_path):
@@ -80,8 +81,13 @@ def test_augment_returns_a_reflect_padded_crop_possibly_flipped():
     padded = np.pad(images / 255.0, ((0, 0), (4, 4), (4, 4), (0, 0)), mode="reflect")
     flips, offsets = 0, set()
     for i in range(len(images)):
-        matches = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)
-                   if np.allclose(out[i], (lambda c: c[:, ::-1] if f else c)(padded[i, dy:dy + 32, dx:dx + 32]))]
+        matches = [
+            (dy, dx, f)
+            for dy in range(9)
+            for dx in range(9)
+            for f in (False, True)
+            if np.allclose(out[i], (lambda c: c[:, ::-1] if f else c)(padded[i, dy : dy + 32, dx : dx + 32]))
+        ]
         assert matches, f"image {i} is not a crop of its padded image"
         flips += matches[0][2]
         offsets.add(matches[0][:2])

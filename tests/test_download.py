@@ -1,5 +1,6 @@
 """patjax.download against a real HTTP server on the loopback address: success, the failures a
 network and an archive can produce, and what each leaves in the cache (nothing partial)."""
+
 import fcntl
 import hashlib
 import http.server
@@ -56,7 +57,7 @@ def server(monkeypatch):
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body[:len(body) // 2])
+                self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
                 served.stop.wait(10)
                 return
@@ -67,7 +68,7 @@ def server(monkeypatch):
             self.end_headers()
             if behaviour == "slow":  # long enough for a second downloader to arrive meanwhile
                 for start in range(0, len(body), max(1, len(body) // 8)):
-                    self.wfile.write(body[start:start + max(1, len(body) // 8)])
+                    self.wfile.write(body[start : start + max(1, len(body) // 8)])
                     self.wfile.flush()
                     time.sleep(0.1)
             else:
@@ -178,8 +179,12 @@ def test_wrong_checksum_is_refused(server, tmp_path):
     files, _ = synthetic("cifar10")
     url = server.add("/archive.tar.gz", tar_gz(files))
     cache = str(tmp_path / "cache")
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, md5="0" * 32, progress=False),
-                   "md5", "0" * 32, "--config.data_dir=DIR holding cifar-10-batches-bin/")
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", cache, url=url, md5="0" * 32, progress=False),
+        "md5",
+        "0" * 32,
+        "--config.data_dir=DIR holding cifar-10-batches-bin/",
+    )
     assert_clean(cache)
 
 
@@ -188,16 +193,22 @@ def test_truncated_transfer_is_refused(server, tmp_path):
     blob = tar_gz(files)
     url = server.add("/archive.tar.gz", blob, "truncated")
     cache = str(tmp_path / "cache")
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, md5=md5(blob), progress=False),
-                   "cut short", f"{len(blob)} of {len(blob) + 1000} bytes")
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", cache, url=url, md5=md5(blob), progress=False),
+        "cut short",
+        f"{len(blob)} of {len(blob) + 1000} bytes",
+    )
     assert_clean(cache)
 
 
 def test_http_404_is_one_line(server, tmp_path):
     url = server.add("/nothing-here.tar.gz", b"", "missing")
     cache = str(tmp_path / "cache")
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, progress=False),
-                   f"could not download CIFAR-10 from {url} (HTTP Error 404: Not Found)", "PATJAX_DATA_DIR")
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", cache, url=url, progress=False),
+        f"could not download CIFAR-10 from {url} (HTTP Error 404: Not Found)",
+        "PATJAX_DATA_DIR",
+    )
     assert_clean(cache)
 
 
@@ -206,8 +217,11 @@ def test_a_server_that_hangs_times_out(server, tmp_path, behaviour):
     url = server.add("/archive.tar.gz", tar_gz(synthetic("cifar10")[0]), behaviour)
     cache = str(tmp_path / "cache")
     start = time.monotonic()
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, timeout=1, progress=False),
-                   "timed out", "1 s timeout")
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", cache, url=url, timeout=1, progress=False),
+        "timed out",
+        "1 s timeout",
+    )
     assert time.monotonic() - start < 5
     assert_clean(cache)
 
@@ -219,8 +233,12 @@ def test_nothing_listens_is_one_line(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     cache = str(tmp_path / "cache")
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=f"http://127.0.0.1:{port}/a.tar.gz",
-                                                   timeout=2, progress=False), "could not download CIFAR-10")
+    one_line_error(
+        lambda: download.ensure_dataset(
+            "cifar10", cache, url=f"http://127.0.0.1:{port}/a.tar.gz", timeout=2, progress=False
+        ),
+        "could not download CIFAR-10",
+    )
     assert_clean(cache)
 
 
@@ -248,8 +266,9 @@ def evil_member(kind, outside):
     return [(info, b"evil")]
 
 
-@pytest.mark.parametrize("kind", ["dotdot", "dotdot-inside-top-dir", "absolute", "outside-top-dir",
-                                  "symlink", "hardlink"])
+@pytest.mark.parametrize(
+    "kind", ["dotdot", "dotdot-inside-top-dir", "absolute", "outside-top-dir", "symlink", "hardlink"]
+)
 def test_an_archive_member_escaping_the_cache_is_refused(server, tmp_path, kind):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -261,8 +280,7 @@ def test_an_archive_member_escaping_the_cache_is_refused(server, tmp_path, kind)
     blob = tar_gz(files, evil_member(kind, outside))
     url = server.add("/archive.tar.gz", blob)
     before = everything_under(tmp_path)
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, md5=md5(blob), progress=False),
-                   "refused")
+    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, md5=md5(blob), progress=False), "refused")
     assert_clean(cache)
     after = [p for p in everything_under(tmp_path) if not p.startswith(cache)]
     assert after == [p for p in before if not p.startswith(cache)]
@@ -276,8 +294,10 @@ def test_an_archive_without_the_expected_files_is_refused(server, tmp_path):
     blob = tar_gz(files)
     url = server.add("/archive.tar.gz", blob)
     cache = str(tmp_path / "cache")
-    one_line_error(lambda: download.ensure_dataset("cifar10", cache, url=url, md5=md5(blob), progress=False),
-                   "lacks cifar-10-batches-bin/test_batch.bin")
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", cache, url=url, md5=md5(blob), progress=False),
+        "lacks cifar-10-batches-bin/test_batch.bin",
+    )
     assert_clean(cache)
 
 
@@ -322,8 +342,9 @@ def test_an_incomplete_dataset_directory_is_not_touched(server, tmp_path):
     (cache / "cifar-10-batches-bin").mkdir(parents=True)
     (cache / "cifar-10-batches-bin" / "test_batch.bin").write_bytes(b"mine")
     url = server.add("/archive.tar.gz", b"")
-    one_line_error(lambda: download.ensure_dataset("cifar10", str(cache), url=url, progress=False),
-                   "remove it and run again")
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", str(cache), url=url, progress=False), "remove it and run again"
+    )
     assert server.requests == []
     assert (cache / "cifar-10-batches-bin" / "test_batch.bin").read_bytes() == b"mine"
 
@@ -334,16 +355,26 @@ def test_two_processes_share_one_download(server, tmp_path):
     url = server.add("/archive.tar.gz", blob, "slow")
     cache = tmp_path / "cache"
     cache.mkdir()
-    code = ("import sys; from patjax import download; "
-            "print(download.ensure_dataset('cifar10', sys.argv[1], url=sys.argv[2], md5=sys.argv[3], "
-            "progress=False))")
+    code = (
+        "import sys; from patjax import download; "
+        "print(download.ensure_dataset('cifar10', sys.argv[1], url=sys.argv[2], md5=sys.argv[3], "
+        "progress=False))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     # The test holds the lock until both processes wait on it, so that they contend for certain.
     lock_fd = os.open(cache / download.LOCK_NAME, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(cache), url, md5(blob)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(cache), url, md5(blob)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
         for proc in procs:
             assert proc.stderr.readline().startswith("waiting for another process downloading into")
     finally:
@@ -363,14 +394,19 @@ def test_without_tarfile_data_filter_the_own_checks_still_guard(server, tmp_path
     monkeypatch.delattr(tarfile, "data_filter")
     files, (labels, _) = synthetic("cifar10")
     blob = tar_gz(files)
-    download.ensure_dataset("cifar10", str(tmp_path / "good"), url=server.add("/good", blob), md5=md5(blob),
-                            progress=False)
+    download.ensure_dataset(
+        "cifar10", str(tmp_path / "good"), url=server.add("/good", blob), md5=md5(blob), progress=False
+    )
     np.testing.assert_array_equal(data.load_split("cifar10", "test", str(tmp_path / "good")).labels, labels)
     outside = tmp_path / "outside"
     outside.mkdir()
     evil = tar_gz(files, evil_member("symlink", outside))
-    one_line_error(lambda: download.ensure_dataset("cifar10", str(tmp_path / "bad"), url=server.add("/bad", evil),
-                                                   md5=md5(evil), progress=False), "is a link; refused")
+    one_line_error(
+        lambda: download.ensure_dataset(
+            "cifar10", str(tmp_path / "bad"), url=server.add("/bad", evil), md5=md5(evil), progress=False
+        ),
+        "is a link; refused",
+    )
     assert_clean(str(tmp_path / "bad"))
     assert list(outside.iterdir()) == []
 
@@ -401,7 +437,8 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_after(server, tmp_path, monkeypatch):
     """The quickstart's path with no data_dir: nothing beside the checkout, nothing cached, so
     the first load downloads (here from the loopback server); the next run finds the cache."""
-    from patjax import config as config_lib, train
+    from patjax import config as config_lib
+    from patjax import train
 
     files, _ = synthetic("cifar10")
     # Enough training records for a batch: every data_batch gets 3, so 15 in all.
@@ -433,10 +470,17 @@ def test_the_command_line_without_data_or_network_ends_in_one_line(server, tmp_p
     shutil.copytree(REPO / "configs", checkout / "configs")
     shutil.copy(REPO / "main.py", checkout / "main.py")
     env = {k: v for k, v in os.environ.items() if k not in ("PATJAX_DATA_DIR",) and "proxy" not in k.lower()}
-    env.update(PATJAX_CACHE_DIR=str(tmp_path / "cache"), PATJAX_CIFAR_MIRROR=mirror, PYTHONPATH=str(checkout),
-               no_proxy="*")
-    out = subprocess.run([sys.executable, "main.py", "--config=configs/quickstart.py", "--workdir=runs/quickstart"],
-                         cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    env.update(
+        PATJAX_CACHE_DIR=str(tmp_path / "cache"), PATJAX_CIFAR_MIRROR=mirror, PYTHONPATH=str(checkout), no_proxy="*"
+    )
+    out = subprocess.run(
+        [sys.executable, "main.py", "--config=configs/quickstart.py", "--workdir=runs/quickstart"],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr

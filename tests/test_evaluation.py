@@ -1,5 +1,6 @@
 """The evaluation driver: batch/chunk invariance, intervals against scipy, the comparison table,
 paired differences and the plot, and clean CLI errors."""
+
 import dataclasses
 import json
 import os
@@ -11,13 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
-
 from conftest import REPO
 from helpers import Linear
-from patjax import config as config_lib, data, evaluation, evaluators, suite_results
+from scipy import stats
+
+from patjax import config as config_lib
+from patjax import data, eval_files, evaluation, evaluators, suite_results
 from patjax import stats as patjax_stats
-from patjax import eval_files
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.models import ModelFns
@@ -29,8 +30,9 @@ def tiny_setup(scale=1.0, num_images=7, model_seed=0):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(num_images, 4, 4, 3), dtype=np.uint8)
     model = Linear(num_classes=10)
-    init = lambda seed: jax.tree.map(lambda p: p * 8.0 * scale,
-                                     model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))["params"])
+    init = lambda seed: jax.tree.map(
+        lambda p: p * 8.0 * scale, model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))["params"]
+    )
     params = init(0)
     logits = np.asarray(model.apply({"params": params}, data.to_float(images)))
     labels = logits.argmax(1).astype(np.int32)
@@ -75,8 +77,15 @@ def test_batch_size_and_chunk_size_change_no_figure():
     runs = []
     for batch_size, chunk in ((4, 4), (3, 5)):
         per_image = {}
-        results = evaluation.evaluate_state(tiny_config(pr_chunk_size=chunk), model_fns, state, split,
-                                            batch_size=batch_size, progress=False, per_image_out=per_image)
+        results = evaluation.evaluate_state(
+            tiny_config(pr_chunk_size=chunk),
+            model_fns,
+            state,
+            split,
+            batch_size=batch_size,
+            progress=False,
+            per_image_out=per_image,
+        )
         runs.append((results, per_image))
     (a, pa), (b, pb) = runs
     figures_close(a["figures"], b["figures"])
@@ -103,19 +112,38 @@ def test_batch_size_and_chunk_size_change_no_figure():
     assert set(level["prob_acc"]) == {"0.2", "0.1", "0.05", "0.01"}
     for d, levels in a["figures"]["pr"].items():
         for eps, f in levels.items():  # the bounds, from the same samples, never exceed PR
-            assert (f["lower_bound_entropic"]["value"] <= f["lower_bound"]["value"] + 1e-9
-                    <= f["lower_bound_positive_part"]["value"] + 2e-9 <= f["all"]["value"] + 3e-9), (d, eps)
+            assert (
+                f["lower_bound_entropic"]["value"]
+                <= f["lower_bound"]["value"] + 1e-9
+                <= f["lower_bound_positive_part"]["value"] + 2e-9
+                <= f["all"]["value"] + 3e-9
+            ), (d, eps)
     assert a["settings"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
-    assert set(a["evaluator_wall_time_s"]) == {"clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr_gaussian",
-                                               "pr_uniform", "pr_pdis"}
+    assert set(a["evaluator_wall_time_s"]) == {
+        "clean",
+        "pgd20",
+        "cw20",
+        "apgd_ce",
+        "apgd_dlr",
+        "pr_gaussian",
+        "pr_uniform",
+        "pr_pdis",
+    }
 
 
 def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example():
     model_fns, state, split = tiny_setup()
     per_image = {}
-    results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
-                                      batch_size=4, progress=False, per_image_out=per_image,
-                                      evaluators="clean,pgd20,apgd")
+    results = evaluation.evaluate_state(
+        tiny_config(pr_distributions=("gaussian",)),
+        model_fns,
+        state,
+        split,
+        batch_size=4,
+        progress=False,
+        per_image_out=per_image,
+        evaluators="clean,pgd20,apgd",
+    )
     fig = results["figures"]
     correct = per_image["clean.correct"]
     ci = stats.binomtest(int(correct.sum()), len(correct)).proportion_ci(0.95, method="exact")
@@ -129,9 +157,16 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
 def write_eval(workdir, scale, model_seed=0):
     model_fns, state, split = tiny_setup(scale, num_images=12, model_seed=model_seed)
     per_image = {}
-    results = evaluation.evaluate_state(tiny_config(pr_distributions=("gaussian",)), model_fns, state, split,
-                                      batch_size=4, progress=False, per_image_out=per_image,
-                                      evaluators="clean,pr")
+    results = evaluation.evaluate_state(
+        tiny_config(pr_distributions=("gaussian",)),
+        model_fns,
+        state,
+        split,
+        batch_size=4,
+        progress=False,
+        per_image_out=per_image,
+        evaluators="clean,pr",
+    )
     os.makedirs(os.path.join(workdir, "eval"))
     with open(os.path.join(workdir, "eval", "results.json"), "w") as f:
         json.dump(results, f)
@@ -155,16 +190,31 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     for j, eps in enumerate(("0.1", "0.12", "0.15", "0.2")):
         figs = diffs[0]["distributions"]["gaussian"][eps]
         pr_a, pr_b = counts_a[:, j] / 6, counts_b[:, j] / 6
-        expected = {"all": np.mean(pr_b - pr_a), "both_correct": np.mean((pr_b - pr_a)[both]),
-                    "clean_correct": pr_b[correct_b].mean() - pr_a[correct_a].mean()}
+        expected = {
+            "all": np.mean(pr_b - pr_a),
+            "both_correct": np.mean((pr_b - pr_a)[both]),
+            "clean_correct": pr_b[correct_b].mean() - pr_a[correct_a].mean(),
+        }
         for estimand, value in expected.items():
             fig = figs[estimand]
             assert fig["value"] == pytest.approx(value), (eps, estimand)
             assert fig["interval"][0] <= fig["value"] <= fig["interval"][1]
     # The CLI prints the same comparison without re-evaluating.
-    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}",
-                          "--compare_only", f"--plot={plot}"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patjax.evaluate",
+            f"--workdir={a}",
+            f"--workdir={b}",
+            "--compare_only",
+            f"--plot={plot}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "dPR(0.2) pp" in out.stdout and "run_b" in out.stdout
     # A run evaluated under an earlier definition of a distribution (here 'uniform' as it was
@@ -178,17 +228,25 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
 
 
 def test_bad_evaluator_is_one_line_user_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={tmp_path}", "--evaluators=pgd7"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={tmp_path}", "--evaluators=pgd7"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, "
-                                               "apgd_ce, apgd_dlr, aa, pr, apgd, all"]
+    assert out.stderr.strip().splitlines() == [
+        "error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, apgd_ce, apgd_dlr, aa, pr, apgd, all"
+    ]
 
 
 def strict_json(path):
     """results.json parsed as strict JSON: NaN / Infinity are refused."""
+
     def refuse(token):
         raise AssertionError(f"{path} holds {token}")
+
     with open(path) as f:
         return json.load(f, parse_constant=refuse)
 
@@ -207,8 +265,9 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
 def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, monkeypatch):
     lam, conf, resamples, seed = 0.5, 0.9, 300, 4
     # The defaults' headline PR is the Table-1 protocol: uniform noise, clean-correct images.
-    cfg = tiny_config(pr_distributions=(), entropic_lambda=lam, confidence=conf, bootstrap_resamples=resamples,
-                      seed=seed)
+    cfg = tiny_config(
+        pr_distributions=(), entropic_lambda=lam, confidence=conf, bootstrap_resamples=resamples, seed=seed
+    )
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
     returned = evaluation.evaluate_workdir(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
     saved = strict_json(os.path.join(workdir, "eval", "results.json"))
@@ -239,8 +298,9 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     assert 0 < counts.sum() < counts.size * N  # not a degenerate all-or-nothing case
     for i in range(n):  # per-image exact intervals against scipy
         ci = stats.binomtest(int(counts[i, 0]), N).proportion_ci(conf, method="exact")
-        np.testing.assert_allclose([z["pr_uniform.cp_lower"][i, 0], z["pr_uniform.cp_upper"][i, 0]],
-                                   [ci.low, ci.high], rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(
+            [z["pr_uniform.cp_lower"][i, 0], z["pr_uniform.cp_upper"][i, 0]], [ci.low, ci.high], rtol=1e-7, atol=1e-12
+        )
     # Identity of the evaluation, stored beside the outcomes.
     assert int(z["meta.step"]) == 3 and int(z["meta.seed"]) == seed and int(z["meta.num_examples"]) == n
     assert int(z["meta.pr_samples"]) == N and list(z["meta.pr_epsilons"]) == epsilons
@@ -269,15 +329,18 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
         np.testing.assert_allclose(fig["clean_correct"]["interval"], bootstrap(pr[:, j], correct), rtol=1e-12)
         for q in (0.2, 0.1, 0.05, 0.01):
             assert fig["prob_acc"][repr(q)]["value"] == pytest.approx(np.mean(pr[:, j] > 1 - q))
-            assert fig["clean_correct"]["prob_acc"][repr(q)]["value"] == pytest.approx(
-                np.mean(pr[correct, j] > 1 - q))
+            assert fig["clean_correct"]["prob_acc"][repr(q)]["value"] == pytest.approx(np.mean(pr[correct, j] > 1 - q))
             assert fig["clean_correct"]["prob_acc"][repr(q)]["n"] == correct.sum()
         mean_loss = z["pr_uniform.sum_loss"][:, j].astype(np.float64) / N
         bound = 1 - mean_loss / np.log(2)
         risk = (z["pr_uniform.lse_loss"][:, j].astype(np.float64) - np.log(N)) / lam
-        for name, values in (("expected_loss", mean_loss), ("lower_bound", bound),
-                             ("lower_bound_positive_part", np.maximum(bound, 0)), ("entropic_risk", risk),
-                             ("lower_bound_entropic", 1 - risk / np.log(2))):
+        for name, values in (
+            ("expected_loss", mean_loss),
+            ("lower_bound", bound),
+            ("lower_bound_positive_part", np.maximum(bound, 0)),
+            ("entropic_risk", risk),
+            ("lower_bound_entropic", 1 - risk / np.log(2)),
+        ):
             assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
@@ -288,8 +351,14 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     # One estimator per figure: the suite tables' mean over one seed, computed from the
     # per-image outcomes by another path (suite_results.mean_figures), carries the same values
     # and intervals as results.json.
-    outcome = suite_results.RunOutcome(run=None, correct=z["clean.correct"].astype(bool), robust={},
-                                       pr_counts={"uniform": counts}, results=saved, record={})
+    outcome = suite_results.RunOutcome(
+        run=None,
+        correct=z["clean.correct"].astype(bool),
+        robust={},
+        pr_counts={"uniform": counts},
+        results=saved,
+        record={},
+    )
     table = suite_results.mean_figures([outcome], patjax_stats.bootstrap_indices(n, resamples, seed), conf)
     for key in (repr(e) for e in epsilons):
         fig = saved["figures"]["pr"]["uniform"][key]
@@ -313,8 +382,9 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
     # results.json (the commit marker) is not, and the mismatch is refused, not paired.
     monkeypatch.setattr(eval_files, "write_json", killed)
     with pytest.raises(KeyboardInterrupt):
-        evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr",
-                     overrides={"seed": 1})
+        evaluation.evaluate_workdir(
+            workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overrides={"seed": 1}
+        )
     assert open(results_path).read() == before
     assert int(np.load(os.path.join(workdir, "eval", "per_image.npz"))["meta.seed"]) == 1
     with pytest.raises(UserError, match=r"per_image.npz does not belong to results.json \(seed 1 vs 0\)"):
@@ -329,8 +399,10 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
 
 def test_results_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path):
     path = str(tmp_path / "r.json")
-    written = workdir_lib.write_json(path, {"a": float("nan"), "b": [np.float32(np.inf), 1.5, -np.inf],
-                                          "c": np.int64(3), "d": {"e": np.float64(2.0)}})
+    written = workdir_lib.write_json(
+        path,
+        {"a": float("nan"), "b": [np.float32(np.inf), 1.5, -np.inf], "c": np.int64(3), "d": {"e": np.float64(2.0)}},
+    )
     expected = {"a": None, "b": [None, 1.5, None], "c": 3, "d": {"e": 2.0}}
     assert strict_json(path) == expected and written == expected
 
@@ -357,8 +429,13 @@ def test_cli_checks_every_workdir_before_evaluating_any(tmp_path):
     before = listing(tmp_path)
     # A is fine (it would be evaluated first; its placeholder checkpoint would then fail to
     # restore with a traceback): B's missing checkpoint must be reported first, in one line.
-    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [f"error: no checkpoint and no kept model in {b!r}; train first"]
     assert listing(tmp_path) == before  # nothing written
@@ -369,15 +446,17 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
     a = str(tmp_path / "a")
     dummy_checkpoint(a)
     before = listing(tmp_path)
-    cases = [({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
-             ({"overrides": {"seed": 2 ** 32}}, "eval.seed must be an integer in [0, 4294967295]"),
-             ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer >= 1, got 0"),
-             ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer >= 1"),
-             ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
-             ({"num_examples": 2.5}, "num_examples must be a positive integer, or -1 for the whole"),
-             ({"num_examples": 0}, "num_examples must be a positive integer, or -1 for the whole test split, got 0"),
-             ({"num_examples": -2}, "num_examples must be a positive integer, or -1"),
-             ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)")]
+    cases = [
+        ({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
+        ({"overrides": {"seed": 2**32}}, "eval.seed must be an integer in [0, 4294967295]"),
+        ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer >= 1, got 0"),
+        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer >= 1"),
+        ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+        ({"num_examples": 2.5}, "num_examples must be a positive integer, or -1 for the whole"),
+        ({"num_examples": 0}, "num_examples must be a positive integer, or -1 for the whole test split, got 0"),
+        ({"num_examples": -2}, "num_examples must be a positive integer, or -1"),
+        ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)"),
+    ]
     for kwargs, message in cases:
         with pytest.raises(UserError) as error:
             evaluation.evaluate_workdir(a, progress=False, **kwargs)  # the placeholder checkpoint is never restored
@@ -392,8 +471,15 @@ def test_prob_acc_is_strict_at_the_threshold():
     counts = np.array([80, 81, 90, 91, 95, 96, 99, 100])
     correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
     s = evaluation.resolve(config_lib.default_config(), config_lib.default_config().eval)
-    s = dataclasses.replace(s, pr_samples=100, entropic_lambda=0.5, confidence=0.95, bootstrap_resamples=50,
-                            seed=0, prob_acc_q=(0.2, 0.1, 0.05, 0.01))
+    s = dataclasses.replace(
+        s,
+        pr_samples=100,
+        entropic_lambda=0.5,
+        confidence=0.95,
+        bootstrap_resamples=50,
+        seed=0,
+        prob_acc_q=(0.2, 0.1, 0.05, 0.01),
+    )
     figs = evaluators.pr.level_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
     for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
         assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)
@@ -410,12 +496,17 @@ def test_an_evaluation_that_would_drop_evaluators_is_refused_unless_overwrite(tm
     assert "pr_vs_eps.png" in before
     # The command line's default: a clean-only run would lose the PR figures -> refused, untouched.
     with pytest.raises(UserError, match=r"holds pr, which this evaluation \(clean\) would replace"):
-        evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean",
-                     overwrite=False)
+        evaluation.evaluate_workdir(
+            workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=False
+        )
     assert {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))} == before
     # The same evaluators (or more) may replace it; so may --overwrite, which also removes the
     # plot drawn from the replaced PR figures.
-    evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False)
-    evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True)
+    evaluation.evaluate_workdir(
+        workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False
+    )
+    evaluation.evaluate_workdir(
+        workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True
+    )
     assert sorted(os.listdir(eval_dir)) == ["per_image.npz", "results.json"]
     assert eval_files.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]

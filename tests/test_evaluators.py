@@ -1,11 +1,12 @@
 """The evaluator registry: names, aliases, canonical order, worst-case membership, and what an
 evaluation runs when an evaluator needs another's pass."""
+
 import numpy as np
 import pytest
+from test_evaluation import tiny_config, tiny_setup
 
 from patjax import data, evaluation, evaluators
 from patjax.errors import UserError
-from test_evaluation import tiny_config, tiny_setup
 
 
 def test_names_aliases_and_order():
@@ -21,8 +22,15 @@ def test_names_aliases_and_order():
 
 def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
     model_fns, state, split = tiny_setup()
-    results = evaluation.evaluate_state(tiny_config(pr_distribution="gaussian", pr_distributions=()), model_fns,
-                                        state, split, batch_size=4, progress=False, evaluators="pr")
+    results = evaluation.evaluate_state(
+        tiny_config(pr_distribution="gaussian", pr_distributions=()),
+        model_fns,
+        state,
+        split,
+        batch_size=4,
+        progress=False,
+        evaluators="pr",
+    )
     logits = np.asarray(model_fns.infer(state.params, {}, data.to_float(split.images)))
     correct = logits.argmax(1) == split.labels
     assert results["settings"]["evaluators"] == ["pr"]
@@ -35,11 +43,20 @@ def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
 
 def test_worst_case_is_the_conjunction_of_the_attacks_run_and_clean():
     model_fns, state, split = tiny_setup(scale=0.3)
-    results = evaluation.evaluate_state(tiny_config(), model_fns, state, split, batch_size=4, progress=False,
-                                        evaluators="clean,pgd20,cw20")
+    results = evaluation.evaluate_state(
+        tiny_config(), model_fns, state, split, batch_size=4, progress=False, evaluators="clean,pgd20,cw20"
+    )
     per_image = {}
-    evaluation.evaluate_state(tiny_config(), model_fns, state, split, batch_size=4, progress=False,
-                              evaluators="clean,pgd20,cw20", per_image_out=per_image)
+    evaluation.evaluate_state(
+        tiny_config(),
+        model_fns,
+        state,
+        split,
+        batch_size=4,
+        progress=False,
+        evaluators="clean,pgd20,cw20",
+        per_image_out=per_image,
+    )
     both = per_image["clean.correct"] & per_image["pgd20.robust"] & per_image["cw20.robust"]
     worst = results["figures"]["worst_case"]
     assert worst["attacks"] == ["pgd20", "cw20"] and worst["value"] == pytest.approx(both.mean())

@@ -2,6 +2,7 @@
 minimal perturbation of affine models, and a float64 numpy transcription of fra31/auto-attack's
 FABAttack (fab_base.py attack_single_run + perturb with targeted=True, fab_projections.py
 projection_linf) on an MLP with a hand-written gradient."""
+
 import functools
 import math
 
@@ -23,8 +24,15 @@ def linprog_projection(x, w, b):
     eye = np.eye(n)
     a_ub = np.block([[eye, -np.ones((n, 1))], [-eye, -np.ones((n, 1))]])
     b_ub = np.concatenate([x, -x])
-    out = linprog(np.r_[np.zeros(n), 1.0], A_ub=a_ub, b_ub=b_ub, A_eq=np.r_[w, 0.0][None], b_eq=[b],
-                  bounds=[(0.0, 1.0)] * n + [(0.0, None)], method="highs")
+    out = linprog(
+        np.r_[np.zeros(n), 1.0],
+        A_ub=a_ub,
+        b_ub=b_ub,
+        A_eq=np.r_[w, 0.0][None],
+        b_eq=[b],
+        bounds=[(0.0, 1.0)] * n + [(0.0, None)],
+        method="highs",
+    )
     return out.fun if out.status == 0 else None
 
 
@@ -33,7 +41,7 @@ def projection_instances(seed, rows, n):
     ranges from inside every coordinate's slack to beyond the box (infeasible)."""
     rng = np.random.default_rng(seed)
     x = rng.uniform(0, 1, (rows, n))
-    x[:, : n // 4] = rng.integers(0, 2, (rows, n // 4))           # pixels on the faces
+    x[:, : n // 4] = rng.integers(0, 2, (rows, n // 4))  # pixels on the faces
     w = rng.normal(size=(rows, n)) * (rng.uniform(size=(rows, n)) > 0.2)
     # the full move to the faces reaches about 0.5 |w|_1; past it the plane misses the box
     reach = rng.uniform(0.0, 0.7, rows) * np.abs(w).sum(1) * rng.choice([-1, 1], rows)
@@ -76,7 +84,7 @@ def affine_problem(seed, batch=16, classes=3, lo=0.3, hi=0.7, scale=1.0):
     flat = x.reshape(batch, -1)
     c[:2] = -np.mean(flat @ W[:, :2], 0)  # roughly balanced classes 0 and 1
     y = (flat @ W + c).argmax(1)
-    y[-1] = 1 - y[-1]                      # misclassified at x
+    y[-1] = 1 - y[-1]  # misclassified at x
     logits_fn = lambda z: z.reshape(z.shape[0], -1) @ jnp.asarray(W) + jnp.asarray(c)
     return logits_fn, x, y, W, c
 
@@ -137,6 +145,7 @@ def test_fab_targeted_on_an_affine_model_where_the_box_binds():
 # FAB-T against a float64 numpy transcription of fra31/auto-attack (fab_base.py, fab_pt.py,
 # fab_projections.py), which re-indexes the points still to attack as the reference does.
 
+
 def np_projection_linf(points, w, b):
     t, w, b = points, w.copy(), b.copy()
     sign = 2 * ((w * t).sum(1) - b >= 0) - 1
@@ -163,8 +172,10 @@ def np_projection_linf(points, w, b):
         counter4 = np.floor((lb + ub) / 2)
         counter2 = counter4.astype(int)[:, None]
         indcurr = np.take_along_axis(indp_, indp_.shape[1] - 1 - counter2, 1)
-        b2 = (np.take_along_axis(sb_, counter2, 1) - np.take_along_axis(s_, counter2, 1)
-              * np.take_along_axis(p_, indcurr, 1))[:, 0]
+        b2 = (
+            np.take_along_axis(sb_, counter2, 1)
+            - np.take_along_axis(s_, counter2, 1) * np.take_along_axis(p_, indcurr, 1)
+        )[:, 0]
         c = b_ - b2 > 0
         lb = np.where(c, counter4, lb)
         ub = np.where(c, ub, counter4)
@@ -187,7 +198,7 @@ def np_diff_grad(p, z, la, la_target):
     logits, h = np_mlp(p, z)
     u = np.arange(len(z))
     dw2 = (p["w2"][:, la_target] - p["w2"][:, la]).T
-    return logits[u, la_target] - logits[u, la], (dw2 * (1 - h ** 2)) @ p["w1"].T
+    return logits[u, la_target] - logits[u, la], (dw2 * (1 - h**2)) @ p["w1"].T
 
 
 def np_attack_single_run(p, x, y, target_class, rand, eps, n_iter, alpha_max=0.1, eta=1.05, beta=0.9):
@@ -241,8 +252,7 @@ def np_perturb_targeted(p, x, y, eps, n_target_classes, n_restarts, n_iter, draw
             if len(ind_to_fool) == 0:
                 continue
             rand = draws[(target_class - 2) * n_restarts + counter][ind_to_fool] if counter > 0 else None
-            adv_curr, res_c = np_attack_single_run(p, x[ind_to_fool], y[ind_to_fool], target_class, rand, eps,
-                                                   n_iter)
+            adv_curr, res_c = np_attack_single_run(p, x[ind_to_fool], y[ind_to_fool], target_class, rand, eps, n_iter)
             acc_curr = np_mlp(p, adv_curr)[0].argmax(1) == y[ind_to_fool]
             res = np.abs(x[ind_to_fool] - adv_curr).max(1)
             acc_curr = np.maximum(acc_curr, res > eps)
@@ -256,8 +266,12 @@ def np_perturb_targeted(p, x, y, eps, n_target_classes, n_restarts, n_iter, draw
 
 def mlp_problem(seed=3, n=24, h=16, k=10):
     rng = np.random.default_rng(seed)
-    p = {"w1": rng.normal(size=(D, h)) * 0.6, "b1": rng.normal(size=h) * 0.5,
-         "w2": rng.normal(size=(h, k)), "b2": rng.normal(size=k) * 0.3}
+    p = {
+        "w1": rng.normal(size=(D, h)) * 0.6,
+        "b1": rng.normal(size=h) * 0.5,
+        "w2": rng.normal(size=(h, k)),
+        "b2": rng.normal(size=k) * 0.3,
+    }
     x = rng.uniform(0, 1, (n, *SHAPE))
     x[:, 0, 0] = 1.0
     y = np_mlp(p, x.reshape(n, -1))[0].argmax(1)
@@ -274,15 +288,19 @@ def test_fab_t_equals_a_float64_transcription_of_auto_attack():
         logits_fn = lambda z: jnp.tanh(z.reshape(z.shape[0], -1) @ pj["w1"] + pj["b1"]) @ pj["w2"] + pj["b2"]
         key = jax.random.PRNGKey(7)
         for n_targets, n_restarts in [(9, 1), (2, 3)]:
-            run = jax.jit(functools.partial(fab.fab_t, logits_fn, eps=eps, n_target_classes=n_targets,
-                                            n_restarts=n_restarts, n_iter=n_iter))
+            run = jax.jit(
+                functools.partial(
+                    fab.fab_t, logits_fn, eps=eps, n_target_classes=n_targets, n_restarts=n_restarts, n_iter=n_iter
+                )
+            )
             result = run(key, jnp.asarray(x), jnp.asarray(y))
             assert result.x_adv.dtype == np.float64
             # fab_targeted draws its start from keys[run] over the whole batch
-            draws = [np.asarray(jax.random.uniform(k, x.shape, jnp.float64, -1.0, 1.0)).reshape(n, -1)
-                     for k in jax.random.split(key, n_targets * n_restarts)]
-            adv, acc, norm_ref = np_perturb_targeted(p, x.reshape(n, -1), y, eps, n_targets, n_restarts, n_iter,
-                                                     draws)
+            draws = [
+                np.asarray(jax.random.uniform(k, x.shape, jnp.float64, -1.0, 1.0)).reshape(n, -1)
+                for k in jax.random.split(key, n_targets * n_restarts)
+            ]
+            adv, acc, norm_ref = np_perturb_targeted(p, x.reshape(n, -1), y, eps, n_targets, n_restarts, n_iter, draws)
             what = f"{n_targets} targets, {n_restarts} restarts"
             np.testing.assert_allclose(np.asarray(result.x_adv).reshape(n, -1), adv, rtol=0, atol=1e-10, err_msg=what)
             np.testing.assert_array_equal(np.asarray(result.fooled), ~acc, err_msg=what)
@@ -295,8 +313,9 @@ def test_fab_t_equals_a_float64_transcription_of_auto_attack():
             if n_restarts > 1:
                 # one run from a random start: every image's smallest adversarial, whatever its norm
                 target = fab.fab_target_classes(logits_fn(jnp.asarray(x)), 2)[1]
-                single = jax.jit(functools.partial(fab.fab_targeted, logits_fn, eps=eps, n_iter=n_iter,
-                                                   random_start=True))
+                single = jax.jit(
+                    functools.partial(fab.fab_targeted, logits_fn, eps=eps, n_iter=n_iter, random_start=True)
+                )
                 out = single(jax.random.split(key, n_targets * n_restarts)[0], jnp.asarray(x), jnp.asarray(y), target)
                 ref_adv, ref_norm = np_attack_single_run(p, x.reshape(n, -1), y, 3, draws[0], eps, n_iter)
                 np.testing.assert_allclose(np.asarray(out.x_adv).reshape(n, -1), ref_adv, rtol=0, atol=1e-10)
@@ -315,7 +334,8 @@ def test_only_random_restarts_leave_a_critical_point_of_the_margin():
     # whose smallest L-inf point is delta_i = 1 / (2 D) for all i.
     def logits_fn(z):
         s = jnp.sum(z.reshape(z.shape[0], -1) - 0.5, axis=1)
-        return jnp.stack([jnp.zeros_like(s), s ** 2 - 0.25, jnp.full_like(s, -1e3)], axis=1)
+        return jnp.stack([jnp.zeros_like(s), s**2 - 0.25, jnp.full_like(s, -1e3)], axis=1)
+
     x = jnp.full((2, *SHAPE), 0.5)
     y = jnp.zeros(2, jnp.int32)
     eps = 2.0 / D

@@ -1,5 +1,6 @@
 """Kept models: a run's parameters and BatchNorm statistics as safetensors files, read back
 exactly, refused in one line when damaged or foreign, and evaluated like a checkpoint."""
+
 import os
 import subprocess
 import sys
@@ -7,9 +8,11 @@ import sys
 import jax
 import numpy as np
 import pytest
-
 from conftest import REPO
-from patjax import config as config_lib, kept_models, state as state_lib
+
+from patjax import config as config_lib
+from patjax import kept_models
+from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -27,8 +30,9 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
     cfg, state = small_cnn_state()
     workdir = str(tmp_path)
     # Non-trivial BatchNorm statistics, so that a swap of the two collections would show.
-    batch_stats = jax.tree.map(lambda a: np.asarray(a) + np.arange(a.size, dtype=a.dtype).reshape(a.shape),
-                               state.batch_stats)
+    batch_stats = jax.tree.map(
+        lambda a: np.asarray(a) + np.arange(a.size, dtype=a.dtype).reshape(a.shape), state.batch_stats
+    )
     path = kept_models.save(workdir, 800, state.params, batch_stats, {"model": "small_cnn"})
     assert path.endswith(os.path.join("models", "step_000800.safetensors"))
     assert kept_models.steps(workdir) == [800] and kept_models.newest(workdir) == 800
@@ -77,8 +81,13 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
     # The command line: a damaged kept model ends the evaluation in one line, not a traceback.
     with open(kept_models.path(workdir, 5), "r+b") as f:
         f.truncate(100)
-    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean",
-                          "--num_examples=8"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean", "--num_examples=8"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "Traceback" not in out.stderr
     assert "step_000005.safetensors is not a readable model file" in out.stderr
@@ -91,7 +100,12 @@ def test_a_damaged_config_json_is_one_line_on_evaluate(tmp_path):
     kept_models.save(workdir, 5, state.params, state.batch_stats, {})
     with open(workdir_lib.config_path(workdir), "r+") as f:
         f.truncate(40)  # a copy cut short
-    out = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "config.json is damaged" in out.stderr

@@ -1,13 +1,14 @@
 """The SNIS-weighted PAT update (Algorithm 2, lines 16-20) against independent computations."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from helpers import Linear, np_cross_entropy, np_softmax
 
 from patjax import methods, models
 from patjax.config import default_config
 from patjax.samplers import LangevinSettings, langevin_sample
-from helpers import Linear, np_cross_entropy, np_softmax
 
 
 def setup(batch=6, k=4):
@@ -35,8 +36,11 @@ def test_gradient_is_the_weighted_sum_of_per_example_gradients_with_detached_wei
     expected = jax.tree.map(lambda j: jnp.tensordot(jnp.asarray(w, j.dtype), j, axes=1), jac)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grad, expected)
     # Differentiating through the weights would give a different gradient: the test can fail.
-    through = jax.grad(lambda p: jnp.sum(jax.nn.softmax(-beta * per_example_losses(model, p, x, y))
-                                         * per_example_losses(model, p, x, y)))(params)
+    through = jax.grad(
+        lambda p: jnp.sum(
+            jax.nn.softmax(-beta * per_example_losses(model, p, x, y)) * per_example_losses(model, p, x, y)
+        )
+    )(params)
     assert not np.allclose(through["Dense_0"]["kernel"], expected["Dense_0"]["kernel"], atol=1e-4)
 
 
@@ -75,8 +79,9 @@ def test_pat_method_loss_equals_hand_computation_on_its_samples():
     cfg = pat_config()
     key = jax.random.PRNGKey(9)
     loss, (_, metrics) = methods.pat(params, fns, {}, x, y, key, cfg)
-    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y,
-                            LangevinSettings.from_config(cfg.langevin))
+    x_adv = langevin_sample(
+        lambda z: model.apply({"params": params}, z), key, x, y, LangevinSettings.from_config(cfg.langevin)
+    )
     logits = np.asarray(model.apply({"params": params}, x_adv))
     l = np_cross_entropy(logits, np.asarray(y))
     w = np.exp(-0.5 * l) / np.exp(-0.5 * l).sum()
@@ -93,8 +98,9 @@ def test_no_gradient_flows_through_the_sampler():
     cfg = pat_config(beta=0.3)
     key = jax.random.PRNGKey(2)
     grad = jax.grad(lambda p: methods.pat(p, fns, {}, x, y, key, cfg)[0])(params)
-    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y,
-                            LangevinSettings.from_config(cfg.langevin))
+    x_adv = langevin_sample(
+        lambda z: model.apply({"params": params}, z), key, x, y, LangevinSettings.from_config(cfg.langevin)
+    )
     fixed = jax.grad(lambda p: methods.weighted_loss(per_example_losses(model, p, x_adv, y), 0.3)[0])(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grad, fixed)
 
@@ -111,8 +117,9 @@ def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
     cfg = pat_config(steps=2)
     _, (new_stats, _) = methods.pat(params, fns, stats, x, y, jax.random.PRNGKey(3), cfg)
     # The statistics are those of one training-mode pass on x_adv, sampled in inference mode.
-    x_adv = langevin_sample(lambda z: fns.infer(params, stats, z), jax.random.PRNGKey(3), x, y,
-                            LangevinSettings.from_config(cfg.langevin))
+    x_adv = langevin_sample(
+        lambda z: fns.infer(params, stats, z), jax.random.PRNGKey(3), x, y, LangevinSettings.from_config(cfg.langevin)
+    )
     _, direct = model.apply(variables, x_adv, train=True, mutable=["batch_stats"])
     jax.tree.map(np.testing.assert_allclose, new_stats, direct["batch_stats"])
     assert not np.allclose(new_stats["BatchNorm_0"]["mean"], stats["BatchNorm_0"]["mean"])

@@ -1,4 +1,5 @@
 """Model shapes, parameter counts against the reference architectures, normalization."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -3,6 +3,7 @@
 Each process runs the same script, as a launcher would start it; the coordinator is on
 localhost. A watchdog kills every child and fails the test if the group does not finish.
 """
+
 import json
 import os
 import socket
@@ -12,7 +13,6 @@ import textwrap
 import time
 
 import numpy as np
-
 from conftest import REPO
 
 WATCHDOG_S = 300
@@ -53,10 +53,17 @@ def launch(processes, body, tmp_path, data_dir, name):
     env.pop("XLA_FLAGS", None)
     if processes > 1:
         env.update(PATJAX_COORDINATOR=f"localhost:{free_port()}", PATJAX_NUM_PROCESSES=str(processes))
-    children = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True,
-                                 env=dict(env, PATJAX_PROCESS_ID=str(i)) if processes > 1 else env)
-                for i in range(processes)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(env, PATJAX_PROCESS_ID=str(i)) if processes > 1 else env,
+        )
+        for i in range(processes)
+    ]
     deadline = time.monotonic() + WATCHDOG_S
     try:
         for child in children:
@@ -75,8 +82,9 @@ def launch(processes, body, tmp_path, data_dir, name):
 
 
 def leaves_of(result, prefix):
-    return [result[k] for k in sorted((k for k in result if k.startswith(prefix)),
-                                      key=lambda k: int(k.rsplit("_", 1)[1]))]
+    return [
+        result[k] for k in sorted((k for k in result if k.startswith(prefix)), key=lambda k: int(k.rsplit("_", 1)[1]))
+    ]
 
 
 def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cpu_processes(tmp_path, data_dir):
@@ -97,16 +105,28 @@ def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cp
 
 def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(tmp_path, data_dir):
     two_dir, one_dir = str(tmp_path / "two"), str(tmp_path / "one")
-    two = launch(2, f"""
+    two = launch(
+        2,
+        f"""
         s = run({two_dir!r}, 4)
         out.update({{f"final_{{i}}": x for i, x in enumerate(leaves(s))}})
-        """, tmp_path, data_dir, "two")
-    one = launch(1, f"""
+        """,
+        tmp_path,
+        data_dir,
+        "two",
+    )
+    one = launch(
+        1,
+        f"""
         s = run({one_dir!r}, 4)
         out.update({{f"final_{{i}}": x for i, x in enumerate(leaves(s))}})
         cfg, fns, r = workdir_lib.restore({two_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
-        """, tmp_path, data_dir, "one")[0]
+        """,
+        tmp_path,
+        data_dir,
+        "one",
+    )[0]
     # Both processes hold the same replicated state.
     for a, b in zip(leaves_of(two[0], "final_"), leaves_of(two[1], "final_"), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -118,12 +138,18 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
     for a, b in zip(leaves_of(one, "restored_"), leaves_of(two[0], "final_"), strict=True):
         np.testing.assert_array_equal(a, b)
     # ... and one written by 1 process resumes in 2.
-    back = launch(2, f"""
+    back = launch(
+        2,
+        f"""
         cfg, fns, r = workdir_lib.restore({one_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
         s = run({one_dir!r}, 5, lr_decay_fractions=(0.6, 0.8))  # the 4-step run's milestones 3, 4 stay
         out["step"] = int(s.step)
-        """, tmp_path, data_dir, "back")
+        """,
+        tmp_path,
+        data_dir,
+        "back",
+    )
     for a, b in zip(leaves_of(back[1], "restored_"), leaves_of(one, "final_"), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(back[0]["step"]) == 5

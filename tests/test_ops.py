@@ -4,6 +4,7 @@ The convolution's custom VJP (input gradient through a reordered kernel copy) is
 against JAX's own autodiff of `lax.conv_general_dilated`, an independent derivation, for
 strides 1/2, paddings 0/1, 1x1 and 3x3 kernels, odd and even image sizes.
 """
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,9 @@ def reordered_mode():
 
 
 def plain_conv(x, kernel, strides, padding):
-    return jax.lax.conv_general_dilated(x, kernel, (strides, strides), ((padding, padding),) * 2,
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jax.lax.conv_general_dilated(
+        x, kernel, (strides, strides), ((padding, padding),) * 2, dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
 
 
 @pytest.mark.parametrize("size", [7, 8])
@@ -57,8 +59,7 @@ def test_conv_input_gradient_in_a_loop_reads_a_standard_layout_kernel(reordered_
         return jax.lax.fori_loop(0, 3, lambda _, x: x - 0.1 * grad(x), x)
 
     hlo = jax.jit(loop).lower(jnp.ones((2, 6, 6, 4))).compile().as_text()
-    conv_labels = [line.split("dim_labels=")[1].split(",")[0] for line in hlo.splitlines()
-                   if " convolution(" in line]
+    conv_labels = [line.split("dim_labels=")[1].split(",")[0] for line in hlo.splitlines() if " convolution(" in line]
     assert conv_labels and all("01io" in labels for labels in conv_labels), conv_labels
 
 
@@ -69,7 +70,8 @@ def test_conv_mode_switch_and_bad_mode():
         assert ops.conv_input_grad_mode() == "autodiff"
         x, kernel = jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 2, 2))
         assert "optimization_barrier" not in str(
-            jax.make_jaxpr(jax.grad(lambda x: ops.conv2d(x, kernel, 1, 1).sum()))(x))
+            jax.make_jaxpr(jax.grad(lambda x: ops.conv2d(x, kernel, 1, 1).sum()))(x)
+        )
         ops.set_conv_input_grad_mode("auto")
         assert ops.conv_input_grad_mode() == ("reordered" if jax.default_backend() == "cpu" else "autodiff")
         with pytest.raises(UserError, match="mode"):
@@ -90,7 +92,7 @@ def test_max_pool_values_and_gradient():
     # Without ties: the weight goes to each window's argmax, zero elsewhere (row 4 included).
     expected = np.zeros_like(np.asarray(x))
     for b, i, j, c in np.ndindex(*pooled.shape):
-        window = xn[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, c]
+        window = xn[b, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2, c]
         di, dj = np.unravel_index(np.argmax(window), (2, 2))
         expected[b, 2 * i + di, 2 * j + dj, c] = weights[b, i, j, c]
     np.testing.assert_allclose(grad, expected, rtol=1e-6)
@@ -107,8 +109,10 @@ def test_max_pool_gradient_with_ties_goes_to_the_first_maximum_as_reduce_window(
         grad = fn(lambda x: jnp.sum(weights * ops.max_pool(x, 2)))(x)
         np.testing.assert_array_equal(grad, reference)
     xn = np.asarray(x)
-    ties = [(xn[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, c] == xn[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, c].max()).sum()
-            for b, i, j, c in np.ndindex(2, 3, 2, 3)]
+    ties = [
+        (xn[b, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2, c] == xn[b, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2, c].max()).sum()
+        for b, i, j, c in np.ndindex(2, 3, 2, 3)
+    ]
     assert max(ties) > 1  # the case is exercised
     assert np.count_nonzero(np.asarray(reference)) == weights.size  # one element per window
 
@@ -131,8 +135,11 @@ def test_bf16_sampler_stays_close_to_fp32():
     assert "bf16" in str(jax.make_jaxpr(lambda x: bf16.apply(variables, x))(x))
 
     key = jax.random.PRNGKey(2)
-    run = lambda model, steps: jax.jit(lambda x: samplers.langevin_sample(
-        lambda z: model.apply(variables, z), key, x, y, samplers.LangevinSettings(steps=steps)))(x)
+    run = lambda model, steps: jax.jit(
+        lambda x: samplers.langevin_sample(
+            lambda z: model.apply(variables, z), key, x, y, samplers.LangevinSettings(steps=steps)
+        )
+    )(x)
     x32, x16, start = run(fp32, 5), run(bf16, 5), run(fp32, 0)
     assert x16.dtype == jnp.float32  # the sampler's state stays float32; the network runs in bf16
     moved = float(jnp.mean(jnp.abs(x32 - start)))
@@ -143,7 +150,8 @@ def test_bf16_sampler_stays_close_to_fp32():
 
 def test_bf16_update_keeps_float32_parameters_and_gradients():
     from patjax import config as config_lib
-    from patjax import methods, state as state_lib
+    from patjax import methods
+    from patjax import state as state_lib
 
     cfg = config_lib.default_config()
     cfg.langevin.steps = 2

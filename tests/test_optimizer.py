@@ -1,4 +1,5 @@
 """Appendix E's optimizer and schedule against PyTorch's SGD update written out by hand."""
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -30,6 +31,12 @@ def test_multistep_schedule_decays_at_epochs_75_and_90_of_100():
     cfg = default_config()
     spe = 195  # 50,000 // 256
     schedule = state_lib.learning_rate_schedule(cfg, spe)
-    for step, lr in [(0, 0.01), (75 * spe - 1, 0.01), (75 * spe, 0.001),
-                     (90 * spe - 1, 0.001), (90 * spe, 0.0001), (100 * spe - 1, 0.0001)]:
+    for step, lr in [
+        (0, 0.01),
+        (75 * spe - 1, 0.01),
+        (75 * spe, 0.001),
+        (90 * spe - 1, 0.001),
+        (90 * spe, 0.0001),
+        (100 * spe - 1, 0.0001),
+    ]:
         np.testing.assert_allclose(float(schedule(step)), lr, rtol=1e-5)

@@ -1,5 +1,6 @@
 """PR estimators, intervals, the Theorem 2 lower bound and the entropic risk against closed forms
 and independent numpy/scipy computations."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,13 +23,31 @@ def test_input_independent_classifier_pr_is_one_on_strict_argmax_and_zero_elsewh
     logits = [0.5, 2.0, 2.0, 1.0, 3.0]  # label 4 is the strict argmax; 1 and 2 tie
     x = jnp.full((5, *SHAPE), 0.4)
     y = jnp.arange(5)
-    stats_ = robustness.pr_statistics(constant_logits_fn(logits), jax.random.PRNGKey(0), x, y, jnp.arange(5),
-                                      (0.1, 0.2), num_samples=7, chunk_size=3, distribution=distribution,
-                                      entropic_lambda=0.4)
+    stats_ = robustness.pr_statistics(
+        constant_logits_fn(logits),
+        jax.random.PRNGKey(0),
+        x,
+        y,
+        jnp.arange(5),
+        (0.1, 0.2),
+        num_samples=7,
+        chunk_size=3,
+        distribution=distribution,
+        entropic_lambda=0.4,
+    )
     np.testing.assert_array_equal(np.asarray(stats_["counts"]) / 7, [[0, 0, 0, 0, 1]] * 2)
     # A tie at the top is adversarial too.
-    tie = robustness.pr_statistics(constant_logits_fn([2.0, 2.0, 1.0]), jax.random.PRNGKey(0), x[:2], y[:2],
-                                   jnp.arange(2), (0.1,), 5, 5, distribution)
+    tie = robustness.pr_statistics(
+        constant_logits_fn([2.0, 2.0, 1.0]),
+        jax.random.PRNGKey(0),
+        x[:2],
+        y[:2],
+        jnp.arange(2),
+        (0.1,),
+        5,
+        5,
+        distribution,
+    )
     np.testing.assert_array_equal(tie["counts"], [[0, 0]])
     # f is constant, so E f = R_lambda = f and the bound is 1 - f / log 2 (hand-computed CE).
     ce = special.logsumexp(logits) - np.asarray(logits)
@@ -58,8 +77,17 @@ def test_linear_classifier_gaussian_pr_matches_phi_within_the_clopper_pearson_in
     x = (0.5 + shifts[:, None] * diff[None] / np.abs(diff).max()).reshape(-1, *SHAPE).astype(np.float32)
     y = np.zeros(len(x), np.int32)
     n = 400
-    out = robustness.pr_statistics(logits_fn, jax.random.PRNGKey(1), jnp.asarray(x), jnp.asarray(y),
-                                   jnp.arange(len(x)), (sigma,), n, 100, "gaussian")
+    out = robustness.pr_statistics(
+        logits_fn,
+        jax.random.PRNGKey(1),
+        jnp.asarray(x),
+        jnp.asarray(y),
+        jnp.arange(len(x)),
+        (sigma,),
+        n,
+        100,
+        "gaussian",
+    )
     margin = x.reshape(len(x), -1) @ diff + b[0] - b[1]
     truth = stats.norm.cdf(margin / (sigma * np.linalg.norm(diff)))
     assert truth.min() < 0.2 and truth.max() > 0.8
@@ -79,8 +107,9 @@ def test_statistics_equal_an_independent_numpy_computation():
     key = jax.random.PRNGKey(4)
     eps, n, lam = (0.1, 0.3), 10, 0.7
     for distribution in ("gaussian", "uniform"):
-        out = robustness.pr_statistics(logits_fn, key, jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), eps, n, 4,
-                                       distribution, lam)
+        out = robustness.pr_statistics(
+            logits_fn, key, jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), eps, n, 4, distribution, lam
+        )
         for e_i, e in enumerate(eps):
             for b in range(3):
                 losses, robust = [], 0
@@ -97,8 +126,9 @@ def test_statistics_equal_an_independent_numpy_computation():
                     losses.append(special.logsumexp(logits) - logits[y[b]])
                 assert out["counts"][e_i, b] == robust
                 np.testing.assert_allclose(out["sum_loss"][e_i, b], np.sum(losses), rtol=1e-4)
-                np.testing.assert_allclose(out["lse_loss"][e_i, b], special.logsumexp(lam * np.array(losses)),
-                                           rtol=1e-4)
+                np.testing.assert_allclose(
+                    out["lse_loss"][e_i, b], special.logsumexp(lam * np.array(losses)), rtol=1e-4
+                )
 
 
 def test_lower_bound_never_exceeds_pr_from_the_same_samples_and_entropic_risk_is_stable():
@@ -110,8 +140,18 @@ def test_lower_bound_never_exceeds_pr_from_the_same_samples_and_entropic_risk_is
         logits_fn = lambda z: scale * (z.reshape(z.shape[0], -1) @ jnp.asarray(w))
         for distribution in robustness.ALL_DISTRIBUTIONS:
             levels = (1.29,) if distribution == "pdis" else (0.1, 0.2)
-            out = robustness.pr_statistics(logits_fn, jax.random.PRNGKey(5), jnp.asarray(x), jnp.asarray(y),
-                                           jnp.arange(16), levels, 20, 7, distribution, 0.419)
+            out = robustness.pr_statistics(
+                logits_fn,
+                jax.random.PRNGKey(5),
+                jnp.asarray(x),
+                jnp.asarray(y),
+                jnp.arange(16),
+                levels,
+                20,
+                7,
+                distribution,
+                0.419,
+            )
             pr = np.asarray(out["counts"]) / 20
             mean_loss = np.asarray(out["sum_loss"], np.float64) / 20
             bound = robustness.lower_bound(mean_loss)
@@ -129,9 +169,12 @@ def test_uniform_is_uniform_on_the_linf_ball_intersected_with_the_unit_cube():
     40 % of the mass on 0); pixel 0.5: U[0.4, 0.6]; pixel 0.97: U[0.87, 1] with no atom at 1."""
     x = jnp.asarray(np.stack([np.full(SHAPE, v) for v in (0.02, 0.5, 0.97)]).astype(np.float32))
     num = 1000
-    samples = np.asarray(robustness.perturbed_samples(jax.random.PRNGKey(3), x, jnp.arange(3), jnp.arange(num),
-                                                      jnp.asarray([0.1, 0.2], jnp.float32), "uniform"),
-                         np.float64)  # (levels, images, samples, H, W, C)
+    samples = np.asarray(
+        robustness.perturbed_samples(
+            jax.random.PRNGKey(3), x, jnp.arange(3), jnp.arange(num), jnp.asarray([0.1, 0.2], jnp.float32), "uniform"
+        ),
+        np.float64,
+    )  # (levels, images, samples, H, W, C)
     for b, (low, high) in enumerate(((0.0, 0.12), (0.4, 0.6), (0.87, 1.0))):
         values = samples[0, b].reshape(-1)
         assert values.min() >= low - 1e-6 and values.max() <= high + 1e-6
@@ -158,8 +201,11 @@ def test_pdis_is_the_truncated_gaussian_on_the_unit_cube():
     sigma = robustness.pdis_sigma(c1)
     np.testing.assert_allclose(sigma, 1 / np.sqrt(2 * c1))
     x = jnp.asarray(np.stack([np.full(SHAPE, 0.2), np.full(SHAPE, 0.9)]).astype(np.float32))
-    samples = np.asarray(robustness.perturbed_samples(jax.random.PRNGKey(0), x, jnp.arange(2), jnp.arange(2000),
-                                                      jnp.asarray([sigma]), "pdis"))[0]
+    samples = np.asarray(
+        robustness.perturbed_samples(
+            jax.random.PRNGKey(0), x, jnp.arange(2), jnp.arange(2000), jnp.asarray([sigma]), "pdis"
+        )
+    )[0]
     assert samples.min() >= 0 and samples.max() <= 1
     for b, center in enumerate((0.2, 0.9)):
         law = stats.truncnorm((0 - center) / sigma, (1 - center) / sigma, loc=center, scale=sigma)

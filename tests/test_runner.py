@@ -1,5 +1,6 @@
 """The experiment runner: a tiny suite on real CIFAR-10 trains, evaluates on common random
 numbers, reports paired differences that match a hand computation, and resumes."""
+
 import copy
 import dataclasses
 import io
@@ -11,12 +12,12 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import REPO
 from safetensors.numpy import load_file
 
-from patjax import stats as patjax_stats
 from patjax import kept_models, methods, report, runner, suite_results, suites, train
+from patjax import stats as patjax_stats
 from patjax.errors import UserError
-from conftest import REPO
 
 
 def tiny_suite(data_dir, seeds=(0, 1)):
@@ -28,13 +29,30 @@ def tiny_suite(data_dir, seeds=(0, 1)):
     cfg.log_every_steps = 2
     cfg.eval.batch_size = 16
     # A larger beta and step for PAT so that its models differ from PAT(WOS)'s after 2 steps.
-    group = suites.Group("tiny", cfg, methods=("pat", "pat_wos"), seeds=seeds,
-                              method_overrides={"pat": {"pat.beta": 5.0, "learning_rate": 0.5}})
+    group = suites.Group(
+        "tiny",
+        cfg,
+        methods=("pat", "pat_wos"),
+        seeds=seeds,
+        method_overrides={"pat": {"pat.beta": 5.0, "learning_rate": 0.5}},
+    )
     return suites.Suite(
-        name="tiny", description="test", groups=(group,), num_eval_examples=24, eval_batch_size=16,
+        name="tiny",
+        description="test",
+        groups=(group,),
+        num_eval_examples=24,
+        eval_batch_size=16,
         evaluators=("clean", "pgd20", "pr"),
-        eval_overrides={"pr_distribution": "gaussian", "pr_distributions": ("gaussian",), "seed": 0, "pr_samples": 6,
-                        "pr_chunk_size": 3, "attack_steps": 2, "bootstrap_resamples": 200})
+        eval_overrides={
+            "pr_distribution": "gaussian",
+            "pr_distributions": ("gaussian",),
+            "seed": 0,
+            "pr_samples": 6,
+            "pr_chunk_size": 3,
+            "attack_steps": 2,
+            "bootstrap_resamples": 200,
+        },
+    )
 
 
 def load_counts(workdir, name):
@@ -47,8 +65,11 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
     suite = tiny_suite(data_dir)
     trained = []
     real_train = train.train_and_evaluate
-    monkeypatch.setattr(train, "train_and_evaluate",
-                        lambda cfg, wd, **kw: trained.append((cfg.method, cfg.seed)) or real_train(cfg, wd, **kw))
+    monkeypatch.setattr(
+        train,
+        "train_and_evaluate",
+        lambda cfg, wd, **kw: trained.append((cfg.method, cfg.seed)) or real_train(cfg, wd, **kw),
+    )
 
     # An interrupted suite: leave after one run; the report lists the rest as pending.
     log = io.StringIO()
@@ -102,16 +123,16 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
         for j, eps in enumerate(["0.1", "0.12", "0.15", "0.2"]):
             assert figs["pr_all"][eps]["value"] == pytest.approx(run_results["pr_all_images"][eps]["value"])
             if correct.any():
-                assert figs["pr_clean_correct"][eps]["value"] == pytest.approx(
-                    counts[correct, j].mean() / n_samples)
+                assert figs["pr_clean_correct"][eps]["value"] == pytest.approx(counts[correct, j].mean() / n_samples)
     for method in ("pat", "pat_wos"):
         mean = g["methods"][method]["mean"]
         expected = np.mean([per_run[f"{method}_s{s}"][1].mean() for s in (0, 1)])
         assert mean["clean_accuracy"]["value"] == pytest.approx(expected)
     diff = next(d for d in g["differences"] if (d["a"], d["b"]) == ("pat", "pat_wos"))
     for j, eps in enumerate(["0.1", "0.12", "0.15", "0.2"]):
-        per_seed = [(per_run[f"pat_s{s}"][0][:, j] - per_run[f"pat_wos_s{s}"][0][:, j]).mean() / n_samples
-                    for s in (0, 1)]
+        per_seed = [
+            (per_run[f"pat_s{s}"][0][:, j] - per_run[f"pat_wos_s{s}"][0][:, j]).mean() / n_samples for s in (0, 1)
+        ]
         assert diff["per_seed"]["0"]["pr_all"][eps]["value"] == pytest.approx(per_seed[0])
         fig = diff["mean"]["pr_all"][eps]
         assert fig["value"] == pytest.approx(np.mean(per_seed))
@@ -146,16 +167,24 @@ def test_plans_and_bad_input():
         suites.get_suite("nope", None)
     with pytest.raises(UserError, match="no group"):
         suites.plan(suites.get_suite("paper_full", None), groups=["cifar10_vgg"])
-    result = subprocess.run([sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
-                            cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith("error: unknown suite")
 
 
 # ---------------------------------------------------------------------------------------
 # Several workers on one suite directory (the smoke_cpu suite: 2 methods x 2 seeds, seconds a run).
 
-SMOKE_RUNS = ["cifar10_small_cnn/clean_s0", "cifar10_small_cnn/pat_s0", "cifar10_small_cnn/clean_s1",
-              "cifar10_small_cnn/pat_s1"]
+SMOKE_RUNS = [
+    "cifar10_small_cnn/clean_s0",
+    "cifar10_small_cnn/pat_s0",
+    "cifar10_small_cnn/clean_s1",
+    "cifar10_small_cnn/pat_s1",
+]
 TIMEOUT_S = 300  # a hang fails the test instead of stalling the suite
 
 
@@ -168,10 +197,22 @@ def worker(workdir, data_dir, *args):
     """A suite worker process, as on a cluster node; one JAX device so that two share 2 cores, and
     XLA's light compilation, as conftest.py sets for the tests' own process."""
     return subprocess.Popen(
-        [sys.executable, "-m", "patjax.experiments", "--suite=smoke_cpu", f"--workdir={workdir}",
-         f"--data_dir={data_dir}", "--progress_bars=False", *args],
-        cwd=REPO, env=environment(PATJAX_CPU_DEVICES="1", JAX_DISABLE_MOST_OPTIMIZATIONS="1"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "patjax.experiments",
+            "--suite=smoke_cpu",
+            f"--workdir={workdir}",
+            f"--data_dir={data_dir}",
+            "--progress_bars=False",
+            *args,
+        ],
+        cwd=REPO,
+        env=environment(PATJAX_CPU_DEVICES="1", JAX_DISABLE_MOST_OPTIMIZATIONS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc):
@@ -193,15 +234,17 @@ def test_two_workers_share_a_suite_and_train_each_run_once(tmp_path, data_dir):
     workdir = str(tmp_path / "suite")
     procs = [worker(workdir, data_dir) for _ in range(2)]  # no partition: the claims alone share the work
     logs = [finish(p) for p in procs]
-    trained_by = {run: [i for i, log in enumerate(logs) if lines_about(log, run, "training 4 steps")]
-                  for run in SMOKE_RUNS}
+    trained_by = {
+        run: [i for i, log in enumerate(logs) if lines_about(log, run, "training 4 steps")] for run in SMOKE_RUNS
+    }
     assert all(len(workers) == 1 for workers in trained_by.values()), trained_by
     for i, log in enumerate(logs):
         mine = [run for run in SMOKE_RUNS if trained_by[run] == [i]]
         assert mine, f"worker {i} trained nothing: the two did not run at once\n{log}"
         for run in set(SMOKE_RUNS) - set(mine):  # the other worker's: seen held, or found finished
-            assert (lines_about(log, run, "skipped: claimed by suite worker")
-                    or lines_about(log, run, "reused")), f"worker {i}, {run}:\n{log}"
+            assert lines_about(log, run, "skipped: claimed by suite worker") or lines_about(log, run, "reused"), (
+                f"worker {i}, {run}:\n{log}"
+            )
     # The worker that leaves last has seen every run finished (the other may leave while it works).
     assert any("suite smoke_cpu: 4/4 runs done" in log.splitlines()[-1] for log in logs), logs
     for run in SMOKE_RUNS:
@@ -229,8 +272,11 @@ def test_a_claim_held_by_a_live_process_is_skipped_and_a_dead_ones_is_taken(tmp_
     workdir = str(tmp_path / "suite")
     run = "cifar10_small_cnn/clean_s0"
     os.makedirs(os.path.join(workdir, "runs", run))
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, os.path.join(workdir, "runs", run, ".claim")],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CLAIM, os.path.join(workdir, "runs", run, ".claim")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     # Worker 0 of 2 over the clean runs has clean_s0 alone to do.
     only_clean_s0 = ("--methods=clean", "--num_workers=2", "--worker_index=0")
     try:
@@ -245,16 +291,30 @@ def test_a_claim_held_by_a_live_process_is_skipped_and_a_dead_ones_is_taken(tmp_
     log = finish(worker(workdir, data_dir, *only_clean_s0))
     assert lines_about(log, run, "training 4 steps") and lines_about(log, run, "evaluated in")
     assert "1/4 runs done" in log.splitlines()[-1]
-    statuses = {e["name"]: e["status"] for e in
-                json.load(open(os.path.join(workdir, "results.json")))["groups"]["cifar10_small_cnn"]["runs"]}
+    statuses = {
+        e["name"]: e["status"]
+        for e in json.load(open(os.path.join(workdir, "results.json")))["groups"]["cifar10_small_cnn"]["runs"]
+    }
     assert statuses == {r: "done" if r == run else "pending" for r in SMOKE_RUNS}
 
 
 def dry_run(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "patjax.experiments", "--suite=ablation_cpu",
-                           "--workdir=/nonexistent/suite", "--dry_run", *args], cwd=REPO,
-                          env=environment(**(env or {})),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patjax.experiments",
+            "--suite=ablation_cpu",
+            "--workdir=/nonexistent/suite",
+            "--dry_run",
+            *args,
+        ],
+        cwd=REPO,
+        env=environment(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_static_partition_flags_slurm_and_bad_values():
@@ -273,66 +333,119 @@ def test_static_partition_flags_slurm_and_bad_values():
         assert listed == ["2/10", "5/10", "8/10"], proc.stdout
         assert "worker 1 of 3 takes 3" in proc.stdout
     assert runner.worker_slot(environ={}) == (1, 0)
-    assert runner.worker_slot(environ={"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "0",
-                                            "SLURM_ARRAY_TASK_COUNT": "8"}) == (8, 7)
+    assert runner.worker_slot(
+        environ={"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "8"}
+    ) == (8, 7)
     # Flags win over the array's variables: --num_workers=1 turns the static partition off.
-    assert runner.worker_slot(1, None, environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0",
-                                                     "SLURM_ARRAY_TASK_COUNT": "8"}) == (1, 0)
+    assert runner.worker_slot(
+        1, None, environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "8"}
+    ) == (1, 0)
 
     # Bad values: one line, exit 2 (an index past K, given or from an array with gaps).
     for args, env, message in [
-            (("--num_workers=2", "--worker_index=2"), None, "worker index 2 is not in 0..1"),
-            ((), {"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "4"},
-             "worker index 6 is not in 0..3")]:
+        (("--num_workers=2", "--worker_index=2"), None, "worker index 2 is not in 0..1"),
+        (
+            (),
+            {"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "4"},
+            "worker index 6 is not in 0..3",
+        ),
+    ]:
         proc = dry_run(*args, env=env)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
         assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
-    for num_workers, worker_index, message in [(0, 0, "number of workers must be at least 1"),
-                                               (2, None, "--num_workers=2 needs --worker_index"),
-                                               (2, -1, "worker index -1 is not in 0..1")]:
+    for num_workers, worker_index, message in [
+        (0, 0, "number of workers must be at least 1"),
+        (2, None, "--num_workers=2 needs --worker_index"),
+        (2, -1, "worker index -1 is not in 0..1"),
+    ]:
         with pytest.raises(UserError, match=message):
             runner.worker_slot(num_workers, worker_index, environ={})
     with pytest.raises(UserError, match="worker index 3"):
-        runner.run_suite(suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2,
-                              worker_index=3)
+        runner.run_suite(suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3)
     assert not os.path.exists("/nonexistent/suite")
 
 
 def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
     """A RunOutcome as load_outcome would read it, with its own figures from hand formulas."""
-    figures = {"clean_accuracy": {"value": correct.mean(), "interval": [0.0, 1.0]},
-               "pgd20": {"value": pgd_robust.mean(), "interval": [0.0, 1.0]},
-               "pr": {"gaussian": {e: {"all": {"value": counts[:, j].mean() / samples, "interval": [0.0, 1.0]},
-                                       "clean_correct": {"value": counts[correct, j].mean() / samples,
-                                                         "interval": [0.0, 1.0]}}
-                                   for j, e in enumerate(["0.1", "0.2"])}}}
-    return suite_results.RunOutcome(run=run, correct=correct, robust={"pgd20": pgd_robust}, pr_counts={"gaussian": counts},
-                                    results={"settings": settings, "figures": figures},
-                                    record={"train_wall_s": 60.0, "eval_wall_s": 1.0, "step": 2})
+    figures = {
+        "clean_accuracy": {"value": correct.mean(), "interval": [0.0, 1.0]},
+        "pgd20": {"value": pgd_robust.mean(), "interval": [0.0, 1.0]},
+        "pr": {
+            "gaussian": {
+                e: {
+                    "all": {"value": counts[:, j].mean() / samples, "interval": [0.0, 1.0]},
+                    "clean_correct": {"value": counts[correct, j].mean() / samples, "interval": [0.0, 1.0]},
+                }
+                for j, e in enumerate(["0.1", "0.2"])
+            }
+        },
+    }
+    return suite_results.RunOutcome(
+        run=run,
+        correct=correct,
+        robust={"pgd20": pgd_robust},
+        pr_counts={"gaussian": counts},
+        results={"settings": settings, "figures": figures},
+        record={"train_wall_s": 60.0, "eval_wall_s": 1.0, "step": 2},
+    )
 
 
 def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     n, samples = 400, 10
-    settings = {"num_examples": n, "pr_samples": samples, "seed": 0, "pr_epsilons": [0.1, 0.2], "dataset": "cifar10",
-                "pdis_c1": 0.1, "confidence": 0.95, "bootstrap_resamples": 300, "pr_distribution": "gaussian",
-                "attack_eps": 8 / 255, "attack_step_size": 2 / 255, "attack_steps": 20, "cw_kappa": 0.0}
+    settings = {
+        "num_examples": n,
+        "pr_samples": samples,
+        "seed": 0,
+        "pr_epsilons": [0.1, 0.2],
+        "dataset": "cifar10",
+        "pdis_c1": 0.1,
+        "confidence": 0.95,
+        "bootstrap_resamples": 300,
+        "pr_distribution": "gaussian",
+        "attack_eps": 8 / 255,
+        "attack_step_size": 2 / 255,
+        "attack_steps": 20,
+        "cw_kappa": 0.0,
+    }
     rng = np.random.default_rng(0)
     cfg = suites.smoke_cpu_suite(None).groups[0].base_config
-    groups = (suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),
-              suites.Group("T5", cfg, methods=("pat",), seeds=(0,)),
-              suites.Group("T9", cfg, methods=("pat",), seeds=(0,)))
-    sweep = suites.Sweep(name="T", axis="T", points=(suites.SweepPoint("T = 5", "T5", "pat", value=5),
-                                                    suites.SweepPoint("T = 9", "T9", "pat", value=9),
-                                                    suites.SweepPoint("T = 2", "main", "pat", value=2)),
-                         baselines=(suites.SweepPoint("PGD", "main", "pgd"),))
-    suite = suites.Suite(name="s", description="", groups=groups, num_eval_examples=n, eval_batch_size=n,
-                         evaluators=("clean", "pgd20", "pr"), eval_overrides={}, sweeps=(sweep,))
+    groups = (
+        suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),
+        suites.Group("T5", cfg, methods=("pat",), seeds=(0,)),
+        suites.Group("T9", cfg, methods=("pat",), seeds=(0,)),
+    )
+    sweep = suites.Sweep(
+        name="T",
+        axis="T",
+        points=(
+            suites.SweepPoint("T = 5", "T5", "pat", value=5),
+            suites.SweepPoint("T = 9", "T9", "pat", value=9),
+            suites.SweepPoint("T = 2", "main", "pat", value=2),
+        ),
+        baselines=(suites.SweepPoint("PGD", "main", "pgd"),),
+    )
+    suite = suites.Suite(
+        name="s",
+        description="",
+        groups=groups,
+        num_eval_examples=n,
+        eval_batch_size=n,
+        evaluators=("clean", "pgd20", "pr"),
+        eval_overrides={},
+        sweeps=(sweep,),
+    )
     outcomes = {}
     for run in suites.plan(suite):
         correct = rng.random(n) < 0.6
-        outcomes[run.name] = _synthetic_outcome(run, correct, correct & (rng.random(n) < 0.4),
-                                                rng.integers(0, samples + 1, size=(n, 2)), samples, dict(settings))
+        outcomes[run.name] = _synthetic_outcome(
+            run,
+            correct,
+            correct & (rng.random(n) < 0.4),
+            rng.integers(0, samples + 1, size=(n, 2)),
+            samples,
+            dict(settings),
+        )
     outcomes["T9/pat_s0"] = None  # not run yet
     got = suite_results.build(suite, "/unused", outcomes, [])["sweeps"][0]
 
@@ -351,7 +464,8 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     assert lo < expected < hi
     assert diff["pgd20"]["value"] == pytest.approx(a.robust["pgd20"].mean() - b.robust["pgd20"].mean())
     assert got["points"][0]["figures"]["pr_clean_correct"]["0.2"]["value"] == pytest.approx(
-        a.pr_counts["gaussian"][a.correct, 1].mean() / samples)
+        a.pr_counts["gaussian"][a.correct, 1].mean() / samples
+    )
 
     md = report.suite_markdown(suite_results.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
@@ -362,8 +476,9 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     with pytest.raises(UserError, match="not comparable"):
         suite_results.build(suite, "/unused", outcomes, [])
     # A sweep naming a run its suite does not plan is a definition error.
-    bad = dataclasses.replace(suite, sweeps=(dataclasses.replace(sweep, baselines=(
-        suites.SweepPoint("CW", "main", "clean"),)),))
+    bad = dataclasses.replace(
+        suite, sweeps=(dataclasses.replace(sweep, baselines=(suites.SweepPoint("CW", "main", "clean"),)),)
+    )
     with pytest.raises(ValueError, match="main/clean_s0"):
         suite_results.build(bad, "/unused", outcomes, [])
 
@@ -410,5 +525,7 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
         assert set(ta) == set(tb)
         for key in ta:
             np.testing.assert_array_equal(ta[key], tb[key])  # bitwise: same steps, same device count
-    assert json.load(open(os.path.join(a, "eval", "results.json")))["figures"] == \
-        json.load(open(os.path.join(b, "eval", "results.json")))["figures"]
+    assert (
+        json.load(open(os.path.join(a, "eval", "results.json")))["figures"]
+        == json.load(open(os.path.join(b, "eval", "results.json")))["figures"]
+    )

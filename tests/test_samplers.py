@@ -1,12 +1,13 @@
 """Algorithm 1 (the Langevin sampler) against closed forms and hand-computed steps."""
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Linear, np_softmax
 
 from patjax.samplers import LangevinSettings, langevin_sample
-from helpers import Linear, np_softmax
 
 B, SHAPE, K = 4, (4, 4, 3), 3
 
@@ -64,8 +65,7 @@ def test_one_step_matches_hand_computed_langevin_update():
     key = jax.random.PRNGKey(5)
     eta, rho, c1, c2 = 0.3, 0.05, 0.3, 0.42
     x0 = np.asarray(sample(logits_fn, key, x, y, steps=0))
-    x1 = np.asarray(sample(logits_fn, key, x, y, steps=1, noise_scale=0.0, step_size=eta,
-                           grad_clip=rho, c1=c1, c2=c2))
+    x1 = np.asarray(sample(logits_fn, key, x, y, steps=1, noise_scale=0.0, step_size=eta, grad_clip=rho, c1=c1, c2=c2))
     flat0 = x0.reshape(B, -1)
     p = np_softmax(flat0 @ W + b)
     onehot = np.eye(K)[np.asarray(y)]
@@ -80,8 +80,7 @@ def test_targeted_step_descends_cross_entropy_to_target():
     key = jax.random.PRNGKey(5)
     target = (y + 1) % K
     x0 = np.asarray(sample(logits_fn, key, x, y, steps=0))
-    x1 = np.asarray(langevin_sample(logits_fn, key, x, y, LangevinSettings(steps=1, noise_scale=0.0),
-                                    target=target))
+    x1 = np.asarray(langevin_sample(logits_fn, key, x, y, LangevinSettings(steps=1, noise_scale=0.0), target=target))
     flat0 = x0.reshape(B, -1)
     p = np_softmax(flat0 @ W + b)
     grad = 2 * 0.3 * (flat0 - np.asarray(x).reshape(B, -1)) + 0.42 * (p - np.eye(K)[np.asarray(target)]) @ W.T
@@ -130,6 +129,7 @@ def test_sample_depends_only_on_its_own_example():
 # ---------------------------------------------------------------------------------------
 # The opt-in cheaper sampler: start at x, and the per-chain convergence exit.
 
+
 def contraction_setup():
     """c2 = 0 and sigma = 0: x_t - x = (1 - 2 eta c1)^t (u - x) exactly (no clipping: the
     gradient 2 c1 (x_t - x) stays below rho and x_t stays between u and x)."""
@@ -146,8 +146,7 @@ def test_convergence_exit_freezes_each_chain_at_its_closed_form_step():
     tol = 0.004
     # Drift of step t (t = 1, 2, ...): (rate^(t-1) - rate^t) m_i; the chain stops after the first
     # step whose drift is below tol.
-    expected_steps = np.array([next(t for t in range(1, 61) if (1 - rate) * rate ** (t - 1) * mi < tol)
-                               for mi in m])
+    expected_steps = np.array([next(t for t in range(1, 61) if (1 - rate) * rate ** (t - 1) * mi < tol) for mi in m])
     assert len(set(expected_steps.tolist())) > 1  # the examples stop at different steps
     out, steps = samplers_with_steps(logits_fn, key, x, y, dict(settings, tolerance=tol))
     np.testing.assert_array_equal(np.asarray(steps), expected_steps)
@@ -155,8 +154,9 @@ def test_convergence_exit_freezes_each_chain_at_its_closed_form_step():
     np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6)
     # An example's result does not depend on the rest of the batch.
     for i in range(B):
-        alone, _ = samplers_with_steps(logits_fn, key, x[i:i + 1], y[i:i + 1], dict(settings, tolerance=tol),
-                                       index_offset=i)
+        alone, _ = samplers_with_steps(
+            logits_fn, key, x[i : i + 1], y[i : i + 1], dict(settings, tolerance=tol), index_offset=i
+        )
         np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(out[i]))
 
 
@@ -173,8 +173,9 @@ def test_convergence_exit_caps_at_T_and_default_is_T_steps():
 def test_clean_start_is_x_and_x_is_the_fixed_point_without_the_classifier_term():
     logits_fn, x, y, settings, _ = contraction_setup()
     key = jax.random.PRNGKey(2)
-    np.testing.assert_array_equal(np.asarray(sample(logits_fn, key, x, y, **dict(settings, steps=0, init="clean"))),
-                                  np.asarray(x))
+    np.testing.assert_array_equal(
+        np.asarray(sample(logits_fn, key, x, y, **dict(settings, steps=0, init="clean"))), np.asarray(x)
+    )
     out, steps = samplers_with_steps(logits_fn, key, x, y, dict(settings, init="clean", tolerance=1e-6))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
     assert np.all(np.asarray(steps) == 1)  # zero drift: every chain stops after its first step
@@ -183,5 +184,8 @@ def test_clean_start_is_x_and_x_is_the_fixed_point_without_the_classifier_term()
 def samplers_with_steps(logits_fn, key, x, y, settings, index_offset=0):
     from patjax.samplers import langevin_sample_with_steps
 
-    return jax.jit(lambda k, x, y: langevin_sample_with_steps(
-        logits_fn, k, x, y, LangevinSettings(**settings), index_offset=index_offset))(key, x, y)
+    return jax.jit(
+        lambda k, x, y: langevin_sample_with_steps(
+            logits_fn, k, x, y, LangevinSettings(**settings), index_offset=index_offset
+        )
+    )(key, x, y)

@@ -7,12 +7,12 @@ and hence the update. BatchNorm statistics likewise. Evaluation batches are spli
 devices too; every evaluator is per example, so the split must change nothing. Devices are
 faked on the CPU in a subprocess, since the device count is fixed when JAX starts.
 """
+
 import os
 import subprocess
 import sys
 
 import numpy as np
-
 from conftest import REPO
 
 SCRIPT = r"""
@@ -34,12 +34,17 @@ np.savez({out!r}, *leaves)
 
 def run_training(tmp_path, data_dir, devices):
     out = tmp_path / f"params_{devices}.npz"
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu")
-    script = SCRIPT.format(tests=str(REPO / "tests"), data_dir=data_dir,
-                           workdir=str(tmp_path / f"run{devices}"), devices=devices, out=str(out))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    script = SCRIPT.format(
+        tests=str(REPO / "tests"),
+        data_dir=data_dir,
+        workdir=str(tmp_path / f"run{devices}"),
+        devices=devices,
+        out=str(out),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = np.load(out)
     return [loaded[k] for k in sorted(loaded.files, key=lambda k: int(k.split("_")[1]))]
@@ -82,8 +87,9 @@ def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
     'an interrupted run resumes to the same parameters, bitwise' must hold on two devices."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     script = RESUME_SCRIPT.format(tests=str(REPO / "tests"), data_dir=data_dir, workdir=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -109,7 +115,8 @@ def test_pr_statistics_keeps_each_devices_images_on_that_device():
     # (a sample layout that mixed the split axis into the flattened batch made XLA gather the
     # whole chunk, 48 images, onto both devices).
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", PR_SCRIPT], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PR_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[-2] == "0 ['24']", proc.stdout

@@ -2,6 +2,7 @@
 fra31/auto-attack square.py, the L-inf box, the margin recomputed from the returned points, query
 counts on hand-written models whose outcome is known in advance, and the closed-form worst case
 of a linear classifier."""
+
 import functools
 
 import jax
@@ -26,24 +27,65 @@ def linear_model(w, b):
 def test_p_selection_and_square_sides_match_the_reference():
     # square.py p_selection, p_init = 0.8, read off its if-chain: p_init / 2^k past 10, 50, 200,
     # 500, 1000, 2000, 4000, 6000, 8000 (boundaries inclusive on the left interval).
-    plain = {0: 0.8, 10: 0.8, 11: 0.4, 50: 0.4, 51: 0.2, 200: 0.2, 201: 0.1, 500: 0.1, 501: 0.05,
-             1000: 0.05, 1001: 0.025, 2000: 0.025, 2001: 0.0125, 4000: 0.0125, 4001: 0.00625,
-             4999: 0.00625, 6001: 0.003125, 8001: 0.0015625}
+    plain = {
+        0: 0.8,
+        10: 0.8,
+        11: 0.4,
+        50: 0.4,
+        51: 0.2,
+        200: 0.2,
+        201: 0.1,
+        500: 0.1,
+        501: 0.05,
+        1000: 0.05,
+        1001: 0.025,
+        2000: 0.025,
+        2001: 0.0125,
+        4000: 0.0125,
+        4001: 0.00625,
+        4999: 0.00625,
+        6001: 0.003125,
+        8001: 0.0015625,
+    }
     for it, p in plain.items():
         assert square.p_selection(it, 10000, 0.8, rescale_schedule=False) == p, it
         assert square.p_selection(it, 5000, 0.8, rescale_schedule=False) == p, it
     # resc_schedule with n_queries = 5000: it -> int(it / 5000 * 10000) = 2 it.
-    rescaled = {0: 0.8, 5: 0.8, 6: 0.4, 25: 0.4, 26: 0.2, 100: 0.2, 101: 0.1, 250: 0.1, 251: 0.05,
-                2000: 0.0125, 2001: 0.00625, 3001: 0.003125, 4000: 0.003125, 4001: 0.0015625,
-                4999: 0.0015625}
+    rescaled = {
+        0: 0.8,
+        5: 0.8,
+        6: 0.4,
+        25: 0.4,
+        26: 0.2,
+        100: 0.2,
+        101: 0.1,
+        250: 0.1,
+        251: 0.05,
+        2000: 0.0125,
+        2001: 0.00625,
+        3001: 0.003125,
+        4000: 0.003125,
+        4001: 0.0015625,
+        4999: 0.0015625,
+    }
     for it, p in rescaled.items():
         assert square.p_selection(it, 5000, 0.8, rescale_schedule=True) == p, it
     # Side s = max(int(round(sqrt(p * h * w))), 1) on 32x32x3, by hand:
     # sqrt(0.8*1024)=28.6 -> 29, sqrt(409.6)=20.2 -> 20, 14.3 -> 14, 10.1 -> 10, 7.2 -> 7,
     # 5.06 -> 5, 3.58 -> 4, 2.53 -> 3, 1.79 -> 2, 1.26 -> 1.
     sides = square.square_sizes(10000, 32, 32, 3, 0.8, rescale_schedule=False)
-    assert [int(sides[i]) for i in (0, 11, 51, 201, 501, 1001, 2001, 4001, 6001, 8001)] == \
-        [29, 20, 14, 10, 7, 5, 4, 3, 2, 1]
+    assert [int(sides[i]) for i in (0, 11, 51, 201, 501, 1001, 2001, 4001, 6001, 8001)] == [
+        29,
+        20,
+        14,
+        10,
+        7,
+        5,
+        4,
+        3,
+        2,
+        1,
+    ]
     # The current reference caps s at min(h, w): on 2x32 images sqrt(0.8 * 64) = 7.2 -> 2.
     assert square.square_sizes(5, 2, 32, 3)[0] == 2
 
@@ -57,8 +99,11 @@ def test_stays_in_the_eps_ball_and_the_unit_box():
     logits_fn = linear_model(w, b)
     y = np.asarray(logits_fn(x)).argmax(1)
     # eps traced; the batch-shared squares and the rescaled schedule exercised here.
-    run = jax.jit(lambda key, x, y, eps: square.square_linf(
-        logits_fn, key, x, y, eps=eps, n_queries=150, rescale_schedule=True, shared_squares=True))
+    run = jax.jit(
+        lambda key, x, y, eps: square.square_linf(
+            logits_fn, key, x, y, eps=eps, n_queries=150, rescale_schedule=True, shared_squares=True
+        )
+    )
     res = run(jax.random.key(1), x, y, EPS)
     for z in (np.asarray(res.x_adv), np.asarray(res.x_best)):
         assert np.all(np.abs(z - x) <= EPS + 1e-6) and z.min() >= 0.0 and z.max() <= 1.0
@@ -107,14 +152,15 @@ def test_query_budget_and_images_fooled_before_the_search():
     # Hand-written binary model: z_0 = c_i - sum |z - x_i|, z_1 = 0. Every start point (all 192
     # coordinates moved by eps) costs 192 eps ~ 6 of margin.
     c = np.array([1.0, 0.5, 1e3], np.float32)
+
     def logits_fn(z):
         z0 = c - jnp.sum(jnp.abs(z - x), axis=(1, 2, 3))
         return jnp.stack([z0, jnp.zeros_like(z0)], axis=1)
+
     # 0: label 1 while class 0 wins at x (clean-misclassified: not attacked);
     # 1: clean margin 0.5, fooled by the stripes start; 2: margin > 0 on the whole ball.
     y = np.array([1, 0, 0])
-    res = jax.jit(functools.partial(square.square_linf, logits_fn, eps=EPS, n_queries=37))(
-        jax.random.key(0), x, y)
+    res = jax.jit(functools.partial(square.square_linf, logits_fn, eps=EPS, n_queries=37))(jax.random.key(0), x, y)
     np.testing.assert_array_equal(np.asarray(res.queries), [0, 1, 38])
     np.testing.assert_array_equal(np.asarray(res.fooled), [True, True, False])
     x_adv = np.asarray(res.x_adv)

@@ -1,5 +1,6 @@
 """Differences between two runs' PR: the three estimands and the comparison at matched clean
 accuracy, against hand computations (numpy loops over the same bootstrap resamples)."""
+
 import numpy as np
 import pytest
 
@@ -24,8 +25,11 @@ def test_pr_difference_estimands_against_a_loop_over_resamples():
 
     def estimands(i):
         ca, cb, pa, pb = correct_a[i], correct_b[i], pr_a[i], pr_b[i]
-        return {"clean_correct": pa[ca].mean() - pb[cb].mean(),  # two Table-1 figures, own images each
-                "both_correct": (pa - pb)[ca & cb].mean(), "all": (pa - pb).mean()}
+        return {
+            "clean_correct": pa[ca].mean() - pb[cb].mean(),  # two Table-1 figures, own images each
+            "both_correct": (pa - pb)[ca & cb].mean(),
+            "all": (pa - pb).mean(),
+        }
 
     full = estimands(np.arange(len(correct_a)))
     boot = [estimands(i) for i in idx]
@@ -48,8 +52,13 @@ def test_matched_difference_interpolates_a_curve_at_the_partner_accuracy():
     curve = []
     for acc, level in ((0.5, 0.7), (0.25, 0.95), (0.4, 0.85)):
         c = rng.random(n) < acc
-        pr = np.stack([np.where(c, rng.uniform(level - 0.05, level + 0.05, n), 0.0),
-                       np.where(c, rng.uniform(level - 0.2, level, n), 0.0)], axis=1)
+        pr = np.stack(
+            [
+                np.where(c, rng.uniform(level - 0.05, level + 0.05, n), 0.0),
+                np.where(c, rng.uniform(level - 0.2, level, n), 0.0),
+            ],
+            axis=1,
+        )
         curve.append((c, pr))
     correct_b = rng.random(n) < 0.33
     pr_b = np.stack([np.where(correct_b, 0.9, 0.05), np.where(correct_b, 0.8, 0.0)], axis=1)

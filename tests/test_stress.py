@@ -11,14 +11,15 @@ when its intra-op thread pool was the core count, which `PJRT_NPROC=2` restores:
   PJRT_NPROC=2 python -m pytest -q -m stress tests/test_stress.py   # fails: aborts
 Each training runs under a watchdog, so a hang fails the test instead of stalling it.
 """
+
 import collections
 import os
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from patjax import methods
 
 pytestmark = pytest.mark.stress
@@ -42,12 +43,19 @@ def test_every_method_trains_on_two_devices_while_the_cores_are_busy(tmp_path, d
         for r in range(repeats):
             for method in names:
                 workdir = tmp_path / f"{method}-{r}"
-                cmd = [sys.executable, "main.py", "--config=configs/quickstart.py",
-                       f"--config.data_dir={data_dir}", f"--workdir={workdir}", f"--config.method={method}",
-                       "--config.num_train_steps=3", "--config.batch_size=32", "--config.progress_bar=False"]
+                cmd = [
+                    sys.executable,
+                    "main.py",
+                    "--config=configs/quickstart.py",
+                    f"--config.data_dir={data_dir}",
+                    f"--workdir={workdir}",
+                    f"--config.method={method}",
+                    "--config.num_train_steps=3",
+                    "--config.batch_size=32",
+                    "--config.progress_bar=False",
+                ]
                 try:
-                    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                                          timeout=WATCHDOG_S)
+                    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=WATCHDOG_S)
                 except subprocess.TimeoutExpired:
                     outcomes["hung"] += 1
                     failures.append(f"{method} (repeat {r}): no exit within {WATCHDOG_S} s")

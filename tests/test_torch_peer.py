@@ -7,6 +7,7 @@ patjax to 1e-5 on the logits and training-mode BatchNorm statistics, the sampler
 after T = 3 steps, the SNIS-weighted loss, and the loss, parameters and BatchNorm running
 statistics after one and then a second full `train.train_step` (measured: below 1e-6).
 """
+
 import importlib.util
 import sys
 
@@ -17,9 +18,9 @@ torch = pytest.importorskip("torch")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from conftest import REPO  # noqa: E402
 from flax import traverse_util  # noqa: E402
 
-from conftest import REPO  # noqa: E402
 from patjax import config as config_lib  # noqa: E402
 from patjax import data, methods, samplers, train  # noqa: E402
 from patjax import state as state_lib  # noqa: E402
@@ -57,9 +58,14 @@ def tiny_config(model):
 
 def settings_of(cfg):
     lv = cfg.langevin
-    return peer.LangevinSettings(steps=int(lv.steps), step_size=float(lv.step_size),
-                                 noise_scale=float(lv.noise_scale), grad_clip=float(lv.grad_clip),
-                                 c1=float(lv.c1), c2=float(lv.c2))
+    return peer.LangevinSettings(
+        steps=int(lv.steps),
+        step_size=float(lv.step_size),
+        noise_scale=float(lv.noise_scale),
+        grad_clip=float(lv.grad_clip),
+        c1=float(lv.c1),
+        c2=float(lv.c2),
+    )
 
 
 def realistic_images(key, n):
@@ -84,8 +90,7 @@ def perturbed(state, key):
         stats[module + ("mean",)] = 0.2 * jax.random.normal(k[2], c)
         stats[module + ("var",)] = jax.random.uniform(k[3], c, minval=0.5, maxval=2.0)
     params[("Dense_0", "bias")] = 0.1 * jax.random.normal(jax.random.fold_in(key, len(stats)), (10,))
-    return state.replace(params=traverse_util.unflatten_dict(params),
-                         batch_stats=traverse_util.unflatten_dict(stats))
+    return state.replace(params=traverse_util.unflatten_dict(params), batch_stats=traverse_util.unflatten_dict(stats))
 
 
 # ---------------------------------------------------------------------------------------
@@ -139,6 +144,7 @@ def max_tree_diff(a, b):
 # ---------------------------------------------------------------------------------------
 # The sampler's randomness as patjax draws it.
 
+
 def sampler_noise(key, x, steps):
     """The noise patjax's Langevin chain adds at steps 0..steps-1, drawn from its keys:
     example i's key fold_in(key, i) splits into (start key, noise key), and step t's noise
@@ -147,15 +153,17 @@ def sampler_noise(key, x, steps):
     init_keys, noise_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     shape = x.shape[1:]
     start = jax.vmap(lambda k: jax.random.uniform(k, shape, x.dtype))(init_keys)
-    noise = [jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), shape, x.dtype))(noise_keys)
-             for t in range(steps)]
+    noise = [
+        jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, t), shape, x.dtype))(noise_keys)
+        for t in range(steps)
+    ]
     return start, noise
 
 
 def step_inputs(state, images, labels, permutation, cfg, steps_per_epoch):
     """What `train.train_step` draws for this step: the augmented batch, labels and method key."""
     position = int(state.step) % steps_per_epoch
-    indices = permutation[position * cfg.batch_size:(position + 1) * cfg.batch_size]
+    indices = permutation[position * cfg.batch_size : (position + 1) * cfg.batch_size]
     step_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
     augment_key, method_key = jax.random.split(step_key)
     return data.augment(augment_key, images[indices]), labels[indices], method_key
@@ -178,11 +186,22 @@ def setup(request):
     permutation = jnp.arange(BATCH)
     net = peer.create_model(cfg.model, num_classes=10, width=RESNET_WIDTH)
     load_patjax_weights(net, state.params, state.batch_stats)
-    optimizer = peer.make_optimizer(net, lr=float(cfg.learning_rate), momentum=float(cfg.momentum),
-                                    weight_decay=float(cfg.weight_decay))
-    return dict(cfg=cfg, tx=tx, schedule=schedule, model_fns=model_fns, state=state, images=images,
-                labels=labels, permutation=permutation, steps_per_epoch=steps_per_epoch, net=net,
-                optimizer=optimizer)
+    optimizer = peer.make_optimizer(
+        net, lr=float(cfg.learning_rate), momentum=float(cfg.momentum), weight_decay=float(cfg.weight_decay)
+    )
+    return dict(
+        cfg=cfg,
+        tx=tx,
+        schedule=schedule,
+        model_fns=model_fns,
+        state=state,
+        images=images,
+        labels=labels,
+        permutation=permutation,
+        steps_per_epoch=steps_per_epoch,
+        net=net,
+        optimizer=optimizer,
+    )
 
 
 def first_batch(s):
@@ -231,12 +250,14 @@ def test_sampler_samples_match_after_three_steps(setup):
     s, net = setup, setup["net"]
     x, y, key = first_batch(s)
     state = s["state"]
-    x_adv, steps = methods.langevin_adversarial_batch(state.params, s["model_fns"], state.batch_stats,
-                                                      x, y, key, s["cfg"])
+    x_adv, steps = methods.langevin_adversarial_batch(
+        state.params, s["model_fns"], state.batch_stats, x, y, key, s["cfg"]
+    )
     assert np.all(np.asarray(steps) == STEPS)
     start, noise = sampler_noise(key, x, STEPS)
-    torch_adv = peer.langevin_chain(net, nchw(x), torch_labels(y), nchw(start),
-                                    [nchw(z) for z in noise], settings_of(s["cfg"]))
+    torch_adv = peer.langevin_chain(
+        net, nchw(x), torch_labels(y), nchw(start), [nchw(z) for z in noise], settings_of(s["cfg"])
+    )
     assert float(np.max(np.abs(np.asarray(x_adv) - np.asarray(start)))) > 0.1  # the chain moved
     np.testing.assert_allclose(nhwc(torch_adv), x_adv, rtol=0, atol=TOL)
     assert max_tree_diff(as_patjax_trees(net)[1], state.batch_stats) == 0  # inference mode: no update
@@ -251,8 +272,7 @@ def test_snis_weighted_loss_matches(setup):
     saved = {k: v.clone() for k, v in net.state_dict().items()}
     try:
         net.train()
-        losses = torch.nn.functional.cross_entropy(net(nchw(x_adv)), torch_labels(y),
-                                                   reduction="none")
+        losses = torch.nn.functional.cross_entropy(net(nchw(x_adv)), torch_labels(y), reduction="none")
         torch_loss, weights = peer.weighted_loss(losses, float(s["cfg"].pat.beta))
     finally:
         net.load_state_dict(saved)
@@ -272,9 +292,16 @@ def test_two_train_steps_give_equal_parameters_and_statistics(setup):
         start, noise = sampler_noise(key, x, STEPS)
         before = jax.device_get(state.params)
         state, metrics = step_fn(state, s["images"], s["labels"], s["permutation"])
-        torch_loss = peer.pat_step_from(net, optimizer, nchw(x), torch_labels(y),
-                                        nchw(start), [nchw(z) for z in noise], settings_of(s["cfg"]),
-                                        beta=float(s["cfg"].pat.beta))
+        torch_loss = peer.pat_step_from(
+            net,
+            optimizer,
+            nchw(x),
+            torch_labels(y),
+            nchw(start),
+            [nchw(z) for z in noise],
+            settings_of(s["cfg"]),
+            beta=float(s["cfg"].pat.beta),
+        )
         params, stats = as_patjax_trees(net)
         np.testing.assert_allclose(float(torch_loss), float(metrics["loss"]), rtol=0, atol=TOL)
         assert max_tree_diff(params, state.params) < TOL

@@ -1,4 +1,5 @@
 """End to end: train, checkpoint, resume (bitwise), evaluate; bad input fails cleanly."""
+
 import json
 import os
 import subprocess
@@ -8,10 +9,10 @@ import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from conftest import REPO
 
 from patjax import data, evaluation, train
 from patjax.errors import UserError
-from conftest import REPO
 
 
 def tiny_config(**overrides):
@@ -67,8 +68,15 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
     # the run was extended and kept; none after, so the rate never goes back up.
     lr = tiny_config().learning_rate
     np.testing.assert_allclose([l["learning_rate"] for l in lines], [lr, lr * 0.1, lr * 0.01], rtol=1e-6)
-    for key in ("loss", "adv_accuracy", "snis_weight_mean", "snis_weight_max", "learning_rate",
-                "images_per_s", "test_clean_accuracy"):
+    for key in (
+        "loss",
+        "adv_accuracy",
+        "snis_weight_mean",
+        "snis_weight_max",
+        "learning_rate",
+        "images_per_s",
+        "test_clean_accuracy",
+    ):
         assert np.isfinite(lines[-1][key]), key
     assert os.listdir(os.path.join(workdir, "tensorboard"))
     saved = json.load(open(os.path.join(workdir, "eval", "results.json")))
@@ -96,7 +104,9 @@ def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     partial = workdir / "checkpoints" / "4.orbax-checkpoint-tmp"
     (partial / "default.orbax-checkpoint-tmp").mkdir(parents=True)
     (partial / "default.orbax-checkpoint-tmp" / "manifest.ocdbt").write_bytes(b"\0" * 10)
-    longer = tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3))  # milestones stay at 2
+    longer = tiny_config(
+        data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)
+    )  # milestones stay at 2
     state = train.train_and_evaluate(longer, str(workdir))
     assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
 
@@ -115,21 +125,24 @@ def run_cli(*args, cwd=REPO):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("--config.model=resnet1000", "unknown model"),
-    ("--config.dataset=mnist", "unknown dataset"),
-    ("--config.method=magic", "unknown method"),
-    ("--config.data_dir=/nonexistent", "lacks the cifar10 train split"),
-    # Values that used to train without complaint (a new user's trial, 2026-11-22):
-    ("--config.langevin.step_size=-0.3", "langevin.step_size"),
-    ("--config.learning_rate=-0.05", "learning_rate must be > 0"),
-    ("--config.eval.pr_epsilons=(-0.1,0.2)", "eval.pr_epsilons must be non-empty and non-negative"),
-    ("--stop_after_steps=-1", "stop_after_steps must be >= 1"),
-    # Errors raised while absl loads the config, before main runs (were Python tracebacks):
-    ("--config.nonexistent_field=1", "nonexistent_field"),
-    ("--config.batch_size=abc", "invalid literal"),
-    ("--config=configs/no_such_config.py", "No such file or directory: 'configs/no_such_config.py'"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("--config.model=resnet1000", "unknown model"),
+        ("--config.dataset=mnist", "unknown dataset"),
+        ("--config.method=magic", "unknown method"),
+        ("--config.data_dir=/nonexistent", "lacks the cifar10 train split"),
+        # Values that used to train without complaint (a new user's trial, 2026-11-22):
+        ("--config.langevin.step_size=-0.3", "langevin.step_size"),
+        ("--config.learning_rate=-0.05", "learning_rate must be > 0"),
+        ("--config.eval.pr_epsilons=(-0.1,0.2)", "eval.pr_epsilons must be non-empty and non-negative"),
+        ("--stop_after_steps=-1", "stop_after_steps must be >= 1"),
+        # Errors raised while absl loads the config, before main runs (were Python tracebacks):
+        ("--config.nonexistent_field=1", "nonexistent_field"),
+        ("--config.batch_size=abc", "invalid literal"),
+        ("--config=configs/no_such_config.py", "No such file or directory: 'configs/no_such_config.py'"),
+    ],
+)
 def test_main_rejects_bad_input_with_one_line_and_nonzero_exit(tmp_path, override, message):
     workdir = tmp_path / "run"
     proc = run_cli("main.py", "--config=configs/quickstart.py", override, f"--workdir={workdir}")
@@ -158,5 +171,7 @@ def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp
     monkeypatch.chdir(tmp_path)
     link = str(tmp_path / "moved_data")
     os.symlink(data_dir, link)
-    state = train.train_and_evaluate(tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
+    state = train.train_and_evaluate(
+        tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir
+    )
     assert int(state.step) == 3

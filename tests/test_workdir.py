@@ -3,6 +3,7 @@
 Device counts are fixed when JAX starts, so runs on 1 and 2 CPU devices are separate
 processes; each writes what it computed to an .npz that the test compares.
 """
+
 import json
 import os
 import signal
@@ -12,12 +13,12 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+from test_train import tiny_config
+
 from patjax import evaluation, train
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
-from test_train import tiny_config
 
 # As conftest.py does in-process: compile time dominates these runs, numerics are unchanged.
 FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
@@ -44,57 +45,84 @@ np.savez({out!r}, **{{k: np.asarray(v) for k, v in out.items()}})
 
 def run_on(devices, body, tmp_path, data_dir, name):
     out = str(tmp_path / f"{name}.npz")
-    script = SCRIPT.format(tests=str(REPO / "tests"), devices=devices, data_dir=data_dir,
-                           body=textwrap.dedent(body), out=out)
+    script = SCRIPT.format(
+        tests=str(REPO / "tests"), devices=devices, data_dir=data_dir, body=textwrap.dedent(body), out=out
+    )
     env = dict(os.environ, PATJAX_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu", **FAST_COMPILE)
     env.pop("XLA_FLAGS", None)
     # cli.use_cpu_cores_as_devices is what every command line runs before JAX starts.
     script = "from patjax import cli; cli.use_cpu_cores_as_devices()\n" + script
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(np.load(out))
 
 
 def leaves_of(result, prefix):
-    return [result[k] for k in sorted((k for k in result if k.startswith(prefix)),
-                                      key=lambda k: int(k.rsplit("_", 1)[1]))]
+    return [
+        result[k] for k in sorted((k for k in result if k.startswith(prefix)), key=lambda k: int(k.rsplit("_", 1)[1]))
+    ]
 
 
 def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_dir):
     a, b, c = (str(tmp_path / n) for n in "abc")
     # On 2 devices: a stops after 2 of 4 steps; c trains 4 steps straight (the reference).
-    two = run_on(2, f"""
+    two = run_on(
+        2,
+        f"""
         s = run({a!r}, 4, stop=2)
         out.update({{f"a2_{{i}}": x for i, x in enumerate(leaves(s))}})
         s = run({c!r}, 4)
         out.update({{f"c4_{{i}}": x for i, x in enumerate(leaves(s))}})
         r = evaluation.evaluate_workdir({a!r}, progress=False, evaluators=("clean",))
         out["a_clean"] = r["clean_accuracy"]
-        """, tmp_path, data_dir, "two")
+        """,
+        tmp_path,
+        data_dir,
+        "two",
+    )
     # The command line of the issue: a 2-device checkpoint evaluated on 1 device.
     env = dict(os.environ, PATJAX_CPU_DEVICES="1", **FAST_COMPILE)
-    proc = subprocess.run([sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--evaluators=clean",
-                           "--overwrite"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--evaluators=clean", "--overwrite"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     one_device_eval = json.load(open(os.path.join(a, "eval", "results.json")))
     assert one_device_eval["settings"]["devices"] == 1
     assert one_device_eval["clean_accuracy"] == pytest.approx(float(two["a_clean"]), abs=1e-12)
     # On 1 device: the library call restores the 2-device checkpoint exactly, resumes a to 4
     # steps, and b trains 2 steps for the other direction.
-    one = run_on(1, f"""
+    one = run_on(
+        1,
+        f"""
         cfg, fns, s = workdir_lib.restore({a!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(s))}})
         s = run({a!r}, 4)
         out.update({{f"a4_{{i}}": x for i, x in enumerate(leaves(s))}})
         s = run({b!r}, 4, stop=2)
-        """, tmp_path, data_dir, "one")
+        """,
+        tmp_path,
+        data_dir,
+        "one",
+    )
     for restored, saved in zip(leaves_of(one, "restored_"), leaves_of(two, "a2_"), strict=True):
         np.testing.assert_array_equal(restored, saved)
-    back = run_on(2, f"""
+    back = run_on(
+        2,
+        f"""
         s = run({b!r}, 4)
         out.update({{f"b4_{{i}}": x for i, x in enumerate(leaves(s))}})
-        """, tmp_path, data_dir, "back")
+        """,
+        tmp_path,
+        data_dir,
+        "back",
+    )
     reference = leaves_of(two, "c4_")
     # Equal up to the order of float sums (BatchNorm statistics, gradients over the batch).
     for resumed in (leaves_of(one, "a4_"), leaves_of(back, "b4_")):
@@ -157,21 +185,35 @@ def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, d
         assert holder.stdout.readline().strip() == "held"
         before = sorted(os.listdir(workdir))
         with pytest.raises(UserError) as error:
-            train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
+            train.train_and_evaluate(
+                tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir
+            )
         message = str(error.value)
         assert "is in use by a trainer (pid " in message and "\n" not in message
         with pytest.raises(UserError, match="is in use by a trainer"):
             evaluation.evaluate_workdir(workdir, progress=False, evaluators=("clean",))
         assert sorted(os.listdir(workdir)) == before
         # The command line says the same in one line, exit 2.
-        proc = subprocess.run([sys.executable, "main.py", "--config=configs/quickstart.py",
-                               f"--config.data_dir={data_dir}", f"--workdir={workdir}"],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "main.py",
+                "--config=configs/quickstart.py",
+                f"--config.data_dir={data_dir}",
+                f"--workdir={workdir}",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
         assert "is in use by a trainer" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # The lock of a killed process is gone with it: the resume goes ahead.
-    state = train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
+    state = train.train_and_evaluate(
+        tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir
+    )
     assert int(state.step) == 3

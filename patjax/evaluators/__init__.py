@@ -4,6 +4,7 @@ REGISTRY is the only list of evaluator names; ALIASES name groups of them; an ev
 `worst_case` flag puts it in the worst case over attacks. Adding an evaluator: a module with
 an `Evaluator` and one line here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,18 @@ from patjax.errors import UserError
 from patjax.evaluators import apgd, attack, autoattack, clean, common, pr
 
 # Canonical order: the order of the passes and of results.json's figures.
-REGISTRY: dict[str, common.Evaluator] = {e.name: e for e in (
-    clean.EVALUATOR, attack.PGD20, attack.CW20, apgd.APGD_CE, apgd.APGD_DLR, autoattack.EVALUATOR, pr.EVALUATOR)}
+REGISTRY: dict[str, common.Evaluator] = {
+    e.name: e
+    for e in (
+        clean.EVALUATOR,
+        attack.PGD20,
+        attack.CW20,
+        apgd.APGD_CE,
+        apgd.APGD_DLR,
+        autoattack.EVALUATOR,
+        pr.EVALUATOR,
+    )
+}
 NAMES = tuple(REGISTRY)
 # 'all' is every evaluator but AutoAttack, which costs about 20 APGD runs and is run when named.
 ALIASES = {"apgd": ("apgd_ce", "apgd_dlr"), "all": tuple(n for n in NAMES if n != "aa")}

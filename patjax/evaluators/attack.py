@@ -4,6 +4,7 @@ pgd20: PGD on the cross-entropy; cw20: the same PGD on the Carlini-Wagner margin
 both with a uniform random start in the eps ball, `eval.attack_steps` steps of
 `eval.attack_step_size`, each image attacked on its own (`common.per_example`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,17 +17,38 @@ from patjax.evaluators import common
 
 def _pgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
-        loss_fn = attacks.cross_entropy_loss if loss == "ce" else functools.partial(
-            attacks.cw_margin_loss, kappa=s.cw_kappa)
-        x_adv = common.per_example(lambda k, xi, yi: attacks.pgd(
-            logits_fn, k, xi, yi, eps=s.attack_eps, step_size=s.attack_step_size, steps=s.attack_steps,
-            loss_fn=loss_fn, random_start=True), key, indices, x, y)
+        loss_fn = (
+            attacks.cross_entropy_loss if loss == "ce" else functools.partial(attacks.cw_margin_loss, kappa=s.cw_kappa)
+        )
+        x_adv = common.per_example(
+            lambda k, xi, yi: attacks.pgd(
+                logits_fn,
+                k,
+                xi,
+                yi,
+                eps=s.attack_eps,
+                step_size=s.attack_step_size,
+                steps=s.attack_steps,
+                loss_fn=loss_fn,
+                random_start=True,
+            ),
+            key,
+            indices,
+            x,
+            y,
+        )
         return jnp.argmax(logits_fn(x_adv), -1) == y
 
     def settings(s) -> dict:
         kappa = {"kappa": s.cw_kappa} if loss == "cw_margin" else {}
-        return {"eps": s.attack_eps, "step_size": s.attack_step_size, "steps": s.attack_steps, "loss": loss, **kappa,
-                "random_start": "uniform"}
+        return {
+            "eps": s.attack_eps,
+            "step_size": s.attack_step_size,
+            "steps": s.attack_steps,
+            "loss": loss,
+            **kappa,
+            "random_start": "uniform",
+        }
 
     return common.attack_evaluator(name, label, stream, batch_robust, settings)
 

@@ -12,25 +12,31 @@ index (`common.per_example`), so a figure does not depend on the batch size or w
 an earlier attack left.
 
 Gradient-masking checks (Athalye et al. 2018; Carlini et al. 2019), reported with every run:
+  - the reference's own: Square, after the gradient-based attacks, lowers robust accuracy by
+    more than 0.2 pp;
   - Square alone, a black-box attack that reads no gradient, on every clean-correct image,
-    against APGD-CE alone: a black-box attack clearly stronger than the white-box one is a
-    sign that the gradients mislead;
+    against APGD-CE alone: a black-box attack significantly stronger than the white-box one
+    (one-sided exact sign test on the images only one of them fools, p < 1 - eval.confidence)
+    is a sign that the gradients mislead;
   - APGD-CE at growing eps (eval.aa_masking_eps_factors x eps): robust accuracy must fall to 0;
     a model still robust at eps = 0.5 is not robust, its gradients are.
 Neither check proves the absence of masking; a failed one is reported in `masking_signs`.
 No model in patjax is randomized at test time (BatchNorm runs in inference mode, no input
 noise), so the randomized-defence version (EOT) is not needed and not offered.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.stats import binomtest
 
 from patjax import attacks, data, fab, square
 from patjax.evaluators import common
 
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order
+SQUARE_GAIN_TOLERANCE = 0.002  # checks.py: check_square_sr's alpha
 LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square"}
 # Keys: attack_key's streams 1-4 belong to pgd20, cw20, apgd_ce, apgd_dlr; AutoAttack's own are
 # fold_in(PRNGKey(seed), STREAM_BASE + k), independent of those.
@@ -59,8 +65,17 @@ def _apgd_t(logits_fn, key, x, y, s):
 
     def body(state):
         rank, robust = state
-        run = attacks.apgd(logits_fn, jax.random.fold_in(key, rank), x, y, eps=s.attack_eps,
-                           steps=s.apgd_steps, loss="dlr_targeted", rho=s.apgd_rho, target=targets[rank])
+        run = attacks.apgd(
+            logits_fn,
+            jax.random.fold_in(key, rank),
+            x,
+            y,
+            eps=s.attack_eps,
+            steps=s.apgd_steps,
+            loss="dlr_targeted",
+            rho=s.apgd_rho,
+            target=targets[rank],
+        )
         return rank + 1, robust & run.robust
 
     clean = jnp.argmax(logits_fn(x), axis=-1) == y
@@ -68,7 +83,7 @@ def _apgd_t(logits_fn, key, x, y, s):
 
 
 def make_batch_fn(model_fns, s, pass_name):
-    name = pass_name[len("aa_"):]
+    name = pass_name[len("aa_") :]
     stream = {"apgd_ce": 0, "apgd_t": 1, "fab_t": 2, "square": 3, "square_alone": 3}.get(name, 4)
     key = _key(s.seed, stream)
     eps = s.attack_eps * float(name.split("_x")[1]) if "_x" in name else s.attack_eps
@@ -77,27 +92,43 @@ def make_batch_fn(model_fns, s, pass_name):
         logits_fn = common.inference_logits_fn(model_fns, params, batch_stats)
         x = data.to_float(images)
         if name.startswith("apgd_ce"):
-            robust = common.per_example(lambda k, xi, yi: attacks.apgd(
-                logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust,
-                key, indices, x, labels)
+            robust = common.per_example(
+                lambda k, xi, yi: (
+                    attacks.apgd(logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust
+                ),
+                key,
+                indices,
+                x,
+                labels,
+            )
             return {"robust": robust, "clean_correct": jnp.argmax(logits_fn(x), axis=-1) == labels}
         if name == "apgd_t":
-            return {"robust": common.per_example(lambda k, xi, yi: _apgd_t(logits_fn, k, xi, yi, s),
-                                                 key, indices, x, labels)}
+            return {
+                "robust": common.per_example(
+                    lambda k, xi, yi: _apgd_t(logits_fn, k, xi, yi, s), key, indices, x, labels
+                )
+            }
         if name == "fab_t":  # no randomness with one restart: the batch runs as one
-            out = fab.fab_t(logits_fn, key, x, labels, eps=eps, n_target_classes=s.aa_target_classes,
-                            n_iter=s.aa_fab_steps)
+            out = fab.fab_t(
+                logits_fn, key, x, labels, eps=eps, n_target_classes=s.aa_target_classes, n_iter=s.aa_fab_steps
+            )
             return {"robust": ~out.fooled, "norm": out.norm}
-        out = common.per_example(lambda k, xi, yi: square.square_linf(
-            logits_fn, k, xi, yi, eps=eps, n_queries=s.aa_square_queries), key, indices, x, labels)
+        out = common.per_example(
+            lambda k, xi, yi: square.square_linf(logits_fn, k, xi, yi, eps=eps, n_queries=s.aa_square_queries),
+            key,
+            indices,
+            x,
+            labels,
+        )
         return {"robust": ~out.fooled, "queries": out.queries}
+
     return jax.jit(fn)
 
 
 def subset(pass_name, per_image):
     """Each attack after the first runs on the images still robust; Square alone on every
     clean-correct image; APGD-CE at the larger eps on every image."""
-    name = pass_name[len("aa_"):]
+    name = pass_name[len("aa_") :]
     if name in STAGES[1:]:
         before = per_image[f"aa_{STAGES[STAGES.index(name) - 1]}"]["robust"]
         return np.flatnonzero(before)
@@ -129,37 +160,64 @@ def figures(per_image, s) -> dict:
     for stage in STAGES:
         robust = robust & per_image[f"aa_{stage}"]["robust"]
         fig["after"][stage] = common.proportion(robust, s.confidence)
-    fig["broken_by"] = {"misclassified": int(np.sum(out["broken_by"] == 0)),
-                        **{stage: int(np.sum(out["broken_by"] == k)) for k, stage in enumerate(STAGES, start=1)},
-                        "robust": int(np.sum(out["broken_by"] == -1))}
+    fig["broken_by"] = {
+        "misclassified": int(np.sum(out["broken_by"] == 0)),
+        **{stage: int(np.sum(out["broken_by"] == k)) for k, stage in enumerate(STAGES, start=1)},
+        "robust": int(np.sum(out["broken_by"] == -1)),
+    }
     square_alone = per_image["aa_square_alone"]["robust"]  # False where not attacked (clean errors)
     apgd_alone = per_image["aa_apgd_ce"]["robust"]
     by_eps = {f"{s.attack_eps:.6g}": common.proportion(apgd_alone, s.confidence)}
     for f in s.aa_masking_eps_factors:
         by_eps[f"{s.attack_eps * f:.6g}"] = common.proportion(per_image[f"aa_apgd_ce_x{f:g}"]["robust"], s.confidence)
     signs = []
+    # The reference's own check (checks.py: check_square_sr): Square, run after the gradient-based
+    # attacks, should find (almost) nothing they missed.
+    square_gain = fig["after"]["fab_t"]["value"] - fig["after"]["square"]["value"]
+    if square_gain > SQUARE_GAIN_TOLERANCE:
+        signs.append(f"Square lowers robust accuracy by {square_gain:.2%} after the gradient-based attacks")
+    # Square alone against APGD-CE alone, paired on the same images: a one-sided exact sign test on
+    # the images only one of them fools (McNemar), so one image of chance is not a sign.
     square_only = int(np.sum(apgd_alone & ~square_alone & clean))  # fooled by Square, not by APGD-CE
     apgd_only = int(np.sum(~apgd_alone & square_alone & clean))
-    if square_only > apgd_only:
-        signs.append(f"Square alone fools {square_only} images APGD-CE does not, APGD-CE {apgd_only} that "
-                     "Square does not")
+    p_value = float(binomtest(square_only, square_only + apgd_only, 0.5, "greater").pvalue) if square_only else 1.0
+    if p_value < 1 - s.confidence:
+        signs.append(
+            f"Square alone fools {square_only} images APGD-CE alone does not, APGD-CE {apgd_only} that Square "
+            f"does not (sign test p = {p_value:.2g})"
+        )
     largest = by_eps[f"{s.attack_eps * max(s.aa_masking_eps_factors):.6g}"] if s.aa_masking_eps_factors else None
     if largest is not None and largest["value"] > 0:
-        signs.append(f"robust accuracy {largest['value']:.2%} at eps {s.attack_eps * max(s.aa_masking_eps_factors):.4g} "
-                     "(it should be 0)")
+        signs.append(
+            f"robust accuracy {largest['value']:.2%} at eps {s.attack_eps * max(s.aa_masking_eps_factors):.4g} "
+            "(it should be 0)"
+        )
     fig["masking"] = {
         "square_alone": common.proportion(square_alone, s.confidence),
         "apgd_ce_alone": common.proportion(apgd_alone, s.confidence),
-        "fooled_by_square_not_apgd_ce": square_only, "fooled_by_apgd_ce_not_square": apgd_only,
-        "apgd_ce_by_eps": by_eps, "masking_signs": signs,
+        "fooled_by_square_not_apgd_ce": square_only,
+        "fooled_by_apgd_ce_not_square": apgd_only,
+        "square_stronger_p_value": p_value,
+        "apgd_ce_by_eps": by_eps,
+        "masking_signs": signs,
     }
-    fig["settings"] = {"eps": s.attack_eps, "version": "standard", "attacks": list(STAGES),
-                       "apgd_steps": s.apgd_steps, "apgd_rho": s.apgd_rho, "restarts": 1,
-                       "target_classes": s.aa_target_classes, "fab_steps": s.aa_fab_steps,
-                       "square_queries": s.aa_square_queries, "square_p_init": 0.8,
-                       "masking_eps_factors": list(s.aa_masking_eps_factors), "num_examples": n}
+    fig["settings"] = {
+        "eps": s.attack_eps,
+        "version": "standard",
+        "attacks": list(STAGES),
+        "apgd_steps": s.apgd_steps,
+        "apgd_rho": s.apgd_rho,
+        "restarts": 1,
+        "target_classes": s.aa_target_classes,
+        "fab_steps": s.aa_fab_steps,
+        "square_queries": s.aa_square_queries,
+        "square_p_init": 0.8,
+        "masking_eps_factors": list(s.aa_masking_eps_factors),
+        "num_examples": n,
+    }
     return {"aa": fig}
 
 
-EVALUATOR = common.Evaluator("aa", passes, make_batch_fn, figures, worst_case=True, label="AutoAttack",
-                             subset=subset, combine=combine)
+EVALUATOR = common.Evaluator(
+    "aa", passes, make_batch_fn, figures, worst_case=True, label="AutoAttack", subset=subset, combine=combine
+)

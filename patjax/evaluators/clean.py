@@ -1,4 +1,5 @@
 """Clean accuracy: the fraction of test images classified correctly (BatchNorm in inference mode)."""
+
 from __future__ import annotations
 
 import jax
@@ -17,6 +18,7 @@ def make_batch_fn(model_fns, s, pass_name):
     def fn(params, batch_stats, images, labels, indices):
         logits = common.inference_logits_fn(model_fns, params, batch_stats)(data.to_float(images))
         return {"correct": jnp.argmax(logits, -1) == labels}
+
     return jax.jit(fn)
 
 
@@ -35,8 +37,10 @@ def accuracy_fn(model_fns, batch_size: int):
 
     def accuracy(state, split, num_examples=None):
         n = len(split) if not num_examples or num_examples <= 0 else min(num_examples, len(split))
-        hits = [batch_fn(state.params, state.batch_stats, images, labels, indices)["correct"][mask]
-                for images, labels, indices, mask in common.padded_batches(split, np.arange(n), batch_size)]
+        hits = [
+            batch_fn(state.params, state.batch_stats, images, labels, indices)["correct"][mask]
+            for images, labels, indices, mask in common.padded_batches(split, np.arange(n), batch_size)
+        ]
         return float(np.sum(np.concatenate(jax.device_get(hits)))) / n
 
     return accuracy

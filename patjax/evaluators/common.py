@@ -11,6 +11,7 @@ Randomness is keyed by the image's index in the test split (and the sample's ind
 batch size, chunk size and device count change no figure, and two models evaluated with the
 same seed see the same perturbations (common random numbers).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,12 +31,12 @@ class EvalSettings:
     """Every evaluator's settings, checked and typed once (`evaluation.resolve`); what
     results.json records under "settings" (`dataclasses.asdict`), under the same names."""
 
-    pr_distributions: tuple   # the headline law first (the Table-1 protocol: 'uniform')
+    pr_distributions: tuple  # the headline law first (the Table-1 protocol: 'uniform')
     pr_epsilons: tuple
-    pr_samples: int           # N per image
+    pr_samples: int  # N per image
     pr_chunk_size: int
     pdis_c1: float
-    pdis_sigma: float         # of p_dis, 1 / sqrt(2 c1)
+    pdis_sigma: float  # of p_dis, 1 / sqrt(2 c1)
     entropic_lambda: float
     attack_eps: float
     attack_step_size: float
@@ -94,6 +95,7 @@ def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable,
     classified correctly after the attack (keys per image: `per_example`); settings(s) -> the
     attack's settings recorded with its figure.
     """
+
     def passes(s) -> tuple:
         return (name,)
 
@@ -103,6 +105,7 @@ def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable,
         def fn(params, batch_stats, images, labels, indices):
             logits_fn = inference_logits_fn(model_fns, params, batch_stats)
             return {"robust": batch_robust(logits_fn, key, indices, data.to_float(images), labels, s)}
+
         return jax.jit(fn)
 
     def figures(per_image, s) -> dict:
@@ -125,16 +128,18 @@ def inference_logits_fn(model_fns, params, batch_stats):
 
 def per_example(attack, key, indices, x, y):
     """Runs `attack(key_i, x_i[None], y_i[None])` per example with key_i = fold_in(key, index_i)."""
+
     def one(i, xi, yi):
         out = attack(jax.random.fold_in(key, i), xi[None], yi[None])
         return jax.tree.map(lambda a: a[0], out)
+
     return jax.vmap(one)(indices, x, y)
 
 
 def padded_batches(split: data.Split, image_indices: np.ndarray, batch_size: int):
     """Yields (images uint8, labels, image indices, mask) with every batch of batch_size."""
     for start in range(0, len(image_indices), batch_size):
-        chosen = image_indices[start:start + batch_size]
+        chosen = image_indices[start : start + batch_size]
         pad = batch_size - len(chosen)
         images = np.pad(split.images[chosen], ((0, pad), (0, 0), (0, 0), (0, 0)))
         labels = np.pad(split.labels[chosen], (0, pad))
@@ -179,18 +184,24 @@ def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=
         full = np.zeros((n,) + values.shape[1:], values.dtype)
         full[chosen] = values
         return full
+
     return {**jax.tree.map(scatter, *outputs), "attacked": attacked}, wall
 
 
 # ---------------------------------------------------------------------------------------
 # Figures with intervals (host side, float64).
 
+
 def proportion(hits, confidence) -> dict:
     """Fraction of hits with its Clopper-Pearson interval."""
     hits = np.asarray(hits, bool)
     lo, hi = stats.clopper_pearson(hits.sum(), hits.size, confidence)
-    return {"value": float(hits.mean()) if hits.size else None, "interval": [float(lo), float(hi)],
-            "interval_method": "clopper-pearson", "n": int(hits.size)}
+    return {
+        "value": float(hits.mean()) if hits.size else None,
+        "interval": [float(lo), float(hi)],
+        "interval_method": "clopper-pearson",
+        "n": int(hits.size),
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -213,5 +224,9 @@ def mean_with_interval(values, s, mask=None) -> dict:
         return {"value": None, "interval": [None, None], "n": 0}
     idx = bootstrap_indices(int(values.size), s.bootstrap_resamples, int(s.seed))
     value, (lo, hi) = stats.ratio_interval((values * mask)[None], mask[None], idx, s.confidence)
-    return {"value": value, "interval": [lo, hi], "n": int(mask.sum()),
-            "interval_method": f"percentile bootstrap over images ({s.bootstrap_resamples} resamples)"}
+    return {
+        "value": value,
+        "interval": [lo, hi],
+        "n": int(mask.sum()),
+        "interval_method": f"percentile bootstrap over images ({s.bootstrap_resamples} resamples)",
+    }

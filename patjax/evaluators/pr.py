@@ -7,6 +7,7 @@ returns the counts of non-adversarial samples and the loss statistics of
 `robustness.pr_statistics`; the figures are means over images with bootstrap intervals, over
 all images and over the clean-correct ones (the paper's convention, AT-PR's Prob.Acc).
 """
+
 from __future__ import annotations
 
 import jax
@@ -28,16 +29,26 @@ def passes(s) -> tuple:
 
 
 def make_batch_fn(model_fns, s, pass_name):
-    distribution = pass_name[len("pr_"):]
+    distribution = pass_name[len("pr_") :]
     level_values, _ = levels(s, distribution)
     root = jax.random.PRNGKey(s.seed)
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = common.inference_logits_fn(model_fns, params, batch_stats)
         pr_stats = robustness.pr_statistics(
-            logits_fn, root, data.to_float(images), labels, indices, level_values, s.pr_samples,
-            s.pr_chunk_size, distribution, s.entropic_lambda)
+            logits_fn,
+            root,
+            data.to_float(images),
+            labels,
+            indices,
+            level_values,
+            s.pr_samples,
+            s.pr_chunk_size,
+            distribution,
+            s.entropic_lambda,
+        )
         return {k: v.T for k, v in pr_stats.items()}  # (batch, levels)
+
     return jax.jit(fn)
 
 
@@ -59,8 +70,9 @@ def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     # ProbAcc_q: fraction of images with PR_i > 1 - q, over all images (`prob_acc`) and over
     # clean-correct images (`clean_correct.prob_acc`, AT-PR's Prob.Acc convention).
     out["prob_acc"] = {robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s) for q in s.prob_acc_q}
-    out["clean_correct"]["prob_acc"] = {robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s, clean_correct)
-                                        for q in s.prob_acc_q}
+    out["clean_correct"]["prob_acc"] = {
+        robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s, clean_correct) for q in s.prob_acc_q
+    }
     out["expected_loss"] = common.mean_with_interval(mean_loss, s)
     bound = robustness.lower_bound(mean_loss)
     out["lower_bound"] = common.mean_with_interval(bound, s)
@@ -80,8 +92,10 @@ def figures(per_image, s) -> dict:
     for d in s.pr_distributions:
         _, keys = levels(s, d)
         st = per_image[f"pr_{d}"]
-        out[d] = {k: level_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j], correct, s)
-                  for j, k in enumerate(keys)}
+        out[d] = {
+            k: level_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j], correct, s)
+            for j, k in enumerate(keys)
+        }
     return {"pr": out}
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from patjax import cli as cli_lib
-from patjax import data, samplers
+from patjax import data, report, samplers
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -177,52 +177,11 @@ def diagnose(
     return result
 
 
-def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    c = result["curves"]
-    t = np.arange(len(c["energy"]))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.plot(t, c["energy"], label="energy E_t")
-    left.set_xlabel("Langevin step t")
-    left.set_ylabel("mean energy per example")
-    left.set_xscale("symlog", linthresh=1)
-    right.plot(t, c["mean_abs_delta"], label="mean |x_t - x|")
-    right.plot(t, c["distance_to_last"], label="mean |x_t - x_T|")
-    right.plot(t, c["drift"], label="drift")
-    right.axhline(
-        result["endpoint_margin"] * result["endpoint_spread"],
-        color="gray",
-        ls=":",
-        label=f"{result['endpoint_margin']} x between-chain spread at T",
-    )
-    if result["steps_to_endpoint"] is not None:
-        right.axvline(result["steps_to_endpoint"], color="gray", ls="--", lw=0.8)
-    right.set_xscale("symlog", linthresh=1)
-    right.set_yscale("log")
-    for ax in (left, right):
-        ax.set_xlim(0, t[-1])
-    right.set_xlabel("Langevin step t")
-    right.legend(fontsize=7)
-    s = result["settings"]
-    fig.suptitle(
-        f"init={s['init']}, eta={s['step_size']}, c1={s['c1']}, c2={s['c2']}, sigma={s['noise_scale']}, "
-        f"{s['num_examples']} images x {s['chains']} chains, checkpoint step {s['checkpoint_step']}",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
     workdir_lib.write_json(path, result)
-    plot(result, os.path.join(out_dir, f"{name}.png"))
+    workdir_lib.save_figure(report.plot_sampler_diagnostic(result), os.path.join(out_dir, f"{name}.png"), dpi=110)
     return path
 
 

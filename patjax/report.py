@@ -1,4 +1,5 @@
-"""Tables, markdown and plots from results dicts (eval/results.json, a suite's results.json).
+"""Tables, markdown and plots from results dicts (eval/results.json, a suite's results.json, the
+sampler diagnostic's); the one module that draws (matplotlib).
 
 Nothing here reads a workdir or computes a figure: every value and interval shown was computed
 by `patjax.evaluation` or `patjax.suite_results`; this module only lays them out, in the
@@ -6,6 +7,8 @@ paper's order and names.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from patjax import evaluators, robustness
 from patjax.methods import DISPLAY_NAMES, ordered
@@ -661,5 +664,42 @@ def plot_suite(report: dict):
             ax.set_ylabel(f"PR % ({int(round(100 * ev['confidence']))} % bootstrap band)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sampler_diagnostic(result: dict):
+    """Figure of the sampler diagnostic (patjax.diagnose): the energy and the distances along the chains."""
+    plt = _pyplot()
+    c = result["curves"]
+    t = np.arange(len(c["energy"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(t, c["energy"], label="energy E_t")
+    left.set_xlabel("Langevin step t")
+    left.set_ylabel("mean energy per example")
+    left.set_xscale("symlog", linthresh=1)
+    right.plot(t, c["mean_abs_delta"], label="mean |x_t - x|")
+    right.plot(t, c["distance_to_last"], label="mean |x_t - x_T|")
+    right.plot(t, c["drift"], label="drift")
+    right.axhline(
+        result["endpoint_margin"] * result["endpoint_spread"],
+        color="gray",
+        ls=":",
+        label=f"{result['endpoint_margin']} x between-chain spread at T",
+    )
+    if result["steps_to_endpoint"] is not None:
+        right.axvline(result["steps_to_endpoint"], color="gray", ls="--", lw=0.8)
+    right.set_xscale("symlog", linthresh=1)
+    right.set_yscale("log")
+    for ax in (left, right):
+        ax.set_xlim(0, t[-1])
+    right.set_xlabel("Langevin step t")
+    right.legend(fontsize=7)
+    s = result["settings"]
+    fig.suptitle(
+        f"init={s['init']}, eta={s['step_size']}, c1={s['c1']}, c2={s['c2']}, sigma={s['noise_scale']}, "
+        f"{s['num_examples']} images x {s['chains']} chains, checkpoint step {s['checkpoint_step']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig

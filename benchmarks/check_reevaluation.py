@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Re-evaluate a committed suite run with today's code and compare every figure with the
+committed ones: the check that a change to the code left the numbers where they were.
+
+  python benchmarks/check_reevaluation.py --run=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0
+
+Copies the run (its config and kept models, not its evaluation) to a temporary folder,
+evaluates it with the committed evaluation's settings (the evaluators and the PR laws named, by
+default clean, PGD-20, CW-20 and the headline law, which keeps it to minutes), and prints each
+figure that differs; exit status 1 if any does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+SETTINGS = (
+    "pr_distribution",
+    "pr_samples",
+    "pr_chunk_size",
+    "cw_kappa",
+    "seed",
+    "bootstrap_resamples",
+    "attack_steps",
+    "attack_eps",
+    "attack_step_size",
+    "confidence",
+    "pr_epsilons",
+)
+
+
+def differences(a, b, path=""):
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}: keys {sorted(set(a) ^ set(b))}"] if set(a) != set(b) else []
+        return out + [d for k in set(a) & set(b) for d in differences(a[k], b[k], f"{path}.{k}")]
+    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a suite run directory with eval/results.json and models/")
+    p.add_argument("--evaluators", default="clean,pgd20,cw20,pr")
+    p.add_argument("--laws", default=None, help="PR laws to recompute (default: the headline law)")
+    args = p.parse_args(argv)
+    from patjax import cli, evaluation
+
+    cli.use_cpu_cores_as_devices()
+    old = json.load(open(os.path.join(args.run, "eval", "results.json")))
+    s = old["settings"]
+    overrides = {k: s[k] for k in SETTINGS if k in s}
+    overrides["pr_distributions"] = tuple((args.laws or s["pr_distribution"]).split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "run")
+        shutil.copytree(args.run, copy, ignore=shutil.ignore_patterns("eval", "curve", "checkpoints"))
+        new = evaluation.evaluate_workdir(
+            copy,
+            num_examples=s["num_examples"],
+            batch_size=s["batch_size"],
+            progress=False,
+            evaluators=args.evaluators.split(","),
+            overrides=overrides,
+        )
+    found = []
+    for key in ("clean_accuracy", "pr", "pr_all_images"):
+        if key in new:
+            found += differences(old[key], new[key], key)
+    for name, figure in new["figures"].items():
+        if name == "pr":
+            for law in figure:
+                found += differences(old["figures"]["pr"][law], figure[law], f"figures.pr.{law}")
+        else:
+            found += differences(old["figures"][name], figure, f"figures.{name}")
+    print("\n".join(found) if found else f"identical: {', '.join(new['figures'])} ({new['wall_time_s']} s)")
+    sys.exit(1 if found else 0)
+
+
+if __name__ == "__main__":
+    main()

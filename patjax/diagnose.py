@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from patjax import cli as cli_lib
-from patjax import data, report, samplers
+from patjax import data, plots, samplers
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -181,7 +181,7 @@ def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
     workdir_lib.write_json(path, result)
-    workdir_lib.save_figure(report.plot_sampler_diagnostic(result), os.path.join(out_dir, f"{name}.png"), dpi=110)
+    workdir_lib.save_figure(plots.plot_sampler_diagnostic(result), os.path.join(out_dir, f"{name}.png"), dpi=110)
     return path
 
 

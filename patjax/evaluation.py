@@ -28,7 +28,7 @@ import time
 import ml_collections
 import numpy as np
 
-from patjax import data, eval_files, report, robustness, sharding, stats
+from patjax import data, eval_files, plots, report, robustness, sharding, stats
 from patjax import evaluators as evaluators_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -377,7 +377,7 @@ def compare(workdirs, plot_path=None) -> str:
     text = report.comparison(names, results_list)
     plot_path = plot_path or eval_files.plot_path(workdirs[0])
     if any("pr" in r.get("figures", {}) for r in results_list):
-        workdir_lib.save_figure(report.plot_pr(names, results_list), plot_path)
+        workdir_lib.save_figure(plots.plot_pr(names, results_list), plot_path)
         text += f"\nplot: {plot_path}"
     if len(workdirs) > 1:
         diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])

@@ -42,7 +42,18 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from patjax import data, eval_files, evaluation, evaluators, kept_models, report, robustness, suite_results, train
+from patjax import (
+    data,
+    eval_files,
+    evaluation,
+    evaluators,
+    kept_models,
+    plots,
+    report,
+    robustness,
+    suite_results,
+    train,
+)
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -449,14 +460,14 @@ def write_report(suite: Suite, workdir: str) -> dict:
         results = suite_results.build(suite, workdir, outcomes, invocations)
         workdir_lib.write_json(os.path.join(workdir, "results.json"), results)
         workdir_lib.write_text(os.path.join(workdir, "results.md"), report.suite_markdown(results))
-        figure = report.plot_suite(results)
+        figure = plots.plot_suite(results)
         if figure is not None:
             workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)
-        figure = report.plot_curves(results)
+        figure = plots.plot_curves(results)
         if figure is not None:
             workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_accuracy.png"), dpi=110)
         for sweep in results["sweeps"]:
-            figure = report.plot_sweep(sweep)
+            figure = plots.plot_sweep(sweep)
             if figure is not None:
                 workdir_lib.save_figure(figure, os.path.join(workdir, f"sweep_{sweep['name']}.png"), dpi=110)
         return results

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from safetensors.numpy import load_file
 
-from patjax import kept_models, methods, report, runner, suite_results, suites, train
+from patjax import kept_models, methods, plots, report, runner, suite_results, suites, train
 from patjax import stats as patjax_stats
 from patjax.errors import UserError
 
@@ -469,7 +469,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
 
     md = report.suite_markdown(suite_results.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
-    assert report.plot_sweep(got) is not None
+    assert plots.plot_sweep(got) is not None
 
     # Points evaluated on other images or noise cannot be paired: refused, not reported.
     outcomes["T5/pat_s0"].results["settings"]["seed"] = 1

@@ -75,3 +75,21 @@ def test_masking_checks_are_reported(evaluated):
     assert by_eps[f"{EPS * 16:.6g}"]["value"] == 0.0  # a linear model has no masked gradient
     assert masking["masking_signs"] == []
     assert results["figures"]["aa"]["settings"]["square_queries"] == 300
+
+
+def test_figures_do_not_depend_on_the_batch(evaluated):
+    """Each pass runs at the width of the images it attacks (common.pass_width), not the batch:
+    one batch of all 40 images gives every image the same outcome as batches of 8."""
+    model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
+    cfg = tiny_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
+    per_image = {}
+    evaluation.evaluate_state(
+        cfg, model_fns, state, split, batch_size=40, progress=False, evaluators="aa", per_image_out=per_image
+    )
+    _, _, _, reference = evaluated
+    assert set(per_image) == set(reference)
+    for key in per_image:
+        if key.endswith(("robust", "correct", "attacked", "broken_by", "queries")):
+            np.testing.assert_array_equal(per_image[key], reference[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(per_image[key], reference[key], rtol=1e-5, err_msg=key)

@@ -149,6 +149,15 @@ def padded_batches(split: data.Split, image_indices: np.ndarray, batch_size: int
         yield images, labels, indices, mask
 
 
+def pass_width(num_images: int, batch_size: int) -> int:
+    """The batch a pass runs at: batch_size, or, for fewer images than that (a short evaluation,
+    the images an earlier attack left robust), their number rounded up to a multiple of the
+    devices. Padding costs as much as an image (an attack runs on it to the end), and the
+    figures do not depend on the batch (keys come from image indices)."""
+    devices = jax.device_count()
+    return max(1, min(batch_size, -(-num_images // devices) * devices))
+
+
 def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=None):
     """Per-example outputs of one pass over the first n images (padding removed) and its wall time;
     with `subset` (image indices below n), over those images only: zeros elsewhere, and
@@ -158,13 +167,14 @@ def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=
     see cli.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
     index), so the split changes which core computes an image, not what is computed.
     """
-    mesh = sharding.make_mesh(batch_size)
+    chosen = np.arange(n) if subset is None else np.asarray(subset, np.int64)
+    width = pass_width(len(chosen), batch_size)
+    mesh = sharding.make_mesh(width)
     params, batch_stats = sharding.place_on_mesh(mesh, (state.params, state.batch_stats))[0]
     outputs = []
-    chosen = np.arange(n) if subset is None else np.asarray(subset, np.int64)
     bar = tqdm(total=len(chosen), unit="img", desc=desc, dynamic_ncols=True, disable=not progress)
     start = time.perf_counter()
-    for images, labels, indices, mask in padded_batches(split, chosen, batch_size):
+    for images, labels, indices, mask in padded_batches(split, chosen, width):
         images, labels, indices = sharding.shard_batch(mesh, images, labels, indices)
         out = sharding.to_host(batch_fn(params, batch_stats, images, labels, indices))
         outputs.append(jax.tree.map(lambda a: np.asarray(a)[mask], out))

@@ -12,7 +12,7 @@ Running the same command again resumes from the latest checkpoint in --workdir.
 from absl import app, flags
 from ml_collections import config_flags
 
-from patjax import train
+from patjax import config, evaluation, train
 from patjax.cli import guarded, parse_flags, start
 
 FLAGS = flags.FLAGS
@@ -27,7 +27,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 @guarded
 def main(argv):
     start(argv)
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    # The config is read here and nowhere below: typed, checked settings go down. The evaluation's
+    # settings are checked now, not after the training time was spent.
+    settings = config.train_settings(FLAGS.config)
+    evaluation.check_config(FLAGS.config)
+    train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
 
 
 if __name__ == "__main__":

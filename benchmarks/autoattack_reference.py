@@ -66,10 +66,11 @@ def run_patjax(cfg, model_fns, state, split, n, batch_size):
 
     per_image = {}
     results = evaluation.evaluate_state(
-        cfg,
+        evaluation.eval_settings(cfg),
         model_fns,
         state,
         split,
+        dataset=cfg.dataset,
         num_examples=n,
         batch_size=batch_size,
         progress=False,

@@ -80,14 +80,14 @@ def build(args, langevin_steps):
     cfg.compute_dtype = args.compute_dtype
     cfg.langevin.steps = langevin_steps
     cfg.num_epochs = 1
-    config_lib.validate(cfg)
+    settings = config_lib.train_settings(cfg)
 
     steps_per_epoch = 4  # random data: 4 batches' worth of uint8 images
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (steps_per_epoch * args.batch, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10 if args.dataset == "cifar10" else 100, len(images)).astype(np.int32)
     mesh = sharding.make_mesh(args.batch)  # as train.train_and_evaluate does
-    _, state, step_fn = train.create_step(cfg, steps_per_epoch, mesh)
+    _, state, step_fn = train.create_step(settings, steps_per_epoch, mesh)
     permutation = np.arange(len(images), dtype=np.int32)
     state, images, labels, permutation = sharding.place_on_mesh(mesh, state, images, labels, permutation)
     return step_fn, state, images, labels, permutation

@@ -6,11 +6,15 @@ can also be overridden on the command line with --config.KEY=VALUE.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+from typing import Optional
 
 import ml_collections
 
-from patjax import data, methods, models, samplers
+from patjax import attacks, data, methods, samplers, state
 from patjax.errors import UserError
 
 # Fields a resumed run may change: they change how long the run is, what it logs and where
@@ -176,29 +180,135 @@ def upgrade(saved: dict) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(merge(default_config().to_dict(), saved))
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Raises UserError on a config that would fail later or silently compute something else."""
-    data.check_dataset(cfg.dataset)
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """A run's training settings, typed and checked once from its config (`train_settings`).
+    The functions of this module are the one place a config is turned into settings; below
+    the command lines and the suite runner nothing else reads it."""
+
+    model: state.ModelSettings
+    optimizer: state.OptimizerSettings  # SGD, MultiStepLR and the run's length
+    method: methods.MethodSettings
+    data_dir: Optional[str]  # absolute, so that evaluate may run from another directory
+    batch_size: int
+    seed: int
+    checkpoint_every_steps: int  # <= 0: every epoch
+    max_checkpoints_to_keep: int
+    log_every_steps: int  # <= 0: every epoch
+    log_test_examples: int  # <= 0: the whole test split
+    progress_bar: bool
+    eval_batch_size: int
+    # The config as config.json holds it: what a resume is checked against, and every command's
+    # record of the run.
+    record: dict = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def dataset(self) -> str:
+        return self.model.dataset
+
+
+def model_settings(cfg) -> state.ModelSettings:
+    return state.ModelSettings(
+        name=str(cfg.model), dataset=str(cfg.dataset), width=int(cfg.model_width), compute_dtype=str(cfg.compute_dtype)
+    )
+
+
+def optimizer_settings(cfg) -> state.OptimizerSettings:
+    return state.OptimizerSettings(
+        learning_rate=float(cfg.learning_rate),
+        momentum=float(cfg.momentum),
+        nesterov=bool(cfg.nesterov),
+        weight_decay=float(cfg.weight_decay),
+        decay_fractions=tuple(float(f) for f in cfg.lr_decay_fractions),
+        decay_factor=float(cfg.lr_decay_factor),
+        num_epochs=int(cfg.num_epochs),
+        num_train_steps=int(cfg.num_train_steps),
+    )
+
+
+def langevin_settings(langevin) -> samplers.LangevinSettings:
+    """Algorithm 1's settings from the config's `langevin` block."""
+    return samplers.LangevinSettings(
+        steps=int(langevin.steps),
+        step_size=float(langevin.step_size),
+        noise_scale=float(langevin.noise_scale),
+        grad_clip=float(langevin.grad_clip),
+        c1=float(langevin.c1),
+        c2=float(langevin.c2),
+        init=str(langevin.init),
+        tolerance=float(langevin.tolerance),
+    )
+
+
+def method_settings(cfg) -> methods.MethodSettings:
+    """The method's settings: cfg.method and its blocks pat, langevin, attack, fgsm, trades, mart,
+    alp, clp, atpr (cfg.model for MART's default beta)."""
+    a = cfg.attack
+    name = str(cfg.method)
+    bn_mode = str(a.bn_mode)
+    if bn_mode == "auto" and name in methods.REFERENCE_ATTACK_BN_MODE:
+        bn_mode = methods.REFERENCE_ATTACK_BN_MODE[name]
+    # mart.beta < 0: the reference's, 5 for ResNet-18 (MART train_resnet.py, AT-PR mart_loss),
+    # 6 otherwise (MART train_wideresnet.py, mart.py's default).
+    mart_beta = float(cfg.mart.beta) if cfg.mart.beta >= 0 else (5.0 if cfg.model == "resnet18" else 6.0)
+    p = cfg.atpr
+    return methods.MethodSettings(
+        name=name,
+        beta=float(cfg.pat.beta),
+        langevin=langevin_settings(cfg.langevin),
+        langevin_bn_mode=str(cfg.langevin.bn_mode),
+        attack_eps=float(a.epsilon),
+        attack_step_size=float(a.step_size),
+        attack_steps=int(a.steps),
+        attack_bn_mode=bn_mode,
+        fgsm_random_start=bool(cfg.fgsm.random_start),
+        trades_beta=float(cfg.trades.beta),
+        trades_step_size=float(cfg.trades.step_size),
+        trades_init_noise=float(cfg.trades.init_noise),
+        mart_beta=mart_beta,
+        mart_step_size=float(cfg.mart.step_size),
+        mart_init_noise=float(cfg.mart.init_noise),
+        alp_weight=float(cfg.alp.weight),
+        clp_weight=float(cfg.clp.weight),
+        atpr=attacks.AtprSettings(
+            eps=float(a.epsilon),
+            step_size=float(a.step_size),
+            steps=int(a.steps),
+            num_candidates=int(p.num_candidates),
+            eps_spread=float(p.eps_spread),
+            step_size_spread=float(p.step_size_spread),
+            steps_below=int(p.steps_below),
+            steps_above=int(p.steps_above),
+            refine_max_iters=int(p.refine_max_iters),
+            refine_stop_fraction=float(p.refine_stop_fraction),
+        ),
+    )
+
+
+def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
+    """The typed settings of a run, or a one-line UserError for a config that would fail later
+    or silently compute something else. Each field is checked by the settings it belongs to."""
     _check_finite(cfg.to_dict())
-    if cfg.model not in models.MODELS:
-        raise UserError(f"unknown model {cfg.model!r}; choose one of {sorted(models.MODELS)}")
-    methods.get_method(cfg.method)
-    if cfg.compute_dtype not in ("float32", "bfloat16"):
-        raise UserError(f"compute_dtype must be 'float32' or 'bfloat16', got {cfg.compute_dtype!r}")
     if cfg.batch_size <= 0:
         raise UserError(f"batch_size must be positive, got {cfg.batch_size}")
-    if cfg.num_train_steps <= 0 and cfg.num_epochs <= 0:
-        raise UserError("set num_epochs > 0 or num_train_steps > 0")
-    if not cfg.learning_rate > 0:
-        raise UserError(f"learning_rate must be > 0, got {cfg.learning_rate}")
-    if not 0 <= cfg.momentum < 1 or cfg.weight_decay < 0:
-        raise UserError(f"momentum must be in [0, 1) and weight_decay >= 0, got {cfg.momentum}, {cfg.weight_decay}")
-    samplers.LangevinSettings.from_config(cfg.langevin)  # checks Algorithm 1's settings
-    if cfg.pat.beta < 0:
-        raise UserError(f"pat.beta must be >= 0 (0 is PAT(WOS)), got {cfg.pat.beta}")
-    if cfg.langevin.bn_mode not in ("inference", "train"):
-        raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {cfg.langevin.bn_mode!r}")
-    _validate_baselines(cfg)
+    record = json.loads(cfg.to_json())
+    if record.get("data_dir") and record["data_dir"] != data.TFDS:
+        record["data_dir"] = os.path.abspath(record["data_dir"])
+    return TrainSettings(
+        model=model_settings(cfg),
+        optimizer=optimizer_settings(cfg),
+        method=method_settings(cfg),
+        data_dir=record["data_dir"],
+        batch_size=int(cfg.batch_size),
+        seed=int(cfg.seed),
+        checkpoint_every_steps=int(cfg.checkpoint_every_steps),
+        max_checkpoints_to_keep=int(cfg.max_checkpoints_to_keep),
+        log_every_steps=int(cfg.log_every_steps),
+        log_test_examples=int(cfg.log_test_examples),
+        progress_bar=bool(cfg.progress_bar),
+        eval_batch_size=int(cfg.eval.batch_size),
+        record=record,
+    )
 
 
 def _check_finite(settings: dict, prefix: str = "") -> None:
@@ -212,29 +322,3 @@ def _check_finite(settings: dict, prefix: str = "") -> None:
         for v in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(v, float) and not math.isfinite(v):
                 raise UserError(f"{name} must be a finite number, got {value!r}")
-
-
-def _validate_baselines(cfg) -> None:
-    """Settings of the baseline methods (absent from configs written before they existed)."""
-    if "attack" not in cfg:
-        if cfg.method not in ("pat", "pat_wos"):
-            raise UserError(f"method {cfg.method!r} needs the attack settings of default_config()")
-        return
-    a = cfg.attack
-    if a.bn_mode not in ("auto", "inference", "train"):
-        raise UserError(f"attack.bn_mode must be 'auto', 'inference' or 'train', got {a.bn_mode!r}")
-    if a.epsilon < 0 or a.step_size < 0 or a.steps < 0:
-        raise UserError("attack.epsilon, attack.step_size and attack.steps must be >= 0")
-    if cfg.trades.step_size < 0 or cfg.mart.step_size < 0:
-        raise UserError("trades.step_size and mart.step_size must be >= 0")
-    if cfg.trades.beta < 0:
-        raise UserError(f"trades.beta must be >= 0, got {cfg.trades.beta}")
-    p = cfg.atpr
-    if p.num_candidates < 1:
-        raise UserError(f"atpr.num_candidates must be >= 1, got {p.num_candidates}")
-    if p.steps_below < 0 or p.steps_above < 0 or p.refine_max_iters < 0:
-        raise UserError("atpr.steps_below, atpr.steps_above and atpr.refine_max_iters must be >= 0")
-    if not 0.0 <= p.refine_stop_fraction <= 1.0:
-        raise UserError(f"atpr.refine_stop_fraction must be in [0, 1], got {p.refine_stop_fraction}")
-    if p.step_size_spread > a.step_size:
-        raise UserError("atpr.step_size_spread must not exceed attack.step_size (negative step sizes)")

@@ -21,11 +21,11 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import time
 
-import ml_collections
 import numpy as np
 
 from patjax import data, eval_files, plots, report, robustness, sharding, stats
@@ -71,13 +71,15 @@ def check_run_settings(num_examples, batch_size) -> None:
         )
 
 
-def resolve(cfg, ev) -> common.EvalSettings:
-    """The evaluators' settings, checked and typed (static for jit).
+def eval_settings(cfg) -> common.EvalSettings:
+    """The evaluators' settings from a run's config, checked and typed (static for jit): the one
+    place the `eval` block is read, where the config enters (the command lines, the runner).
 
-    cfg: the run's config (its sampler's c1, c2 and PAT's beta set p_dis and the entropic
-    lambda by default); ev: its `eval` block. Every check runs before any evaluator, so a bad
-    setting fails in a second, not after the evaluation.
+    Its sampler's c1, c2 and PAT's beta set p_dis and the entropic lambda by default. Every
+    check runs before any evaluator, so a bad setting fails in a second, not after the
+    evaluation.
     """
+    ev = cfg.eval
     distributions = [ev.pr_distribution] + [d for d in ev.pr_distributions if d != ev.pr_distribution]
     for d in distributions:
         if d not in robustness.ALL_DISTRIBUTIONS:
@@ -138,17 +140,16 @@ def resolve(cfg, ev) -> common.EvalSettings:
 def check_config(cfg) -> None:
     """The config's evaluation settings and evaluators, checked when training starts so that a
     bad value fails then, not after the training time was spent."""
-    ev = cfg.eval
-    resolve(cfg, ev)
-    evaluators_lib.parse(ev.evaluators)
-    check_run_settings(ev.num_examples, ev.batch_size)
+    eval_settings(cfg)
+    evaluators_lib.parse(cfg.eval.evaluators)
+    check_run_settings(cfg.eval.num_examples, cfg.eval.batch_size)
 
 
 def apply_overrides(cfg, overrides: dict | None):
-    """cfg with eval fields replaced (e.g. {'pr_samples': 20}); unknown fields are refused."""
+    """A copy of cfg with eval fields replaced (e.g. {'pr_samples': 20}); unknown fields are refused."""
     if not overrides:
         return cfg
-    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    cfg = copy.deepcopy(cfg)
     ev = cfg.eval
     for key, value in overrides.items():
         if key not in ev:
@@ -159,26 +160,26 @@ def apply_overrides(cfg, overrides: dict | None):
 
 
 def evaluate_state(
-    cfg,
+    s: common.EvalSettings,
     model_fns,
     state,
     split: data.Split,
     *,
+    dataset: str,
+    evaluators=("all",),
     num_examples: int = -1,
     batch_size: int = 500,
     progress: bool = True,
-    evaluators=None,
     per_image_out: dict | None = None,
 ) -> dict:
     """Every chosen evaluator on the first num_examples images of `split` (-1: all of them).
 
-    evaluators: names or a comma-separated string (default cfg.eval.evaluators).
+    s: `eval_settings(cfg)`; dataset: the split's, recorded with the figures.
+    evaluators: names or a comma-separated string (`evaluators.parse`).
     per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
       evaluation's identity, `workdir.identity`).
     """
-    ev = cfg.eval
-    s = resolve(cfg, ev)
-    names = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
+    names = evaluators_lib.parse(evaluators)
     check_run_settings(num_examples, batch_size)
     n = len(split) if num_examples == WHOLE_SPLIT else min(num_examples, len(split))
     chosen = [evaluators_lib.REGISTRY[name] for name in names]
@@ -219,7 +220,7 @@ def evaluate_state(
         "pr_distribution": s.pr_distribution,
         **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
         **robustness.DEFINITIONS,
-        "dataset": cfg.dataset,
+        "dataset": dataset,
         "split": "test",
         "batch_size": int(batch_size),
         # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
@@ -271,10 +272,9 @@ def check_workdir(
     checkpoint, the eval settings with the overrides, evaluators, num_examples and
     batch_size; with overwrite=False also that an existing eval/results.json holds no
     evaluator this run would drop. Returns the config with the overrides applied."""
-    cfg = workdir_lib.load_config(workdir)
-    cfg = apply_overrides(cfg, overrides)
+    cfg = apply_overrides(workdir_lib.load_config(workdir), overrides)
     ev = cfg.eval
-    resolve(cfg, ev)
+    eval_settings(cfg)
     chosen = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
     check_run_settings(
         ev.num_examples if num_examples is None else num_examples, ev.batch_size if batch_size is None else batch_size
@@ -317,14 +317,15 @@ def evaluate_workdir(
         split = data.load_split(cfg.dataset, "test", cfg.data_dir)
         per_image = {}
         results = evaluate_state(
-            cfg,
+            eval_settings(cfg),
             model_fns,
             state,
             split,
+            dataset=cfg.dataset,
+            evaluators=cfg.eval.evaluators if evaluators is None else evaluators,
             num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
             batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
             progress=progress and sharding.is_writer(),
-            evaluators=evaluators,
             per_image_out=per_image,
         )
         if not sharding.is_writer():

@@ -2,11 +2,13 @@
 
 A method is a pure function
 
-    method(params, model, batch_stats, x, y, key, cfg) -> (loss, (new_batch_stats, metrics))
+    method(params, model, batch_stats, x, y, key, s) -> (loss, (new_batch_stats, metrics))
 
 differentiated with respect to `params` by the train step, so the compiled step is the same
 for every method and `--config.method=NAME` selects one. `model` is a `ModelFns` pair of
-pure apply functions (inference mode / training mode); `cfg` is the full ConfigDict (static).
+pure apply functions (inference mode / training mode); `s` is the run's `MethodSettings`
+(static), built once from the config (`config.method_settings`); it checks every field.
+`make_method(s)` is the loss the train step differentiates: (params, model, batch_stats, x, y, key).
 
 Methods (docs/baselines.md): clean, fgsm, pgd, alp, clp, trades, mart, atpr (the
 baselines of Table 1), pat, pat_wos (Algorithm 2 and its ablation), pgd_cor, fgsm_cor (PGD /
@@ -17,11 +19,11 @@ without importance weights).
 
 Conventions shared by all methods:
 - Inner attacks/samplers see the parameters under `stop_gradient`. BatchNorm during the
-  sampler is `cfg.langevin.bn_mode` (inference by default, our choice where the paper is
+  sampler is `s.langevin_bn_mode` (inference by default, our choice where the paper is
   silent: each chain's energy then depends on its own image only; docs/design.md); during a
-  baseline's attack it is `cfg.attack.bn_mode`,
-  whose default 'auto' is the mode of that baseline's reference code
-  (`REFERENCE_ATTACK_BN_MODE`). An attack never updates the running statistics.
+  baseline's attack it is `s.attack_bn_mode` (config `attack.bn_mode`, whose default 'auto'
+  is the mode of that baseline's reference code, `REFERENCE_ATTACK_BN_MODE`). An attack never
+  updates the running statistics.
 - The outer loss runs the model in training mode: batch statistics normalize each pass,
   and the running statistics receive one momentum update per forward pass, in the order
   the reference code makes its passes (`train_passes`; e.g. TRADES: x, x_adv, x).
@@ -31,6 +33,8 @@ Conventions shared by all methods:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -41,6 +45,67 @@ from patjax import attacks, samplers
 from patjax.errors import UserError
 from patjax.logits import log_or_zero, other_values, true_value
 from patjax.models import ModelFns
+
+BN_MODES = ("inference", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSettings:
+    """A method and every setting it reads, typed and checked once.
+
+    attack_*: the baselines' inner attack (config `attack`), attack_bn_mode already resolved
+    for this method ('auto' is its reference code's mode); mart_beta resolved likewise."""
+
+    name: str
+    beta: float  # pat.beta, the SNIS smoothing of Eq. 2 (PAT, PGD-COR, FGSM-COR); 0 is PAT(WOS)
+    langevin: samplers.LangevinSettings  # Algorithm 1
+    langevin_bn_mode: str
+    attack_eps: float
+    attack_step_size: float
+    attack_steps: int
+    attack_bn_mode: str
+    fgsm_random_start: bool
+    trades_beta: float
+    trades_step_size: float
+    trades_init_noise: float
+    mart_beta: float
+    mart_step_size: float
+    mart_init_noise: float
+    alp_weight: float
+    clp_weight: float
+    atpr: attacks.AtprSettings
+
+    def __post_init__(self):
+        """The one check of the methods' settings, wherever they come from."""
+        if self.name not in METHODS:
+            raise UserError(f"unknown method {self.name!r}; choose one of {sorted(METHODS)}")
+        if self.beta < 0:
+            raise UserError(f"pat.beta must be >= 0 (0 is PAT(WOS)), got {self.beta}")
+        if self.langevin_bn_mode not in BN_MODES:
+            raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {self.langevin_bn_mode!r}")
+        if self.attack_bn_mode not in ("auto",) + BN_MODES:
+            raise UserError(f"attack.bn_mode must be 'auto', 'inference' or 'train', got {self.attack_bn_mode!r}")
+        if self.attack_eps < 0 or self.attack_step_size < 0 or self.attack_steps < 0:
+            raise UserError("attack.epsilon, attack.step_size and attack.steps must be >= 0")
+        if self.trades_step_size < 0 or self.mart_step_size < 0:
+            raise UserError("trades.step_size and mart.step_size must be >= 0")
+        if self.trades_beta < 0:
+            raise UserError(f"trades.beta must be >= 0, got {self.trades_beta}")
+        p = self.atpr
+        if p.num_candidates < 1:
+            raise UserError(f"atpr.num_candidates must be >= 1, got {p.num_candidates}")
+        if p.steps_below < 0 or p.steps_above < 0 or p.refine_max_iters < 0:
+            raise UserError("atpr.steps_below, atpr.steps_above and atpr.refine_max_iters must be >= 0")
+        if not 0.0 <= p.refine_stop_fraction <= 1.0:
+            raise UserError(f"atpr.refine_stop_fraction must be in [0, 1], got {p.refine_stop_fraction}")
+        if p.step_size_spread > p.step_size:
+            raise UserError("atpr.step_size_spread must not exceed attack.step_size (negative step sizes)")
+
+
+def make_method(s: MethodSettings) -> Callable[..., Any]:
+    """The loss of method s.name with its settings: (params, model, batch_stats, x, y, key) ->
+    (loss, (new_batch_stats, metrics)), what the train step differentiates."""
+    return functools.partial(METHODS[s.name], s=s)
 
 
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
@@ -75,33 +140,32 @@ def _weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
     return loss, (new_batch_stats, metrics)
 
 
-def langevin_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg):
+def langevin_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s: MethodSettings):
     """Phase 1 of Algorithm 2: (x_adv, steps each chain took) from the sampler, lines 7-14."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, cfg.langevin.bn_mode)
-    settings = samplers.LangevinSettings.from_config(cfg.langevin)
-    return samplers.langevin_sample_with_steps(logits_fn, key, x, y, settings)
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.langevin_bn_mode)
+    return samplers.langevin_sample_with_steps(logits_fn, key, x, y, s.langevin)
 
 
-def _langevin_update(params, model, batch_stats, x, y, key, cfg, beta: float):
-    x_adv, steps = langevin_adversarial_batch(params, model, batch_stats, x, y, key, cfg)
+def _langevin_update(params, model, batch_stats, x, y, key, s, beta: float):
+    x_adv, steps = langevin_adversarial_batch(params, model, batch_stats, x, y, key, s)
     loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, x_adv, y, beta)
     # Gradient steps the sampler took per example (T unless langevin.tolerance ends chains early).
     return loss, (new_batch_stats, dict(metrics, langevin_steps=jnp.mean(steps.astype(jnp.float32))))
 
 
-def pat(params, model, batch_stats, x, y, key, cfg):
-    """PAT (Algorithm 2): Langevin samples, SNIS-weighted cross-entropy with beta = cfg.pat.beta."""
-    return _langevin_update(params, model, batch_stats, x, y, key, cfg, float(cfg.pat.beta))
+def pat(params, model, batch_stats, x, y, key, s):
+    """PAT (Algorithm 2): Langevin samples, SNIS-weighted cross-entropy with beta = s.beta."""
+    return _langevin_update(params, model, batch_stats, x, y, key, s, s.beta)
 
 
-def pat_wos(params, model, batch_stats, x, y, key, cfg):
+def pat_wos(params, model, batch_stats, x, y, key, s):
     """PAT(WOS), the ablation without the importance weight: beta = 0 (mean loss)."""
-    return _langevin_update(params, model, batch_stats, x, y, key, cfg, 0.0)
+    return _langevin_update(params, model, batch_stats, x, y, key, s, 0.0)
 
 
 # ---------------------------------------------------------------------------------------
-# Baselines (docs/baselines.md). Shared settings: cfg.attack.{epsilon, step_size, steps,
-# bn_mode}; per method: cfg.fgsm, cfg.trades, cfg.mart, cfg.alp, cfg.clp, cfg.atpr.
+# Baselines (docs/baselines.md). Shared settings: s.attack_*; per method: s.fgsm_*, s.trades_*,
+# s.mart_*, s.alp_weight, s.clp_weight, s.atpr.
 
 # BatchNorm during the inner attack in each baseline's reference code:
 # - 'train' (batch statistics): MadryLab/cifar10_challenge builds the attack on the
@@ -121,21 +185,6 @@ REFERENCE_ATTACK_BN_MODE = {
     "trades": "inference",
     "mart": "inference",
 }
-
-
-def attack_bn_mode(cfg, method: str) -> str:
-    """BatchNorm mode of `method`'s inner attack: cfg.attack.bn_mode, 'auto' = the reference's."""
-    mode = cfg.attack.bn_mode
-    return REFERENCE_ATTACK_BN_MODE[method] if mode == "auto" else mode
-
-
-def mart_beta(cfg) -> float:
-    """cfg.mart.beta, or where it is negative the reference's: 5 for ResNet-18 (MART
-    train_resnet.py, AT-PR mart_loss), 6 otherwise (MART train_wideresnet.py, mart.py default)."""
-    beta = float(cfg.mart.beta)
-    if beta >= 0:
-        return beta
-    return 5.0 if cfg.model == "resnet18" else 6.0
 
 
 def train_passes(model: ModelFns, params, batch_stats, inputs):
@@ -165,70 +214,61 @@ def _safe_l2_norm(v):
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
 
 
-def fgsm_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg, method="fgsm"):
-    """FGSM (Goodfellow et al. 2015) from x; cfg.fgsm.random_start: gradient at a uniform point
+def fgsm_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s: MethodSettings):
+    """FGSM (Goodfellow et al. 2015) from x; s.fgsm_random_start: gradient at a uniform point
     of the ball, as AT-PR's fgsm_loss."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, method))
-    eps = float(cfg.attack.epsilon)
-    if cfg.fgsm.random_start:
-        return attacks.fgsm_random_point(logits_fn, key, x, y, eps)
-    return attacks.fgsm(logits_fn, x, y, eps)
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
+    if s.fgsm_random_start:
+        return attacks.fgsm_random_point(logits_fn, key, x, y, s.attack_eps)
+    return attacks.fgsm(logits_fn, x, y, s.attack_eps)
 
 
-def pgd_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, cfg, method="pgd"):
+def pgd_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s: MethodSettings):
     """L-inf PGD with a uniform random start (Madry et al.; MadryLab/cifar10_challenge)."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, method))
-    return attacks.pgd(
-        logits_fn,
-        key,
-        x,
-        y,
-        eps=float(cfg.attack.epsilon),
-        step_size=float(cfg.attack.step_size),
-        steps=int(cfg.attack.steps),
-    )
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
+    return attacks.pgd(logits_fn, key, x, y, eps=s.attack_eps, step_size=s.attack_step_size, steps=s.attack_steps)
 
 
-def clean(params, model, batch_stats, x, y, key, cfg):
+def clean(params, model, batch_stats, x, y, key, s):
     """Standard training: mean CE(f(x), y); adv_accuracy is the accuracy on the clean batch."""
     (logits,), new_batch_stats = train_passes(model, params, batch_stats, [x])
     loss = _mean_ce(logits, y)
     return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": _accuracy(logits, y), **_uniform_weights(y.shape[0])})
 
 
-def fgsm(params, model, batch_stats, x, y, key, cfg):
+def fgsm(params, model, batch_stats, x, y, key, s):
     """FGSM adversarial training: mean CE(f(x_fgsm), y)."""
-    x_adv = fgsm_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "fgsm")
+    x_adv = fgsm_adversarial_batch(params, model, batch_stats, x, y, key, s)
     return _weighted_update(params, model, batch_stats, x_adv, y, 0.0)
 
 
-def pgd(params, model, batch_stats, x, y, key, cfg):
+def pgd(params, model, batch_stats, x, y, key, s):
     """PGD adversarial training (Madry et al. 2018): mean CE(f(x_pgd), y)."""
-    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "pgd")
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, s)
     return _weighted_update(params, model, batch_stats, x_adv, y, 0.0)
 
 
-def pgd_cor(params, model, batch_stats, x, y, key, cfg):
-    """PGD-COR (Table 2): the PGD batch with the PAT weights, sum_i w_i CE_i, beta = cfg.pat.beta."""
-    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "pgd_cor")
-    return _weighted_update(params, model, batch_stats, x_adv, y, float(cfg.pat.beta))
+def pgd_cor(params, model, batch_stats, x, y, key, s):
+    """PGD-COR (Table 2): the PGD batch with the PAT weights, sum_i w_i CE_i, beta = s.beta."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, s)
+    return _weighted_update(params, model, batch_stats, x_adv, y, s.beta)
 
 
-def fgsm_cor(params, model, batch_stats, x, y, key, cfg):
-    """FGSM-COR (Table 2): the FGSM batch with the PAT weights, beta = cfg.pat.beta."""
-    x_adv = fgsm_adversarial_batch(params, model, batch_stats, x, y, key, cfg, "fgsm_cor")
-    return _weighted_update(params, model, batch_stats, x_adv, y, float(cfg.pat.beta))
+def fgsm_cor(params, model, batch_stats, x, y, key, s):
+    """FGSM-COR (Table 2): the FGSM batch with the PAT weights, beta = s.beta."""
+    x_adv = fgsm_adversarial_batch(params, model, batch_stats, x, y, key, s)
+    return _weighted_update(params, model, batch_stats, x_adv, y, s.beta)
 
 
-def _logit_pairing(params, model, batch_stats, x, y, key, cfg, name, passes):
-    """CE on the first pass + cfg.<name>.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2, the passes
+def _logit_pairing(params, model, batch_stats, x, y, key, s, weight, passes):
+    """CE on the first pass + weight * mean_i ||z(x_pgd_i) - z(x_i)||_2, the passes
     ("adv": x_pgd, "clean": x) in the reference's order (BatchNorm sees them in that order)."""
-    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, cfg, name)
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, s)
     logits, new_batch_stats = train_passes(model, params, batch_stats, [x_adv if p == "adv" else x for p in passes])
     adv_logits, clean_logits = logits[passes.index("adv")], logits[passes.index("clean")]
     ce = _mean_ce(logits[0], y)
     pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
-    loss = ce + float(cfg[name].weight) * pairing
+    loss = ce + weight * pairing
     return loss, (
         new_batch_stats,
         {
@@ -240,36 +280,36 @@ def _logit_pairing(params, model, batch_stats, x, y, key, cfg, name, passes):
     )
 
 
-def alp(params, model, batch_stats, x, y, key, cfg):
+def alp(params, model, batch_stats, x, y, key, s):
     """Adversarial logit pairing as in wellzline/AT-PR `ALP`:
-    mean CE(z(x_pgd), y) + cfg.alp.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x_pgd, x_pgd, x)."""
-    return _logit_pairing(params, model, batch_stats, x, y, key, cfg, "alp", ("adv", "adv", "clean"))
+    mean CE(z(x_pgd), y) + s.alp_weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x_pgd, x_pgd, x)."""
+    return _logit_pairing(params, model, batch_stats, x, y, key, s, s.alp_weight, ("adv", "adv", "clean"))
 
 
-def clp(params, model, batch_stats, x, y, key, cfg):
+def clp(params, model, batch_stats, x, y, key, s):
     """Clean logit pairing as in wellzline/AT-PR `CLP`:
-    mean CE(z(x), y) + cfg.clp.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x, x_pgd, x)."""
-    return _logit_pairing(params, model, batch_stats, x, y, key, cfg, "clp", ("clean", "adv", "clean"))
+    mean CE(z(x), y) + s.clp_weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x, x_pgd, x)."""
+    return _logit_pairing(params, model, batch_stats, x, y, key, s, s.clp_weight, ("clean", "adv", "clean"))
 
 
-def trades(params, model, batch_stats, x, y, key, cfg):
+def trades(params, model, batch_stats, x, y, key, s):
     """TRADES (yaodongyu/TRADES trades.py): mean CE(z(x), y) + beta * mean_i KL(p(x_i) || p(x_adv_i)),
     x_adv from `attacks.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
     arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "trades"))
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
     x_adv = attacks.trades_kl_attack(
         logits_fn,
         key,
         x,
-        eps=float(cfg.attack.epsilon),
-        step_size=float(cfg.trades.step_size),
-        steps=int(cfg.attack.steps),
-        init_noise=float(cfg.trades.init_noise),
+        eps=s.attack_eps,
+        step_size=s.trades_step_size,
+        steps=s.attack_steps,
+        init_noise=s.trades_init_noise,
     )
     (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
     natural = _mean_ce(clean_logits, y)
     robust = jnp.mean(attacks.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
-    loss = natural + float(cfg.trades.beta) * robust
+    loss = natural + s.trades_beta * robust
     return loss, (
         new_batch_stats,
         {
@@ -282,22 +322,22 @@ def trades(params, model, batch_stats, x, y, key, cfg):
     )
 
 
-def mart(params, model, batch_stats, x, y, key, cfg):
+def mart(params, model, batch_stats, x, y, key, s):
     """MART (YisenWang/MART mart.py), passes x, x_adv:
     mean_i [CE(z(x_adv_i), y_i) - log(1.0001 - p_{k_i}(x_adv_i) + 1e-12)]
       + beta * mean_i KL(p(x_i) || p(x_adv_i)) (1.0000001 - p_{y_i}(x_i)),
     k_i = argmax_{k != y_i} p_k(x_adv_i); log p(x_adv) is log(p + 1e-12) inside the KL, and the
-    weight (1 - p_y(x)) is not detached, as in the reference. beta = `mart_beta(cfg)`."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "mart"))
+    weight (1 - p_y(x)) is not detached, as in the reference. beta = s.mart_beta."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
     x_adv = attacks.mart_attack(
         logits_fn,
         key,
         x,
         y,
-        eps=float(cfg.attack.epsilon),
-        step_size=float(cfg.mart.step_size),
-        steps=int(cfg.attack.steps),
-        init_noise=float(cfg.mart.init_noise),
+        eps=s.attack_eps,
+        step_size=s.mart_step_size,
+        steps=s.attack_steps,
+        init_noise=s.mart_init_noise,
     )
     (clean_logits, adv_logits), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv])
     adv_probs = jax.nn.softmax(adv_logits, axis=-1)
@@ -307,7 +347,7 @@ def mart(params, model, batch_stats, x, y, key, cfg):
     true_prob = true_value(clean_probs, y)
     kl = jnp.sum(clean_probs * (log_or_zero(clean_probs) - jnp.log(adv_probs + 1e-12)), axis=-1)
     robust = jnp.mean(kl * (1.0000001 - true_prob))
-    loss = boosted_ce + mart_beta(cfg) * robust
+    loss = boosted_ce + s.mart_beta * robust
     return loss, (
         new_batch_stats,
         {
@@ -320,26 +360,10 @@ def mart(params, model, batch_stats, x, y, key, cfg):
     )
 
 
-def atpr_settings(cfg) -> attacks.AtprSettings:
-    a = cfg.atpr
-    return attacks.AtprSettings(
-        eps=float(cfg.attack.epsilon),
-        step_size=float(cfg.attack.step_size),
-        steps=int(cfg.attack.steps),
-        num_candidates=int(a.num_candidates),
-        eps_spread=float(a.eps_spread),
-        step_size_spread=float(a.step_size_spread),
-        steps_below=int(a.steps_below),
-        steps_above=int(a.steps_above),
-        refine_max_iters=int(a.refine_max_iters),
-        refine_stop_fraction=float(a.refine_stop_fraction),
-    )
-
-
-def atpr(params, model, batch_stats, x, y, key, cfg):
+def atpr(params, model, batch_stats, x, y, key, s):
     """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `attacks.atpr_search`."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, attack_bn_mode(cfg, "atpr"))
-    result = attacks.atpr_search(logits_fn, key, x, y, atpr_settings(cfg))
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
+    result = attacks.atpr_search(logits_fn, key, x, y, s.atpr)
     loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, result.x_adv, y, 0.0)
     metrics = dict(
         metrics,
@@ -363,12 +387,6 @@ METHODS: dict[str, Callable[..., Any]] = {
     "pgd_cor": pgd_cor,
     "fgsm_cor": fgsm_cor,
 }
-
-
-def get_method(name: str):
-    if name not in METHODS:
-        raise UserError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
-    return METHODS[name]
 
 
 # The paper's row order (Table 1, then the ablation variants of Table 2) and names.

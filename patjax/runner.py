@@ -43,6 +43,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from patjax import (
+    config,
     data,
     eval_files,
     evaluation,
@@ -54,7 +55,6 @@ from patjax import (
     suite_results,
     train,
 )
-from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.suite_results import RECORD_FILE, read_record, run_dir
@@ -63,7 +63,7 @@ from patjax.suites import Run, Suite, plan
 
 def _expected_steps(cfg) -> int:
     train_size = data.NUM_TRAIN[cfg.dataset]
-    return state_lib.total_steps(cfg, train_size // int(cfg.batch_size))
+    return config.optimizer_settings(cfg).total_steps(train_size // int(cfg.batch_size))
 
 
 def _trained(run: Run, directory: str) -> Optional[dict]:
@@ -71,7 +71,7 @@ def _trained(run: Run, directory: str) -> Optional[dict]:
     record = read_record(directory)
     if record is None or record.get("step") != _expected_steps(run.config):
         return None
-    workdir_lib.check_resume_compatible(run.config, directory)  # a changed suite is refused
+    workdir_lib.check_resume_compatible(config.train_settings(run.config), directory)  # a changed suite is refused
     return record
 
 
@@ -334,7 +334,9 @@ def _train_and_evaluate(
             )
         )
         t0 = time.perf_counter()
-        state = train.train_and_evaluate(cfg, directory)
+        settings = config.train_settings(cfg)
+        evaluation.check_config(cfg)
+        state = train.train_and_evaluate(settings, directory)
         train_wall = time.perf_counter() - t0
         record = {
             "step": int(state.step),

@@ -67,19 +67,6 @@ class LangevinSettings:
         if not self.tolerance >= 0:
             raise UserError(f"langevin.tolerance must be >= 0 (0: always T steps), got {self.tolerance}")
 
-    @classmethod
-    def from_config(cls, cfg) -> "LangevinSettings":
-        return cls(
-            steps=int(cfg.steps),
-            step_size=float(cfg.step_size),
-            noise_scale=float(cfg.noise_scale),
-            grad_clip=float(cfg.grad_clip),
-            c1=float(cfg.c1),
-            c2=float(cfg.c2),
-            init=str(cfg.init),
-            tolerance=float(cfg.tolerance),
-        )
-
 
 def per_example_keys(key: jax.Array, batch_size: int, offset: jax.Array | int = 0) -> jax.Array:
     """One key per example, `fold_in(key, offset + i)`: independent of batch size and split."""

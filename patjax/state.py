@@ -4,6 +4,7 @@ The workdir that holds a run's config and checkpoints is `patjax.workdir`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from patjax import data, models
+from patjax.errors import UserError
 from patjax.models import ModelFns
 
 
@@ -24,49 +26,84 @@ class TrainState:
     rng: jax.Array  # raw uint32 key; the step key is fold_in(fold_in(rng, 1), step)
 
 
-def compute_dtype(cfg):
-    return jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Which network, for which data, in which precision (config: model, model_width, dataset,
+    compute_dtype)."""
+
+    name: str
+    dataset: str
+    width: int  # ResNet / WRN stem width (64 in the paper); the small CNN has none
+    compute_dtype: str = "float32"
+
+    def __post_init__(self):
+        data.check_dataset(self.dataset)
+        if self.name not in models.MODELS:
+            raise UserError(f"unknown model {self.name!r}; choose one of {sorted(models.MODELS)}")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise UserError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
+
+    def build(self):
+        kwargs = {} if self.name == "small_cnn" else {"width": self.width}
+        dtype = jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
+        return models.create_model(self.name, self.dataset, data.NUM_CLASSES[self.dataset], dtype=dtype, **kwargs)
 
 
-def build_model(cfg):
-    kwargs = {} if cfg.model == "small_cnn" else {"width": int(cfg.model_width)}
-    return models.create_model(
-        cfg.model, cfg.dataset, data.NUM_CLASSES[cfg.dataset], dtype=compute_dtype(cfg), **kwargs
-    )
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """SGD and its MultiStepLR schedule over the run (Appendix E), and the run's length (config:
+    learning_rate, momentum, nesterov, weight_decay, lr_decay_fractions, lr_decay_factor,
+    num_epochs, num_train_steps)."""
+
+    learning_rate: float
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    decay_fractions: tuple
+    decay_factor: float
+    num_epochs: int
+    num_train_steps: int  # > 0 overrides num_epochs
+
+    def __post_init__(self):
+        if self.num_train_steps <= 0 and self.num_epochs <= 0:
+            raise UserError("set num_epochs > 0 or num_train_steps > 0")
+        if not self.learning_rate > 0:
+            raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.momentum < 1 or self.weight_decay < 0:
+            raise UserError(
+                f"momentum must be in [0, 1) and weight_decay >= 0, got {self.momentum}, {self.weight_decay}"
+            )
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        return self.num_train_steps if self.num_train_steps > 0 else self.num_epochs * steps_per_epoch
+
+    def lr_milestones(self, steps_per_epoch: int) -> list[int]:
+        """The steps at which MultiStepLR (Appendix E) multiplies the learning rate by the decay:
+        the given fractions of the run; with epoch-based runs on epoch boundaries (75 and 90 of 100)."""
+        if self.num_train_steps > 0:
+            return sorted(int(round(f * self.num_train_steps)) for f in self.decay_fractions)
+        return sorted(int(round(f * self.num_epochs)) * steps_per_epoch for f in self.decay_fractions)
+
+    def schedule(self, steps_per_epoch: int) -> optax.Schedule:
+        """MultiStepLR (Appendix E): lr x decay at each of `lr_milestones`."""
+        scales = {}
+        for b in self.lr_milestones(steps_per_epoch):  # coinciding milestones multiply, as in MultiStepLR
+            scales[b] = scales.get(b, 1.0) * self.decay_factor
+        return optax.piecewise_constant_schedule(self.learning_rate, scales)
 
 
-def total_steps(cfg, steps_per_epoch: int) -> int:
-    return int(cfg.num_train_steps) if cfg.num_train_steps > 0 else int(cfg.num_epochs) * steps_per_epoch
-
-
-def lr_milestones(cfg, steps_per_epoch: int) -> list[int]:
-    """The steps at which MultiStepLR (Appendix E) multiplies the learning rate by the decay:
-    the given fractions of the run; with epoch-based runs on epoch boundaries (75 and 90 of 100)."""
-    if cfg.num_train_steps > 0:
-        return sorted(int(round(f * cfg.num_train_steps)) for f in cfg.lr_decay_fractions)
-    return sorted(int(round(f * cfg.num_epochs)) * steps_per_epoch for f in cfg.lr_decay_fractions)
-
-
-def learning_rate_schedule(cfg, steps_per_epoch: int) -> optax.Schedule:
-    """MultiStepLR (Appendix E): lr x decay at each of `lr_milestones`."""
-    scales = {}
-    for b in lr_milestones(cfg, steps_per_epoch):  # coinciding milestones multiply, as in MultiStepLR
-        scales[b] = scales.get(b, 1.0) * float(cfg.lr_decay_factor)
-    return optax.piecewise_constant_schedule(float(cfg.learning_rate), scales)
-
-
-def make_optimizer(cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
+def make_optimizer(o: OptimizerSettings, schedule: optax.Schedule) -> optax.GradientTransformation:
     """PyTorch SGD(momentum, nesterov, weight_decay): g += wd*p; b = m*b + g; step = g + m*b."""
     return optax.chain(
-        optax.add_decayed_weights(float(cfg.weight_decay)),
-        optax.sgd(schedule, momentum=float(cfg.momentum), nesterov=bool(cfg.nesterov)),
+        optax.add_decayed_weights(o.weight_decay),
+        optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
     )
 
 
-def create_train_state(cfg, tx: optax.GradientTransformation):
-    """(ModelFns, TrainState) for the config, initialized from cfg.seed."""
-    model = build_model(cfg)
-    root = jax.random.PRNGKey(int(cfg.seed))
+def create_train_state(model_settings: ModelSettings, seed: int, tx: optax.GradientTransformation):
+    """(ModelFns, TrainState) of the model, initialized from the seed."""
+    model = model_settings.build()
+    root = jax.random.PRNGKey(int(seed))
     init_key, rng = jax.random.split(root)
     params, batch_stats = models.init_variables(model, init_key)
     state = TrainState(

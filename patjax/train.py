@@ -26,7 +26,7 @@ from absl import logging
 from tqdm import tqdm
 
 from patjax import config as config_lib
-from patjax import data, evaluation, methods, sharding
+from patjax import data, methods, sharding
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -40,15 +40,15 @@ def train_step(
     permutation,
     *,
     model_fns,
-    method,
-    cfg,
+    loss_fn,
+    batch_size: int,
     steps_per_epoch: int,
     tx: optax.GradientTransformation,
     schedule,
     batch_sharding,
 ):
-    """One step of Algorithm 2 (or of the configured method) on the step's global batch."""
-    batch_size = int(cfg.batch_size)
+    """One step of Algorithm 2 (or of the configured method) on the step's global batch.
+    loss_fn: `methods.make_method(settings)`."""
     position = state.step % steps_per_epoch
     indices = jax.lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
     step_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
@@ -59,8 +59,8 @@ def train_step(
         x = jax.lax.with_sharding_constraint(x, batch_sharding)
         y = jax.lax.with_sharding_constraint(y, batch_sharding)
 
-    grad_fn = jax.value_and_grad(method, has_aux=True)
-    (_, (batch_stats, metrics)), grads = grad_fn(state.params, model_fns, state.batch_stats, x, y, method_key, cfg)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    (_, (batch_stats, metrics)), grads = grad_fn(state.params, model_fns, state.batch_stats, x, y, method_key)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, learning_rate=schedule(state.step), grad_norm=optax.tree.norm(grads))
@@ -68,24 +68,31 @@ def train_step(
     return new_state, metrics
 
 
-def create_step(cfg, steps_per_epoch: int, mesh):
-    """(model_fns, initial state, jitted step) for a config: the optimizer and schedule of
-    Algorithm 2 line 20 / Appendix E, the state initialized from cfg.seed, and the step with
-    its batch sharded over `mesh`. What a training run and a benchmark both build."""
-    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
-    tx = state_lib.make_optimizer(cfg, schedule)
-    model_fns, state = state_lib.create_train_state(cfg, tx)
-    step_fn = make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, sharding.batch_sharding_for(mesh))
+def create_step(settings: config_lib.TrainSettings, steps_per_epoch: int, mesh):
+    """(model_fns, initial state, jitted step): SGD with MultiStepLR as in PyTorch (Algorithm 2
+    line 20 / Appendix E), the state initialized from the seed, and the step with the batch
+    sharded over `mesh`."""
+    schedule = settings.optimizer.schedule(steps_per_epoch)
+    tx = state_lib.make_optimizer(settings.optimizer, schedule)
+    model_fns, state = state_lib.create_train_state(settings.model, settings.seed, tx)
+    step_fn = make_train_step(
+        methods.make_method(settings.method),
+        model_fns,
+        tx,
+        schedule,
+        steps_per_epoch,
+        settings.batch_size,
+        sharding.batch_sharding_for(mesh),
+    )
     return model_fns, state, step_fn
 
 
-def make_train_step(cfg, model_fns, tx, schedule, steps_per_epoch, batch_sharding=None):
-    method = methods.get_method(cfg.method)
+def make_train_step(loss_fn, model_fns, tx, schedule, steps_per_epoch: int, batch_size: int, batch_sharding=None):
     step = functools.partial(
         train_step,
         model_fns=model_fns,
-        method=method,
-        cfg=cfg,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
         steps_per_epoch=steps_per_epoch,
         tx=tx,
         schedule=schedule,
@@ -115,7 +122,7 @@ class _MetricWriter:
         self._tb.close()
 
 
-def check_collectives_pair_across_processes(cfg) -> None:
+def check_collectives_pair_across_processes(method: methods.MethodSettings) -> None:
     """Refuses CPU multi-process runs whose step may pair all-reduces wrongly.
 
     XLA:CPU's cross-process collectives (gloo) carry no tag: two all-reduces in flight at once
@@ -127,59 +134,59 @@ def check_collectives_pair_across_processes(cfg) -> None:
     """
     if jax.process_count() == 1 or jax.default_backend() != "cpu":
         return
-    if cfg.method in ("pat", "pat_wos"):
-        where, mode, setting = "sampler", cfg.langevin.bn_mode, "langevin.bn_mode"
-    elif cfg.method in methods.REFERENCE_ATTACK_BN_MODE:
-        where, mode, setting = "attack", methods.attack_bn_mode(cfg, cfg.method), "attack.bn_mode"
+    if method.name in ("pat", "pat_wos"):
+        where, mode, setting = "sampler", method.langevin_bn_mode, "langevin.bn_mode"
+    elif method.name in methods.REFERENCE_ATTACK_BN_MODE:
+        where, mode, setting = "attack", method.attack_bn_mode, "attack.bn_mode"
     else:
         return
     if mode == "train":
         raise UserError(
-            f"{cfg.method}'s {where} runs BatchNorm on batch statistics, whose all-reduces several "
+            f"{method.name}'s {where} runs BatchNorm on batch statistics, whose all-reduces several "
             f"CPU processes can pair wrongly (docs/multiprocess.md); run one process, or set "
             f"--config.{setting}=inference"
         )
 
 
-def train_and_evaluate(cfg, workdir: str, stop_after_steps: Optional[int] = None):
-    """Trains (or resumes) the configured run in `workdir`; returns the final train state.
+def train_and_evaluate(settings: config_lib.TrainSettings, workdir: str, stop_after_steps: Optional[int] = None):
+    """Trains (or resumes) the run in `workdir`; returns the final train state.
 
+    settings: `config.train_settings(cfg)`, built where the config enters (the command line, the
+      suite runner), after `evaluation.check_config(cfg)` has checked what the run's evaluation
+      will need.
     stop_after_steps: leave after this many steps of this invocation (with a checkpoint), as
       a preempted job would; running again resumes exactly where it stopped.
     """
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
-    config_lib.validate(cfg)
-    evaluation.check_config(cfg)
-    check_collectives_pair_across_processes(cfg)
-    mesh = sharding.make_mesh(cfg.batch_size)
+    check_collectives_pair_across_processes(settings.method)
+    mesh = sharding.make_mesh(settings.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
     lock = workdir_lib.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()
     with lock:
-        return _train(cfg, workdir, mesh, stop_after_steps)
+        return _train(settings, workdir, mesh, stop_after_steps)
 
 
-def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
+def _train(settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_steps: Optional[int]):
+    s = settings
     resuming = os.path.isfile(workdir_lib.config_path(workdir))
     if resuming:
-        workdir_lib.check_resume_compatible(cfg, workdir)
+        workdir_lib.check_resume_compatible(s, workdir)
     elif os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise UserError(f"{workdir!r} has checkpoints but no config.json; use a new --workdir")
 
     # Everything that can fail on bad input happens before the workdir is written.
-    train_split = data.load_split(cfg.dataset, "train", cfg.data_dir)
-    test_split = data.load_split(cfg.dataset, "test", cfg.data_dir)
-    steps_per_epoch = len(train_split) // cfg.batch_size  # the last partial batch is dropped
+    train_split = data.load_split(s.dataset, "train", s.data_dir)
+    test_split = data.load_split(s.dataset, "test", s.data_dir)
+    steps_per_epoch = len(train_split) // s.batch_size  # the last partial batch is dropped
     if steps_per_epoch == 0:
-        raise UserError(f"batch_size {cfg.batch_size} exceeds the {len(train_split)} training images")
-    num_steps = state_lib.total_steps(cfg, steps_per_epoch)
-    model_fns, state, step_fn = create_step(cfg, steps_per_epoch, mesh)
+        raise UserError(f"batch_size {s.batch_size} exceeds the {len(train_split)} training images")
+    num_steps = s.optimizer.total_steps(steps_per_epoch)
+    model_fns, state, step_fn = create_step(s, steps_per_epoch, mesh)
 
-    if cfg.data_dir and cfg.data_dir != data.TFDS:  # saved absolute: evaluate may run from another directory
-        cfg.data_dir = os.path.abspath(cfg.data_dir)
     if sharding.is_writer():
-        workdir_lib.save_config(cfg, workdir)
-    manager = workdir_lib.checkpoint_manager(workdir, cfg.max_checkpoints_to_keep)
+        workdir_lib.save_config(s.record, workdir)
+    manager = workdir_lib.checkpoint_manager(workdir, s.max_checkpoints_to_keep)
     moved = []
 
     def move_aside(step):
@@ -199,10 +206,10 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
     state, train_images, train_labels = sharding.place_on_mesh(mesh, state, train_split.images, train_split.labels)
     permute = jax.jit(data.epoch_permutation, static_argnums=2)
     data_key = jax.random.fold_in(state.rng, 0)
-    test_accuracy_fn = clean_evaluator.accuracy_fn(model_fns, cfg.eval.batch_size)
+    test_accuracy_fn = clean_evaluator.accuracy_fn(model_fns, s.eval_batch_size)
 
-    checkpoint_every = cfg.checkpoint_every_steps if cfg.checkpoint_every_steps > 0 else steps_per_epoch
-    log_every = cfg.log_every_steps if cfg.log_every_steps > 0 else steps_per_epoch
+    checkpoint_every = s.checkpoint_every_steps if s.checkpoint_every_steps > 0 else steps_per_epoch
+    log_every = s.log_every_steps if s.log_every_steps > 0 else steps_per_epoch
     start = int(state.step)
     end = num_steps if stop_after_steps is None else min(num_steps, start + stop_after_steps)
     writer = _MetricWriter(workdir) if sharding.is_writer() else None
@@ -211,8 +218,8 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
         initial=start,
         unit="step",
         dynamic_ncols=True,
-        desc=f"train {cfg.method}",
-        disable=not (cfg.progress_bar and sharding.is_writer()),
+        desc=f"train {s.method.name}",
+        disable=not (s.progress_bar and sharding.is_writer()),
     )
     pending, window_start, window_steps = [], time.perf_counter(), 0
     permutation, permutation_epoch = None, None
@@ -231,10 +238,10 @@ def _train(cfg, workdir: str, mesh, stop_after_steps: Optional[int]):
             if done % log_every == 0 or done == end:
                 summary = _summarize(pending)
                 elapsed = time.perf_counter() - window_start
-                summary["images_per_s"] = window_steps * cfg.batch_size / max(elapsed, 1e-9)
+                summary["images_per_s"] = window_steps * s.batch_size / max(elapsed, 1e-9)
                 summary["epoch"] = done / steps_per_epoch
                 summary["devices"] = mesh.size
-                summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split, cfg.log_test_examples)
+                summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split, s.log_test_examples)
                 if writer is not None:
                     writer.write(done, summary)
                 progress.set_postfix(

@@ -28,14 +28,12 @@ import time
 from typing import Any, Callable, Optional
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
 from patjax import config as config_lib
 from patjax import data, kept_models, sharding
 from patjax import state as state_lib
-from patjax.config import RESUMABLE_FIELDS, validate
 from patjax.errors import UserError
 
 
@@ -43,13 +41,14 @@ def config_path(workdir: str) -> str:
     return os.path.join(workdir, "config.json")
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
+def load_config(workdir: str):
+    """The run's config (config.json completed by `config.upgrade`), checked as a new one is."""
     saved = read_json(config_path(workdir), "restore it from the run's records or start a new --workdir")
     if saved is None:
         raise UserError(f"{workdir!r} is not a patjax workdir (no config.json)")
     try:
         cfg = config_lib.upgrade(saved)
-        validate(cfg)  # every config read from a workdir is checked here, as train checks a new one
+        config_lib.train_settings(cfg)  # every config read from a workdir is checked here
     except (AttributeError, KeyError, TypeError, ValueError) as error:  # JSON, but not a config's shape
         raise UserError(
             f"{config_path(workdir)} is damaged ({type(error).__name__}: "
@@ -68,14 +67,15 @@ def _flatten(d, prefix=""):
     return out
 
 
-def check_resume_compatible(cfg, workdir: str) -> None:
+def check_resume_compatible(settings: config_lib.TrainSettings, workdir: str) -> None:
     """Refuses to resume a checkpoint with a config that changes what a step computes."""
-    saved = _flatten(json.loads(load_config(workdir).to_json()))
-    current = _flatten(json.loads(cfg.to_json()))
+    saved_cfg = load_config(workdir)
+    saved = _flatten(json.loads(saved_cfg.to_json()))
+    current = _flatten(settings.record)
     differing = sorted(
         k
         for k in set(saved) | set(current)
-        if k.split(".")[0] not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
+        if k.split(".")[0] not in config_lib.RESUMABLE_FIELDS and saved.get(k) != current.get(k)
     )
     if differing:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:4])
@@ -84,18 +84,18 @@ def check_resume_compatible(cfg, workdir: str) -> None:
         )
     step = latest_step(workdir)
     if step is not None:
-        _check_passed_milestones(load_config(workdir), cfg, step)
+        _check_passed_milestones(config_lib.optimizer_settings(saved_cfg), settings, step)
 
 
-def _check_passed_milestones(saved, cfg, step: int) -> None:
+def _check_passed_milestones(saved: state_lib.OptimizerSettings, settings: config_lib.TrainSettings, step: int):
     """A longer (or shorter) run moves MultiStepLR's milestones, which are fractions of the run;
     one the run has passed must stay where it was, or the resumed run would go back to a higher
     learning rate (or skip a decay it has not had)."""
-    steps_per_epoch = data.NUM_TRAIN[cfg.dataset] // int(cfg.batch_size)
-    passed = [b for b in state_lib.lr_milestones(saved, steps_per_epoch) if b <= step]
-    now = [b for b in state_lib.lr_milestones(cfg, steps_per_epoch) if b <= step]
+    steps_per_epoch = data.NUM_TRAIN[settings.dataset] // settings.batch_size
+    passed = [b for b in saved.lr_milestones(steps_per_epoch) if b <= step]
+    now = [b for b in settings.optimizer.lr_milestones(steps_per_epoch) if b <= step]
     if passed != now:
-        total = state_lib.total_steps(cfg, steps_per_epoch)
+        total = settings.optimizer.total_steps(steps_per_epoch)
         keep = ", ".join(f"{b / total:.6g}" for b in passed)
         raise UserError(
             f"resuming at step {step} would move the learning-rate milestones the run has passed "
@@ -104,11 +104,12 @@ def _check_passed_milestones(saved, cfg, step: int) -> None:
         )
 
 
-def save_config(cfg, workdir: str) -> None:
+def save_config(record: dict, workdir: str) -> None:
+    """config.json from a run's config as a JSON dict (`config.TrainSettings.record`)."""
     os.makedirs(workdir, exist_ok=True)
     tmp = config_path(workdir) + ".tmp"
     with open(tmp, "w") as f:
-        f.write(cfg.to_json(indent=2))
+        f.write(json.dumps(record, indent=2))
     os.replace(tmp, config_path(workdir))  # atomic: a kill never leaves half a config
 
 
@@ -334,11 +335,12 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     """
     cfg = load_config(workdir)
     newest = require_checkpoint(workdir)
-    tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
+    optimizer = config_lib.optimizer_settings(cfg)
+    tx = state_lib.make_optimizer(optimizer, optimizer.schedule(1))
     model_holder = {}
 
     def init():
-        fns, st = state_lib.create_train_state(cfg, tx)
+        fns, st = state_lib.create_train_state(config_lib.model_settings(cfg), int(cfg.seed), tx)
         model_holder["fns"] = fns
         return st
 

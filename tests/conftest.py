@@ -28,3 +28,13 @@ def find_data_dir():
 @pytest.fixture(scope="session")
 def data_dir():
     return find_data_dir()
+
+
+def train_run(cfg, workdir, **kwargs):
+    """What main.py does with a config: the typed settings and the evaluation's settings
+    checked at the door, then training (`train.train_and_evaluate`)."""
+    from patjax import config, evaluation, train
+
+    settings = config.train_settings(cfg)
+    evaluation.check_config(cfg)
+    return train.train_and_evaluate(settings, workdir, **kwargs)

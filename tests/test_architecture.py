@@ -20,7 +20,8 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "robustness": 1,
     "models": 2,
     "methods": 2,
-    "config": 3,
+    "sampler_diagnostic": 2,
+    "config": 4,
     "state": 4,
     "sharding": 4,
     "kept_models": 4,
@@ -37,12 +38,12 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "report": 5,
     "evaluation": 6,
     "train": 7,
-    "diagnose": 7,
     "suites": 8,
     "suite_results": 8,
     "runner": 8,
     "evaluate": 9,
     "experiments": 9,
+    "diagnose": 9,
 }
 COMMAND_LINES = ("evaluate", "experiments", "diagnose")
 
@@ -117,3 +118,18 @@ def test_the_import_checker_sees_every_import_form():
     assert sorted(project_imports(tree)) == sorted(
         [("a", True), ("b", True), ("evaluators.pr", True), ("x", True), ("workdir", True), ("late", False)]
     )
+
+
+def test_only_the_config_and_the_layers_that_take_it_in_import_ml_collections():
+    """The config enters at the command lines and the suites, and `config` defines it; below
+    them typed settings travel (config.TrainSettings, evaluators.common.EvalSettings)."""
+    importers = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] == "ml_collections" for n in names):
+                importers.add(name)
+    assert importers, "the checker found no importer at all"
+    assert {n for n in importers if n != "config" and LAYERS[n] < LAYERS["runner"]} == set()

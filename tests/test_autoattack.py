@@ -4,9 +4,9 @@ ones before it left robust; the masking checks are reported."""
 
 import numpy as np
 import pytest
-from test_evaluation import tiny_config, tiny_setup
+from test_evaluation import evaluate, tiny_config, tiny_setup
 
-from patjax import data, evaluation
+from patjax import data
 
 EPS = 0.03
 
@@ -26,7 +26,7 @@ def evaluated():
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
     cfg = tiny_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
-    results = evaluation.evaluate_state(
+    results = evaluate(
         cfg, model_fns, state, split, batch_size=8, progress=False, evaluators="aa", per_image_out=per_image
     )
     return state, split, results, per_image
@@ -83,9 +83,7 @@ def test_figures_do_not_depend_on_the_batch(evaluated):
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
     cfg = tiny_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
-    evaluation.evaluate_state(
-        cfg, model_fns, state, split, batch_size=40, progress=False, evaluators="aa", per_image_out=per_image
-    )
+    evaluate(cfg, model_fns, state, split, batch_size=40, progress=False, evaluators="aa", per_image_out=per_image)
     _, _, _, reference = evaluated
     assert set(per_image) == set(reference)
     for key in per_image:

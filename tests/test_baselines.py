@@ -2,16 +2,20 @@
 gradients against finite differences, BatchNorm statistics against the closed-form momentum
 chain, the COR variants at beta = 0, and two training steps of every method."""
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from conftest import train_run
 from helpers import Linear, np_cross_entropy, np_softmax
 from test_train import tiny_config
 
-from patjax import attacks, data, methods, models, train
-from patjax.config import default_config, validate
+from patjax import attacks, data, methods, models
+from patjax import config as config_lib
+from patjax.config import default_config, train_settings
 from patjax.errors import UserError
 from patjax.models import SmallCNN
 
@@ -39,6 +43,13 @@ def linear_setup(batch=6):
     return model, x, y, params
 
 
+def method_loss(name, cfg):
+    """The loss the train step differentiates for method `name` with cfg's settings."""
+    cfg = copy.deepcopy(cfg)
+    cfg.method = name
+    return methods.make_method(config_lib.method_settings(cfg))
+
+
 def adversarial_batch(name, logits_fn, x, y, key, cfg):
     """The batch each method trains on, from the attacks module (the method must use it)."""
     eps, steps = cfg.attack.epsilon, cfg.attack.steps
@@ -53,7 +64,7 @@ def adversarial_batch(name, logits_fn, x, y, key, cfg):
     if name == "mart":
         return attacks.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
     if name == "atpr":
-        return attacks.atpr_search(logits_fn, key, x, y, methods.atpr_settings(cfg)).x_adv
+        return attacks.atpr_search(logits_fn, key, x, y, config_lib.method_settings(cfg).atpr).x_adv
     return x  # clean
 
 
@@ -118,7 +129,7 @@ def test_loss_equals_the_reference_formula_on_the_attacks_batch(name, overrides)
     model, x, y, params = linear_setup()
     cfg = baseline_config(**overrides)
     key = jax.random.PRNGKey(7)
-    loss, (_, metrics) = jax.jit(lambda p: methods.METHODS[name](p, models.ModelFns(model.apply), {}, x, y, key, cfg))(
+    loss, (_, metrics) = jax.jit(lambda p: method_loss(name, cfg)(p, models.ModelFns(model.apply), {}, x, y, key))(
         params
     )
     logits_fn = lambda z: model.apply({"params": params}, z)
@@ -135,11 +146,12 @@ def test_loss_equals_the_reference_formula_on_the_attacks_batch(name, overrides)
 
 
 def test_mart_beta_defaults_to_five_for_resnet18_and_six_otherwise():
-    assert methods.mart_beta(baseline_config()) == 5.0  # default_config's model is resnet18
+    mart_beta = lambda cfg: config_lib.method_settings(cfg).mart_beta
+    assert mart_beta(baseline_config()) == 5.0  # default_config's model is resnet18
     cfg = baseline_config()
     cfg.model = "wrn50_2"
-    assert methods.mart_beta(cfg) == 6.0
-    assert methods.mart_beta(baseline_config(**{"mart.beta": 0.0})) == 0.0
+    assert mart_beta(cfg) == 6.0
+    assert mart_beta(baseline_config(**{"mart.beta": 0.0})) == 0.0
 
 
 @pytest.mark.parametrize("name", ["trades", "mart", "alp", "clp"])
@@ -148,7 +160,7 @@ def test_gradient_equals_finite_differences_of_the_formula_at_the_fixed_adversar
     model, x, y, params = linear_setup()
     cfg = baseline_config()
     key = jax.random.PRNGKey(3)
-    grad = jax.jit(jax.grad(lambda p: methods.METHODS[name](p, models.ModelFns(model.apply), {}, x, y, key, cfg)[0]))(
+    grad = jax.jit(jax.grad(lambda p: method_loss(name, cfg)(p, models.ModelFns(model.apply), {}, x, y, key)[0]))(
         params
     )
     x_adv = jax.jit(lambda: adversarial_batch(name, lambda z: model.apply({"params": params}, z), x, y, key, cfg))()
@@ -184,7 +196,7 @@ def test_running_statistics_follow_the_references_passes(name, passes, attack_mo
     fns = models.ModelFns(model.apply)
     cfg = baseline_config()
     key = jax.random.PRNGKey(2)
-    _, (new_stats, _) = jax.jit(lambda p, s: methods.METHODS[name](p, fns, s, x, y, key, cfg))(params, stats)
+    _, (new_stats, _) = jax.jit(lambda p, s: method_loss(name, cfg)(p, fns, s, x, y, key))(params, stats)
     x_adv = jax.jit(lambda p, s: adversarial_batch(name, fns.attack_logits_fn(p, s, attack_mode), x, y, key, cfg))(
         params, stats
     )
@@ -210,7 +222,7 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     cfg = baseline_config(**{"pat.beta": 0.0})
     key = jax.random.PRNGKey(4)
     run = lambda name: jax.jit(
-        jax.value_and_grad(lambda p: methods.METHODS[name](p, fns, stats, x, y, key, cfg), has_aux=True)
+        jax.value_and_grad(lambda p: method_loss(name, cfg)(p, fns, stats, x, y, key), has_aux=True)
     )(params)
     (loss_cor, (stats_cor, _)), grad_cor = run(cor)
     (loss_plain, (stats_plain, _)), grad_plain = run(plain)
@@ -219,7 +231,7 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     jax.tree.map(np.testing.assert_allclose, stats_cor, stats_plain)
     # and beta > 0 changes the loss: the comparison is not vacuous
     cfg.pat.beta = 5.0
-    weighted = jax.jit(lambda p: methods.METHODS[cor](p, fns, stats, x, y, key, cfg)[0])(params)
+    weighted = jax.jit(lambda p: method_loss(cor, cfg)(p, fns, stats, x, y, key)[0])(params)
     assert abs(float(weighted) - float(loss_plain)) > 1e-4
 
 
@@ -249,7 +261,7 @@ def test_registry_holds_exactly_the_twelve_methods_of_tables_1_and_2():
 def test_invalid_baseline_settings_are_refused(field, value):
     cfg = baseline_config(**{field: value})
     with pytest.raises(UserError, match=field.split(".")[1]):
-        validate(cfg)
+        train_settings(cfg)
 
 
 @pytest.mark.parametrize("name", sorted(set(methods.METHODS) - {"pat"}))  # pat: tests/test_train.py
@@ -261,7 +273,7 @@ def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
         **{"attack.steps": 2, "atpr.num_candidates": 2, "atpr.steps_above": 1, "atpr.refine_max_iters": 2},
     )
     with tfds.testing.mock_data(num_examples=16):
-        state = train.train_and_evaluate(cfg, str(tmp_path / name))
+        state = train_run(cfg, str(tmp_path / name))
     assert int(state.step) == 2
     lines = open(tmp_path / name / "metrics.jsonl").read().splitlines()
     import json

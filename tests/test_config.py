@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from patjax import config as config_lib
-from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -23,7 +22,7 @@ def test_an_older_config_reads_with_the_behaviour_its_code_had(tmp_path):
         del saved["langevin"][field]
     del saved["eval"]["pr_distributions"]
     cfg = workdir_lib.load_config(write_config(tmp_path, saved))
-    config_lib.validate(cfg)
+    config_lib.train_settings(cfg)
     # What the code before each field did (hand-written, not read from default_config): the
     # sampler ran BatchNorm in inference mode, started uniformly in the eps-ball, ran all T steps.
     assert (cfg.langevin.bn_mode, cfg.langevin.init, cfg.langevin.tolerance) == ("inference", "uniform", 0.0)
@@ -62,7 +61,7 @@ def step_config(steps, fractions=(0.75, 0.9)):
 
 
 def learning_rates(cfg, upto):
-    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch=1)
+    schedule = config_lib.train_settings(cfg).optimizer.schedule(steps_per_epoch=1)
     return np.array([float(schedule(s)) for s in range(upto + 1)])
 
 
@@ -81,7 +80,11 @@ def test_a_resume_keeps_the_learning_rates_the_run_had(tmp_path, step, steps, fr
     same_history = np.array_equal(learning_rates(saved, step), learning_rates(resumed, step))
     assert same_history == allowed
     if allowed:
-        workdir_lib._check_passed_milestones(saved, resumed, step)
+        workdir_lib._check_passed_milestones(
+            config_lib.train_settings(saved).optimizer, config_lib.train_settings(resumed), step
+        )
     else:
         with pytest.raises(UserError, match="learning-rate milestones"):
-            workdir_lib._check_passed_milestones(saved, resumed, step)
+            workdir_lib._check_passed_milestones(
+                config_lib.train_settings(saved).optimizer, config_lib.train_settings(resumed), step
+            )

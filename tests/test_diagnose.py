@@ -7,11 +7,11 @@ import sys
 
 import jax
 import numpy as np
-from conftest import REPO
+from conftest import REPO, train_run
 from test_samplers import linear_setup
 from test_train import tiny_config
 
-from patjax import diagnose
+from patjax import sampler_diagnostic
 from patjax.samplers import LangevinSettings
 
 
@@ -19,7 +19,9 @@ def test_curves_follow_the_closed_form_contraction():
     logits_fn, x, y, _, _ = linear_setup()
     T, chains, rate = 30, 3, 1 - 2 * 0.3 * 0.3  # (1 - 2 eta c1) = 0.82 with the defaults
     settings = LangevinSettings(steps=T, c2=0.0, noise_scale=0.0)
-    curves = jax.jit(lambda k: diagnose.chain_curves(logits_fn, k, x, y, settings, chains))(jax.random.PRNGKey(0))
+    curves = jax.jit(lambda k: sampler_diagnostic.chain_curves(logits_fn, k, x, y, settings, chains))(
+        jax.random.PRNGKey(0)
+    )
     c = {k: np.asarray(v, np.float64) for k, v in curves.items()}
     t = np.arange(T + 1)
     m0 = c["mean_abs_delta"][0]  # mean |u - x| of the uniform starts
@@ -38,16 +40,15 @@ def test_curves_follow_the_closed_form_contraction():
 
 def test_first_step_within_is_the_step_from_which_the_distance_stays_below():
     d = np.array([0.5, 0.2, 0.05, 0.2, 0.04, 0.03, 0.0])
-    assert diagnose.first_step_within(d, 0.1) == 4
-    assert diagnose.first_step_within(d, 1.0) == 0
-    assert diagnose.first_step_within(d, 0.01) is None  # only the last step itself
+    assert sampler_diagnostic.first_step_within(d, 0.1) == 4
+    assert sampler_diagnostic.first_step_within(d, 1.0) == 0
+    assert sampler_diagnostic.first_step_within(d, 0.01) is None  # only the last step itself
 
 
 def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir):
-    from patjax import train
 
     workdir = str(tmp_path / "run")
-    train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
+    train_run(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
     proc = subprocess.run(
         [
             sys.executable,
@@ -94,7 +95,9 @@ def test_sampler_comparison_against_the_closed_form():
     reference = LangevinSettings(steps=20, c2=0.0, noise_scale=0.0)
     candidate = LangevinSettings(steps=20, c2=0.0, noise_scale=0.0, init="clean", tolerance=1e-6)
     f = jax.device_get(
-        jax.jit(lambda k: diagnose.compare_samplers(logits_fn, k, x, y, reference, candidate))(jax.random.PRNGKey(4))
+        jax.jit(lambda k: sampler_diagnostic.compare_samplers(logits_fn, k, x, y, reference, candidate))(
+            jax.random.PRNGKey(4)
+        )
     )
     # The clean start is the fixed point: one step of zero drift, the sample stays x; the
     # reference sits at x + rate^20 (u - x).

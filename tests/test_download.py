@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import train_run
 
 from patjax import data, download
 from patjax.errors import UserError
@@ -438,7 +439,6 @@ def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_afte
     """The quickstart's path with no data_dir: nothing beside the checkout, nothing cached, so
     the first load downloads (here from the loopback server); the next run finds the cache."""
     from patjax import config as config_lib
-    from patjax import train
 
     files, _ = synthetic("cifar10")
     # Enough training records for a batch: every data_batch gets 3, so 15 in all.
@@ -452,10 +452,10 @@ def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_afte
     cfg = config_lib.default_config()
     cfg.model, cfg.batch_size, cfg.num_train_steps, cfg.langevin.steps = "small_cnn", 4, 1, 1
     cfg.log_test_examples, cfg.eval.batch_size, cfg.progress_bar = 3, 3, False
-    train.train_and_evaluate(cfg, str(tmp_path / "run"))
+    train_run(cfg, str(tmp_path / "run"))
     assert server.requests == ["/cifar-10-binary.tar.gz"]
     assert data.find_data_dir() == str(tmp_path / "cache")  # found there from now on
-    train.train_and_evaluate(cfg, str(tmp_path / "run2"))
+    train_run(cfg, str(tmp_path / "run2"))
     assert server.requests == ["/cifar-10-binary.tar.gz"]  # not downloaded again
 
 

@@ -43,6 +43,14 @@ def tiny_setup(scale=1.0, num_images=7, model_seed=0):
     return ModelFns(model.apply), state, data.Split(images, labels)
 
 
+def evaluate(cfg, model_fns, state, split, **kwargs):
+    """evaluation.evaluate_state with the settings of cfg, as evaluate_workdir builds them."""
+    kwargs.setdefault("evaluators", cfg.eval.evaluators)
+    return evaluation.evaluate_state(
+        evaluation.eval_settings(cfg), model_fns, state, split, dataset=cfg.dataset, **kwargs
+    )
+
+
 def tiny_config(**eval_overrides):
     cfg = config_lib.default_config()
     cfg.eval.pr_samples = 6
@@ -77,7 +85,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
     runs = []
     for batch_size, chunk in ((4, 4), (3, 5)):
         per_image = {}
-        results = evaluation.evaluate_state(
+        results = evaluate(
             tiny_config(pr_chunk_size=chunk),
             model_fns,
             state,
@@ -134,7 +142,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
 def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example():
     model_fns, state, split = tiny_setup()
     per_image = {}
-    results = evaluation.evaluate_state(
+    results = evaluate(
         tiny_config(pr_distributions=("gaussian",)),
         model_fns,
         state,
@@ -157,7 +165,7 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
 def write_eval(workdir, scale, model_seed=0):
     model_fns, state, split = tiny_setup(scale, num_images=12, model_seed=model_seed)
     per_image = {}
-    results = evaluation.evaluate_state(
+    results = evaluate(
         tiny_config(pr_distributions=("gaussian",)),
         model_fns,
         state,
@@ -255,7 +263,7 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     """A workdir whose 'checkpoint' is the tiny linear model (restore and data patched)."""
     model_fns, state, split = tiny_setup(scale)
     workdir = str(tmp_path / "run")
-    workdir_lib.save_config(cfg, workdir)
+    workdir_lib.save_config(cfg.to_dict(), workdir)
     monkeypatch.setattr(workdir_lib, "latest_step", lambda w: 3)
     monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_config(w), model_fns, state))
     monkeypatch.setattr(data, "load_split", lambda *a: split)
@@ -411,7 +419,7 @@ def dummy_checkpoint(workdir):
     """A config.json and an Orbax checkpoint (of a placeholder tree): what the up-front checks look at."""
     import orbax.checkpoint as ocp
 
-    workdir_lib.save_config(config_lib.default_config(), workdir)
+    workdir_lib.save_config(config_lib.default_config().to_dict(), workdir)
     manager = workdir_lib.checkpoint_manager(workdir)
     manager.save(1, args=ocp.args.StandardSave({"w": np.zeros(2, np.float32)}))
     manager.wait_until_finished()
@@ -425,7 +433,7 @@ def listing(root):
 def test_cli_checks_every_workdir_before_evaluating_any(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     dummy_checkpoint(a)
-    workdir_lib.save_config(config_lib.default_config(), b)  # a config but no checkpoint
+    workdir_lib.save_config(config_lib.default_config().to_dict(), b)  # a config but no checkpoint
     before = listing(tmp_path)
     # A is fine (it would be evaluated first; its placeholder checkpoint would then fail to
     # restore with a traceback): B's missing checkpoint must be reported first, in one line.
@@ -470,7 +478,7 @@ def test_prob_acc_is_strict_at_the_threshold():
     # count; counted by hand in integers: #{counts > 100 (1 - q)}.
     counts = np.array([80, 81, 90, 91, 95, 96, 99, 100])
     correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
-    s = evaluation.resolve(config_lib.default_config(), config_lib.default_config().eval)
+    s = evaluation.eval_settings(config_lib.default_config())
     s = dataclasses.replace(
         s,
         pr_samples=100,

@@ -3,9 +3,9 @@ evaluation runs when an evaluator needs another's pass."""
 
 import numpy as np
 import pytest
-from test_evaluation import tiny_config, tiny_setup
+from test_evaluation import evaluate, tiny_config, tiny_setup
 
-from patjax import data, evaluation, evaluators
+from patjax import data, evaluators
 from patjax.errors import UserError
 
 
@@ -22,7 +22,7 @@ def test_names_aliases_and_order():
 
 def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
     model_fns, state, split = tiny_setup()
-    results = evaluation.evaluate_state(
+    results = evaluate(
         tiny_config(pr_distribution="gaussian", pr_distributions=()),
         model_fns,
         state,
@@ -43,11 +43,11 @@ def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
 
 def test_worst_case_is_the_conjunction_of_the_attacks_run_and_clean():
     model_fns, state, split = tiny_setup(scale=0.3)
-    results = evaluation.evaluate_state(
+    results = evaluate(
         tiny_config(), model_fns, state, split, batch_size=4, progress=False, evaluators="clean,pgd20,cw20"
     )
     per_image = {}
-    evaluation.evaluate_state(
+    evaluate(
         tiny_config(),
         model_fns,
         state,

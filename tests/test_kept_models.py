@@ -21,8 +21,9 @@ def small_cnn_state(seed=0):
     cfg = config_lib.default_config()
     cfg.model = "small_cnn"
     cfg.seed = seed
-    tx = state_lib.make_optimizer(cfg, state_lib.learning_rate_schedule(cfg, 1))
-    _, state = state_lib.create_train_state(cfg, tx)
+    settings = config_lib.train_settings(cfg)
+    tx = state_lib.make_optimizer(settings.optimizer, settings.optimizer.schedule(1))
+    _, state = state_lib.create_train_state(settings.model, seed, tx)
     return cfg, state
 
 
@@ -46,7 +47,10 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
     # Another architecture's variables: refused, naming the file.
     other = config_lib.default_config()
     other.model, other.model_width = "resnet18", 8
-    _, resnet = state_lib.create_train_state(other, state_lib.make_optimizer(other, lambda s: 0.1))
+    other_settings = config_lib.train_settings(other)
+    _, resnet = state_lib.create_train_state(
+        other_settings.model, 0, state_lib.make_optimizer(other_settings.optimizer, lambda s: 0.1)
+    )
     with pytest.raises(UserError, match="does not fit the run's model"):
         kept_models.load(workdir, 800, resnet.params, resnet.batch_stats)
     # A file cut short (a copy interrupted) and a file of the wrong step: one line each.
@@ -67,7 +71,7 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
 def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_line(tmp_path):
     cfg, state = small_cnn_state(seed=3)
     workdir = str(tmp_path / "run")
-    workdir_lib.save_config(cfg, workdir)
+    workdir_lib.save_config(cfg.to_dict(), workdir)
     with pytest.raises(UserError, match="no checkpoint and no kept model"):
         workdir_lib.require_checkpoint(workdir)
     kept_models.save(workdir, 5, state.params, state.batch_stats, {})
@@ -96,7 +100,7 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
 def test_a_damaged_config_json_is_one_line_on_evaluate(tmp_path):
     cfg, state = small_cnn_state()
     workdir = str(tmp_path / "run")
-    workdir_lib.save_config(cfg, workdir)
+    workdir_lib.save_config(cfg.to_dict(), workdir)
     kept_models.save(workdir, 5, state.params, state.batch_stats, {})
     with open(workdir_lib.config_path(workdir), "r+") as f:
         f.truncate(40)  # a copy cut short

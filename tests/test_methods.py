@@ -6,9 +6,10 @@ import numpy as np
 import optax
 from helpers import Linear, np_cross_entropy, np_softmax
 
+from patjax import config as config_lib
 from patjax import methods, models
 from patjax.config import default_config
-from patjax.samplers import LangevinSettings, langevin_sample
+from patjax.samplers import langevin_sample
 
 
 def setup(batch=6, k=4):
@@ -70,7 +71,7 @@ def pat_config(steps=3, beta=0.5):
     cfg = default_config()
     cfg.langevin.steps = steps
     cfg.pat.beta = beta
-    return cfg
+    return config_lib.method_settings(cfg)
 
 
 def test_pat_method_loss_equals_hand_computation_on_its_samples():
@@ -79,9 +80,7 @@ def test_pat_method_loss_equals_hand_computation_on_its_samples():
     cfg = pat_config()
     key = jax.random.PRNGKey(9)
     loss, (_, metrics) = methods.pat(params, fns, {}, x, y, key, cfg)
-    x_adv = langevin_sample(
-        lambda z: model.apply({"params": params}, z), key, x, y, LangevinSettings.from_config(cfg.langevin)
-    )
+    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y, cfg.langevin)
     logits = np.asarray(model.apply({"params": params}, x_adv))
     l = np_cross_entropy(logits, np.asarray(y))
     w = np.exp(-0.5 * l) / np.exp(-0.5 * l).sum()
@@ -98,9 +97,7 @@ def test_no_gradient_flows_through_the_sampler():
     cfg = pat_config(beta=0.3)
     key = jax.random.PRNGKey(2)
     grad = jax.grad(lambda p: methods.pat(p, fns, {}, x, y, key, cfg)[0])(params)
-    x_adv = langevin_sample(
-        lambda z: model.apply({"params": params}, z), key, x, y, LangevinSettings.from_config(cfg.langevin)
-    )
+    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y, cfg.langevin)
     fixed = jax.grad(lambda p: methods.weighted_loss(per_example_losses(model, p, x_adv, y), 0.3)[0])(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grad, fixed)
 
@@ -117,9 +114,7 @@ def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
     cfg = pat_config(steps=2)
     _, (new_stats, _) = methods.pat(params, fns, stats, x, y, jax.random.PRNGKey(3), cfg)
     # The statistics are those of one training-mode pass on x_adv, sampled in inference mode.
-    x_adv = langevin_sample(
-        lambda z: fns.infer(params, stats, z), jax.random.PRNGKey(3), x, y, LangevinSettings.from_config(cfg.langevin)
-    )
+    x_adv = langevin_sample(lambda z: fns.infer(params, stats, z), jax.random.PRNGKey(3), x, y, cfg.langevin)
     _, direct = model.apply(variables, x_adv, train=True, mutable=["batch_stats"])
     jax.tree.map(np.testing.assert_allclose, new_stats, direct["batch_stats"])
     assert not np.allclose(new_stats["BatchNorm_0"]["mean"], stats["BatchNorm_0"]["mean"])

@@ -25,6 +25,7 @@ cli.use_cpu_cores_as_devices()
 import jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
+from conftest import train_run
 from patjax import train, workdir as workdir_lib
 out = {{}}
 
@@ -32,7 +33,7 @@ def leaves(state):
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get((state.params, state.batch_stats, state.opt_state)))]
 
 def run(workdir, steps, **overrides):
-    return train.train_and_evaluate(tiny_config(data_dir={data_dir!r}, num_train_steps=steps, **overrides), workdir)
+    return train_run(tiny_config(data_dir={data_dir!r}, num_train_steps=steps, **overrides), workdir)
 
 {body}
 np.savez({out!r} + f".{{jax.process_index()}}.npz", **{{k: np.asarray(v) for k, v in out.items()}})
@@ -92,11 +93,12 @@ def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cp
         from patjax.errors import UserError
         cfg = tiny_config(data_dir={data_dir!r}, method="alp")
         try:
-            train.train_and_evaluate(cfg, {str(tmp_path / "alp")!r})
+            train_run(cfg, {str(tmp_path / "alp")!r})
         except UserError as error:
             out["refused"] = "BatchNorm on batch statistics" in str(error)
         cfg.attack.bn_mode = "inference"
-        train.check_collectives_pair_across_processes(cfg)  # allowed
+        from patjax import config
+        train.check_collectives_pair_across_processes(config.train_settings(cfg).method)  # allowed
         """
     for result in launch(2, body, tmp_path, data_dir, "alp"):
         assert bool(result["refused"])

@@ -3,14 +3,19 @@
 import jax.numpy as jnp
 import numpy as np
 
+from patjax import config as config_lib
 from patjax import state as state_lib
 from patjax.config import default_config
 
 
+def optimizer_settings(cfg) -> state_lib.OptimizerSettings:
+    return config_lib.optimizer_settings(cfg)
+
+
 def test_sgd_nesterov_coupled_weight_decay_matches_pytorch_formula():
     cfg = default_config()
-    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch=10)
-    tx = state_lib.make_optimizer(cfg, schedule)
+    schedule = optimizer_settings(cfg).schedule(steps_per_epoch=10)
+    tx = state_lib.make_optimizer(optimizer_settings(cfg), schedule)
     p = jnp.array([1.0, -2.0, 0.5])
     grads = [jnp.array([0.1, 0.2, -0.3]), jnp.array([-0.5, 0.1, 0.0]), jnp.array([0.2, 0.2, 0.2])]
     opt_state = tx.init(p)
@@ -30,7 +35,7 @@ def test_sgd_nesterov_coupled_weight_decay_matches_pytorch_formula():
 def test_multistep_schedule_decays_at_epochs_75_and_90_of_100():
     cfg = default_config()
     spe = 195  # 50,000 // 256
-    schedule = state_lib.learning_rate_schedule(cfg, spe)
+    schedule = optimizer_settings(cfg).schedule(spe)
     for step, lr in [
         (0, 0.01),
         (75 * spe - 1, 0.01),

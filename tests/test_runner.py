@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, train_run
 from safetensors.numpy import load_file
 
 from patjax import kept_models, methods, plots, report, runner, suite_results, suites, train
@@ -504,7 +504,7 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     # checkpoint `handover` names (tensorboard/, locks and claims stay behind).
     here = str(tmp_path / "here")
     cfg = copy.deepcopy(run.config)
-    train.train_and_evaluate(cfg, suite_results.run_dir(here, run), stop_after_steps=3)
+    train_run(cfg, suite_results.run_dir(here, run), stop_after_steps=3)
     paths = runner.handover(suite, here)
     directory = suite_results.run_dir(here, run)
     assert paths == [os.path.join(os.path.abspath(directory), "checkpoints", "3")]

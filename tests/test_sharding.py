@@ -19,9 +19,10 @@ SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
+from conftest import train_run
 from patjax import eval_files, evaluation, sharding, train, workdir as workdir_lib
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=2, **{{"pat.beta": 2.0}})
-state = train.train_and_evaluate(cfg, {workdir!r})
+state = train_run(cfg, {workdir!r})
 assert jax.device_count() == {devices}, jax.devices()
 assert sharding.make_mesh(cfg.eval.batch_size).size == {devices}
 leaves = jax.tree.leaves(jax.device_get((state.params, state.batch_stats)))
@@ -68,12 +69,13 @@ RESUME_SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
+from conftest import train_run
 from patjax import train
 assert jax.device_count() == 2, jax.devices()
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=4)
-whole = train.train_and_evaluate(cfg, {workdir!r} + "/whole")
-train.train_and_evaluate(cfg, {workdir!r} + "/split", stop_after_steps=2)
-resumed = train.train_and_evaluate(cfg, {workdir!r} + "/split")
+whole = train_run(cfg, {workdir!r} + "/whole")
+train_run(cfg, {workdir!r} + "/split", stop_after_steps=2)
+resumed = train_run(cfg, {workdir!r} + "/split")
 a = jax.tree.leaves(jax.device_get((whole.params, whole.batch_stats, whole.opt_state, whole.step)))
 b = jax.tree.leaves(jax.device_get((resumed.params, resumed.batch_stats, resumed.opt_state, resumed.step)))
 assert len(a) == len(b)

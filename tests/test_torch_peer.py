@@ -177,9 +177,10 @@ def setup(request):
     torch.manual_seed(0)
     cfg = tiny_config(request.param)
     steps_per_epoch = 1
-    schedule = state_lib.learning_rate_schedule(cfg, steps_per_epoch)
-    tx = state_lib.make_optimizer(cfg, schedule)
-    model_fns, state = state_lib.create_train_state(cfg, tx)
+    settings = config_lib.train_settings(cfg)
+    schedule = settings.optimizer.schedule(steps_per_epoch)
+    tx = state_lib.make_optimizer(settings.optimizer, schedule)
+    model_fns, state = state_lib.create_train_state(settings.model, settings.seed, tx)
     state = perturbed(state, jax.random.PRNGKey(1))
     images = jnp.asarray(realistic_images(jax.random.PRNGKey(2), BATCH))
     labels = jax.random.randint(jax.random.PRNGKey(3), (BATCH,), 0, 10)
@@ -191,6 +192,7 @@ def setup(request):
     )
     return dict(
         cfg=cfg,
+        settings=settings,
         tx=tx,
         schedule=schedule,
         model_fns=model_fns,
@@ -241,7 +243,7 @@ def test_sampler_start_reproduces_patjax_draw(setup):
     s = setup
     x, y, key = first_batch(s)
     logits_fn = s["model_fns"].attack_logits_fn(s["state"].params, s["state"].batch_stats)
-    chain = samplers.langevin_chain(logits_fn, key, x, y, samplers.LangevinSettings.from_config(s["cfg"].langevin))
+    chain = samplers.langevin_chain(logits_fn, key, x, y, s["settings"].method.langevin)
     start, _ = sampler_noise(key, x, STEPS)
     np.testing.assert_array_equal(start, chain.start)
 
@@ -251,7 +253,7 @@ def test_sampler_samples_match_after_three_steps(setup):
     x, y, key = first_batch(s)
     state = s["state"]
     x_adv, steps = methods.langevin_adversarial_batch(
-        state.params, s["model_fns"], state.batch_stats, x, y, key, s["cfg"]
+        state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method
     )
     assert np.all(np.asarray(steps) == STEPS)
     start, noise = sampler_noise(key, x, STEPS)
@@ -267,8 +269,10 @@ def test_snis_weighted_loss_matches(setup):
     s, net = setup, setup["net"]
     x, y, key = first_batch(s)
     state = s["state"]
-    x_adv, _ = methods.langevin_adversarial_batch(state.params, s["model_fns"], state.batch_stats, x, y, key, s["cfg"])
-    loss, (_, metrics) = methods.pat(state.params, s["model_fns"], state.batch_stats, x, y, key, s["cfg"])
+    x_adv, _ = methods.langevin_adversarial_batch(
+        state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method
+    )
+    loss, (_, metrics) = methods.pat(state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method)
     saved = {k: v.clone() for k, v in net.state_dict().items()}
     try:
         net.train()
@@ -285,7 +289,14 @@ def test_two_train_steps_give_equal_parameters_and_statistics(setup):
     """patjax's compiled train step against the peer's pat_step_from, twice in a row (the second
     step uses the momentum buffer of the first): loss, parameters, running statistics."""
     s, net, optimizer = setup, setup["net"], setup["optimizer"]
-    step_fn = train.make_train_step(s["cfg"], s["model_fns"], s["tx"], s["schedule"], s["steps_per_epoch"])
+    step_fn = train.make_train_step(
+        methods.make_method(s["settings"].method),
+        s["model_fns"],
+        s["tx"],
+        s["schedule"],
+        s["steps_per_epoch"],
+        s["settings"].batch_size,
+    )
     state = jax.tree.map(jnp.copy, s["state"])
     for _ in range(2):
         x, y, key = step_inputs(state, s["images"], s["labels"], s["permutation"], s["cfg"], s["steps_per_epoch"])

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import REPO
+from conftest import REPO, train_run
 
-from patjax import data, evaluation, train
+from patjax import data, evaluation
 from patjax.errors import UserError
 
 
@@ -50,16 +50,16 @@ def assert_trees_equal(a, b):
 def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_path):
     workdir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=24):
-        state = train.train_and_evaluate(tiny_config(data_dir=data.TFDS), workdir)
+        state = train_run(tiny_config(data_dir=data.TFDS), workdir)
         assert int(state.step) == 4
         assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
         # Resume with a longer run: continues from step 4, not from scratch. The 4-step run's
         # learning-rate milestones (steps 3 and 4) are kept where they were (a longer run with the
         # same fractions would move them, which is refused).
         with pytest.raises(UserError, match="milestones"):
-            train.train_and_evaluate(tiny_config(data_dir=data.TFDS, num_train_steps=6), workdir)
+            train_run(tiny_config(data_dir=data.TFDS, num_train_steps=6), workdir)
         longer = tiny_config(data_dir=data.TFDS, num_train_steps=6, lr_decay_fractions=(0.5, 4 / 6))
-        state = train.train_and_evaluate(longer, workdir)
+        state = train_run(longer, workdir)
         assert int(state.step) == 6
         results = evaluation.evaluate_workdir(workdir, progress=False)
     lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -88,10 +88,10 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
 
 def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_dir):
     cfg = tiny_config(data_dir=data_dir)
-    straight = train.train_and_evaluate(cfg, str(tmp_path / "a"))
-    first = train.train_and_evaluate(cfg, str(tmp_path / "b"), stop_after_steps=2)
+    straight = train_run(cfg, str(tmp_path / "a"))
+    first = train_run(cfg, str(tmp_path / "b"), stop_after_steps=2)
     assert int(first.step) == 2
-    resumed = train.train_and_evaluate(cfg, str(tmp_path / "b"))
+    resumed = train_run(cfg, str(tmp_path / "b"))
     assert int(resumed.step) == 4
     assert_trees_equal(params_of(straight), params_of(resumed))
 
@@ -99,7 +99,7 @@ def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_di
 def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     cfg = tiny_config(data_dir=data_dir, num_train_steps=2)
     workdir = tmp_path / "run"
-    train.train_and_evaluate(cfg, str(workdir))
+    train_run(cfg, str(workdir))
     # What a kill during a save leaves behind: Orbax's temporary directory for step 4.
     partial = workdir / "checkpoints" / "4.orbax-checkpoint-tmp"
     (partial / "default.orbax-checkpoint-tmp").mkdir(parents=True)
@@ -107,16 +107,16 @@ def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     longer = tiny_config(
         data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)
     )  # milestones stay at 2
-    state = train.train_and_evaluate(longer, str(workdir))
+    state = train_run(longer, str(workdir))
     assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
 
 
 def test_resume_with_a_different_config_is_refused_and_leaves_the_workdir(tmp_path, data_dir):
     workdir = str(tmp_path / "run")
-    train.train_and_evaluate(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
+    train_run(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
     before = open(os.path.join(workdir, "config.json")).read()
     with pytest.raises(UserError, match="langevin.c1"):
-        train.train_and_evaluate(tiny_config(data_dir=data_dir, **{"langevin.c1": 0.5}), workdir)
+        train_run(tiny_config(data_dir=data_dir, **{"langevin.c1": 0.5}), workdir)
     assert open(os.path.join(workdir, "config.json")).read() == before
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
 
@@ -165,13 +165,11 @@ def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp
     # directory finds the data; data_dir may change on resume (the data moved), other fields not.
     workdir = str(tmp_path / "run")
     monkeypatch.chdir(os.path.dirname(data_dir))
-    train.train_and_evaluate(tiny_config(data_dir=os.path.basename(data_dir), num_train_steps=2), workdir)
+    train_run(tiny_config(data_dir=os.path.basename(data_dir), num_train_steps=2), workdir)
     saved = json.load(open(os.path.join(workdir, "config.json")))
     assert saved["data_dir"] == os.path.abspath(data_dir)
     monkeypatch.chdir(tmp_path)
     link = str(tmp_path / "moved_data")
     os.symlink(data_dir, link)
-    state = train.train_and_evaluate(
-        tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir
-    )
+    state = train_run(tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
     assert int(state.step) == 3

@@ -13,10 +13,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, train_run
 from test_train import tiny_config
 
-from patjax import evaluation, train
+from patjax import evaluation
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -27,6 +27,7 @@ SCRIPT = """
 import json, sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
+from conftest import train_run
 from patjax import evaluation, train, workdir as workdir_lib
 assert jax.device_count() == {devices}, jax.devices()
 out = {{}}
@@ -36,7 +37,7 @@ def leaves(state):
 
 def run(workdir, steps, stop=None):
     cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=steps)
-    return train.train_and_evaluate(cfg, workdir, stop_after_steps=stop)
+    return train_run(cfg, workdir, stop_after_steps=stop)
 
 {body}
 np.savez({out!r}, **{{k: np.asarray(v) for k, v in out.items()}})
@@ -140,7 +141,7 @@ def truncate_largest_file(step_dir):
 def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_dir, capfd):
     workdir = str(tmp_path / "run")
     cfg = tiny_config(data_dir=data_dir)
-    train.train_and_evaluate(cfg, workdir)  # checkpoints at steps 2 and 4
+    train_run(cfg, workdir)  # checkpoints at steps 2 and 4
     truncate_largest_file(os.path.join(workdir, "checkpoints", "4"))
     capfd.readouterr()
 
@@ -151,7 +152,7 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_di
     assert "skipped; restored step 2" in warnings[0]
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "4"))  # evaluation changes nothing
 
-    state = train.train_and_evaluate(cfg, workdir)  # resumes from 2, trains 3 and 4 again
+    state = train_run(cfg, workdir)  # resumes from 2, trains 3 and 4 again
     assert int(state.step) == 4
     warnings = [l for l in capfd.readouterr().err.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1 and "moved to " in warnings[0] and "restored step 2" in warnings[0]
@@ -163,7 +164,7 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_di
     for step in ("2", "4"):  # nothing restorable: one error, no restart from step 0
         truncate_largest_file(os.path.join(workdir, "checkpoints", step))
     with pytest.raises(UserError, match="no checkpoint in .* could be restored"):
-        train.train_and_evaluate(cfg, workdir)
+        train_run(cfg, workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
 
 
@@ -179,15 +180,13 @@ with workdir.exclusive(sys.argv[1], "a trainer"):
 def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, data_dir):
     workdir = str(tmp_path / "run")
     cfg = tiny_config(data_dir=data_dir, num_train_steps=2)
-    train.train_and_evaluate(cfg, workdir)
+    train_run(cfg, workdir)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, workdir], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         before = sorted(os.listdir(workdir))
         with pytest.raises(UserError) as error:
-            train.train_and_evaluate(
-                tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir
-            )
+            train_run(tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
         message = str(error.value)
         assert "is in use by a trainer (pid " in message and "\n" not in message
         with pytest.raises(UserError, match="is in use by a trainer"):
@@ -213,7 +212,5 @@ def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, d
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # The lock of a killed process is gone with it: the resume goes ahead.
-    state = train.train_and_evaluate(
-        tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir
-    )
+    state = train_run(tiny_config(data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
     assert int(state.step) == 3

@@ -28,7 +28,7 @@ from patjax import data, sharding, stats
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """Every evaluator's settings, checked and typed once (`evaluation.resolve`); what
+    """Every evaluator's settings, checked and typed once (`evaluation.eval_settings`); what
     results.json records under "settings" (`dataclasses.asdict`), under the same names."""
 
     pr_distributions: tuple  # the headline law first (the Table-1 protocol: 'uniform')

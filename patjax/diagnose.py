@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from patjax import cli as cli_lib
-from patjax import config, data, plots, sampler_diagnostic
+from patjax import config, data, files, plots, sampler_diagnostic
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -33,8 +33,8 @@ from patjax.errors import UserError
 def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
-    workdir_lib.write_json(path, result)
-    workdir_lib.save_figure(plots.plot_sampler_diagnostic(result), os.path.join(out_dir, f"{name}.png"), dpi=110)
+    files.write_json(path, result)
+    plots.save_figure(plots.plot_sampler_diagnostic(result), os.path.join(out_dir, f"{name}.png"), dpi=110)
     return path
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from patjax import robustness
 from patjax.errors import UserError
-from patjax.workdir import _atomic, read_json, write_json
+from patjax.files import atomic, read_json, write_json
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
@@ -123,7 +123,7 @@ def write_results(workdir: str, results: dict, per_image: dict, step: Optional[i
     """
     os.makedirs(eval_dir(workdir, step), exist_ok=True)
     entries = {**per_image, **identity(results["settings"])}
-    _atomic(per_image_path(workdir, step), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
+    atomic(per_image_path(workdir, step), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
     written = write_json(results_path(workdir, step), results)
     stale_plot = plot_path(workdir)  # drawn from the previous results
     if step is None and "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from patjax import data, eval_files, plots, report, robustness, sharding, stats
+from patjax import checkpoints, data, eval_files, files, locks, plots, report, robustness, sharding, stats
 from patjax import evaluators as evaluators_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -279,7 +279,7 @@ def check_workdir(
     check_run_settings(
         ev.num_examples if num_examples is None else num_examples, ev.batch_size if batch_size is None else batch_size
     )
-    workdir_lib.require_checkpoint(workdir)
+    checkpoints.require_checkpoint(workdir)
     if not overwrite:
         previous = (eval_files.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
         dropped = [e for e in previous if e not in chosen]
@@ -310,7 +310,7 @@ def evaluate_workdir(
     """
     check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
-    lock = workdir_lib.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
+    lock = locks.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
     with lock:
         cfg, model_fns, state = workdir_lib.restore(workdir, step=step)
         cfg = apply_overrides(cfg, overrides)
@@ -329,7 +329,7 @@ def evaluate_workdir(
             per_image_out=per_image,
         )
         if not sharding.is_writer():
-            return workdir_lib.json_safe(results)
+            return files.json_safe(results)
         return eval_files.write_results(workdir, results, per_image, step)
 
 
@@ -378,10 +378,10 @@ def compare(workdirs, plot_path=None) -> str:
     text = report.comparison(names, results_list)
     plot_path = plot_path or eval_files.plot_path(workdirs[0])
     if any("pr" in r.get("figures", {}) for r in results_list):
-        workdir_lib.save_figure(plots.plot_pr(names, results_list), plot_path)
+        plots.save_figure(plots.plot_pr(names, results_list), plot_path)
         text += f"\nplot: {plot_path}"
     if len(workdirs) > 1:
         diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
         text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
-        workdir_lib.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
+        files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
     return text

@@ -6,9 +6,11 @@ matplotlib figure (`workdir.save_figure`).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from patjax import robustness
+from patjax import files, robustness
 from patjax.report import confidence_pct, method_label
 
 
@@ -239,3 +241,12 @@ def plot_sampler_diagnostic(result: dict):
     )
     fig.tight_layout()
     return fig
+
+
+def save_figure(fig, path: str, dpi: int = 120) -> None:
+    """Saves a matplotlib figure as PNG atomically and closes it."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    files.atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), suffix=".tmp.png")
+    plt.close(fig)

@@ -43,12 +43,15 @@ import time
 from typing import Callable, Optional, Sequence
 
 from patjax import (
+    checkpoints,
     config,
     data,
     eval_files,
     evaluation,
     evaluators,
+    files,
     kept_models,
+    locks,
     plots,
     report,
     robustness,
@@ -268,7 +271,7 @@ def run_suite(
                 leaving = True
                 break
             os.makedirs(directory, exist_ok=True)
-            with workdir_lib.lock(os.path.join(directory, CLAIM_FILE), role) as claim:
+            with locks.lock(os.path.join(directory, CLAIM_FILE), role) as claim:
                 if not claim.held:
                     progress(index, run, f"skipped: claimed by {claim.holder}")
                     held_elsewhere.append((position, run))
@@ -344,7 +347,7 @@ def _train_and_evaluate(
             "train_segments_s": existing.get("train_segments_s", []) + [round(train_wall, 1)],
         }
         del state
-        workdir_lib.write_json(record_path, record)
+        files.write_json(record_path, record)
         say(f"trained in {train_wall / 60:.1f} min")
         if train_only:
             return
@@ -352,7 +355,7 @@ def _train_and_evaluate(
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).
         del record["eval_wall_s"]
-        workdir_lib.write_json(record_path, record)
+        files.write_json(record_path, record)
     step = int(record["step"])
     if suite.keep_models:
         written = workdir_lib.keep_models(directory, set(_curve_steps(suite, run, step)) | {step})
@@ -371,7 +374,7 @@ def _train_and_evaluate(
             overrides=overrides,
         )
         record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
-        workdir_lib.write_json(record_path, record)
+        files.write_json(record_path, record)
         say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
     for curve_step in _curve_steps(suite, run, step):
         if _eval_matches(suite, curve_step, directory, curve=True):
@@ -404,7 +407,7 @@ def handover(suite: Suite, workdir: str) -> list[str]:
     paths = []
     for run in plan(suite):
         directory = run_dir(workdir, run)
-        step = workdir_lib.latest_step(directory)
+        step = checkpoints.latest_step(directory)
         if step is None:
             continue
         final = _expected_steps(run.config)
@@ -414,13 +417,13 @@ def handover(suite: Suite, workdir: str) -> list[str]:
                 workdir_lib.keep_models(directory, curve | {final})
             continue
         workdir_lib.keep_models(directory, curve)
-        paths.append(workdir_lib.prune_checkpoints(directory, keep=step))
+        paths.append(checkpoints.prune_checkpoints(directory, keep=step))
     return paths
 
 
 def _record_invocation(workdir: str, entry: dict) -> None:
     """Appends the invocation to DIR/invocations.jsonl, one writer at a time (see write_report)."""
-    with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "invocation log writer", wait=True):
+    with locks.lock(os.path.join(workdir, REPORT_LOCK), "invocation log writer", wait=True):
         with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
             f.write(json.dumps(entry) + "\n")
 
@@ -455,21 +458,21 @@ def write_report(suite: Suite, workdir: str) -> dict:
     at once take turns, and each reads the runs' files only once it holds the lock, so the
     last report written has seen every run finished before it.
     """
-    with workdir_lib.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
+    with locks.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
         outcomes = {r.name: suite_results.load_outcome(workdir, r, suite.pr_distribution) for r in plan(suite)}
         inv_path = os.path.join(workdir, "invocations.jsonl")
         invocations = [json.loads(line) for line in open(inv_path) if line.strip()] if os.path.isfile(inv_path) else []
         results = suite_results.build(suite, workdir, outcomes, invocations)
-        workdir_lib.write_json(os.path.join(workdir, "results.json"), results)
-        workdir_lib.write_text(os.path.join(workdir, "results.md"), report.suite_markdown(results))
+        files.write_json(os.path.join(workdir, "results.json"), results)
+        files.write_text(os.path.join(workdir, "results.md"), report.suite_markdown(results))
         figure = plots.plot_suite(results)
         if figure is not None:
-            workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)
+            plots.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)
         figure = plots.plot_curves(results)
         if figure is not None:
-            workdir_lib.save_figure(figure, os.path.join(workdir, "pr_vs_accuracy.png"), dpi=110)
+            plots.save_figure(figure, os.path.join(workdir, "pr_vs_accuracy.png"), dpi=110)
         for sweep in results["sweeps"]:
             figure = plots.plot_sweep(sweep)
             if figure is not None:
-                workdir_lib.save_figure(figure, os.path.join(workdir, f"sweep_{sweep['name']}.png"), dpi=110)
+                plots.save_figure(figure, os.path.join(workdir, f"sweep_{sweep['name']}.png"), dpi=110)
         return results

@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from patjax import eval_files, evaluators, methods, robustness, stats
+from patjax.files import read_json
 from patjax.suites import Run, Suite, Sweep, plan, run_name
-from patjax.workdir import read_json
 
 # Paired differences reported (A - B), when both methods are in the suite.
 COMPARISONS = (

@@ -25,8 +25,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from tqdm import tqdm
 
+from patjax import checkpoints, data, locks, methods, sharding
 from patjax import config as config_lib
-from patjax import data, methods, sharding
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -162,7 +162,7 @@ def train_and_evaluate(settings: config_lib.TrainSettings, workdir: str, stop_af
     check_collectives_pair_across_processes(settings.method)
     mesh = sharding.make_mesh(settings.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
-    lock = workdir_lib.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()
+    lock = locks.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()
     with lock:
         return _train(settings, workdir, mesh, stop_after_steps)
 
@@ -186,15 +186,15 @@ def _train(settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_st
 
     if sharding.is_writer():
         workdir_lib.save_config(s.record, workdir)
-    manager = workdir_lib.checkpoint_manager(workdir, s.max_checkpoints_to_keep)
+    manager = checkpoints.checkpoint_manager(workdir, s.max_checkpoints_to_keep)
     moved = []
 
     def move_aside(step):
         moved.append(step)
-        return workdir_lib.move_aside(workdir, step)
+        return checkpoints.move_aside(workdir, step)
 
     # Restored straight onto this run's mesh: a checkpoint written on any device count resumes.
-    restored, restored_step = workdir_lib.restore_newest_intact(
+    restored, restored_step = checkpoints.restore_newest_intact(
         manager, sharding.replicated_target(state, mesh), on_damaged=move_aside
     )
     if moved:

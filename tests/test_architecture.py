@@ -7,6 +7,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 LAYERS = {  # lower number = lower layer; a module may import its own layer or below
     "errors": 0,
+    "files": 0,
+    "locks": 0,
     "cli": 0,
     "logits": 0,
     "ops": 1,
@@ -25,6 +27,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "state": 4,
     "sharding": 4,
     "kept_models": 4,
+    "checkpoints": 4,
     "workdir": 4,
     "eval_files": 4,
     "evaluators": 5,

@@ -16,8 +16,8 @@ from conftest import REPO
 from helpers import Linear
 from scipy import stats
 
+from patjax import checkpoints, data, eval_files, evaluation, evaluators, files, suite_results
 from patjax import config as config_lib
-from patjax import data, eval_files, evaluation, evaluators, suite_results
 from patjax import stats as patjax_stats
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -407,7 +407,7 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
 
 def test_results_json_is_strict_json_with_non_finite_numbers_as_null(tmp_path):
     path = str(tmp_path / "r.json")
-    written = workdir_lib.write_json(
+    written = files.write_json(
         path,
         {"a": float("nan"), "b": [np.float32(np.inf), 1.5, -np.inf], "c": np.int64(3), "d": {"e": np.float64(2.0)}},
     )
@@ -420,7 +420,7 @@ def dummy_checkpoint(workdir):
     import orbax.checkpoint as ocp
 
     workdir_lib.save_config(config_lib.default_config().to_dict(), workdir)
-    manager = workdir_lib.checkpoint_manager(workdir)
+    manager = checkpoints.checkpoint_manager(workdir)
     manager.save(1, args=ocp.args.StandardSave({"w": np.zeros(2, np.float32)}))
     manager.wait_until_finished()
     manager.close()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from patjax import checkpoints, kept_models
 from patjax import config as config_lib
-from patjax import kept_models
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -73,9 +73,9 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
     workdir = str(tmp_path / "run")
     workdir_lib.save_config(cfg.to_dict(), workdir)
     with pytest.raises(UserError, match="no checkpoint and no kept model"):
-        workdir_lib.require_checkpoint(workdir)
+        checkpoints.require_checkpoint(workdir)
     kept_models.save(workdir, 5, state.params, state.batch_stats, {})
-    assert workdir_lib.require_checkpoint(workdir) == 5
+    assert checkpoints.require_checkpoint(workdir) == 5
     _, _, restored = workdir_lib.restore(workdir)
     assert int(restored.step) == 5
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(restored.params)):

@@ -170,8 +170,8 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_di
 
 HOLD_LOCK = """
 import sys, time
-from patjax import workdir
-with workdir.exclusive(sys.argv[1], "a trainer"):
+from patjax import locks
+with locks.exclusive(sys.argv[1], "a trainer"):
     print("held", flush=True)
     time.sleep(600)
 """

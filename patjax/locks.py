@@ -1,0 +1,72 @@
+"""Locks: one writer per workdir, one worker per suite run, one writer of a suite's report."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import socket
+import time
+
+from patjax.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Lock:
+    held: bool  # whether this process holds the lock
+    holder: str  # who holds it: `role (pid P on HOST, since TIME)` as its holder wrote it
+
+
+@contextlib.contextmanager
+def lock(path: str, role: str, *, wait: bool = False):
+    """Yields a `Lock` on the file `path` (created if missing; `lock` never removes it).
+
+    The lock is an flock on an open file, which the kernel releases when its process ends
+    however it ends (kill -9 included), so a lock left by a dead process never blocks anyone;
+    the file itself stays. Two opens of the file conflict even within one process.
+    wait=False: does not wait; if another holds the lock, yields held=False and the holder's
+    line. wait=True: waits until the lock is free. The holder writes its line into the file
+    after locking, so that those it turns away can say who holds it.
+    Removing the file would be unsafe (a process holding the old file and one locking a new
+    file of the same name would both hold "the" lock), hence it stays.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            yield Lock(held=False, holder=holder)
+            return
+        except OSError as error:  # e.g. Lustre mounted without flock support
+            raise UserError(
+                f"cannot lock {path}: {error.strerror or error}; the filesystem must support flock (docs/cluster.md)"
+            ) from None
+        os.ftruncate(fd, 0)
+        me = f"{role} (pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')})"
+        os.pwrite(fd, (me + "\n").encode(), 0)
+        yield Lock(held=True, holder=me)
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def exclusive(workdir: str, role: str):
+    """Holds `workdir`/.lock for a process that writes the workdir (a trainer, an evaluation).
+
+    A second writer is refused in one line naming the holder; a lock left by a dead process
+    never blocks the resume (`lock`).
+    """
+    created = not os.path.isdir(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, ".lock")
+    with lock(path, role) as held:
+        if not held.held:
+            raise UserError(f"{workdir!r} is in use by {held.holder}; wait for it to finish, or use another --workdir")
+        try:
+            yield
+        finally:
+            if created and os.listdir(workdir) == [".lock"]:  # failed before writing anything
+                os.remove(path)
+                os.rmdir(workdir)

@@ -8,6 +8,8 @@ on the same test images with the same evaluation seed (common random numbers).
 - `paper_full`: Tables 1 and 2 at the paper's settings (Appendix E).
 - `stationary_cpu`: the CPU-scale test of the paper's claim with PAT's sampler at
   stationarity (docs/reproduction.md).
+- `convergence_cpu`: PAT against PGD near convergence (30 epochs, the paper's optimizer),
+  carried across machines in git.
 - `ablation_cpu`: the earlier CPU suite with T = 5, kept as an example of an unconverged sampler.
 - `smoke_cpu`: seconds per run, for tests and for trying out workers.
 
@@ -437,6 +439,75 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
     )
 
 
+# The convergence CPU suite (convergence_cpu_suite): Appendix E's optimizer, batch and schedule
+# shape for 30 epochs, so that PAT and PGD are compared near convergence, as Table 1 compares them.
+CONVERGENCE_EPOCHS = 30
+CONVERGENCE_CURVE_EVERY_EPOCHS = 3
+CONVERGENCE_STEPS_PER_EPOCH = 50_000 // 256  # Appendix E's batch 256; the last partial batch is dropped
+
+
+def convergence_cpu_suite(data_dir: Optional[str]) -> Suite:
+    """Clean, PGD-10 and PAT (the cheaper sampler) on the small CNN for 30 epochs with the paper's
+    optimizer (SGD, Nesterov 0.9, weight decay 5e-4, lr 0.01, batch 256, x0.1 at 75 % and 90 % of
+    the run), 2 seeds each, evaluated under the Table-1 protocol, with learning curves (clean,
+    PGD-20, uniform PR) every 3 epochs (docs/reproduction.md). Too long for one sitting: its
+    unfinished runs travel between machines in git (`--handover`)."""
+    cfg = _cpu_config(
+        data_dir,
+        batch_size=256,
+        train_steps=-1,
+        langevin_steps=STATIONARY_CHEAP_SAMPLER["langevin.steps"],
+        eval_examples=STATIONARY_EVAL_EXAMPLES,
+        eval_batch_size=250,
+        pr=TABLE1_EVAL,
+    )
+    cfg.num_epochs = CONVERGENCE_EPOCHS
+    cfg.learning_rate = config_lib.default_config().learning_rate  # Appendix E's 0.01
+    curve_every = CONVERGENCE_CURVE_EVERY_EPOCHS * CONVERGENCE_STEPS_PER_EPOCH
+    # A checkpoint every epoch (a stopped worker loses at most one), all kept until the run's
+    # curve models are (`runner.handover`, or the run's end).
+    cfg.checkpoint_every_steps = CONVERGENCE_STEPS_PER_EPOCH
+    cfg.max_checkpoints_to_keep = CONVERGENCE_EPOCHS
+    cfg.log_every_steps = CONVERGENCE_STEPS_PER_EPOCH
+    cfg.log_test_examples = STATIONARY_EVAL_EXAMPLES
+    cfg.progress_bar = False
+    # Seed-major, so that an interrupted suite holds the three methods of seed 0 first.
+    group = Group(
+        "cifar10_small_cnn",
+        cfg,
+        methods=("clean", "pgd", "pat"),
+        seeds=(0, 1),
+        method_overrides={"pat": STATIONARY_CHEAP_SAMPLER},
+    )
+    return Suite(
+        name="convergence_cpu",
+        description="PAT against PGD near convergence under the Table-1 PR protocol (small CNN, 30 epochs "
+        "of CIFAR-10 with the paper's optimizer and schedule shape)",
+        groups=(group,),
+        num_eval_examples=STATIONARY_EVAL_EXAMPLES,
+        eval_batch_size=250,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides={**TABLE1_EVAL, "seed": 0},
+        curve_every_steps=curve_every,
+        curve_evaluators=("clean", "pgd20", "pr"),
+        curve_eval_overrides={**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0},
+        matched=((("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "pgd")),),
+        scaled_down=(
+            "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
+            f"training: {CONVERGENCE_EPOCHS} epochs instead of 100, with Appendix E's optimizer, batch 256, "
+            "lr 0.01 and MultiStepLR shape (x0.1 at 75 % and 90 % of the run: epochs 22 and 27)",
+            "PAT: the cheaper sampler (start at x, T <= 20, tolerance 3e-4: docs/sampler_convergence.md) "
+            "instead of Algorithm 1's uniform start with T = 100",
+            "PGD: the paper's 10 steps of alpha 2/255 in the 8/255 L-inf ball",
+            f"evaluation: the first {STATIONARY_EVAL_EXAMPLES} CIFAR-10 test images; PGD-20, CW-20; PR under the "
+            "Table-1 protocol (uniform noise, N = 100, eps 0.1/0.12/0.15/0.2, clean-correct images), Gaussian "
+            f"and p_dis beside; learning curves (clean, PGD-20, uniform PR) every {CONVERGENCE_CURVE_EVERY_EPOCHS} "
+            "epochs",
+            "seeds: 2 per method",
+        ),
+    )
+
+
 PAPER_GROUPS = (("cifar10", "resnet18"), ("cifar10", "wrn50_2"), ("cifar100", "resnet18"), ("cifar100", "wrn50_2"))
 
 
@@ -469,6 +540,7 @@ SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "table1_cpu": table1_cpu_suite,
     "paper_full": paper_full_suite,
     "smoke_cpu": smoke_cpu_suite,
+    "convergence_cpu": convergence_cpu_suite,
 }
 
 

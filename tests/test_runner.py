@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO, train_run
 from safetensors.numpy import load_file
 
+from patjax import config as config_lib
 from patjax import kept_models, methods, plots, report, runner, suite_results, suites, train
 from patjax import stats as patjax_stats
 from patjax.errors import UserError
@@ -152,6 +153,32 @@ def test_ratio_interval_against_a_hand_bootstrap():
     assert value == pytest.approx(np.mean([num[s][den[s] > 0].mean() for s in (0, 1)]))
     stats = [np.mean([(num[s] * den[s])[i].sum() / den[s][i].sum() for s in (0, 1)]) for i in idx]
     assert (lo, hi) == pytest.approx((np.quantile(stats, 0.05), np.quantile(stats, 0.95)))
+
+
+def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
+    """Appendix E by hand: SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256
+    (195 steps per epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27."""
+    suite = suites.get_suite("convergence_cpu", None)
+    runs = suites.plan(suite)
+    assert [(r.method, r.seed) for r in runs] == [(m, s) for s in (0, 1) for m in ("clean", "pgd", "pat")]
+    for run in runs:
+        settings = config_lib.train_settings(run.config)
+        o = settings.optimizer
+        assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay, settings.batch_size) == (
+            0.01,
+            0.9,
+            True,
+            5e-4,
+            256,
+        )
+        assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
+        assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+        if run.method == "pat":
+            sampler = settings.method.langevin
+            assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
+    # A learning-curve point every 3 epochs, each checkpoint kept until its model is.
+    assert runner._curve_steps(suite, runs[1], 30 * 195) == [3 * 195 * k for k in range(1, 10)]
+    assert runs[0].config.max_checkpoints_to_keep >= 9
 
 
 def test_plans_and_bad_input():

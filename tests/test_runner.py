@@ -69,7 +69,9 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
     monkeypatch.setattr(
         train,
         "train_and_evaluate",
-        lambda cfg, wd, **kw: trained.append((cfg.method, cfg.seed)) or real_train(cfg, wd, **kw),
+        lambda settings, wd, **kw: (
+            trained.append((settings.method.name, settings.seed)) or real_train(settings, wd, **kw)
+        ),
     )
 
     # An interrupted suite: leave after one run; the report lists the rest as pending.

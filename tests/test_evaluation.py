@@ -264,7 +264,7 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     model_fns, state, split = tiny_setup(scale)
     workdir = str(tmp_path / "run")
     workdir_lib.save_config(cfg.to_dict(), workdir)
-    monkeypatch.setattr(workdir_lib, "latest_step", lambda w: 3)
+    monkeypatch.setattr(checkpoints, "latest_step", lambda w: 3)
     monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_config(w), model_fns, state))
     monkeypatch.setattr(data, "load_split", lambda *a: split)
     return workdir, state, split

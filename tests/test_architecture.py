@@ -27,6 +27,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "state": 4,
     "sharding": 4,
     "kept_models": 4,
+    "torch_weights": 4,
     "checkpoints": 4,
     "workdir": 4,
     "eval_files": 4,
@@ -47,8 +48,9 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "evaluate": 9,
     "experiments": 9,
     "diagnose": 9,
+    "export": 9,
 }
-COMMAND_LINES = ("evaluate", "experiments", "diagnose")
+COMMAND_LINES = ("evaluate", "experiments", "diagnose", "export")
 
 
 def module_name(path: pathlib.Path) -> str:

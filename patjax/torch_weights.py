@@ -121,7 +121,7 @@ def to_state_dict(model_name: str, params, batch_stats, normalize=None) -> dict[
         for key, values in zip(_NORMALIZATION_KEYS, normalize):
             out[key] = np.asarray(values, np.float32).reshape(1, -1, 1, 1)
     for key, collection, path, _, axes in _leaves(model_name, params, batch_stats):
-        value = np.asarray(traverse_util.flatten_dict(trees[collection])[path], np.float32)
+        value = np.array(traverse_util.flatten_dict(trees[collection])[path], np.float32)  # writable, for torch
         out[key] = np.ascontiguousarray(value.transpose(axes) if axes else value)
     return out
 

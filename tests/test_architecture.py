@@ -41,6 +41,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "evaluators.pr": 5,
     "report": 5,
     "evaluation": 6,
+    "api": 6,
     "train": 7,
     "suites": 8,
     "suite_results": 8,

@@ -6,8 +6,8 @@ and from patjax's conventions, so that, given the same weights, data and randomn
 step here computes what one `patjax.train.train_step` computes for method 'pat':
 
 - models take NCHW images in [0, 1] and normalize them per channel as their first operation
-  (patjax.models.Normalize); `SmallCNN` is patjax's small CNN, `ResNet18` the kuangliu CIFAR
-  ResNet-18 of patjax.models;
+  (patjax.models.Normalize); they are patjax_torch.models' small CNN and kuangliu CIFAR
+  ResNet-18 (the PyTorch definitions of patjax.models), weights copied by patjax.torch_weights;
 - BatchNorm as Flax's: momentum 0.1 on the running statistics (Flax's 0.9 is the kept
   fraction), eps 1e-5, and the running variance updated with the *biased* batch variance
   (torch.nn.BatchNorm2d would use the unbiased one);
@@ -30,13 +30,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import sys
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's packages
+from patjax import torch_weights  # noqa: E402
+from patjax_torch import models as torch_models  # noqa: E402
 
 # Per-channel statistics of the training splits, as patjax.models.DATASET_STATS.
 DATASET_STATS = {
@@ -47,18 +52,6 @@ DATASET_STATS = {
 
 # ---------------------------------------------------------------------------------------
 # Models
-
-
-class Normalize(nn.Module):
-    """(x - mean) / std per channel of an NCHW batch."""
-
-    def __init__(self, mean: Sequence[float], std: Sequence[float]):
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
-
-    def forward(self, x):
-        return (x - self.mean) / self.std
 
 
 class BatchNorm(nn.BatchNorm2d):
@@ -77,130 +70,20 @@ class BatchNorm(nn.BatchNorm2d):
         return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
 
-def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-
-
-def init_like_patjax(model: nn.Module) -> nn.Module:
-    """Convolutions drawn as patjax's (Kaiming normal, fan_out, ReLU gain); the rest torch's."""
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-    return model
-
-
-class SmallCNN(nn.Module):
-    """patjax.models.SmallCNN: three conv3x3(no bias)+BN+ReLU+max-pool(2) stages, mean pool, linear."""
-
-    def __init__(self, num_classes: int = 10, dataset: str = "cifar10", widths=(32, 64, 128)):
-        super().__init__()
-        self.normalize = Normalize(*DATASET_STATS[dataset])
-        layers, cin = [], 3
-        for w in widths:
-            layers += [conv3x3(cin, w), BatchNorm(w), nn.ReLU(), nn.MaxPool2d(2)]
-            cin = w
-        self.features = nn.Sequential(*layers)
-        self.linear = nn.Linear(cin, num_classes)
-        init_like_patjax(self)
-
-    def forward(self, x):
-        return self.linear(self.features(self.normalize(x)).mean((2, 3)))
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1, self.bn1 = conv3x3(cin, cout, stride), BatchNorm(cout)
-        self.conv2, self.bn2 = conv3x3(cout, cout), BatchNorm(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), BatchNorm(cout))
-
-    def forward(self, x):
-        y = F.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return F.relu(y + self.shortcut(x))
-
-
-class ResNet18(nn.Module):
-    """patjax.models.ResNet18 (kuangliu's CIFAR form): 3x3 stem, 4 stages of 2 BasicBlocks."""
-
-    def __init__(self, width: int = 64, num_classes: int = 10, dataset: str = "cifar10"):
-        super().__init__()
-        w = width
-        self.normalize = Normalize(*DATASET_STATS[dataset])
-        self.conv1, self.bn1 = conv3x3(3, w), BatchNorm(w)
-        plan = [
-            (w, w, 1),
-            (w, w, 1),
-            (w, 2 * w, 2),
-            (2 * w, 2 * w, 1),
-            (2 * w, 4 * w, 2),
-            (4 * w, 4 * w, 1),
-            (4 * w, 8 * w, 2),
-            (8 * w, 8 * w, 1),
-        ]
-        self.blocks = nn.Sequential(*[BasicBlock(*p) for p in plan])
-        self.linear = nn.Linear(8 * w, num_classes)
-        init_like_patjax(self)
-
-    def forward(self, x):
-        x = F.relu(self.bn1(self.conv1(self.normalize(x))))
-        x = self.blocks(x)
-        return self.linear(x.mean((2, 3)))
-
-
 def create_model(name: str, num_classes: int = 10, width: int = 64, dataset: str = "cifar10") -> nn.Module:
-    if name == "small_cnn":
-        return SmallCNN(num_classes, dataset)
-    if name == "resnet18":
-        return ResNet18(width, num_classes, dataset)
-    raise ValueError(f"unknown model {name!r}; choose 'small_cnn' or 'resnet18'")
-
-
-def layer_pairs(model):
-    """[(patjax module path, torch module)] for the peer's SmallCNN or ResNet18."""
-    if isinstance(model, SmallCNN):
-        convs = [m for m in model.features if isinstance(m, torch.nn.Conv2d)]
-        norms = [m for m in model.features if isinstance(m, torch.nn.BatchNorm2d)]
-        pairs = [((f"Conv_{i}",), m) for i, m in enumerate(convs)]
-        pairs += [((f"BatchNorm_{i}",), m) for i, m in enumerate(norms)]
-    else:
-        pairs = [(("Conv_0",), model.conv1), (("BatchNorm_0",), model.bn1)]
-        for i, block in enumerate(model.blocks):
-            names = {"Conv_0": block.conv1, "BatchNorm_0": block.bn1, "Conv_1": block.conv2, "BatchNorm_1": block.bn2}
-            if len(block.shortcut):
-                names.update(shortcut_conv=block.shortcut[0], shortcut_bn=block.shortcut[1])
-            pairs += [((f"BasicBlock_{i}", name), m) for name, m in names.items()]
-    return pairs + [(("Dense_0",), model.linear)]
-
-
-def subtree(tree, path):
-    for name in path:
-        tree = tree[name]
-    return tree
+    """patjax_torch.models' network (the PyTorch definitions of patjax.models) with this BatchNorm."""
+    if name not in ("small_cnn", "resnet18"):
+        raise ValueError(f"unknown model {name!r}; choose 'small_cnn' or 'resnet18'")
+    kwargs = {} if name == "small_cnn" else {"width": width}
+    return torch_models.create_model(name, num_classes, DATASET_STATS[dataset], norm_layer=BatchNorm, **kwargs)
 
 
 def load_patjax_weights(model, params, batch_stats):
-    """Copies patjax parameters and BatchNorm statistics (Flax names, HWIO kernels) into the model."""
-
-    def t(a):
-        return torch.from_numpy(np.array(a, np.float32))
-
-    with torch.no_grad():
-        for path, m in layer_pairs(model):
-            p = subtree(params, path)
-            if isinstance(m, torch.nn.Conv2d):
-                m.weight.copy_(t(p["kernel"]).permute(3, 2, 0, 1))  # HWIO -> OIHW
-            elif isinstance(m, torch.nn.Linear):
-                m.weight.copy_(t(p["kernel"]).T)  # (in, out) -> (out, in)
-                m.bias.copy_(t(p["bias"]))
-            else:
-                stats = subtree(batch_stats, path)
-                m.weight.copy_(t(p["scale"]))
-                m.bias.copy_(t(p["bias"]))
-                m.running_mean.copy_(t(stats["mean"]))
-                m.running_var.copy_(t(stats["var"]))
+    """Copies patjax parameters and BatchNorm statistics into the model (patjax.torch_weights'
+    names and layouts), keeping the model's own input normalization."""
+    tensors = torch_weights.to_state_dict(model.patjax_name, params, batch_stats)
+    own = {k: v for k, v in model.state_dict().items() if k in ("mu", "sigma")}
+    model.load_state_dict({**own, **{k: torch.from_numpy(v) for k, v in tensors.items()}}, strict=True)
 
 
 def make_optimizer(

@@ -41,8 +41,8 @@ def default_config() -> ml_collections.ConfigDict:
     # A directory with the official binary archives extracted; None: found or downloaded
     # (data.resolve_data_dir); 'tfds': tensorflow-datasets.
     cfg.data_dir = ml_collections.config_dict.placeholder(str)
-    cfg.model = "resnet18"  # 'resnet18' | 'wrn50_2' | 'small_cnn'
-    cfg.model_width = 64  # ResNet-18 / WRN stem width (64 in the paper)
+    cfg.model = "resnet18"  # a name of patjax.models.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
+    cfg.model_width = 64  # stem width of resnet18, preact_resnet18, wrn50_2 (64 in the paper); WRN-d-k fix theirs
     cfg.method = "pat"
     cfg.compute_dtype = "float32"
 

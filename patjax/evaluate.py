@@ -3,6 +3,14 @@
   python -m patjax.evaluate --workdir=runs/pat_c10 [--full] [--num_examples=1000] [--batch_size=500]
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
+  python -m patjax.evaluate --torch_checkpoint=model.safetensors --model=wrn28_10 [--dataset=cifar10]
+      [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
+
+A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
+`patjax.models` is evaluated without a workdir (`patjax.evaluation.evaluate_torch_checkpoint`,
+names and layouts of `patjax.torch_weights`) under the default config's eval settings;
+--normalize is required unless the file holds its normalization (mu and sigma), and the
+results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/).
 
 Checks every workdir (config, checkpoint, settings) first, then evaluates each one's newest
 checkpoint (`patjax.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then DIR/eval/results.json) and
@@ -12,10 +20,12 @@ prints the comparison of all of them (`patjax.evaluation.compare`). The evaluato
 
 from __future__ import annotations
 
+import os
+
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import eval_files, evaluation, evaluators, sharding
+from patjax import eval_files, evaluation, evaluators, models, report, sharding
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -37,14 +47,38 @@ def overrides_from_flags() -> dict:
     return overrides
 
 
+def evaluate_torch_checkpoint(spec, num_examples, overrides):
+    if FLAGS.workdir or not FLAGS.model:
+        raise UserError("--torch_checkpoint takes --model (and no --workdir)")
+    out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
+    results = evaluation.evaluate_torch_checkpoint(
+        FLAGS.torch_checkpoint,
+        FLAGS.model,
+        FLAGS.dataset,
+        FLAGS.normalize,
+        out_dir,
+        evaluators=spec,
+        num_examples=num_examples,
+        batch_size=FLAGS.batch_size,
+        overrides=overrides,
+    )
+    if sharding.is_writer():
+        print(
+            f"wrote {eval_files.results_path(out_dir)} (wall time per evaluator, s: {results['evaluator_wall_time_s']})"
+        )
+        print(report.comparison([os.path.basename(FLAGS.torch_checkpoint)], [results]))
+
+
 def main(argv):
     cli_lib.start(argv)
-    if not FLAGS.workdir:
-        raise UserError("--workdir is required")
     overrides = overrides_from_flags()
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None
     num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
+    if FLAGS.torch_checkpoint:
+        return evaluate_torch_checkpoint(spec, num_examples, overrides)
+    if not FLAGS.workdir:
+        raise UserError("--workdir (or --torch_checkpoint) is required")
     if not FLAGS.compare_only:
         # Every workdir is checked before any is evaluated, so a mistake in the last one does
         # not surface after the first ones ran for hours.
@@ -101,6 +135,16 @@ def define_flags():
         False,
         "Replace eval/results.json even if it holds evaluators this evaluation does not run (they are lost).",
     )
+    flags.DEFINE_string("torch_checkpoint", None, "A PyTorch state_dict file to evaluate instead of a workdir.")
+    flags.DEFINE_string("model", None, f"With --torch_checkpoint: its network, one of {', '.join(models.MODELS)}.")
+    flags.DEFINE_string("dataset", "cifar10", "With --torch_checkpoint: the test split to evaluate on.")
+    flags.DEFINE_string(
+        "normalize",
+        None,
+        "With --torch_checkpoint: the network's input normalization: none (inputs in [0, 1], as "
+        "RobustBench's), dataset or a dataset name; default: the file's mu and sigma.",
+    )
+    flags.DEFINE_string("out_dir", None, "With --torch_checkpoint: where eval/ goes (default: FILE without suffix).")
     flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
 
 

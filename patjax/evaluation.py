@@ -28,7 +28,20 @@ import time
 
 import numpy as np
 
-from patjax import checkpoints, data, eval_files, files, locks, plots, report, robustness, sharding, stats
+from patjax import (
+    checkpoints,
+    data,
+    eval_files,
+    files,
+    locks,
+    plots,
+    report,
+    robustness,
+    sharding,
+    stats,
+    torch_weights,
+)
+from patjax import config as config_lib
 from patjax import evaluators as evaluators_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -314,23 +327,63 @@ def evaluate_workdir(
     with lock:
         cfg, model_fns, state = workdir_lib.restore(workdir, step=step)
         cfg = apply_overrides(cfg, overrides)
-        split = data.load_split(cfg.dataset, "test", cfg.data_dir)
-        per_image = {}
-        results = evaluate_state(
-            eval_settings(cfg),
-            model_fns,
-            state,
-            split,
-            dataset=cfg.dataset,
-            evaluators=cfg.eval.evaluators if evaluators is None else evaluators,
-            num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
-            batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
-            progress=progress and sharding.is_writer(),
-            per_image_out=per_image,
-        )
-        if not sharding.is_writer():
-            return files.json_safe(results)
-        return eval_files.write_results(workdir, results, per_image, step)
+        return evaluate_and_write(cfg, model_fns, state, workdir, evaluators, num_examples, batch_size, progress, step)
+
+
+def evaluate_and_write(
+    cfg,
+    model_fns,
+    state,
+    out_dir,
+    evaluators=None,
+    num_examples=None,
+    batch_size=None,
+    progress=True,
+    step=None,
+    record: dict | None = None,
+) -> dict:
+    """`evaluate_state` on cfg.dataset's test split with cfg's eval settings (the arguments given
+    win), written to out_dir/eval/ (or curve/step_N/) by process 0 with `record`'s entries added;
+    returns the results as written."""
+    split = data.load_split(cfg.dataset, "test", cfg.data_dir)
+    per_image = {}
+    results = evaluate_state(
+        eval_settings(cfg),
+        model_fns,
+        state,
+        split,
+        dataset=cfg.dataset,
+        evaluators=cfg.eval.evaluators if evaluators is None else evaluators,
+        num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
+        batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
+        progress=progress and sharding.is_writer(),
+        per_image_out=per_image,
+    )
+    results.update(record or {})
+    if not sharding.is_writer():
+        return files.json_safe(results)
+    return eval_files.write_results(out_dir, results, per_image, step)
+
+
+def evaluate_torch_checkpoint(
+    path, model_name, dataset, normalize, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None
+) -> dict:
+    """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
+    default config's eval settings with `overrides`; results in out_dir/eval/. The results
+    record the file, the network and its input normalization under "model"."""
+    cfg = config_lib.default_config()
+    cfg.dataset = dataset
+    cfg = apply_overrides(cfg, overrides)
+    eval_settings(cfg)  # every setting checked before the file is read
+    check_run_settings(
+        cfg.eval.num_examples if num_examples is None else num_examples,
+        cfg.eval.batch_size if batch_size is None else batch_size,
+    )
+    evaluators_lib.parse(cfg.eval.evaluators if evaluators is None else evaluators)
+    model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize)
+    normalization = normalize if normalize is not None else "the file's mu and sigma"
+    record = {"model": {"torch_checkpoint": os.path.abspath(path), "model": model_name, "normalize": normalization}}
+    return evaluate_and_write(cfg, model_fns, state, out_dir, evaluators, num_examples, batch_size, record=record)
 
 
 def paired_differences(workdirs, results_list, per_images) -> list:

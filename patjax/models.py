@@ -18,12 +18,32 @@ Models:
   same CIFAR stem as ResNet18. This is the network named "WRN-50-2" by
   Zagoruyko & Komodakis (2016) for ImageNet and by torchvision; it is *not* the
   CIFAR WideResNet-depth-width family (WRN-28-10, WRN-34-10) of the TRADES/MART code.
+- `PreActResNet18`: the pre-activation ResNet-18 of kuangliu's pytorch-cifar, as used by
+  Wong et al. (2020, "Fast is better than free"), Rice et al. (2020, "Overfitting in
+  adversarially robust deep learning") and RobustBench's `PreActResNet(PreActBlockV2,
+  [2, 2, 2, 2], bn_before_fc=True)`: the 1x1 shortcut convolution (no BatchNorm) reads the
+  block's pre-activated input, and a BatchNorm + ReLU precedes the pooling.
+- `WideResNet` (`wrn28_10`, `wrn34_10`): the CIFAR WRN-depth-width of Zagoruyko & Komodakis
+  (2016) as written in the TRADES code and RobustBench's `WideResNet` (pre-activation
+  BasicBlocks, widths 16/16k/32k/64k, (depth - 4) / 6 blocks per stage, dropout 0, a final
+  BatchNorm + ReLU, a linear head with bias). Its block has the reference's quirk: where
+  the width changes, the 1x1 shortcut reads the pre-activated input; elsewhere the identity
+  reads the raw input.
+
+`normalize`: the per-channel mean and std the model subtracts and divides by, or None for a
+network that takes [0, 1] inputs as they are (RobustBench's CIFAR models, which are
+evaluated on unnormalized [0, 1] images). `create_model` names it: "dataset" (the dataset's
+statistics, every model patjax trains), "none", or a key of `DATASET_STATS`.
+
+The new networks' Flax module names mirror the reference PyTorch attribute names
+("layer1_0" for `layer1.0`), which `patjax.torch_weights` maps to a PyTorch state_dict.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -103,20 +123,27 @@ class Normalize(nn.Module):
         return (x - jnp.asarray(self.mean, x.dtype)) / jnp.asarray(self.std, x.dtype)
 
 
+def _normalized(x, mean, std, dtype):
+    """x in the compute dtype, normalized per channel unless the model takes raw [0, 1] inputs
+    (mean and std None)."""
+    x = x.astype(dtype)
+    return x if mean is None else Normalize(mean, std)(x)
+
+
 def _batch_norm(train: bool, dtype, name=None):
     return nn.BatchNorm(use_running_average=not train, dtype=dtype, name=name, **_BN)
 
 
 class SmallCNN(nn.Module):
     num_classes: int
-    mean: Sequence[float]
-    std: Sequence[float]
+    mean: Optional[Sequence[float]]
+    std: Optional[Sequence[float]]
     widths: Sequence[int] = (32, 64, 128)
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = Normalize(self.mean, self.std)(x.astype(self.dtype))
+        x = _normalized(x, self.mean, self.std, self.dtype)
         for width in self.widths:
             x = Conv(width, 3, padding=1, dtype=self.dtype)(x)
             x = nn.relu(_batch_norm(train, self.dtype)(x))
@@ -163,15 +190,15 @@ class Bottleneck(nn.Module):
 
 class ResNet18(nn.Module):
     num_classes: int
-    mean: Sequence[float]
-    std: Sequence[float]
+    mean: Optional[Sequence[float]]
+    std: Optional[Sequence[float]]
     width: int = 64
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         w = self.width
-        x = Normalize(self.mean, self.std)(x.astype(self.dtype))
+        x = _normalized(x, self.mean, self.std, self.dtype)
         x = nn.relu(_batch_norm(train, self.dtype)(Conv(w, 3, 1, 1, self.dtype)(x)))
         for features, strides in [
             (w, 1),
@@ -190,15 +217,15 @@ class ResNet18(nn.Module):
 
 class WideResNet50_2(nn.Module):
     num_classes: int
-    mean: Sequence[float]
-    std: Sequence[float]
+    mean: Optional[Sequence[float]]
+    std: Optional[Sequence[float]]
     width: int = 64  # stem width; bottleneck widths are 2x torchvision's ResNet-50
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         w = self.width
-        x = Normalize(self.mean, self.std)(x.astype(self.dtype))
+        x = _normalized(x, self.mean, self.std, self.dtype)
         x = nn.relu(_batch_norm(train, self.dtype)(Conv(w, 3, 1, 1, self.dtype)(x)))
         for stage, blocks in enumerate((3, 4, 6, 3)):
             for block in range(blocks):
@@ -208,17 +235,122 @@ class WideResNet50_2(nn.Module):
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
+class PreActBlock(nn.Module):
+    """kuangliu's / RobustBench's PreActBlockV2: BN-ReLU-conv3x3-BN-ReLU-conv3x3, plus the input
+    or, where the shape changes, a 1x1 convolution of the pre-activated input."""
+
+    features: int
+    strides: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        out = nn.relu(_batch_norm(train, self.dtype, name="bn1")(x))
+        shortcut = x
+        if self.strides != 1 or x.shape[-1] != self.features:
+            shortcut = Conv(self.features, 1, self.strides, 0, self.dtype, name="shortcut_0")(out)
+        out = Conv(self.features, 3, self.strides, 1, self.dtype, name="conv1")(out)
+        out = nn.relu(_batch_norm(train, self.dtype, name="bn2")(out))
+        return Conv(self.features, 3, 1, 1, self.dtype, name="conv2")(out) + shortcut
+
+
+class PreActResNet18(nn.Module):
+    num_classes: int
+    mean: Optional[Sequence[float]]
+    std: Optional[Sequence[float]]
+    width: int = 64
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        w = self.width
+        x = _normalized(x, self.mean, self.std, self.dtype)
+        x = Conv(w, 3, 1, 1, self.dtype, name="conv1")(x)  # no BatchNorm or ReLU: the blocks pre-activate
+        for stage in range(4):
+            for block in range(2):
+                strides = 2 if (stage > 0 and block == 0) else 1
+                x = PreActBlock(w * 2**stage, strides, self.dtype, name=f"layer{stage + 1}_{block}")(x, train)
+        x = nn.relu(_batch_norm(train, self.dtype, name="bn")(x))
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype, name="linear")(x).astype(jnp.float32)
+
+
+class WideBasicBlock(nn.Module):
+    """The TRADES / RobustBench WideResNet BasicBlock (dropout 0)."""
+
+    features: int
+    strides: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        pre = nn.relu(_batch_norm(train, self.dtype, name="bn1")(x))
+        out = Conv(self.features, 3, self.strides, 1, self.dtype, name="conv1")(pre)
+        out = nn.relu(_batch_norm(train, self.dtype, name="bn2")(out))
+        out = Conv(self.features, 3, 1, 1, self.dtype, name="conv2")(out)
+        if x.shape[-1] == self.features:  # the reference's equalInOut: identity of the raw input
+            return x + out
+        return Conv(self.features, 1, self.strides, 0, self.dtype, name="convShortcut")(pre) + out
+
+
+class WideResNet(nn.Module):
+    num_classes: int
+    mean: Optional[Sequence[float]]
+    std: Optional[Sequence[float]]
+    depth: int = 28
+    widen_factor: int = 10
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if (self.depth - 4) % 6:
+            raise UserError(f"WideResNet depth must be 6n + 4, got {self.depth}")
+        blocks = (self.depth - 4) // 6
+        x = _normalized(x, self.mean, self.std, self.dtype)
+        x = Conv(16, 3, 1, 1, self.dtype, name="conv1")(x)
+        for stage, strides in enumerate((1, 2, 2)):
+            features = 16 * self.widen_factor * 2**stage
+            for i in range(blocks):
+                name = f"block{stage + 1}_layer_{i}"
+                x = WideBasicBlock(features, strides if i == 0 else 1, self.dtype, name=name)(x, train)
+        x = nn.relu(_batch_norm(train, self.dtype, name="bn1")(x))
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x).astype(jnp.float32)
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "small_cnn": SmallCNN,
     "resnet18": ResNet18,
     "wrn50_2": WideResNet50_2,
+    "preact_resnet18": PreActResNet18,
+    "wrn28_10": functools.partial(WideResNet, depth=28, widen_factor=10),
+    "wrn34_10": functools.partial(WideResNet, depth=34, widen_factor=10),
 }
+# The models whose stem width `width` sets (config.model_width); the others' widths are fixed
+# by their definition (the small CNN) or by their name (WRN-depth-width).
+TAKES_WIDTH = ("resnet18", "wrn50_2", "preact_resnet18")
+NO_NORMALIZATION = "none"
+DATASET_NORMALIZATION = "dataset"
 
 
-def create_model(name: str, dataset: str, num_classes: int, dtype=jnp.float32, **kwargs) -> nn.Module:
+def normalization(normalize: str, dataset: str):
+    """(mean, std) for a `normalize` name: "dataset" (the dataset's statistics), "none" ((None,
+    None): inputs in [0, 1] as they are), or a key of `DATASET_STATS`."""
+    if normalize == NO_NORMALIZATION:
+        return None, None
+    key = dataset if normalize == DATASET_NORMALIZATION else normalize
+    if key not in DATASET_STATS:
+        choices = [DATASET_NORMALIZATION, NO_NORMALIZATION, *DATASET_STATS]
+        raise UserError(f"unknown normalize {normalize!r}; choose one of {choices}")
+    return DATASET_STATS[key]
+
+
+def create_model(
+    name: str, dataset: str, num_classes: int, dtype=jnp.float32, normalize: str = DATASET_NORMALIZATION, **kwargs
+) -> nn.Module:
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    mean, std = DATASET_STATS[dataset]
+    mean, std = normalization(normalize, dataset)
     return MODELS[name](num_classes=num_classes, mean=mean, std=std, dtype=dtype, **kwargs)
 
 

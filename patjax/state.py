@@ -26,6 +26,9 @@ class TrainState:
     rng: jax.Array  # raw uint32 key; the step key is fold_in(fold_in(rng, 1), step)
 
 
+DEFAULT_WIDTH = 64  # config.model_width's default: the ResNets' stem width in the paper
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
     """Which network, for which data, in which precision (config: model, model_width, dataset,
@@ -40,11 +43,13 @@ class ModelSettings:
         data.check_dataset(self.dataset)
         if self.name not in models.MODELS:
             raise UserError(f"unknown model {self.name!r}; choose one of {sorted(models.MODELS)}")
+        if self.name not in models.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
+            raise UserError(f"model {self.name!r} has its width in its name; model_width must stay {DEFAULT_WIDTH}")
         if self.compute_dtype not in ("float32", "bfloat16"):
             raise UserError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
 
     def build(self):
-        kwargs = {} if self.name == "small_cnn" else {"width": self.width}
+        kwargs = {"width": self.width} if self.name in models.TAKES_WIDTH else {}
         dtype = jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
         return models.create_model(self.name, self.dataset, data.NUM_CLASSES[self.dataset], dtype=dtype, **kwargs)
 

@@ -27,6 +27,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "state": 4,
     "sharding": 4,
     "kept_models": 4,
+    "torch_weights": 4,
     "checkpoints": 4,
     "workdir": 4,
     "eval_files": 4,
@@ -40,6 +41,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "evaluators.pr": 5,
     "report": 5,
     "evaluation": 6,
+    "api": 6,
     "train": 7,
     "suites": 8,
     "suite_results": 8,
@@ -47,8 +49,9 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "evaluate": 9,
     "experiments": 9,
     "diagnose": 9,
+    "export": 9,
 }
-COMMAND_LINES = ("evaluate", "experiments", "diagnose")
+COMMAND_LINES = ("evaluate", "experiments", "diagnose", "export")
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -32,9 +32,38 @@ def test_wrn50_2_matches_torchvision_with_cifar_stem():
     assert count(variables["params"]) == expected
 
 
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        # kuangliu's PreActResNet18 (11,171,146) with its final BatchNorm before the head (2 x 512),
+        # RobustBench's PreActResNet(PreActBlockV2, [2, 2, 2, 2], bn_before_fc=True).
+        ("preact_resnet18", 11_171_146 + 2 * 512),
+        # TRADES / RobustBench WideResNet(depth, widen_factor=10), without TRADES' unused sub_block1.
+        ("wrn28_10", 36_479_194),
+        ("wrn34_10", 46_160_474),
+    ],
+)
+def test_robustness_networks_match_the_reference_parameter_counts(name, expected):
+    assert count(abstract_params(models.create_model(name, "cifar10", 10))["params"]) == expected
+
+
+def test_normalize_none_feeds_the_network_raw_inputs():
+    x = jax.random.uniform(jax.random.PRNGKey(0), (2, 32, 32, 3))
+    raw = models.create_model("small_cnn", "cifar10", 10, normalize="none")
+    identity = models.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
+    variables = raw.init(jax.random.PRNGKey(1), x)
+    np.testing.assert_array_equal(raw.apply(variables, x), identity.apply(variables, x))
+    assert (
+        models.create_model("small_cnn", "cifar10", 10, normalize="cifar100").mean
+        == models.DATASET_STATS["cifar100"][0]
+    )
+    with pytest.raises(models.UserError, match="unknown normalize 'imagenet'"):
+        models.create_model("small_cnn", "cifar10", 10, normalize="imagenet")
+
+
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_logit_shape_and_dtype(name):
-    kwargs = {} if name == "small_cnn" else {"width": 4}
+    kwargs = {"width": 4} if name in models.TAKES_WIDTH else {}
     model = models.create_model(name, "cifar100", 100, **kwargs)
     x = jnp.zeros((2, 32, 32, 3))
     out = jax.eval_shape(lambda: model.apply(model.init(jax.random.PRNGKey(0), x), x))

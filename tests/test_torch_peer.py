@@ -22,7 +22,7 @@ from conftest import REPO  # noqa: E402
 from flax import traverse_util  # noqa: E402
 
 from patjax import config as config_lib  # noqa: E402
-from patjax import data, methods, samplers, train  # noqa: E402
+from patjax import data, methods, models, samplers, torch_weights, train  # noqa: E402
 from patjax import state as state_lib  # noqa: E402
 
 BATCH, STEPS = 8, 3
@@ -96,32 +96,19 @@ def perturbed(state, key):
 # ---------------------------------------------------------------------------------------
 # Weights between layouts: Flax NHWC / HWIO / (in, out) <-> torch NCHW / OIHW / (out, in).
 
-layer_pairs, load_patjax_weights = peer.layer_pairs, peer.load_patjax_weights
-
-
-def nest(flat):
-    tree = {}
-    for path, value in flat.items():
-        node = tree
-        for name in path[:-1]:
-            node = node.setdefault(name, {})
-        node[path[-1]] = value
-    return tree
+load_patjax_weights = peer.load_patjax_weights
 
 
 def as_patjax_trees(model):
     """(params, batch_stats) of the torch model in patjax's names and layouts."""
-    n = lambda v: v.detach().numpy().copy()  # noqa: E731
-    params, stats = {}, {}
-    for path, m in layer_pairs(model):
-        if isinstance(m, torch.nn.Conv2d):
-            params[path + ("kernel",)] = n(m.weight).transpose(2, 3, 1, 0)
-        elif isinstance(m, torch.nn.Linear):
-            params[path + ("kernel",)], params[path + ("bias",)] = n(m.weight).T, n(m.bias)
-        else:
-            params[path + ("scale",)], params[path + ("bias",)] = n(m.weight), n(m.bias)
-            stats[path + ("mean",)], stats[path + ("var",)] = n(m.running_mean), n(m.running_var)
-    return nest(params), nest(stats)
+    name = model.patjax_name
+    kwargs = {"width": RESNET_WIDTH} if name in models.TAKES_WIDTH else {}
+    abstract = jax.eval_shape(
+        lambda: models.init_variables(models.create_model(name, "cifar10", 10, **kwargs), jax.random.PRNGKey(0))
+    )
+    state_dict = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    params, stats, _ = torch_weights.from_state_dict(name, state_dict, *abstract)
+    return params, stats
 
 
 def nchw(x):

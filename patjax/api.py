@@ -1,0 +1,96 @@
+"""The evaluation as a library call: any classifier and any 8-bit images in, the figures of
+results.json out, with no run, config file or workdir.
+
+  results = patjax.api.evaluate(logits_fn, images, labels, evaluators="clean,pgd20,pr")
+  results = patjax.api.evaluate((module, variables), images, labels, pr_samples=100)
+
+`model` is a function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
+traceable: the attacks differentiate it), or a Flax module with its variables ({"params": ...,
+"batch_stats": ...}; BatchNorm in inference mode). The settings are the default config's eval
+settings (docs/evaluation.md) with the keyword arguments replacing fields of `config.eval`. The
+results dict is `patjax.evaluation.evaluate_state`'s (what results.json holds) with the per-image
+arrays of per_image.npz under "per_image".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import jax.numpy as jnp
+import numpy as np
+
+from patjax import config as config_lib
+from patjax import data, evaluation, models
+from patjax import state as state_lib
+from patjax.errors import UserError
+
+Model = Union[Callable[[Any], Any], tuple]
+
+
+def as_model(model: Model):
+    """(model_fns, state) for `evaluation.evaluate_state` from a logits function or (module, variables)."""
+    if isinstance(model, tuple) and len(model) == 2:
+        module, variables = model
+        params, batch_stats = variables["params"], variables.get("batch_stats", {})
+        apply = module.apply
+    elif callable(model):
+        params, batch_stats = {}, {}
+
+        def apply(variables, x, train=False, mutable=None):
+            if train:
+                raise UserError("a logits function has no training mode; evaluate with langevin.bn_mode='inference'")
+            return model(x)
+    else:
+        raise UserError("model must be a logits function or a (flax module, variables) pair")
+    state = state_lib.TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats, opt_state=None, rng=None
+    )
+    return models.ModelFns(apply), state
+
+
+def as_split(images, labels) -> data.Split:
+    """The images as the evaluators read them (uint8 NHWC; they divide by 255): uint8 as they are,
+    floats in [0, 1] only if they are 8-bit values (k / 255), since anything else would be
+    rounded without a word."""
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.ndim != 4 or labels.shape != images.shape[:1]:
+        raise UserError(f"images must be (N, H, W, C) and labels (N,), got {images.shape} and {labels.shape}")
+    if images.dtype != np.uint8:
+        scaled = np.asarray(images, np.float64) * 255
+        if not np.all(np.abs(scaled - np.round(scaled)) < 1e-3) or scaled.min() < 0 or scaled.max() > 255:
+            raise UserError("float images must be 8-bit values k / 255 in [0, 1]; pass uint8 images otherwise")
+        images = np.round(scaled).astype(np.uint8)
+    return data.Split(images=images, labels=labels.astype(np.int32))
+
+
+def evaluate(
+    model: Model,
+    images,
+    labels,
+    *,
+    evaluators="clean,pgd20,pr",
+    dataset: str = "cifar10",
+    batch_size: int = 500,
+    progress: bool = False,
+    **settings,
+) -> dict:
+    """Every chosen evaluator on every image: results.json's figures with their intervals, and
+    the per-image arrays under "per_image". `dataset` is recorded with the figures; `settings`
+    replace fields of the default config's `eval` block (pr_samples=..., seed=..., ...)."""
+    cfg = config_lib.default_config()
+    cfg.dataset = dataset
+    cfg = evaluation.apply_overrides(cfg, settings)
+    model_fns, state = as_model(model)
+    per_image = {}
+    results = evaluation.evaluate_state(
+        evaluation.eval_settings(cfg),
+        model_fns,
+        state,
+        as_split(images, labels),
+        dataset=dataset,
+        evaluators=evaluators,
+        batch_size=batch_size,
+        progress=progress,
+        per_image_out=per_image,
+    )
+    return {**results, "per_image": per_image}

@@ -1,0 +1,64 @@
+"""Command line: a run's model as a PyTorch state_dict, for PyTorch tools (AutoAttack,
+RobustBench, torchattacks).
+
+  python -m patjax.export --workdir=runs/pat_c10 --out=pat_c10.safetensors [--format=safetensors|pt] [--step=N]
+
+Writes the run's newest model (or the kept model / checkpoint of --step; `patjax.workdir.restore`)
+under the reference PyTorch names and layouts (`patjax.torch_weights`), with the run's input
+normalization as the buffers mu and sigma. Load it into the matching network of
+`patjax_torch.models` (the metadata of a .safetensors file names the network, its width and
+dataset):
+
+  net = patjax_torch.models.create_model("resnet18", 10, normalize=patjax.models.DATASET_STATS["cifar10"])
+  net.load_state_dict({k: torch.from_numpy(v) for k, v in safetensors.numpy.load_file(FILE).items()})
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from absl import app, flags
+
+from patjax import cli as cli_lib
+from patjax import data, models, torch_weights
+from patjax import workdir as workdir_lib
+from patjax.errors import UserError
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    cli_lib.start(argv)
+    if not FLAGS.workdir or not FLAGS.out:
+        raise UserError("--workdir and --out are required")
+    suffix = os.path.splitext(FLAGS.out)[1].lower()
+    if FLAGS.format is not None and torch_weights.FORMATS.get(FLAGS.format) != suffix:
+        raise UserError(f"--format={FLAGS.format} needs --out ending in {torch_weights.FORMATS.get(FLAGS.format)}")
+    if suffix not in torch_weights.FORMATS.values():
+        raise UserError(f"--out must end in {' or '.join(torch_weights.FORMATS.values())}, got {FLAGS.out!r}")
+    cfg, _, state = workdir_lib.restore(FLAGS.workdir, step=FLAGS.step)
+    params, batch_stats = jax.device_get((state.params, state.batch_stats))
+    metadata = {
+        "dataset": cfg.dataset,
+        "num_classes": data.NUM_CLASSES[cfg.dataset],
+        "width": int(cfg.model_width) if cfg.model in models.TAKES_WIDTH else "",
+        "step": int(state.step),
+        "workdir": os.path.abspath(FLAGS.workdir),
+    }
+    path = torch_weights.export(
+        FLAGS.out, cfg.model, params, batch_stats, models.DATASET_STATS[cfg.dataset], metadata=metadata
+    )
+    print(f"wrote {path}: {cfg.model} of step {int(state.step)}, inputs normalized with the {cfg.dataset} statistics")
+
+
+def cli():
+    flags.DEFINE_string("workdir", None, "A trained run (a checkpoint or a kept model).")
+    flags.DEFINE_string("out", None, "The file to write: .safetensors or .pt.")
+    flags.DEFINE_enum("format", None, sorted(torch_weights.FORMATS), "Optional; must agree with --out's suffix.")
+    flags.DEFINE_integer("step", None, "Export the model of this step (default: the newest).")
+    app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,180 @@
+"""PyTorch weights in and out (patjax.torch_weights, patjax_torch.models): for every network, a
+PyTorch model with trained-looking BatchNorm statistics gives, once loaded into patjax, the
+logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported back load
+strictly into PyTorch and give the same logits; a file that does not fit is one line naming
+the key. (tests/test_models.py checks the parameter counts against the references'.)"""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO
+
+from patjax import data, models, torch_weights
+from patjax import workdir as workdir_lib
+from patjax.errors import UserError
+
+CIFAR10 = models.DATASET_STATS["cifar10"]
+
+
+def abstract_variables(name, **kwargs):
+    model = models.create_model(name, "cifar10", 10, **kwargs)
+    return jax.eval_shape(lambda: models.init_variables(model, jax.random.PRNGKey(0)))
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install 'patjax[bench]')")
+
+
+@pytest.fixture(scope="module")
+def images(data_dir):
+    split = data.load_split("cifar10", "test", data_dir)
+    return np.asarray(data.to_float(split.images[:4]))
+
+
+def trained_looking(torch, net, seed):
+    """Random BatchNorm affine parameters and running statistics moved far from (0, 1) by
+    train-mode passes, so that a swapped, transposed or dropped BatchNorm tensor shows."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen))
+                m.momentum = 0.5
+            if isinstance(m, torch.nn.Linear):
+                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=gen))
+        net.train()
+        for _ in range(2):
+            net(0.5 + 0.3 * torch.randn((8, 3, 32, 32), generator=gen))
+    return net.eval()
+
+
+def torch_logits(torch, net, x):
+    with torch.no_grad():
+        return net(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).numpy()
+
+
+# (patjax name, width or None, normalize): each network as a user would bring it; the ResNets'
+# shared widths are cut to keep the test fast (the graph and the names are those of width 64).
+CASES = [
+    ("small_cnn", None, CIFAR10),
+    ("resnet18", 16, CIFAR10),
+    ("preact_resnet18", 16, None),
+    ("wrn28_10", None, None),
+    ("wrn34_10", None, CIFAR10),
+    ("wrn50_2", 8, CIFAR10),
+]
+
+
+@pytest.mark.parametrize("name,width,normalize", CASES, ids=[c[0] for c in CASES])
+def test_torch_to_patjax_to_torch_gives_torch_logits(torch, images, tmp_path, name, width, normalize):
+    from patjax_torch import models as torch_models
+
+    kwargs = {} if width is None else {"width": width}
+    torch.manual_seed(0)
+    net = trained_looking(torch, torch_models.create_model(name, 10, normalize, **kwargs), seed=1)
+    expected = torch_logits(torch, net, images)
+    state_dict = {k: v.numpy() for k, v in net.state_dict().items()}
+    file = str(tmp_path / "model.safetensors")
+    torch_weights.write_state_dict(file, state_dict)
+
+    # torch -> patjax: the file, read with numpy alone, evaluates as PyTorch does.
+    model = models.MODELS[name](num_classes=10, mean=None, std=None, **kwargs)
+    abstract = jax.eval_shape(lambda: models.init_variables(model, jax.random.PRNGKey(0)))
+    params, batch_stats, found = torch_weights.from_state_dict(name, torch_weights.read_state_dict(file), *abstract)
+    mean, std = found or (None, None)
+    model = models.MODELS[name](num_classes=10, mean=mean, std=std, **kwargs)
+    got = np.asarray(models.ModelFns(model.apply).infer(params, batch_stats, images))
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert np.abs(got - expected).max() <= 1e-4 * scale, (np.abs(got - expected).max(), scale)
+    assert (got.argmax(1) == expected.argmax(1)).all()
+
+    # patjax -> torch: a strict load into a fresh network, the same logits and the same tensors.
+    exported = torch_weights.to_state_dict(name, params, batch_stats, found)
+    fresh = torch_models.create_model(name, 10, normalize, **kwargs)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in exported.items()}, strict=True)
+    fresh.eval()
+    np.testing.assert_allclose(torch_logits(torch, fresh, images), expected, rtol=0, atol=1e-6 * scale)
+    for key, value in exported.items():
+        np.testing.assert_array_equal(value, state_dict[key], err_msg=key)
+
+
+def test_a_pt_file_loads_with_weights_only_and_a_mismatch_names_its_key(torch, images, tmp_path):
+    from patjax_torch import models as torch_models
+
+    torch.manual_seed(0)
+    net = trained_looking(torch, torch_models.create_model("small_cnn", 10, CIFAR10), seed=2)
+    file = str(tmp_path / "ckpt.pt")
+    torch.save({"epoch": 3, "state_dict": net.state_dict()}, file)  # a training script's checkpoint dict
+    model_fns, state = torch_weights.load_model(file, "small_cnn", "cifar10")
+    got = np.asarray(model_fns.infer(state.params, state.batch_stats, images))
+    np.testing.assert_allclose(got, torch_logits(torch, net, images), rtol=0, atol=1e-4)
+
+    good = {k: v.numpy() for k, v in net.state_dict().items()}
+    abstract = abstract_variables("small_cnn")
+    wrong_shape = {**good, "features.4.weight": np.zeros((64, 32, 5, 5), np.float32)}
+    expected = r"features\.4\.weight is float32\[64, 32, 5, 5\], expected float\[64, 32, 3, 3\]"
+    with pytest.raises(UserError, match=expected):
+        torch_weights.from_state_dict("small_cnn", wrong_shape, *abstract)
+    missing = {k: v for k, v in good.items() if k != "features.1.running_var"}
+    with pytest.raises(UserError, match=r"no features\.1\.running_var"):
+        torch_weights.from_state_dict("small_cnn", missing, *abstract)
+    with pytest.raises(UserError, match=r"extra\.weight is not part of it"):
+        torch_weights.from_state_dict("small_cnn", {**good, "extra.weight": np.ones(3, np.float32)}, *abstract)
+    with pytest.raises(UserError, match="does not fit resnet18"):
+        torch_weights.from_state_dict("resnet18", good, *abstract_variables("resnet18"))
+
+
+def test_a_file_without_its_normalization_needs_one_named(tmp_path):
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    raw = str(tmp_path / "raw.safetensors")
+    torch_weights.export(raw, "small_cnn", params, batch_stats, normalize=None)
+    with pytest.raises(UserError, match="does not record its input normalization"):
+        torch_weights.load_model(raw, "small_cnn", "cifar10")
+    _, state = torch_weights.load_model(raw, "small_cnn", "cifar10", normalize="none")
+    np.testing.assert_array_equal(state.params["Dense_0"]["kernel"], params["Dense_0"]["kernel"])
+    normalized = str(tmp_path / "normalized.safetensors")
+    torch_weights.export(normalized, "small_cnn", params, batch_stats, normalize=CIFAR10)
+    torch_weights.load_model(normalized, "small_cnn", "cifar10", normalize="cifar10")  # agrees: accepted
+    with pytest.raises(UserError, match="normalizes its inputs with mu="):
+        torch_weights.load_model(normalized, "small_cnn", "cifar10", normalize="none")
+
+
+def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path):
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    file = str(tmp_path / "small.safetensors")
+    torch_weights.export(file, "small_cnn", params, batch_stats, normalize=CIFAR10)
+    run = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}", "--model=resnet18"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "does not fit resnet18" in run.stderr, run.stderr
+
+
+def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
+    """A committed patjax-trained model, exported by the command line as .pt, in PyTorch."""
+    from patjax_torch import models as torch_models
+
+    workdir = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0")
+    out = str(tmp_path / "pgd.pt")
+    run = subprocess.run(
+        [sys.executable, "-m", "patjax.export", f"--workdir={workdir}", f"--out={out}", "--format=pt"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    _, model_fns, state = workdir_lib.restore(workdir)
+    expected = np.asarray(model_fns.infer(state.params, state.batch_stats, images))
+    net = torch_models.create_model("small_cnn", 10, CIFAR10)
+    net.load_state_dict(torch.load(out, weights_only=True), strict=True)
+    np.testing.assert_allclose(torch_logits(torch, net.eval(), images), expected, rtol=0, atol=1e-4)

@@ -223,6 +223,7 @@ def main(argv=None):
     print(text)
     if args.out:
         pathlib.Path(args.out).write_text(text + "\n")
+    return out
 
 
 if __name__ == "__main__":

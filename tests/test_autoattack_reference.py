@@ -1,0 +1,43 @@
+"""patjax's `aa` against the reference AutoAttack (Croce & Hein's code, `pyautoattack`) on the same
+weights and images: a small version of benchmarks/autoattack_reference.py's cross-check, run
+only where the `[bench]` extra installed PyTorch and the reference."""
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="needs PyTorch (pip install -e '.[bench]')")
+pytest.importorskip("pyautoattack", reason="needs the reference AutoAttack (pip install -e '.[bench]')")
+
+pytestmark = pytest.mark.reference  # 5-8 min on 2 cores: python -m pytest -q -m reference tests
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RUN = REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0"  # a committed PGD-trained model
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("autoattack_reference", REPO / "benchmarks/autoattack_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_aa_agrees_with_the_reference_image_for_image(tmp_path, capsys):
+    # 16 images of a PGD-trained model: some survive APGD-CE, so every attack of the sequence runs
+    # on real images in both implementations.
+    n = 16
+    out = load_benchmark().main(
+        [f"--workdir={RUN}", f"--num_examples={n}", f"--batch_size={n}", "--only=patjax", "--only=reference"]
+    )
+    capsys.readouterr()
+    assert out["max_logit_difference"] < 1e-4
+    # The reference logs its accuracies as percentages with two decimals.
+    assert out["patjax"]["after"]["clean"] == pytest.approx(out["reference"]["after"]["clean"], abs=1e-4)
+    assert out["patjax"]["after"]["clean"] > out["patjax"]["robust_accuracy"] > 0
+    # Random starts are keyed differently (per image here, per batch there): one image may differ.
+    assert len(out["robust_in_patjax_only"]) + len(out["robust_in_reference_only"]) <= 1
+    for stage in ("apgd_ce", "apgd_t", "fab_t", "square"):
+        assert abs(out["patjax"]["after"][stage] - out["reference"]["after"][stage]) <= 1 / n + 1e-4

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from patjax import data, models
+from patjax import data, files, models
 from patjax import state as state_lib
 from patjax.errors import UserError
 
@@ -207,19 +207,21 @@ def write_state_dict(path: str, tensors: dict[str, np.ndarray], metadata: Option
     """Writes the state_dict atomically: .safetensors (metadata kept as strings) or .pt
     (torch.save of torch tensors; needs torch). Returns the path."""
     suffix = _check_suffix(path, (SAFETENSORS, ".pt"))
-    tmp = path + ".tmp"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"cannot write {path}: the folder {folder} does not exist")
     if suffix == SAFETENSORS:
         from safetensors.numpy import save_file
 
-        save_file(tensors, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
+        files.atomic(
+            path, lambda tmp: save_file(tensors, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
+        )
     else:
         try:
             import torch
         except ImportError:
             raise UserError("writing a .pt file needs torch (pip install 'patjax[bench]'); use .safetensors") from None
-        with open(tmp, "wb") as f:
-            torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, f)
-    os.replace(tmp, path)
+        files.atomic(path, lambda tmp: torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, tmp))
     return path
 
 

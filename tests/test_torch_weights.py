@@ -4,6 +4,7 @@ logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported 
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
 the key. (tests/test_models.py checks the parameter counts against the references'.)"""
 
+import os
 import subprocess
 import sys
 
@@ -142,6 +143,13 @@ def test_a_file_without_its_normalization_needs_one_named(tmp_path):
     torch_weights.load_model(normalized, "small_cnn", "cifar10", normalize="cifar10")  # agrees: accepted
     with pytest.raises(UserError, match="normalizes its inputs with mu="):
         torch_weights.load_model(normalized, "small_cnn", "cifar10", normalize="none")
+
+
+def test_export_into_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    with pytest.raises(UserError, match="does not exist"):
+        torch_weights.export(str(tmp_path / "missing" / "m.safetensors"), "small_cnn", params, batch_stats, None)
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path):

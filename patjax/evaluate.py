@@ -3,7 +3,7 @@
   python -m patjax.evaluate --workdir=runs/pat_c10 [--full] [--num_examples=1000] [--batch_size=500]
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
-  python -m patjax.evaluate --torch_checkpoint=model.safetensors --model=wrn28_10 [--dataset=cifar10]
+  python -m patjax.evaluate --torch_checkpoint=model.safetensors --model=wrn28_10 [--dataset=cifar10] [--model_width=W]
       [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
@@ -61,6 +61,7 @@ def evaluate_torch_checkpoint(spec, num_examples, overrides):
         num_examples=num_examples,
         batch_size=FLAGS.batch_size,
         overrides=overrides,
+        width=FLAGS.model_width,
     )
     if sharding.is_writer():
         print(
@@ -138,6 +139,9 @@ def define_flags():
     flags.DEFINE_string("torch_checkpoint", None, "A PyTorch state_dict file to evaluate instead of a workdir.")
     flags.DEFINE_string("model", None, f"With --torch_checkpoint: its network, one of {', '.join(models.MODELS)}.")
     flags.DEFINE_string("dataset", "cifar10", "With --torch_checkpoint: the test split to evaluate on.")
+    flags.DEFINE_integer(
+        "model_width", None, f"With --torch_checkpoint: the stem width of {', '.join(models.TAKES_WIDTH)} (default 64)."
+    )
     flags.DEFINE_string(
         "normalize",
         None,

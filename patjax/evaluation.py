@@ -366,7 +366,16 @@ def evaluate_and_write(
 
 
 def evaluate_torch_checkpoint(
-    path, model_name, dataset, normalize, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None
+    path,
+    model_name,
+    dataset,
+    normalize,
+    out_dir,
+    evaluators=None,
+    num_examples=None,
+    batch_size=None,
+    overrides=None,
+    width=None,
 ) -> dict:
     """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
     default config's eval settings with `overrides`; results in out_dir/eval/. The results
@@ -380,9 +389,16 @@ def evaluate_torch_checkpoint(
         cfg.eval.batch_size if batch_size is None else batch_size,
     )
     evaluators_lib.parse(cfg.eval.evaluators if evaluators is None else evaluators)
-    model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize)
+    model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize, width=width)
     normalization = normalize if normalize is not None else "the file's mu and sigma"
-    record = {"model": {"torch_checkpoint": os.path.abspath(path), "model": model_name, "normalize": normalization}}
+    record = {
+        "model": {
+            "torch_checkpoint": os.path.abspath(path),
+            "model": model_name,
+            "width": width,
+            "normalize": normalization,
+        }
+    }
     return evaluate_and_write(cfg, model_fns, state, out_dir, evaluators, num_examples, batch_size, record=record)
 
 

@@ -246,19 +246,23 @@ def matching_normalization(found, normalize: Optional[str], dataset: str, source
     return found
 
 
-def load_model(path: str, model_name: str, dataset: str, normalize: Optional[str] = None):
+def load_model(path: str, model_name: str, dataset: str, normalize: Optional[str] = None, width: Optional[int] = None):
     """(model_fns, state) of a PyTorch state_dict file as a patjax network, ready for
     `patjax.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
-    normalize: see `matching_normalization`."""
+    normalize: see `matching_normalization`. width: the stem width of the networks in
+    `models.TAKES_WIDTH` (default 64, the paper's and the references')."""
     if model_name not in models.MODELS:
         raise UserError(f"unknown model {model_name!r}; choose one of {sorted(models.MODELS)}")
     data.check_dataset(dataset)
+    if width is not None and (model_name not in models.TAKES_WIDTH or isinstance(width, bool) or width < 1):
+        raise UserError(f"a width is taken by {', '.join(models.TAKES_WIDTH)} only, as a positive integer")
+    kwargs = {"width": width} if width is not None else {}
     num_classes = data.NUM_CLASSES[dataset]
-    shapes = models.create_model(model_name, dataset, num_classes, normalize=models.NO_NORMALIZATION)
+    shapes = models.create_model(model_name, dataset, num_classes, normalize=models.NO_NORMALIZATION, **kwargs)
     abstract = jax.eval_shape(lambda: models.init_variables(shapes, jax.random.PRNGKey(0)))
     params, batch_stats, found = from_state_dict(model_name, read_state_dict(path), *abstract, source=path)
     mean, std = matching_normalization(found, normalize, dataset, path) or (None, None)
-    model = models.MODELS[model_name](num_classes=num_classes, mean=mean, std=std)
+    model = models.MODELS[model_name](num_classes=num_classes, mean=mean, std=std, **kwargs)
     state = state_lib.TrainState(
         step=jax.numpy.zeros((), jax.numpy.int32), params=params, batch_stats=batch_stats, opt_state=None, rng=None
     )

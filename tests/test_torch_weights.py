@@ -145,6 +145,18 @@ def test_a_file_without_its_normalization_needs_one_named(tmp_path):
         torch_weights.load_model(normalized, "small_cnn", "cifar10", normalize="none")
 
 
+def test_a_narrower_resnet_loads_with_its_width_named(tmp_path):
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("resnet18", width=16))
+    file = str(tmp_path / "narrow.safetensors")
+    torch_weights.export(file, "resnet18", params, batch_stats, normalize=CIFAR10)
+    with pytest.raises(UserError, match="does not fit resnet18"):
+        torch_weights.load_model(file, "resnet18", "cifar10")
+    _, state = torch_weights.load_model(file, "resnet18", "cifar10", width=16)
+    assert state.params["Dense_0"]["kernel"].shape == params["Dense_0"]["kernel"].shape
+    with pytest.raises(UserError, match="width is taken by"):
+        torch_weights.load_model(file, "small_cnn", "cifar10", width=16)
+
+
 def test_export_into_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
     params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
     with pytest.raises(UserError, match="does not exist"):

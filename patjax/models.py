@@ -18,11 +18,12 @@ Models:
   same CIFAR stem as ResNet18. This is the network named "WRN-50-2" by
   Zagoruyko & Komodakis (2016) for ImageNet and by torchvision; it is *not* the
   CIFAR WideResNet-depth-width family (WRN-28-10, WRN-34-10) of the TRADES/MART code.
-- `PreActResNet18`: the pre-activation ResNet-18 of kuangliu's pytorch-cifar, as used by
-  Wong et al. (2020, "Fast is better than free"), Rice et al. (2020, "Overfitting in
-  adversarially robust deep learning") and RobustBench's `PreActResNet(PreActBlockV2,
-  [2, 2, 2, 2], bn_before_fc=True)`: the 1x1 shortcut convolution (no BatchNorm) reads the
-  block's pre-activated input, and a BatchNorm + ReLU precedes the pooling.
+- `PreActResNet18`: the pre-activation ResNet-18 of Wong et al. (2020, "Fast is better than
+  free") and Rice et al. (2020, "Overfitting in adversarially robust deep learning"), RobustBench's
+  `PreActResNet(PreActBlockV2, [2, 2, 2, 2], bn_before_fc=True)`: kuangliu's pytorch-cifar
+  blocks (the 1x1 shortcut convolution, no BatchNorm, reads the block's pre-activated input)
+  plus a BatchNorm + ReLU before the pooling, which kuangliu's own PreActResNet18 lacks (its
+  checkpoints have no `bn.*` and are refused with one line, not loaded into another network).
 - `WideResNet` (`wrn28_10`, `wrn34_10`): the CIFAR WRN-depth-width of Zagoruyko & Komodakis
   (2016) as written in the TRADES code and RobustBench's `WideResNet` (pre-activation
   BasicBlocks, widths 16/16k/32k/64k, (depth - 4) / 6 blocks per stage, dropout 0, a final

@@ -4,8 +4,9 @@ reference definitions they follow, NCHW images in [0, 1].
 - `SmallCNN`: patjax's small CNN (three conv3x3 + BN + ReLU + max-pool(2) stages, mean pool, linear).
 - `ResNet18`: kuangliu's pytorch-cifar ResNet-18 (also RobustBench's `ResNet18`): names conv1,
   bn1, layer1.0.conv1, ..., layerN.0.shortcut.{0,1}, linear.
-- `PreActResNet18`: kuangliu's PreActResNet18 (RobustBench's `PreActResNet(PreActBlockV2,
-  [2, 2, 2, 2], bn_before_fc=True)`): conv1, layerN.M.{bn1,conv1,bn2,conv2,shortcut.0}, bn, linear.
+- `PreActResNet18`: Wong et al.'s / Rice et al.'s (RobustBench's `PreActResNet(PreActBlockV2,
+  [2, 2, 2, 2], bn_before_fc=True)`; kuangliu's blocks plus a final BatchNorm, which kuangliu's
+  own PreActResNet18 lacks): conv1, layerN.M.{bn1,conv1,bn2,conv2,shortcut.0}, bn, linear.
 - `WideResNet`: the TRADES / RobustBench WideResNet (dropout 0, `sub_block1=False`): conv1,
   blockN.layer.M.{bn1,conv1,bn2,conv2,convShortcut}, bn1, fc.
 - `WideResNet50_2`: torchvision's wide_resnet50_2 with patjax's CIFAR stem (3x3 stride-1 conv, no

@@ -10,17 +10,22 @@ traceable: the attacks differentiate it), or a Flax module with its variables ({
 settings (docs/evaluation.md) with the keyword arguments replacing fields of `config.eval`. The
 results dict is `patjax.evaluation.evaluate_state`'s (what results.json holds) with the per-image
 arrays of per_image.npz under "per_image".
+
+`evaluate_torch_checkpoint` does the same for a PyTorch state_dict file of a network of
+`patjax.models` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Union
 
 import jax.numpy as jnp
 import numpy as np
 
 from patjax import config as config_lib
-from patjax import data, evaluation, models
+from patjax import data, evaluation, models, torch_weights
+from patjax import evaluators as evaluators_lib
 from patjax import state as state_lib
 from patjax.errors import UserError
 
@@ -94,3 +99,42 @@ def evaluate(
         per_image_out=per_image,
     )
     return {**results, "per_image": per_image}
+
+
+def evaluate_torch_checkpoint(
+    path,
+    model_name,
+    dataset,
+    normalize,
+    out_dir,
+    evaluators=None,
+    num_examples=None,
+    batch_size=None,
+    overrides=None,
+    width=None,
+) -> dict:
+    """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
+    default config's eval settings with `overrides`; results in out_dir/eval/. The results
+    record the file, the network and its input normalization under "model"."""
+    cfg = config_lib.default_config()
+    cfg.dataset = dataset
+    cfg = evaluation.apply_overrides(cfg, overrides)
+    evaluation.eval_settings(cfg)  # every setting checked before the file is read
+    evaluation.check_run_settings(
+        cfg.eval.num_examples if num_examples is None else num_examples,
+        cfg.eval.batch_size if batch_size is None else batch_size,
+    )
+    evaluators_lib.parse(cfg.eval.evaluators if evaluators is None else evaluators)
+    model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize, width=width)
+    normalization = normalize if normalize is not None else "the file's mu and sigma"
+    record = {
+        "model": {
+            "torch_checkpoint": os.path.abspath(path),
+            "model": model_name,
+            "width": width,
+            "normalize": normalization,
+        }
+    }
+    return evaluation.evaluate_and_write(
+        cfg, model_fns, state, out_dir, evaluators, num_examples, batch_size, record=record
+    )

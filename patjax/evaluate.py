@@ -7,7 +7,7 @@
       [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
-`patjax.models` is evaluated without a workdir (`patjax.evaluation.evaluate_torch_checkpoint`,
+`patjax.models` is evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
 names and layouts of `patjax.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
 results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/).
@@ -24,8 +24,8 @@ import os
 
 from absl import app, flags
 
+from patjax import api, eval_files, evaluation, evaluators, models, report, sharding
 from patjax import cli as cli_lib
-from patjax import eval_files, evaluation, evaluators, models, report, sharding
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -51,7 +51,7 @@ def evaluate_torch_checkpoint(spec, num_examples, overrides):
     if FLAGS.workdir or not FLAGS.model:
         raise UserError("--torch_checkpoint takes --model (and no --workdir)")
     out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
-    results = evaluation.evaluate_torch_checkpoint(
+    results = api.evaluate_torch_checkpoint(
         FLAGS.torch_checkpoint,
         FLAGS.model,
         FLAGS.dataset,

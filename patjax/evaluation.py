@@ -39,9 +39,7 @@ from patjax import (
     robustness,
     sharding,
     stats,
-    torch_weights,
 )
-from patjax import config as config_lib
 from patjax import evaluators as evaluators_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -363,43 +361,6 @@ def evaluate_and_write(
     if not sharding.is_writer():
         return files.json_safe(results)
     return eval_files.write_results(out_dir, results, per_image, step)
-
-
-def evaluate_torch_checkpoint(
-    path,
-    model_name,
-    dataset,
-    normalize,
-    out_dir,
-    evaluators=None,
-    num_examples=None,
-    batch_size=None,
-    overrides=None,
-    width=None,
-) -> dict:
-    """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
-    default config's eval settings with `overrides`; results in out_dir/eval/. The results
-    record the file, the network and its input normalization under "model"."""
-    cfg = config_lib.default_config()
-    cfg.dataset = dataset
-    cfg = apply_overrides(cfg, overrides)
-    eval_settings(cfg)  # every setting checked before the file is read
-    check_run_settings(
-        cfg.eval.num_examples if num_examples is None else num_examples,
-        cfg.eval.batch_size if batch_size is None else batch_size,
-    )
-    evaluators_lib.parse(cfg.eval.evaluators if evaluators is None else evaluators)
-    model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize, width=width)
-    normalization = normalize if normalize is not None else "the file's mu and sigma"
-    record = {
-        "model": {
-            "torch_checkpoint": os.path.abspath(path),
-            "model": model_name,
-            "width": width,
-            "normalize": normalization,
-        }
-    }
-    return evaluate_and_write(cfg, model_fns, state, out_dir, evaluators, num_examples, batch_size, record=record)
 
 
 def paired_differences(workdirs, results_list, per_images) -> list:

@@ -19,7 +19,7 @@ import jax
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import data, runner, suite_results, suites
+from patjax import data, runner, suite_results, suites, workers
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -37,9 +37,9 @@ def main(argv):
     suite = suites.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
     runs = suites.plan(suite, groups, methods)
-    num_workers, worker_index = runner.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
+    num_workers, worker_index = workers.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
     if FLAGS.dry_run:
-        mine = runner.partition(runs, num_workers, worker_index)
+        mine = workers.partition(runs, num_workers, worker_index)
         print(
             f"suite {suite.name}: {len(runs)} runs; data: {data_dir or 'downloaded at first use'}"
             + (f"; worker {worker_index} of {num_workers} takes {len(mine)}" if num_workers > 1 else "")

@@ -46,6 +46,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "suites": 8,
     "suite_results": 8,
     "runner": 8,
+    "workers": 8,
     "evaluate": 9,
     "experiments": 9,
     "diagnose": 9,

@@ -16,7 +16,7 @@ from conftest import REPO, train_run
 from safetensors.numpy import load_file
 
 from patjax import config as config_lib
-from patjax import kept_models, methods, plots, report, runner, suite_results, suites, train
+from patjax import kept_models, methods, plots, report, runner, suite_results, suites, train, workers
 from patjax import stats as patjax_stats
 from patjax.errors import UserError
 
@@ -349,7 +349,7 @@ def dry_run(*args, env=None):
 def test_static_partition_flags_slurm_and_bad_values():
     runs = suites.plan(suites.get_suite("ablation_cpu", None))
     assert len(runs) == 10
-    shares = [runner.partition(runs, 3, i) for i in range(3)]
+    shares = [workers.partition(runs, 3, i) for i in range(3)]
     assert [[p for p, _ in share] for share in shares] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
     assert sorted((p, r.name) for share in shares for p, r in share) == [(p, r.name) for p, r in enumerate(runs)]
 
@@ -361,12 +361,12 @@ def test_static_partition_flags_slurm_and_bad_values():
         listed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  run ")]
         assert listed == ["2/10", "5/10", "8/10"], proc.stdout
         assert "worker 1 of 3 takes 3" in proc.stdout
-    assert runner.worker_slot(environ={}) == (1, 0)
-    assert runner.worker_slot(
+    assert workers.worker_slot(environ={}) == (1, 0)
+    assert workers.worker_slot(
         environ={"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "8"}
     ) == (8, 7)
     # Flags win over the array's variables: --num_workers=1 turns the static partition off.
-    assert runner.worker_slot(
+    assert workers.worker_slot(
         1, None, environ={"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "8"}
     ) == (1, 0)
 
@@ -389,7 +389,7 @@ def test_static_partition_flags_slurm_and_bad_values():
         (2, -1, "worker index -1 is not in 0..1"),
     ]:
         with pytest.raises(UserError, match=message):
-            runner.worker_slot(num_workers, worker_index, environ={})
+            workers.worker_slot(num_workers, worker_index, environ={})
     with pytest.raises(UserError, match="worker index 3"):
         runner.run_suite(suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3)
     assert not os.path.exists("/nonexistent/suite")

@@ -12,7 +12,7 @@ Running the same command again resumes from the latest checkpoint in --workdir.
 from absl import app, flags
 from ml_collections import config_flags
 
-from patjax import config, evaluation, train
+from patjax import config, train
 from patjax.cli import guarded, parse_flags, start
 
 FLAGS = flags.FLAGS
@@ -27,10 +27,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 @guarded
 def main(argv):
     start(argv)
-    # The config is read here and nowhere below: typed, checked settings go down. The evaluation's
-    # settings are checked now, not after the training time was spent.
+    # The config is read here and nowhere below: typed, checked settings go down (the
+    # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
-    evaluation.check_config(FLAGS.config)
     train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
 
 

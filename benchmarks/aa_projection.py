@@ -95,9 +95,9 @@ def evaluations(s, fractions) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax import config, evaluation
+    from patjax import config
 
-    s = evaluation.eval_settings(config.default_config())
+    s = config.evaluation_settings(config.default_config()).evals
     f, g = model_flops(args.model, args.width, args.batch)
     per_pass = {name: (fw * f + gr * g) * args.num_images for name, (fw, gr) in evaluations(s, args.fractions).items()}
     attacks_flop = sum(v for k, v in per_pass.items() if k != "masking")

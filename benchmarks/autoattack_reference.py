@@ -61,20 +61,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run_patjax(cfg, model_fns, state, split, n, batch_size):
+def run_patjax(settings, model_fns, state, split):
     from patjax import evaluation
 
     per_image = {}
     results = evaluation.evaluate_state(
-        evaluation.eval_settings(cfg),
+        settings,
         model_fns,
         state,
         split,
-        dataset=cfg.dataset,
-        num_examples=n,
-        batch_size=batch_size,
         progress=False,
-        evaluators="aa",
         per_image_out=per_image,
     )
     fig = results["figures"]["aa"]
@@ -165,17 +161,16 @@ def main(argv=None):
     from patjax import workdir as workdir_lib
 
     peer = load_peer()
-    cfg, model_fns, state = workdir_lib.restore(args.workdir)
-    cfg.eval.attack_eps = args.eps
-    split = data.load_split(cfg.dataset, "test", args.data_dir or cfg.get("data_dir"))
+    run, model_fns, state = workdir_lib.restore(args.workdir)
+    split = data.load_split(run.dataset, "test", args.data_dir or run.data_dir)
     n = min(args.num_examples, len(split))
     x_np = np.asarray(data.to_float(split.images[:n]))
     y_np = np.asarray(split.labels[:n]).astype(np.int64)
 
-    if cfg.model not in ("small_cnn", "resnet18"):
-        raise SystemExit(f"error: no PyTorch copy of model {cfg.model!r}")
+    if run.model.name not in ("small_cnn", "resnet18"):
+        raise SystemExit(f"error: no PyTorch copy of model {run.model.name!r}")
     torch_model = peer.create_model(
-        cfg.model, num_classes=data.NUM_CLASSES[cfg.dataset], width=int(cfg.get("model_width", 64)), dataset=cfg.dataset
+        run.model.name, num_classes=data.NUM_CLASSES[run.dataset], width=run.model.width, dataset=run.dataset
     )
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
     peer.load_patjax_weights(torch_model, params, batch_stats)
@@ -201,7 +196,10 @@ def main(argv=None):
     wanted = set(args.only or ("patjax", "reference", "torchattacks"))
     robust = {}
     if "patjax" in wanted:
-        res = run_patjax(cfg, model_fns, state, split, n, args.batch_size)
+        settings = workdir_lib.evaluation_settings(
+            args.workdir, {"attack_eps": args.eps}, evaluators="aa", num_examples=n, batch_size=args.batch_size
+        )
+        res = run_patjax(settings, model_fns, state, split)
         robust["patjax"] = res.pop("robust")
         out["patjax"] = res
     if "reference" in wanted:

@@ -38,17 +38,18 @@ def main():
     p.add_argument("--num_examples", type=int, default=500)
     p.add_argument("--batch_size", type=int, default=250)
     a = p.parse_args()
-    cfg, model_fns, state = workdir_lib.restore(a.workdir)
-    split = data.load_split(cfg.dataset, "test", None)
+    run, model_fns, state = workdir_lib.restore(a.workdir)
+    model = run.model
+    split = data.load_split(model.dataset, "test", None)
     images, labels = split.images[: a.num_examples], split.labels[: a.num_examples]
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "model.pt")
         export = [sys.executable, "-m", "patjax.export", f"--workdir={a.workdir}", f"--out={out}"]
         subprocess.run(export, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
-        kwargs = {"width": int(cfg.model_width)} if cfg.model in models.TAKES_WIDTH else {}
+        kwargs = {"width": model.width} if model.name in models.TAKES_WIDTH else {}
         net = torch_models.create_model(
-            cfg.model, data.NUM_CLASSES[cfg.dataset], models.DATASET_STATS[cfg.dataset], **kwargs
+            model.name, data.NUM_CLASSES[model.dataset], models.DATASET_STATS[model.dataset], **kwargs
         )
         net.load_state_dict(torch.load(out, weights_only=True), strict=True)
     net.eval()
@@ -68,7 +69,7 @@ def main():
 
     start = time.perf_counter()
     variables = {"params": state.params, "batch_stats": state.batch_stats}
-    module = models.create_model(cfg.model, cfg.dataset, data.NUM_CLASSES[cfg.dataset], **kwargs)
+    module = models.create_model(model.name, model.dataset, data.NUM_CLASSES[model.dataset], **kwargs)
     res = api.evaluate((module, variables), images, labels, evaluators="pgd20", batch_size=a.batch_size)
     patjax_wall = time.perf_counter() - start
     robust_patjax = np.asarray(res["per_image"]["pgd20.robust"], bool)

@@ -25,7 +25,6 @@ import numpy as np
 
 from patjax import config as config_lib
 from patjax import data, evaluation, models, torch_weights
-from patjax import evaluators as evaluators_lib
 from patjax import state as state_lib
 from patjax.errors import UserError
 
@@ -82,21 +81,13 @@ def evaluate(
     """Every chosen evaluator on every image: results.json's figures with their intervals, and
     the per-image arrays under "per_image". `dataset` is recorded with the figures; `settings`
     replace fields of the default config's `eval` block (pr_samples=..., seed=..., ...)."""
-    cfg = config_lib.default_config()
-    cfg.dataset = dataset
-    cfg = evaluation.apply_overrides(cfg, settings)
+    chosen = config_lib.default_evaluation_settings(
+        dataset, settings, evaluators=evaluators, num_examples=config_lib.WHOLE_SPLIT, batch_size=batch_size
+    )
     model_fns, state = as_model(model)
     per_image = {}
     results = evaluation.evaluate_state(
-        evaluation.eval_settings(cfg),
-        model_fns,
-        state,
-        as_split(images, labels),
-        dataset=dataset,
-        evaluators=evaluators,
-        batch_size=batch_size,
-        progress=progress,
-        per_image_out=per_image,
+        chosen, model_fns, state, as_split(images, labels), progress=progress, per_image_out=per_image
     )
     return {**results, "per_image": per_image}
 
@@ -116,15 +107,10 @@ def evaluate_torch_checkpoint(
     """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
     default config's eval settings with `overrides`; results in out_dir/eval/. The results
     record the file, the network and its input normalization under "model"."""
-    cfg = config_lib.default_config()
-    cfg.dataset = dataset
-    cfg = evaluation.apply_overrides(cfg, overrides)
-    evaluation.eval_settings(cfg)  # every setting checked before the file is read
-    evaluation.check_run_settings(
-        cfg.eval.num_examples if num_examples is None else num_examples,
-        cfg.eval.batch_size if batch_size is None else batch_size,
+    # Every setting is checked before the file is read.
+    settings = config_lib.default_evaluation_settings(
+        dataset, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
-    evaluators_lib.parse(cfg.eval.evaluators if evaluators is None else evaluators)
     model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize, width=width)
     normalization = normalize if normalize is not None else "the file's mu and sigma"
     record = {
@@ -135,6 +121,4 @@ def evaluate_torch_checkpoint(
             "normalize": normalization,
         }
     }
-    return evaluation.evaluate_and_write(
-        cfg, model_fns, state, out_dir, evaluators, num_examples, batch_size, record=record
-    )
+    return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)

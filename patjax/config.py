@@ -6,16 +6,20 @@ can also be overridden on the command line with --config.KEY=VALUE.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
+import numbers
 import os
 from typing import Optional
 
 import ml_collections
 
-from patjax import attacks, data, methods, samplers, state
+from patjax import attacks, data, methods, robustness, samplers, state
+from patjax import evaluators as evaluators_lib
 from patjax.errors import UserError
+from patjax.evaluators import common as evaluators_common
 
 # Fields a resumed run may change: they change how long the run is, what it logs and where
 # the data are read from (the dataset itself is `dataset`), not what a given step computes.
@@ -197,7 +201,7 @@ class TrainSettings:
     log_every_steps: int  # <= 0: every epoch
     log_test_examples: int  # <= 0: the whole test split
     progress_bar: bool
-    eval_batch_size: int
+    evaluation: "EvaluationSettings"  # how the run is evaluated (its config's `eval` block)
     # The config as config.json holds it: what a resume is checked against, and every command's
     # record of the run.
     record: dict = dataclasses.field(compare=False, repr=False)
@@ -292,8 +296,7 @@ def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
     if cfg.batch_size <= 0:
         raise UserError(f"batch_size must be positive, got {cfg.batch_size}")
     record = json.loads(cfg.to_json())
-    if record.get("data_dir") and record["data_dir"] != data.TFDS:
-        record["data_dir"] = os.path.abspath(record["data_dir"])
+    record["data_dir"] = _absolute_data_dir(record.get("data_dir"))
     return TrainSettings(
         model=model_settings(cfg),
         optimizer=optimizer_settings(cfg),
@@ -306,9 +309,116 @@ def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
         log_every_steps=int(cfg.log_every_steps),
         log_test_examples=int(cfg.log_test_examples),
         progress_bar=bool(cfg.progress_bar),
-        eval_batch_size=int(cfg.eval.batch_size),
+        # A run's evaluation settings are checked when it starts, not after its training.
+        evaluation=evaluation_settings(cfg),
         record=record,
     )
+
+
+WHOLE_SPLIT = -1  # eval.num_examples meaning every image of the test split
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSettings:
+    """What an evaluation reads, typed and checked once from a config (`evaluation_settings`):
+    the test split, the evaluators, how many images and the evaluators' own settings."""
+
+    dataset: str
+    data_dir: Optional[str]
+    evaluators: tuple  # names of the registry, in its order (`evaluators.parse`)
+    num_examples: int  # the first images of the split; WHOLE_SPLIT: all of them
+    batch_size: int
+    evals: evaluators_common.EvalSettings
+
+    def __post_init__(self):
+        evaluators_common.integer("batch_size", self.batch_size, 1)
+        # 0 is refused rather than read as "all": a full evaluation takes hours on a CPU.
+        if self.num_examples != WHOLE_SPLIT or isinstance(self.num_examples, bool):
+            if (
+                isinstance(self.num_examples, bool)
+                or not isinstance(self.num_examples, numbers.Integral)
+                or self.num_examples < 1
+            ):
+                raise UserError(
+                    f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test "
+                    f"split, got {self.num_examples!r}"
+                )
+
+
+def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict]) -> ml_collections.ConfigDict:
+    """A copy of cfg with fields of its `eval` block replaced (e.g. {'pr_samples': 20}); an
+    unknown field is refused."""
+    if not overrides:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        if key not in cfg.eval:
+            raise UserError(f"unknown eval setting {key!r}")
+        cfg.eval[key] = value
+    return cfg
+
+
+def evaluation_settings(
+    cfg: ml_collections.ConfigDict,
+    overrides: Optional[dict] = None,
+    *,
+    evaluators=None,
+    num_examples=None,
+    batch_size=None,
+) -> EvaluationSettings:
+    """The typed settings of an evaluation of a run with config cfg: its `eval` block with
+    `overrides` replacing fields, and evaluators, num_examples and batch_size where given (the
+    command line's flags). The one place the `eval` block is read; its sampler's c1, c2 and
+    PAT's beta set p_dis and the entropic lambda by default."""
+    cfg = with_eval_overrides(cfg, overrides)
+    _check_finite(cfg.eval.to_dict(), "eval.")
+    ev = cfg.eval
+    distributions = [ev.pr_distribution] + [d for d in ev.pr_distributions if d != ev.pr_distribution]
+    c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
+    lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
+    evals = evaluators_common.EvalSettings(
+        pr_distributions=tuple(str(d) for d in distributions),
+        pr_epsilons=tuple(float(e) for e in ev.pr_epsilons),
+        pr_samples=ev.pr_samples,
+        pr_chunk_size=ev.pr_chunk_size,
+        pdis_c1=c1,
+        pdis_sigma=robustness.pdis_sigma(c1) if c1 > 0 else float("nan"),
+        entropic_lambda=max(lam, 0.0),
+        attack_eps=float(ev.attack_eps),
+        attack_step_size=float(ev.attack_step_size),
+        attack_steps=ev.attack_steps,
+        cw_kappa=float(ev.cw_kappa),
+        apgd_steps=ev.apgd_steps,
+        apgd_rho=float(ev.apgd_rho),
+        aa_target_classes=ev.aa_target_classes,
+        aa_fab_steps=ev.aa_fab_steps,
+        aa_square_queries=ev.aa_square_queries,
+        aa_masking_eps_factors=tuple(float(f) for f in ev.aa_masking_eps_factors),
+        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q),
+        confidence=float(ev.confidence),
+        bootstrap_resamples=ev.bootstrap_resamples,
+        seed=ev.seed,
+    )
+    return EvaluationSettings(
+        dataset=str(cfg.dataset),
+        data_dir=_absolute_data_dir(cfg.data_dir),
+        evaluators=evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators),
+        num_examples=ev.num_examples if num_examples is None else num_examples,
+        batch_size=ev.batch_size if batch_size is None else batch_size,
+        evals=evals,
+    )
+
+
+def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, **kwargs) -> EvaluationSettings:
+    """`evaluation_settings` of the default config on `dataset`: a model no run trained."""
+    cfg = default_config()
+    cfg.dataset = dataset
+    return evaluation_settings(cfg, overrides, **kwargs)
+
+
+def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:
+    """Absolute, so that a command run from another directory reads the same data."""
+    return os.path.abspath(data_dir) if data_dir and data_dir != data.TFDS else data_dir
 
 
 def _check_finite(settings: dict, prefix: str = "") -> None:

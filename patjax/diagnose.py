@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from patjax import cli as cli_lib
-from patjax import config, data, files, plots, sampler_diagnostic
+from patjax import data, files, plots, sampler_diagnostic
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -48,11 +48,10 @@ def main(argv):
     sampler_diagnostic.check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
-    cfg, model_fns, state = workdir_lib.restore(FLAGS.workdir)
-    split = data.load_split(cfg.dataset, "test", cfg.data_dir)
-    # The run's sampler, typed where the config enters; the diagnostic varies its T and start.
-    method = config.method_settings(cfg)
-    sampler, bn_mode = method.langevin, method.langevin_bn_mode
+    settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)
+    split = data.load_split(settings.dataset, "test", settings.data_dir)
+    # The run's sampler; the diagnostic varies its T and start.
+    sampler, bn_mode = settings.method.langevin, settings.method.langevin_bn_mode
     result = sampler_diagnostic.diagnose(
         sampler,
         bn_mode,

@@ -21,7 +21,6 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import os
 import time
@@ -40,6 +39,7 @@ from patjax import (
     sharding,
     stats,
 )
+from patjax import config as config_lib
 from patjax import evaluators as evaluators_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
@@ -53,146 +53,26 @@ PROTOCOL = (
     "min(x + eps, 1)] per pixel with s(x') < 0 (ties adversarial); the mean over the images the "
     "model classifies correctly"
 )
-SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
-WHOLE_SPLIT = -1  # num_examples meaning every image of the test split
-
-
-def _integer(name, value, minimum, maximum=None) -> int:
-    """value as an int, or a one-line UserError naming the setting."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
-    return int(value)
-
-
-def check_run_settings(num_examples, batch_size) -> None:
-    """num_examples (>= 1, or -1: the whole split) and batch_size (>= 1), before anything is
-    evaluated. 0 is refused rather than read as "all": a full evaluation takes hours on a CPU."""
-    _integer("batch_size", batch_size, 1)
-    if num_examples == WHOLE_SPLIT and not isinstance(num_examples, bool):
-        return
-    if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
-        raise UserError(
-            f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test split, got {num_examples!r}"
-        )
-
-
-def eval_settings(cfg) -> common.EvalSettings:
-    """The evaluators' settings from a run's config, checked and typed (static for jit): the one
-    place the `eval` block is read, where the config enters (the command lines, the runner).
-
-    Its sampler's c1, c2 and PAT's beta set p_dis and the entropic lambda by default. Every
-    check runs before any evaluator, so a bad setting fails in a second, not after the
-    evaluation.
-    """
-    ev = cfg.eval
-    distributions = [ev.pr_distribution] + [d for d in ev.pr_distributions if d != ev.pr_distribution]
-    for d in distributions:
-        if d not in robustness.ALL_DISTRIBUTIONS:
-            raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
-    if ev.pr_distribution not in robustness.DISTRIBUTIONS:
-        raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
-    _integer("eval.seed", ev.seed, 0, SEED_LIMIT - 1)
-    _integer("eval.pr_samples", ev.pr_samples, 1)
-    _integer("eval.pr_chunk_size", ev.pr_chunk_size, 1)
-    _integer("eval.attack_steps", ev.attack_steps, 0)
-    _integer("eval.apgd_steps", ev.apgd_steps, 1)
-    _integer("eval.bootstrap_resamples", ev.bootstrap_resamples, 100)
-    _integer("eval.aa_target_classes", ev.aa_target_classes, 1)
-    _integer("eval.aa_fab_steps", ev.aa_fab_steps, 1)
-    _integer("eval.aa_square_queries", ev.aa_square_queries, 1)
-    if any(not f > 1 for f in ev.aa_masking_eps_factors):
-        raise UserError(f"eval.aa_masking_eps_factors must be > 1, got {tuple(ev.aa_masking_eps_factors)}")
-    if ev.attack_eps < 0 or ev.attack_step_size < 0:
-        raise UserError("eval.attack_eps and eval.attack_step_size must be >= 0")
-    if not 0 < ev.apgd_rho <= 1:
-        raise UserError(f"eval.apgd_rho must be in (0, 1], got {ev.apgd_rho}")
-    if not 0 < ev.confidence < 1:
-        raise UserError(f"eval.confidence must be in (0, 1), got {ev.confidence}")
-    if any(not 0 < q < 1 for q in ev.prob_acc_q):
-        raise UserError(f"eval.prob_acc_q must lie in (0, 1), got {tuple(ev.prob_acc_q)}")
-    c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
-    lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
-    epsilons = tuple(float(e) for e in ev.pr_epsilons)
-    if not epsilons or min(epsilons) < 0:
-        raise UserError("eval.pr_epsilons must be non-empty and non-negative")
-    if robustness.PDIS in distributions and not c1 > 0:
-        raise UserError(f"p_dis needs c1 > 0 (eval.pdis_c1, else langevin.c1), got {c1}")
-    return common.EvalSettings(
-        pr_distributions=tuple(distributions),
-        pr_epsilons=epsilons,
-        pr_samples=int(ev.pr_samples),
-        pr_chunk_size=int(ev.pr_chunk_size),
-        pdis_c1=c1,
-        pdis_sigma=robustness.pdis_sigma(c1),
-        entropic_lambda=max(lam, 0.0),
-        attack_eps=float(ev.attack_eps),
-        attack_step_size=float(ev.attack_step_size),
-        attack_steps=int(ev.attack_steps),
-        cw_kappa=float(ev.cw_kappa),
-        apgd_steps=int(ev.apgd_steps),
-        apgd_rho=float(ev.apgd_rho),
-        aa_target_classes=int(ev.aa_target_classes),
-        aa_fab_steps=int(ev.aa_fab_steps),
-        aa_square_queries=int(ev.aa_square_queries),
-        aa_masking_eps_factors=tuple(float(f) for f in ev.aa_masking_eps_factors),
-        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q),
-        confidence=float(ev.confidence),
-        bootstrap_resamples=int(ev.bootstrap_resamples),
-        seed=int(ev.seed),
-    )
-
-
-def check_config(cfg) -> None:
-    """The config's evaluation settings and evaluators, checked when training starts so that a
-    bad value fails then, not after the training time was spent."""
-    eval_settings(cfg)
-    evaluators_lib.parse(cfg.eval.evaluators)
-    check_run_settings(cfg.eval.num_examples, cfg.eval.batch_size)
-
-
-def apply_overrides(cfg, overrides: dict | None):
-    """A copy of cfg with eval fields replaced (e.g. {'pr_samples': 20}); unknown fields are refused."""
-    if not overrides:
-        return cfg
-    cfg = copy.deepcopy(cfg)
-    ev = cfg.eval
-    for key, value in overrides.items():
-        if key not in ev:
-            raise UserError(f"unknown eval setting {key!r}")
-        ev[key] = value
-    cfg.eval = ev
-    return cfg
 
 
 def evaluate_state(
-    s: common.EvalSettings,
+    settings: config_lib.EvaluationSettings,
     model_fns,
     state,
     split: data.Split,
     *,
-    dataset: str,
-    evaluators=("all",),
-    num_examples: int = -1,
-    batch_size: int = 500,
     progress: bool = True,
     per_image_out: dict | None = None,
 ) -> dict:
-    """Every chosen evaluator on the first num_examples images of `split` (-1: all of them).
+    """settings.evaluators on the first settings.num_examples images of `split` (-1: all of them).
 
-    s: `eval_settings(cfg)`; dataset: the split's, recorded with the figures.
-    evaluators: names or a comma-separated string (`evaluators.parse`).
+    settings: `config.evaluation_settings`; its dataset (the split's) is recorded with the figures.
     per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
-      evaluation's identity, `workdir.identity`).
+      evaluation's identity, `eval_files.identity`).
     """
-    names = evaluators_lib.parse(evaluators)
-    check_run_settings(num_examples, batch_size)
-    n = len(split) if num_examples == WHOLE_SPLIT else min(num_examples, len(split))
+    s, names, batch_size = settings.evals, settings.evaluators, settings.batch_size
+    num_examples = settings.num_examples
+    n = len(split) if num_examples == config_lib.WHOLE_SPLIT else min(num_examples, len(split))
     chosen = [evaluators_lib.REGISTRY[name] for name in names]
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
@@ -231,7 +111,7 @@ def evaluate_state(
         "pr_distribution": s.pr_distribution,
         **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
         **robustness.DEFINITIONS,
-        "dataset": dataset,
+        "dataset": settings.dataset,
         "split": "test",
         "batch_size": int(batch_size),
         # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
@@ -278,29 +158,25 @@ def check_workdir(
     evaluators=None,
     overrides: dict | None = None,
     overwrite: bool = True,
-):
+) -> config_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
-    checkpoint, the eval settings with the overrides, evaluators, num_examples and
-    batch_size; with overwrite=False also that an existing eval/results.json holds no
-    evaluator this run would drop. Returns the config with the overrides applied."""
-    cfg = apply_overrides(workdir_lib.load_config(workdir), overrides)
-    ev = cfg.eval
-    eval_settings(cfg)
-    chosen = evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators)
-    check_run_settings(
-        ev.num_examples if num_examples is None else num_examples, ev.batch_size if batch_size is None else batch_size
+    checkpoint, the run's evaluation settings with the overrides and the arguments given; with
+    overwrite=False also that an existing eval/results.json holds no evaluator this run would
+    drop. Returns the settings."""
+    settings = workdir_lib.evaluation_settings(
+        workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     checkpoints.require_checkpoint(workdir)
     if not overwrite:
         previous = (eval_files.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
-        dropped = [e for e in previous if e not in chosen]
+        dropped = [e for e in previous if e not in settings.evaluators]
         if dropped:
             raise UserError(
                 f"{workdir}: eval/results.json holds {', '.join(dropped)}, which this evaluation "
-                f"({', '.join(chosen)}) would replace and lose; include them in --evaluators, or pass "
+                f"({', '.join(settings.evaluators)}) would replace and lose; include them in --evaluators, or pass "
                 f"--overwrite"
             )
-    return cfg
+    return settings
 
 
 def evaluate_workdir(
@@ -314,48 +190,34 @@ def evaluate_workdir(
     step: int | None = None,
 ) -> dict:
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
-    eval/per_image.npz, then eval/results.json (`workdir.write_results`). Returns the results as
-    written (non-finite numbers as None). overwrite=False (the command line's default) refuses
+    eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
+    as written (non-finite numbers as None). overwrite=False (the command line's default) refuses
     to replace a results.json holding evaluators this run lacks.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
     """
-    check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
+    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     lock = locks.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
     with lock:
-        cfg, model_fns, state = workdir_lib.restore(workdir, step=step)
-        cfg = apply_overrides(cfg, overrides)
-        return evaluate_and_write(cfg, model_fns, state, workdir, evaluators, num_examples, batch_size, progress, step)
+        _, model_fns, state = workdir_lib.restore(workdir, step=step)
+        return evaluate_and_write(settings, model_fns, state, workdir, progress, step)
 
 
 def evaluate_and_write(
-    cfg,
+    settings: config_lib.EvaluationSettings,
     model_fns,
     state,
     out_dir,
-    evaluators=None,
-    num_examples=None,
-    batch_size=None,
     progress=True,
     step=None,
     record: dict | None = None,
 ) -> dict:
-    """`evaluate_state` on cfg.dataset's test split with cfg's eval settings (the arguments given
-    win), written to out_dir/eval/ (or curve/step_N/) by process 0 with `record`'s entries added;
-    returns the results as written."""
-    split = data.load_split(cfg.dataset, "test", cfg.data_dir)
+    """`evaluate_state` on settings.dataset's test split, written to out_dir/eval/ (or
+    curve/step_N/) by process 0 with `record`'s entries added; returns the results as written."""
+    split = data.load_split(settings.dataset, "test", settings.data_dir)
     per_image = {}
     results = evaluate_state(
-        eval_settings(cfg),
-        model_fns,
-        state,
-        split,
-        dataset=cfg.dataset,
-        evaluators=cfg.eval.evaluators if evaluators is None else evaluators,
-        num_examples=cfg.eval.num_examples if num_examples is None else num_examples,
-        batch_size=cfg.eval.batch_size if batch_size is None else batch_size,
-        progress=progress and sharding.is_writer(),
-        per_image_out=per_image,
+        settings, model_fns, state, split, progress=progress and sharding.is_writer(), per_image_out=per_image
     )
     results.update(record or {})
     if not sharding.is_writer():

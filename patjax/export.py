@@ -37,19 +37,22 @@ def main(argv):
         raise UserError(f"--format={FLAGS.format} needs --out ending in {torch_weights.FORMATS.get(FLAGS.format)}")
     if suffix not in torch_weights.FORMATS.values():
         raise UserError(f"--out must end in {' or '.join(torch_weights.FORMATS.values())}, got {FLAGS.out!r}")
-    cfg, _, state = workdir_lib.restore(FLAGS.workdir, step=FLAGS.step)
+    settings, _, state = workdir_lib.restore(FLAGS.workdir, step=FLAGS.step)
+    model = settings.model
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
     metadata = {
-        "dataset": cfg.dataset,
-        "num_classes": data.NUM_CLASSES[cfg.dataset],
-        "width": int(cfg.model_width) if cfg.model in models.TAKES_WIDTH else "",
+        "dataset": model.dataset,
+        "num_classes": data.NUM_CLASSES[model.dataset],
+        "width": model.width if model.name in models.TAKES_WIDTH else "",
         "step": int(state.step),
         "workdir": os.path.abspath(FLAGS.workdir),
     }
     path = torch_weights.export(
-        FLAGS.out, cfg.model, params, batch_stats, models.DATASET_STATS[cfg.dataset], metadata=metadata
+        FLAGS.out, model.name, params, batch_stats, models.DATASET_STATS[model.dataset], metadata=metadata
     )
-    print(f"wrote {path}: {cfg.model} of step {int(state.step)}, inputs normalized with the {cfg.dataset} statistics")
+    print(
+        f"wrote {path}: {model.name} of step {int(state.step)}, inputs normalized with the {model.dataset} statistics"
+    )
 
 
 def cli():

@@ -293,7 +293,6 @@ def _train_and_evaluate(
         )
         t0 = time.perf_counter()
         settings = config.train_settings(cfg)
-        evaluation.check_config(cfg)
         state = train.train_and_evaluate(settings, directory)
         train_wall = time.perf_counter() - t0
         record = {

@@ -152,8 +152,7 @@ def train_and_evaluate(settings: config_lib.TrainSettings, workdir: str, stop_af
     """Trains (or resumes) the run in `workdir`; returns the final train state.
 
     settings: `config.train_settings(cfg)`, built where the config enters (the command line, the
-      suite runner), after `evaluation.check_config(cfg)` has checked what the run's evaluation
-      will need.
+      suite runner); it has checked the run's evaluation settings too.
     stop_after_steps: leave after this many steps of this invocation (with a checkpoint), as
       a preempted job would; running again resumes exactly where it stopped.
     """
@@ -206,7 +205,7 @@ def _train(settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_st
     state, train_images, train_labels = sharding.place_on_mesh(mesh, state, train_split.images, train_split.labels)
     permute = jax.jit(data.epoch_permutation, static_argnums=2)
     data_key = jax.random.fold_in(state.rng, 0)
-    test_accuracy_fn = clean_evaluator.accuracy_fn(model_fns, s.eval_batch_size)
+    test_accuracy_fn = clean_evaluator.accuracy_fn(model_fns, s.evaluation.batch_size)
 
     checkpoint_every = s.checkpoint_every_steps if s.checkpoint_every_steps > 0 else steps_per_epoch
     log_every = s.log_every_steps if s.log_every_steps > 0 else steps_per_epoch

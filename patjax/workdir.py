@@ -36,7 +36,8 @@ def config_path(workdir: str) -> str:
 
 
 def load_config(workdir: str):
-    """The run's config (config.json completed by `config.upgrade`), checked as a new one is."""
+    """The run's config (config.json completed by `config.upgrade`), checked as a new one is;
+    a damaged file is one line naming it."""
     saved = files.read_json(config_path(workdir), "restore it from the run's records or start a new --workdir")
     if saved is None:
         raise UserError(f"{workdir!r} is not a patjax workdir (no config.json)")
@@ -51,6 +52,17 @@ def load_config(workdir: str):
     return cfg
 
 
+def load_settings(workdir: str) -> config_lib.TrainSettings:
+    """The run's settings from its config.json."""
+    return config_lib.train_settings(load_config(workdir))
+
+
+def evaluation_settings(workdir: str, overrides: Optional[dict] = None, **kwargs) -> config_lib.EvaluationSettings:
+    """The run's evaluation settings (its config's `eval` block) with `overrides` and `kwargs`
+    (`config.evaluation_settings`)."""
+    return config_lib.evaluation_settings(load_config(workdir), overrides, **kwargs)
+
+
 def _flatten(d, prefix=""):
     out = {}
     for k, v in d.items():
@@ -63,8 +75,8 @@ def _flatten(d, prefix=""):
 
 def check_resume_compatible(settings: config_lib.TrainSettings, workdir: str) -> None:
     """Refuses to resume a checkpoint with a config that changes what a step computes."""
-    saved_cfg = load_config(workdir)
-    saved = _flatten(json.loads(saved_cfg.to_json()))
+    saved_settings = load_settings(workdir)
+    saved = _flatten(saved_settings.record)
     current = _flatten(settings.record)
     differing = sorted(
         k
@@ -78,7 +90,7 @@ def check_resume_compatible(settings: config_lib.TrainSettings, workdir: str) ->
         )
     step = checkpoints.latest_step(workdir)
     if step is not None:
-        _check_passed_milestones(config_lib.optimizer_settings(saved_cfg), settings, step)
+        _check_passed_milestones(saved_settings.optimizer, settings, step)
 
 
 def _check_passed_milestones(saved: state_lib.OptimizerSettings, settings: config_lib.TrainSettings, step: int):
@@ -106,7 +118,7 @@ def save_config(record: dict, workdir: str) -> None:
 
 
 def restore(workdir: str, mesh=None, step: Optional[int] = None):
-    """(cfg, model_fns, state) from a workdir's config and a model, for evaluation.
+    """(settings, model_fns, state) from a workdir's config and a model, for evaluation.
 
     step None: the newest step there is a model of: the newest intact checkpoint (a newest one
     that cannot be restored is skipped with a one-line warning; the workdir is not changed), or
@@ -116,14 +128,14 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     The state is replicated over `mesh` (default: every device), so a model saved on any number
     of devices restores here.
     """
-    cfg = load_config(workdir)
+    settings = load_settings(workdir)
     newest = checkpoints.require_checkpoint(workdir)
-    optimizer = config_lib.optimizer_settings(cfg)
+    optimizer = settings.optimizer
     tx = state_lib.make_optimizer(optimizer, optimizer.schedule(1))
     model_holder = {}
 
     def init():
-        fns, st = state_lib.create_train_state(config_lib.model_settings(cfg), int(cfg.seed), tx)
+        fns, st = state_lib.create_train_state(settings.model, settings.seed, tx)
         model_holder["fns"] = fns
         return st
 
@@ -142,7 +154,7 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
             opt_state=None,
             rng=None,
         )
-        return cfg, model_holder["fns"], state
+        return settings, model_holder["fns"], state
     manager = checkpoints.checkpoint_manager(workdir, create=False)
     try:
         if step is None:
@@ -156,7 +168,7 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
             )
     finally:
         manager.close()
-    return cfg, model_holder["fns"], state
+    return settings, model_holder["fns"], state
 
 
 def keep_models(workdir: str, steps_to_keep=None) -> list[int]:
@@ -164,7 +176,7 @@ def keep_models(workdir: str, steps_to_keep=None) -> list[int]:
     (default: every checkpoint) that has none yet; returns the steps written."""
     if checkpoints.latest_step(workdir) is None:
         return []
-    cfg = load_config(workdir)
+    settings = load_settings(workdir)
     manager = checkpoints.checkpoint_manager(workdir, create=False)
     try:
         available = sorted(manager.all_steps())
@@ -180,7 +192,12 @@ def keep_models(workdir: str, steps_to_keep=None) -> list[int]:
             step,
             jax.device_get(state.params),
             jax.device_get(state.batch_stats),
-            {"model": cfg.model, "dataset": cfg.dataset, "method": cfg.method, "seed": cfg.seed},
+            {
+                "model": settings.model.name,
+                "dataset": settings.dataset,
+                "method": settings.method.name,
+                "seed": settings.seed,
+            },
         )
         written.append(step)
     return written

@@ -31,10 +31,9 @@ def data_dir():
 
 
 def train_run(cfg, workdir, **kwargs):
-    """What main.py does with a config: the typed settings and the evaluation's settings
-    checked at the door, then training (`train.train_and_evaluate`)."""
-    from patjax import config, evaluation, train
+    """What main.py does with a config: the typed settings built at the door, then training
+    (`train.train_and_evaluate`)."""
+    from patjax import config, train
 
     settings = config.train_settings(cfg)
-    evaluation.check_config(cfg)
     return train.train_and_evaluate(settings, workdir, **kwargs)

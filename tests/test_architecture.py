@@ -23,13 +23,11 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "models": 2,
     "methods": 2,
     "sampler_diagnostic": 2,
-    "config": 4,
     "state": 4,
     "sharding": 4,
     "kept_models": 4,
     "torch_weights": 4,
     "checkpoints": 4,
-    "workdir": 4,
     "eval_files": 4,
     "evaluators": 5,
     "evaluators.common": 5,
@@ -40,17 +38,19 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "plots": 5,
     "evaluators.pr": 5,
     "report": 5,
-    "evaluation": 6,
-    "api": 6,
-    "train": 7,
-    "suites": 8,
-    "suite_results": 8,
-    "runner": 8,
-    "workers": 8,
-    "evaluate": 9,
-    "experiments": 9,
-    "diagnose": 9,
-    "export": 9,
+    "config": 6,
+    "workdir": 6,
+    "evaluation": 7,
+    "api": 7,
+    "train": 8,
+    "suites": 9,
+    "suite_results": 9,
+    "runner": 9,
+    "workers": 9,
+    "evaluate": 10,
+    "experiments": 10,
+    "diagnose": 10,
+    "export": 10,
 }
 COMMAND_LINES = ("evaluate", "experiments", "diagnose", "export")
 
@@ -129,7 +129,7 @@ def test_the_import_checker_sees_every_import_form():
 
 def test_only_the_config_and_the_layers_that_take_it_in_import_ml_collections():
     """The config enters at the command lines and the suites, and `config` defines it; below
-    them typed settings travel (config.TrainSettings, evaluators.common.EvalSettings)."""
+    them typed settings travel (config.TrainSettings, config.EvaluationSettings)."""
     importers = set()
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -140,3 +140,19 @@ def test_only_the_config_and_the_layers_that_take_it_in_import_ml_collections():
                 importers.add(name)
     assert importers, "the checker found no importer at all"
     assert {n for n in importers if n != "config" and LAYERS[n] < LAYERS["runner"]} == set()
+
+
+def test_below_the_runner_only_config_and_workdir_hold_a_config():
+    """`config` turns a ConfigDict into settings and `workdir` reads a run's config.json; every
+    other module below the suites takes typed settings: it names no `cfg`, builds no config
+    and reads none from a workdir."""
+    problems = []
+    for name, path in modules().items():
+        if name in ("config", "workdir") or LAYERS[name] >= LAYERS["runner"]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and node.id == "cfg" or isinstance(node, ast.arg) and node.arg == "cfg":
+                problems.append(f"{name}:{node.lineno} holds a config (cfg)")
+            if isinstance(node, ast.Attribute) and node.attr in ("load_config", "default_config", "upgrade"):
+                problems.append(f"{name}:{node.lineno} calls {node.attr}")
+    assert not problems, "\n".join(problems)

@@ -43,12 +43,10 @@ def tiny_setup(scale=1.0, num_images=7, model_seed=0):
     return ModelFns(model.apply), state, data.Split(images, labels)
 
 
-def evaluate(cfg, model_fns, state, split, **kwargs):
+def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **kwargs):
     """evaluation.evaluate_state with the settings of cfg, as evaluate_workdir builds them."""
-    kwargs.setdefault("evaluators", cfg.eval.evaluators)
-    return evaluation.evaluate_state(
-        evaluation.eval_settings(cfg), model_fns, state, split, dataset=cfg.dataset, **kwargs
-    )
+    settings = config_lib.evaluation_settings(cfg, evaluators=evaluators, batch_size=batch_size)
+    return evaluation.evaluate_state(settings, model_fns, state, split, **kwargs)
 
 
 def tiny_config(**eval_overrides):
@@ -265,7 +263,7 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     workdir = str(tmp_path / "run")
     workdir_lib.save_config(cfg.to_dict(), workdir)
     monkeypatch.setattr(checkpoints, "latest_step", lambda w: 3)
-    monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_config(w), model_fns, state))
+    monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, state))
     monkeypatch.setattr(data, "load_split", lambda *a: split)
     return workdir, state, split
 
@@ -478,13 +476,13 @@ def test_prob_acc_is_strict_at_the_threshold():
     # count; counted by hand in integers: #{counts > 100 (1 - q)}.
     counts = np.array([80, 81, 90, 91, 95, 96, 99, 100])
     correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
-    s = evaluation.eval_settings(config_lib.default_config())
+    s = config_lib.evaluation_settings(config_lib.default_config()).evals
     s = dataclasses.replace(
         s,
         pr_samples=100,
         entropic_lambda=0.5,
         confidence=0.95,
-        bootstrap_resamples=50,
+        bootstrap_resamples=100,
         seed=0,
         prob_acc_q=(0.2, 0.1, 0.05, 0.01),
     )

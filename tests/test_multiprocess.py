@@ -122,7 +122,7 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
         f"""
         s = run({one_dir!r}, 4)
         out.update({{f"final_{{i}}": x for i, x in enumerate(leaves(s))}})
-        cfg, fns, r = workdir_lib.restore({two_dir!r})
+        _, fns, r = workdir_lib.restore({two_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
         """,
         tmp_path,
@@ -143,7 +143,7 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
     back = launch(
         2,
         f"""
-        cfg, fns, r = workdir_lib.restore({one_dir!r})
+        _, fns, r = workdir_lib.restore({one_dir!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(r))}})
         s = run({one_dir!r}, 5, lr_decay_fractions=(0.6, 0.8))  # the 4-step run's milestones 3, 4 stay
         out["step"] = int(s.step)

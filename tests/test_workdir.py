@@ -102,7 +102,7 @@ def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_d
     one = run_on(
         1,
         f"""
-        cfg, fns, s = workdir_lib.restore({a!r})
+        _, fns, s = workdir_lib.restore({a!r})
         out.update({{f"restored_{{i}}": x for i, x in enumerate(leaves(s))}})
         s = run({a!r}, 4)
         out.update({{f"a4_{{i}}": x for i, x in enumerate(leaves(s))}})

@@ -23,13 +23,30 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from patjax import data, sharding, stats
+from patjax import data, robustness, sharding, stats
+from patjax.errors import UserError
+
+SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
+
+
+def integer(name, value, minimum, maximum=None) -> int:
+    """value as an int, or a one-line UserError naming the setting."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """Every evaluator's settings, checked and typed once (`evaluation.eval_settings`); what
-    results.json records under "settings" (`dataclasses.asdict`), under the same names."""
+    """Every evaluator's settings, typed where the config enters (`config.evaluation_settings`)
+    and checked here, once; what results.json records under "settings" (`dataclasses.asdict`),
+    under the names of the config's `eval` block."""
 
     pr_distributions: tuple  # the headline law first (the Table-1 protocol: 'uniform')
     pr_epsilons: tuple
@@ -52,6 +69,40 @@ class EvalSettings:
     confidence: float
     bootstrap_resamples: int
     seed: int
+
+    def __post_init__(self):
+        # Every check runs before any evaluator, so a bad setting fails in a second, not after
+        # the evaluation.
+        for d in self.pr_distributions:
+            if d not in robustness.ALL_DISTRIBUTIONS:
+                raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
+        if not self.pr_distributions or self.pr_distribution not in robustness.DISTRIBUTIONS:
+            raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
+        integer("eval.seed", self.seed, 0, SEED_LIMIT - 1)
+        integer("eval.pr_samples", self.pr_samples, 1)
+        integer("eval.pr_chunk_size", self.pr_chunk_size, 1)
+        integer("eval.attack_steps", self.attack_steps, 0)
+        integer("eval.apgd_steps", self.apgd_steps, 1)
+        integer("eval.bootstrap_resamples", self.bootstrap_resamples, 100)
+        integer("eval.aa_target_classes", self.aa_target_classes, 1)
+        integer("eval.aa_fab_steps", self.aa_fab_steps, 1)
+        integer("eval.aa_square_queries", self.aa_square_queries, 1)
+        if any(not f > 1 for f in self.aa_masking_eps_factors):
+            raise UserError(f"eval.aa_masking_eps_factors must be > 1, got {tuple(self.aa_masking_eps_factors)}")
+        if self.attack_eps < 0 or self.attack_step_size < 0:
+            raise UserError("eval.attack_eps and eval.attack_step_size must be >= 0")
+        if not 0 < self.apgd_rho <= 1:
+            raise UserError(f"eval.apgd_rho must be in (0, 1], got {self.apgd_rho}")
+        if not 0 < self.confidence < 1:
+            raise UserError(f"eval.confidence must be in (0, 1), got {self.confidence}")
+        if any(not 0 < q < 1 for q in self.prob_acc_q):
+            raise UserError(f"eval.prob_acc_q must lie in (0, 1), got {tuple(self.prob_acc_q)}")
+        if not self.pr_epsilons or min(self.pr_epsilons) < 0:
+            raise UserError("eval.pr_epsilons must be non-empty and non-negative")
+        if robustness.PDIS in self.pr_distributions and not self.pdis_c1 > 0:
+            raise UserError(f"p_dis needs c1 > 0 (eval.pdis_c1, else langevin.c1), got {self.pdis_c1}")
+        if self.entropic_lambda < 0:
+            raise UserError(f"the entropic risk's lambda must be >= 0, got {self.entropic_lambda}")
 
     @property
     def pr_distribution(self) -> str:

@@ -5,6 +5,7 @@
   python -m patjax.experiments --suite=NAME --workdir=DIR --dry_run       # the plan, nothing run
   python -m patjax.experiments --suite=NAME --workdir=DIR --report_only   # rebuild the report
   python -m patjax.experiments --suite=NAME --workdir=DIR --num_workers=K --worker_index=i
+  python -m patjax.experiments --suite=NAME --workdir=DIR --max_minutes=M  # stop with checkpoints after M min
   python -m patjax.experiments --suite=NAME --workdir=DIR --handover      # carry unfinished runs in git
 
 The suites are those of `patjax.suites`; `patjax.runner` runs them (workers, claims, resume:
@@ -14,6 +15,7 @@ docs/cluster.md) and `patjax.suite_results` computes the tables' figures.
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 from absl import app, flags
@@ -66,6 +68,9 @@ def main(argv):
             f"wrote {os.path.join(FLAGS.workdir, 'results.md')} ({summary['num_done']}/{summary['num_runs']} runs done)"
         )
         return
+    if FLAGS.max_minutes is not None and not FLAGS.max_minutes > 0:
+        raise UserError(f"--max_minutes must be positive, got {FLAGS.max_minutes}")
+    stop_at = None if FLAGS.max_minutes is None else time.time() + 60 * FLAGS.max_minutes
     if FLAGS.compilation_cache:
         # Runs of one method differ only in the seed, and every run of a group is evaluated by the
         # same functions: XLA's persistent cache compiles each once per suite.
@@ -80,6 +85,7 @@ def main(argv):
         num_workers=num_workers,
         worker_index=worker_index,
         only=FLAGS.only,
+        stop_at=stop_at,
     )
 
 
@@ -108,6 +114,12 @@ def define_flags():
         "",
         "'train': train the runs and leave their evaluation to a later invocation; "
         "'evaluate': evaluate the runs already trained and leave the others.",
+    )
+    flags.DEFINE_float(
+        "max_minutes",
+        None,
+        "Stop training with a checkpoint once this invocation has run this many minutes, and "
+        "leave (a session's or job's time limit); rerun to resume, or --handover.",
     )
     flags.DEFINE_bool("report_only", False, "Rewrite results.md/json/png from finished runs only.")
     flags.DEFINE_bool("progress_bars", True, "tqdm bars for training and evaluation (stderr).")

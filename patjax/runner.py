@@ -172,6 +172,7 @@ def run_suite(
     num_workers: int = 1,
     worker_index: int = 0,
     only: str = "",
+    stop_at: Optional[float] = None,
 ) -> dict:
     """Trains and evaluates this worker's runs of the suite (reusing finished ones) and writes the report.
 
@@ -185,6 +186,9 @@ def run_suite(
       interrupted suite would); running again continues with the next run.
     only: "train" trains the runs and leaves their evaluation to a later invocation; "evaluate"
       evaluates (keeps models, evaluates curves) the runs already trained and leaves the others.
+    stop_at: a wall-clock time (`time.time()`): a run in training then stops with a checkpoint
+      (`train.train_and_evaluate`), its segment's time recorded, and the worker leaves; rerun
+      to resume, or `handover` to carry the run in git.
     Returns the suite's results (as written to DIR/results.json).
     """
     num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
@@ -218,11 +222,15 @@ def run_suite(
             if only == "train" and _trained(run, directory) is not None:
                 progress(index, run, "trained; its evaluation is left for a later invocation (--only=train)")
                 continue
-            if only == "evaluate" and not os.path.isfile(os.path.join(directory, RECORD_FILE)):
+            if only == "evaluate" and _trained(run, directory) is None:
                 progress(index, run, "not trained yet; left for a later invocation (--only=evaluate)")
                 continue
             if max_runs is not None and worked >= max_runs:
                 progress(index, run, f"left for the next invocation (--max_runs={max_runs})")
+                leaving = True
+                break
+            if stop_at is not None and time.time() >= stop_at:
+                progress(index, run, "left for the next invocation (its time is up)")
                 leaving = True
                 break
             os.makedirs(directory, exist_ok=True)
@@ -235,11 +243,20 @@ def run_suite(
                     progress(index, run, "reused (finished by another worker)")
                     continue
                 worked += 1
-                _train_and_evaluate(
-                    suite, run, directory, lambda message: progress(index, run, message), progress_bars, only == "train"
+                stopped = _train_and_evaluate(
+                    suite,
+                    run,
+                    directory,
+                    lambda message: progress(index, run, message),
+                    progress_bars,
+                    only == "train",
+                    stop_at,
                 )
+                leaving = leaving or stopped
             summary = write_report(suite, workdir)
             progress(index, run, f"report updated ({summary['num_done']}/{summary['num_runs']} runs done)")
+            if leaving:
+                break
         if leaving or held_elsewhere == todo:  # nothing changed since the last look: others hold the rest
             break
         todo = held_elsewhere
@@ -273,10 +290,16 @@ def run_suite(
 
 
 def _train_and_evaluate(
-    suite: Suite, run: Run, directory: str, say: Callable[[str], None], progress_bars: bool, train_only: bool = False
-) -> None:
+    suite: Suite,
+    run: Run,
+    directory: str,
+    say: Callable[[str], None],
+    progress_bars: bool,
+    train_only: bool = False,
+    stop_at: Optional[float] = None,
+) -> bool:
     """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it
-    (unless train_only)."""
+    (unless train_only). Returns whether its training stopped at stop_at, unfinished."""
     cfg = copy.deepcopy(run.config)
     cfg.progress_bar = bool(progress_bars)
     record_path = os.path.join(directory, RECORD_FILE)
@@ -293,8 +316,10 @@ def _train_and_evaluate(
         )
         t0 = time.perf_counter()
         settings = config.train_settings(cfg)
-        state = train.train_and_evaluate(settings, directory)
+        state = train.train_and_evaluate(settings, directory, stop_at=stop_at)
         train_wall = time.perf_counter() - t0
+        # Written after every segment, the finishing one last: a step short of the run's length
+        # marks it unfinished (`_trained`), and the segments add up to its training time.
         record = {
             "step": int(state.step),
             "train_wall_s": round(existing.get("train_wall_s", 0.0) + train_wall, 1),
@@ -302,9 +327,15 @@ def _train_and_evaluate(
         }
         del state
         files.write_json(record_path, record)
+        if record["step"] < _expected_steps(cfg):
+            say(
+                f"stopped at step {record['step']} with a checkpoint after {train_wall / 60:.1f} min (its time "
+                f"is up); rerun to resume, or --handover to carry it in git"
+            )
+            return True
         say(f"trained in {train_wall / 60:.1f} min")
         if train_only:
-            return
+            return False
     elif "eval_wall_s" in record and not _eval_matches(suite, int(record["step"]), directory):
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).
@@ -349,6 +380,7 @@ def _train_and_evaluate(
         # Its kept models are all a finished run needs; a checkpoint carried in git by `handover`
         # leaves the tree with it.
         shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)
+    return False
 
 
 def handover(suite: Suite, workdir: str) -> list[str]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -59,9 +60,15 @@ def to_host(tree):
     """Every element of `tree` as numpy on every process (an all-gather across processes)."""
     if jax.process_count() == 1:
         return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
     return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def process0_decides(flag: bool) -> bool:
+    """Process 0's value of flag on every process: a decision every process must take alike
+    (e.g. to stop after this step, or the others wait in the next step's collectives forever)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
 def is_writer() -> bool:

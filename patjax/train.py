@@ -148,13 +148,20 @@ def check_collectives_pair_across_processes(method: methods.MethodSettings) -> N
         )
 
 
-def train_and_evaluate(settings: config_lib.TrainSettings, workdir: str, stop_after_steps: Optional[int] = None):
+def train_and_evaluate(
+    settings: config_lib.TrainSettings,
+    workdir: str,
+    stop_after_steps: Optional[int] = None,
+    stop_at: Optional[float] = None,
+):
     """Trains (or resumes) the run in `workdir`; returns the final train state.
 
     settings: `config.train_settings(cfg)`, built where the config enters (the command line, the
       suite runner); it has checked the run's evaluation settings too.
     stop_after_steps: leave after this many steps of this invocation (with a checkpoint), as
       a preempted job would; running again resumes exactly where it stopped.
+    stop_at: the same once the wall clock (`time.time()`) passes this time, after the step that
+      passes it: a session or job with a time limit ends with a checkpoint, not a lost epoch.
     """
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
@@ -163,10 +170,12 @@ def train_and_evaluate(settings: config_lib.TrainSettings, workdir: str, stop_af
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
     lock = locks.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()
     with lock:
-        return _train(settings, workdir, mesh, stop_after_steps)
+        return _train(settings, workdir, mesh, stop_after_steps, stop_at)
 
 
-def _train(settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_steps: Optional[int]):
+def _train(
+    settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_steps: Optional[int], stop_at: Optional[float]
+):
     s = settings
     resuming = os.path.isfile(workdir_lib.config_path(workdir))
     if resuming:
@@ -234,6 +243,8 @@ def _train(settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_st
                 jax.block_until_ready(pending[-3]["loss"])
             progress.update(1)
             done = step + 1
+            if stop_at is not None and done < end and sharding.process0_decides(time.time() >= stop_at):
+                end = done  # logged and checkpointed below as the last step of this invocation
             if done % log_every == 0 or done == end:
                 summary = _summarize(pending)
                 elapsed = time.perf_counter() - window_start
@@ -254,6 +265,8 @@ def _train(settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_st
                     raise UserError(f"loss is {summary['loss']} at step {done}; stopping")
             if done % checkpoint_every == 0 or done == end:
                 manager.save(done, args=ocp.args.StandardSave(state))
+            if done == end:
+                break
         manager.wait_until_finished()
     finally:
         if writer is not None:

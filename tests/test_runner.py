@@ -1,7 +1,6 @@
 """The experiment runner: a tiny suite on real CIFAR-10 trains, evaluates on common random
 numbers, reports paired differences that match a hand computation, and resumes."""
 
-import copy
 import dataclasses
 import io
 import json
@@ -9,10 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
-from conftest import REPO, train_run
+from conftest import REPO
 from safetensors.numpy import load_file
 
 from patjax import config as config_lib
@@ -521,21 +521,48 @@ def test_every_defined_sweep_names_runs_of_its_suite():
                 assert p.run_name in planned, (name, p.run_name)
 
 
-def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir):
+class StepClock:
+    """A clock whose time() goes up by one at each call (train calls it once per step when
+    stop_at is set); the rest is the time module's."""
+
+    def __init__(self, start=0.0):
+        self.now = start
+
+    def time(self):
+        self.now += 1.0
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir, monkeypatch):
     # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
     suite = suites.smoke_cpu_suite(data_dir)
     run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("pat", 0))
     straight = str(tmp_path / "straight")
     runner.run_suite(suite, straight, methods=["pat"], max_runs=1, stream=io.StringIO())
 
-    # The same run stopped after 3 steps on one machine (checkpoints 2 and 3), handed over,
-    # and continued from what git would carry: the suite's tracked files and the one
-    # checkpoint `handover` names (tensorboard/, locks and claims stay behind).
+    # The same run stopped by its time limit after 3 steps on one machine (checkpoints 2 and
+    # 3), handed over, and continued from what git would carry: the suite's tracked files and
+    # the one checkpoint `handover` names (tensorboard/, locks and claims stay behind).
+    late = io.StringIO()
+    runner.run_suite(suite, str(tmp_path / "late"), methods=["pat"], stream=late, stop_at=0.0)
+    assert "left for the next invocation (its time is up)" in late.getvalue()
+    assert "worked on 0 run(s)" in late.getvalue()
     here = str(tmp_path / "here")
-    cfg = copy.deepcopy(run.config)
-    train_run(cfg, suite_results.run_dir(here, run), stop_after_steps=3)
-    paths = runner.handover(suite, here)
+    monkeypatch.setattr(train, "time", StepClock())
+    monkeypatch.setattr(runner, "time", StepClock(start=-1e6))  # the run starts: its time is not up
+    log = io.StringIO()
+    runner.run_suite(suite, here, methods=["pat"], stream=log, stop_at=3.0)
+    monkeypatch.undo()
     directory = suite_results.run_dir(here, run)
+    assert "stopped at step 3 with a checkpoint" in log.getvalue()
+    assert suite_results.read_record(directory)["step"] == 3 and not os.path.isdir(os.path.join(directory, "eval"))
+    log = io.StringIO()
+    runner.run_suite(suite, here, methods=["pat"], stream=log, only="evaluate")  # unfinished: not evaluated
+    assert "not trained yet" in log.getvalue() and not os.path.isdir(os.path.join(directory, "eval"))
+    paths = runner.handover(suite, here)
     assert paths == [os.path.join(os.path.abspath(directory), "checkpoints", "3")]
     assert sorted(os.listdir(os.path.join(directory, "checkpoints"))) == ["3"]
     assert kept_models.steps(directory) == [2]  # the curve's step, kept before its checkpoint went
@@ -544,6 +571,7 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     log = io.StringIO()
     runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=log)
     assert "resuming from its latest checkpoint" in log.getvalue()
+    assert len(suite_results.read_record(suite_results.run_dir(clone, run))["train_segments_s"]) == 2
 
     for name in ("straight", "clone"):
         d = suite_results.run_dir(str(tmp_path / name), run)

@@ -94,6 +94,10 @@ def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_di
     resumed = train_run(cfg, str(tmp_path / "b"))
     assert int(resumed.step) == 4
     assert_trees_equal(params_of(straight), params_of(resumed))
+    # A time limit already passed: the step under way ends the invocation, with a checkpoint.
+    timed = train_run(cfg, str(tmp_path / "c"), stop_at=0.0)
+    assert int(timed.step) == 1 and os.listdir(os.path.join(tmp_path, "c", "checkpoints")) == ["1"]
+    assert_trees_equal(params_of(straight), params_of(train_run(cfg, str(tmp_path / "c"))))
 
 
 def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):

@@ -331,18 +331,14 @@ class EvaluationSettings:
     evals: evaluators_common.EvalSettings
 
     def __post_init__(self):
-        evaluators_common.integer("batch_size", self.batch_size, 1)
+        object.__setattr__(self, "batch_size", evaluators_common.integer("batch_size", self.batch_size, 1))
         # 0 is refused rather than read as "all": a full evaluation takes hours on a CPU.
-        if self.num_examples != WHOLE_SPLIT or isinstance(self.num_examples, bool):
-            if (
-                isinstance(self.num_examples, bool)
-                or not isinstance(self.num_examples, numbers.Integral)
-                or self.num_examples < 1
-            ):
-                raise UserError(
-                    f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test "
-                    f"split, got {self.num_examples!r}"
-                )
+        n = self.num_examples
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or (n < 1 and n != WHOLE_SPLIT):
+            raise UserError(
+                f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test split, got {n!r}"
+            )
+        object.__setattr__(self, "num_examples", int(n))
 
 
 def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict]) -> ml_collections.ConfigDict:

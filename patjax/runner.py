@@ -188,7 +188,8 @@ def run_suite(
       evaluates (keeps models, evaluates curves) the runs already trained and leaves the others.
     stop_at: a wall-clock time (`time.time()`): a run in training then stops with a checkpoint
       (`train.train_and_evaluate`), its segment's time recorded, and the worker leaves; rerun
-      to resume, or `handover` to carry the run in git.
+      to resume, or `handover` to carry the run in git. No run and no evaluation starts after
+      it; an evaluation under way when it passes runs to its end (it cannot resume).
     Returns the suite's results (as written to DIR/results.json).
     """
     num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
@@ -327,7 +328,12 @@ def _train_and_evaluate(
         }
         del state
         files.write_json(record_path, record)
-        if record["step"] < _expected_steps(cfg):
+        final = _expected_steps(cfg)
+        if stop_at is not None and record["step"] < final:
+            # The stop's extra checkpoint pushes the oldest out of the manager's window; the
+            # curve steps reached so far are kept as models now, as `handover` keeps them.
+            if suite.keep_models:
+                workdir_lib.keep_models(directory, set(_curve_steps(suite, run, final)))
             say(
                 f"stopped at step {record['step']} with a checkpoint after {train_wall / 60:.1f} min (its time "
                 f"is up); rerun to resume, or --handover to carry it in git"
@@ -336,6 +342,9 @@ def _train_and_evaluate(
         say(f"trained in {train_wall / 60:.1f} min")
         if train_only:
             return False
+        if stop_at is not None and time.time() >= stop_at:
+            say("trained; its evaluation is left for the next invocation (its time is up)")
+            return True
     elif "eval_wall_s" in record and not _eval_matches(suite, int(record["step"]), directory):
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).

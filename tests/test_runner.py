@@ -3,6 +3,7 @@ numbers, reports paired differences that match a hand computation, and resumes."
 
 import dataclasses
 import io
+import itertools
 import json
 import os
 import shutil
@@ -521,16 +522,16 @@ def test_every_defined_sweep_names_runs_of_its_suite():
                 assert p.run_name in planned, (name, p.run_name)
 
 
-class StepClock:
-    """A clock whose time() goes up by one at each call (train calls it once per step when
-    stop_at is set); the rest is the time module's."""
+class Clock:
+    """A module's clock whose time() returns the given times in turn (train calls it once per step
+    when stop_at is set, the runner before each run and after its training); the rest is the
+    time module's."""
 
-    def __init__(self, start=0.0):
-        self.now = start
+    def __init__(self, times):
+        self.times = iter(times)
 
     def time(self):
-        self.now += 1.0
-        return self.now
+        return float(next(self.times))
 
     def __getattr__(self, name):
         return getattr(time, name)
@@ -551,14 +552,16 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     assert "left for the next invocation (its time is up)" in late.getvalue()
     assert "worked on 0 run(s)" in late.getvalue()
     here = str(tmp_path / "here")
-    monkeypatch.setattr(train, "time", StepClock())
-    monkeypatch.setattr(runner, "time", StepClock(start=-1e6))  # the run starts: its time is not up
+    monkeypatch.setattr(train, "time", Clock(itertools.count(1)))  # one tick per step: stops after step 3
+    monkeypatch.setattr(runner, "time", Clock(itertools.repeat(-1e6)))  # the run starts: its time is not up
     log = io.StringIO()
     runner.run_suite(suite, here, methods=["pat"], stream=log, stop_at=3.0)
     monkeypatch.undo()
     directory = suite_results.run_dir(here, run)
     assert "stopped at step 3 with a checkpoint" in log.getvalue()
     assert suite_results.read_record(directory)["step"] == 3 and not os.path.isdir(os.path.join(directory, "eval"))
+    # The stop's checkpoint may push the curve step's out of the manager's window: its model is kept.
+    assert kept_models.steps(directory) == [2]
     log = io.StringIO()
     runner.run_suite(suite, here, methods=["pat"], stream=log, only="evaluate")  # unfinished: not evaluated
     assert "not trained yet" in log.getvalue() and not os.path.isdir(os.path.join(directory, "eval"))
@@ -568,10 +571,16 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     assert kept_models.steps(directory) == [2]  # the curve's step, kept before its checkpoint went
     clone = str(tmp_path / "clone")
     shutil.copytree(here, clone, ignore=shutil.ignore_patterns("tensorboard", ".lock", ".claim", "jax_cache"))
+    # On the clone the run finishes its training as the time limit passes: no evaluation starts.
+    monkeypatch.setattr(runner, "time", Clock(itertools.chain([-1e6], itertools.repeat(1e12))))
     log = io.StringIO()
-    runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=log)
+    runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=log, stop_at=1e10)
+    monkeypatch.undo()
     assert "resuming from its latest checkpoint" in log.getvalue()
+    assert "its evaluation is left for the next invocation (its time is up)" in log.getvalue()
+    assert not os.path.isdir(os.path.join(suite_results.run_dir(clone, run), "eval"))
     assert len(suite_results.read_record(suite_results.run_dir(clone, run))["train_segments_s"]) == 2
+    runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=io.StringIO())
 
     for name in ("straight", "clone"):
         d = suite_results.run_dir(str(tmp_path / name), run)

@@ -42,6 +42,20 @@ def integer(name, value, minimum, maximum=None) -> int:
     return int(value)
 
 
+# EvalSettings' integer fields and their bounds (None: no upper bound).
+_COUNTS = {
+    "seed": (0, SEED_LIMIT - 1),
+    "pr_samples": (1, None),
+    "pr_chunk_size": (1, None),
+    "attack_steps": (0, None),
+    "apgd_steps": (1, None),
+    "bootstrap_resamples": (100, None),
+    "aa_target_classes": (1, None),
+    "aa_fab_steps": (1, None),
+    "aa_square_queries": (1, None),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """Every evaluator's settings, typed where the config enters (`config.evaluation_settings`)
@@ -72,21 +86,15 @@ class EvalSettings:
 
     def __post_init__(self):
         # Every check runs before any evaluator, so a bad setting fails in a second, not after
-        # the evaluation.
+        # the evaluation. Counts are stored as Python ints (numpy integers would not survive
+        # results.json).
         for d in self.pr_distributions:
             if d not in robustness.ALL_DISTRIBUTIONS:
                 raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
         if not self.pr_distributions or self.pr_distribution not in robustness.DISTRIBUTIONS:
             raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
-        integer("eval.seed", self.seed, 0, SEED_LIMIT - 1)
-        integer("eval.pr_samples", self.pr_samples, 1)
-        integer("eval.pr_chunk_size", self.pr_chunk_size, 1)
-        integer("eval.attack_steps", self.attack_steps, 0)
-        integer("eval.apgd_steps", self.apgd_steps, 1)
-        integer("eval.bootstrap_resamples", self.bootstrap_resamples, 100)
-        integer("eval.aa_target_classes", self.aa_target_classes, 1)
-        integer("eval.aa_fab_steps", self.aa_fab_steps, 1)
-        integer("eval.aa_square_queries", self.aa_square_queries, 1)
+        for name, (minimum, maximum) in _COUNTS.items():
+            object.__setattr__(self, name, integer(f"eval.{name}", getattr(self, name), minimum, maximum))
         if any(not f > 1 for f in self.aa_masking_eps_factors):
             raise UserError(f"eval.aa_masking_eps_factors must be > 1, got {tuple(self.aa_masking_eps_factors)}")
         if self.attack_eps < 0 or self.attack_step_size < 0:

@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from typing import Callable, Optional
@@ -58,6 +57,7 @@ from patjax import (
     suite_results,
     train,
 )
+from patjax import provenance as provenance_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 from patjax.suite_results import RECORD_FILE, read_record, run_dir
@@ -200,7 +200,9 @@ def run_suite(
     out = stream or sys.stdout
     progress = _Progress(len(runs), stream)
     invocation_start = time.perf_counter()
-    provenance = _provenance()  # the code this process runs: taken now, before anything can change it
+    provenance = (
+        provenance_lib.of_this_process()
+    )  # the code this process runs: taken now, before anything can change it
     role = f"suite worker {worker_index} of {num_workers}"
     todo = partition(runs, num_workers, worker_index)
     if num_workers > 1:
@@ -421,29 +423,6 @@ def _record_invocation(workdir: str, entry: dict) -> None:
     with locks.lock(os.path.join(workdir, REPORT_LOCK), "invocation log writer", wait=True):
         with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
             f.write(json.dumps(entry) + "\n")
-
-
-def _provenance() -> dict:
-    """The code the invocation ran: git commit and files changed since it (if any)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--", "patjax", "configs"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {
-        "git_commit": commit,
-        "uncommitted_changes": [line[3:] for line in changed if line.strip()],
-        "command": " ".join(sys.argv),
-    }
 
 
 def write_report(suite: Suite, workdir: str) -> dict:

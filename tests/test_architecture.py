@@ -10,6 +10,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "files": 0,
     "locks": 0,
     "cli": 0,
+    "provenance": 0,
     "logits": 0,
     "ops": 1,
     "stats": 1,

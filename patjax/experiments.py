@@ -21,7 +21,7 @@ import jax
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import data, runner, suite_results, suites, workers
+from patjax import data, runner, suite_outcomes, suites, workers
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -51,7 +51,7 @@ def main(argv):
             length = f"steps {c.num_train_steps}" if c.num_train_steps > 0 else f"{c.num_epochs} epochs"
             print(
                 f"  run {position + 1}/{len(runs)} {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
-                f"{length} T={c.langevin.steps} -> {suite_results.run_dir(FLAGS.workdir, r)}"
+                f"{length} T={c.langevin.steps} -> {suite_outcomes.run_dir(FLAGS.workdir, r)}"
             )
         return
     if FLAGS.handover:

@@ -52,15 +52,15 @@ from patjax import (
     kept_models,
     locks,
     plots,
-    report,
     robustness,
+    suite_report,
     suite_results,
     train,
 )
 from patjax import provenance as provenance_lib
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
-from patjax.suite_results import RECORD_FILE, read_record, run_dir
+from patjax.suite_outcomes import RECORD_FILE, load_outcome, read_record, run_dir
 from patjax.suites import Run, Suite, plan
 from patjax.workers import partition, worker_slot
 
@@ -433,12 +433,12 @@ def write_report(suite: Suite, workdir: str) -> dict:
     last report written has seen every run finished before it.
     """
     with locks.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
-        outcomes = {r.name: suite_results.load_outcome(workdir, r, suite.pr_distribution) for r in plan(suite)}
+        outcomes = {r.name: load_outcome(workdir, r, suite.pr_distribution) for r in plan(suite)}
         inv_path = os.path.join(workdir, "invocations.jsonl")
         invocations = [json.loads(line) for line in open(inv_path) if line.strip()] if os.path.isfile(inv_path) else []
         results = suite_results.build(suite, workdir, outcomes, invocations)
         files.write_json(os.path.join(workdir, "results.json"), results)
-        files.write_text(os.path.join(workdir, "results.md"), report.suite_markdown(results))
+        files.write_text(os.path.join(workdir, "results.md"), suite_report.markdown(results))
         figure = plots.plot_suite(results)
         if figure is not None:
             plots.save_figure(figure, os.path.join(workdir, "pr_vs_eps.png"), dpi=110)

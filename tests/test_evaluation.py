@@ -16,7 +16,7 @@ from conftest import REPO
 from helpers import Linear
 from scipy import stats
 
-from patjax import checkpoints, data, eval_files, evaluation, evaluators, files, suite_results
+from patjax import checkpoints, data, eval_files, evaluation, evaluators, files, suite_outcomes, suite_results
 from patjax import config as config_lib
 from patjax import stats as patjax_stats
 from patjax import workdir as workdir_lib
@@ -357,7 +357,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     # One estimator per figure: the suite tables' mean over one seed, computed from the
     # per-image outcomes by another path (suite_results.mean_figures), carries the same values
     # and intervals as results.json.
-    outcome = suite_results.RunOutcome(
+    outcome = suite_outcomes.RunOutcome(
         run=None,
         correct=z["clean.correct"].astype(bool),
         robust={},

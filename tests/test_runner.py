@@ -17,7 +17,18 @@ from conftest import REPO
 from safetensors.numpy import load_file
 
 from patjax import config as config_lib
-from patjax import kept_models, methods, plots, report, runner, suite_results, suites, train, workers
+from patjax import (
+    kept_models,
+    methods,
+    plots,
+    runner,
+    suite_outcomes,
+    suite_report,
+    suite_results,
+    suites,
+    train,
+    workers,
+)
 from patjax import stats as patjax_stats
 from patjax.errors import UserError
 
@@ -411,7 +422,7 @@ def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
             }
         },
     }
-    return suite_results.RunOutcome(
+    return suite_outcomes.RunOutcome(
         run=run,
         correct=correct,
         robust={"pgd20": pgd_robust},
@@ -497,7 +508,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
         a.pr_counts["gaussian"][a.correct, 1].mean() / samples
     )
 
-    md = report.suite_markdown(suite_results.build(suite, "/unused", outcomes, []))
+    md = suite_report.markdown(suite_results.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
     assert plots.plot_sweep(got) is not None
 
@@ -557,9 +568,9 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     log = io.StringIO()
     runner.run_suite(suite, here, methods=["pat"], stream=log, stop_at=3.0)
     monkeypatch.undo()
-    directory = suite_results.run_dir(here, run)
+    directory = suite_outcomes.run_dir(here, run)
     assert "stopped at step 3 with a checkpoint" in log.getvalue()
-    assert suite_results.read_record(directory)["step"] == 3 and not os.path.isdir(os.path.join(directory, "eval"))
+    assert suite_outcomes.read_record(directory)["step"] == 3 and not os.path.isdir(os.path.join(directory, "eval"))
     # The stop's checkpoint may push the curve step's out of the manager's window: its model is kept.
     assert kept_models.steps(directory) == [2]
     log = io.StringIO()
@@ -578,14 +589,14 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     monkeypatch.undo()
     assert "resuming from its latest checkpoint" in log.getvalue()
     assert "its evaluation is left for the next invocation (its time is up)" in log.getvalue()
-    assert not os.path.isdir(os.path.join(suite_results.run_dir(clone, run), "eval"))
-    assert len(suite_results.read_record(suite_results.run_dir(clone, run))["train_segments_s"]) == 2
+    assert not os.path.isdir(os.path.join(suite_outcomes.run_dir(clone, run), "eval"))
+    assert len(suite_outcomes.read_record(suite_outcomes.run_dir(clone, run))["train_segments_s"]) == 2
     runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=io.StringIO())
 
     for name in ("straight", "clone"):
-        d = suite_results.run_dir(str(tmp_path / name), run)
+        d = suite_outcomes.run_dir(str(tmp_path / name), run)
         assert kept_models.steps(d) == [2, 4] and not os.path.exists(os.path.join(d, "checkpoints"))
-    a, b = (suite_results.run_dir(str(tmp_path / name), run) for name in ("straight", "clone"))
+    a, b = (suite_outcomes.run_dir(str(tmp_path / name), run) for name in ("straight", "clone"))
     for step in (2, 4):
         ta, tb = load_file(kept_models.path(a, step)), load_file(kept_models.path(b, step))
         assert set(ta) == set(tb)

@@ -11,10 +11,14 @@ from patjax import eval_files, stats
 from patjax.suite_outcomes import RunOutcome, figure, pairing, run_dir
 from patjax.suites import Suite, plan, run_name
 
+CURVE_ATTACK = "pgd20"  # the attack a suite's curve points may be evaluated with (`Suite.curve_evaluators`)
+ROBUST_KEY = f"{CURVE_ATTACK}.robust"
+
 
 def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     """The run's learning curve: its curve points' evaluations (curve/step_N/) and its final
-    evaluation, in training order: [{step, correct (n,), pr (n, levels) per-image PR_i under `law`}].
+    evaluation, in training order: [{step, correct (n,), robust (n,) under PGD-20 or None, pr (n, levels)
+    per-image PR_i under `law`}].
     Every point must be on the final evaluation's images and noise (`eval_files.check_comparable`)."""
     directory = run_dir(workdir, outcome.run)
     points = []
@@ -25,6 +29,7 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
             {
                 "step": step,
                 "correct": per_image["clean.correct"].astype(bool),
+                "robust": per_image[ROBUST_KEY].astype(bool) if ROBUST_KEY in per_image else None,
                 "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"],
             }
         )
@@ -32,6 +37,7 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
         {
             "step": int(outcome.settings["step"]),
             "correct": outcome.correct,
+            "robust": outcome.robust.get(CURVE_ATTACK),
             "pr": outcome.pr_counts[law] / outcome.settings["pr_samples"],
         }
     )
@@ -39,12 +45,14 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
 
 
 def curve_figures(points: list[dict], eps_keys) -> list[dict]:
-    """Clean accuracy and PR over clean-correct images at every point of a learning curve."""
+    """Clean accuracy, robust accuracy under PGD-20 (None where the point was not attacked) and PR
+    over clean-correct images at every point of a learning curve."""
     out = []
     for p in points:
         c = p["correct"]
         pr = {e: float(p["pr"][c, j].mean()) if c.any() else None for j, e in enumerate(eps_keys)}
-        out.append({"step": p["step"], "clean_accuracy": float(c.mean()), "pr_clean_correct": pr})
+        robust = None if p.get("robust") is None else float(p["robust"].mean())
+        out.append({"step": p["step"], "clean_accuracy": float(c.mean()), CURVE_ATTACK: robust, "pr_clean_correct": pr})
     return out
 
 

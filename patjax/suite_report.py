@@ -10,6 +10,7 @@ from __future__ import annotations
 from patjax import evaluators, robustness
 from patjax.methods import DISPLAY_NAMES, ordered
 from patjax.report import md_table, method_label, pct, signed
+from patjax.suite_curves import CURVE_ATTACK
 
 TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr", "pat")
 TABLE2_PAIRS = (("fgsm", "fgsm_cor"), ("pgd", "pgd_cor"), ("pat_wos", "pat"))  # (baseline, variant)
@@ -269,16 +270,22 @@ def _matched_tables(report) -> list:
     curves = report.get("curves", {})
     if curves:
         eps_keys = list(next(iter(curves.values()))[0]["pr_clean_correct"])
+        percent = lambda v: "-" if v is None else f"{100 * v:.1f}"
+        attacked = any(p.get(CURVE_ATTACK) is not None for points in curves.values() for p in points)
         rows = [
-            [name, p["step"], f"{100 * p['clean_accuracy']:.1f}"]
-            + [("-" if p["pr_clean_correct"][e] is None else f"{100 * p['pr_clean_correct'][e]:.1f}") for e in eps_keys]
+            [name, p["step"], percent(p["clean_accuracy"])]
+            + ([percent(p.get(CURVE_ATTACK))] if attacked else [])
+            + [percent(p["pr_clean_correct"][e]) for e in eps_keys]
             for name, points in curves.items()
             for p in points
         ]
         out += [
-            "### Learning curves (clean accuracy and PR over clean-correct images)",
+            f"### Learning curves (clean accuracy{', PGD-20' if attacked else ''} and PR over clean-correct images)",
             "",
-            md_table(["run", "step", "Acc. %"] + [f"PR(·, {e}) %" for e in eps_keys], rows),
+            md_table(
+                ["run", "step", "Acc. %"] + (["PGD-20 %"] if attacked else []) + [f"PR(·, {e}) %" for e in eps_keys],
+                rows,
+            ),
             "",
         ]
     return out

@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 
 from patjax import config as config_lib
 from patjax import (
+    eval_files,
     kept_models,
     methods,
     plots,
@@ -522,6 +523,73 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     )
     with pytest.raises(ValueError, match="main/clean_s0"):
         suite_results.build(bad, "/unused", outcomes, [])
+
+
+def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_counts(tmp_path):
+    # Each run's curve: one point written as an evaluation in curve/step_N/, then its final
+    # evaluation; every cell of results.md's curve table is a hand formula of those outcomes.
+    n, samples = 50, 10
+    settings = {
+        "num_examples": n,
+        "pr_samples": samples,
+        "seed": 0,
+        "pr_epsilons": [0.1, 0.2],
+        "pr_distributions": ["gaussian"],
+        "evaluators": ["clean", "pgd20", "pr"],
+        "dataset": "cifar10",
+        "pdis_c1": 0.1,
+        "confidence": 0.95,
+        "bootstrap_resamples": 200,
+        "pr_distribution": "gaussian",
+        "attack_eps": 8 / 255,
+        "attack_step_size": 2 / 255,
+        "attack_steps": 20,
+        "cw_kappa": 0.0,
+    }
+    rng = np.random.default_rng(1)
+    cfg = suites.smoke_cpu_suite(None).groups[0].base_config
+    suite = suites.Suite(
+        name="s",
+        description="",
+        groups=(suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),),
+        num_eval_examples=n,
+        eval_batch_size=n,
+        evaluators=("clean", "pgd20", "pr"),
+        eval_overrides={"pr_distribution": "gaussian"},
+        curve_every_steps=1,
+        curve_evaluators=("clean", "pgd20", "pr"),
+        matched=((("main", "pat"), ("main", "pgd")),),
+    )
+    workdir = str(tmp_path)
+    outcomes, hand = {}, {}
+    for run in suites.plan(suite):
+        points = []
+        for step in (1, 2):
+            correct = rng.random(n) < 0.3 + 0.2 * step
+            robust = correct & (rng.random(n) < 0.5)
+            counts = rng.integers(0, samples + 1, size=(n, 2))
+            points.append((step, correct, robust, counts))
+        step, correct, robust, counts = points[0]
+        eval_files.write_results(
+            suite_outcomes.run_dir(workdir, run),
+            {"settings": {**settings, "step": step}, "figures": {}},
+            {"clean.correct": correct, "pgd20.robust": robust, "pr_gaussian.counts": counts},
+            step=step,
+        )
+        step, correct, robust, counts = points[1]
+        outcomes[run.name] = _synthetic_outcome(run, correct, robust, counts, samples, {**settings, "step": step})
+        hand[run.name] = [
+            [run.name, str(s), f"{100 * c.mean():.1f}", f"{100 * r.mean():.1f}"]
+            + [f"{100 * k[c, j].mean() / samples:.1f}" for j in range(2)]
+            for s, c, r, k in points
+        ]
+    report = suite_results.build(suite, workdir, outcomes, [])
+    assert [p["step"] for p in report["curves"]["main/pat_s0"]] == [1, 2]
+    md = suite_report.markdown(report)
+    table = md.split("### Learning curves (clean accuracy, PGD-20 and PR over clean-correct images)")[1]
+    assert "| run | step | Acc. % | PGD-20 % | PR(·, 0.1) % | PR(·, 0.2) % |" in table
+    rows = [line.strip("| ").split(" | ") for line in table.strip().splitlines()[2:]]
+    assert rows == hand["main/pgd_s0"] + hand["main/pat_s0"]
 
 
 def test_every_defined_sweep_names_runs_of_its_suite():

@@ -188,8 +188,9 @@ def run_suite(
       evaluates (keeps models, evaluates curves) the runs already trained and leaves the others.
     stop_at: a wall-clock time (`time.time()`): a run in training then stops with a checkpoint
       (`train.train_and_evaluate`), its segment's time recorded, and the worker leaves; rerun
-      to resume, or `handover` to carry the run in git. No run and no evaluation starts after
-      it; an evaluation under way when it passes runs to its end (it cannot resume).
+      to resume, or `handover` to carry the run in git. No run, no evaluation and no curve
+      point's evaluation starts after it; one under way when it passes runs to its end (it
+      cannot resume).
     Returns the suite's results (as written to DIR/results.json).
     """
     num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
@@ -302,7 +303,8 @@ def _train_and_evaluate(
     stop_at: Optional[float] = None,
 ) -> bool:
     """Trains the run (resuming from its latest checkpoint) unless trained, then evaluates it
-    (unless train_only). Returns whether its training stopped at stop_at, unfinished."""
+    (unless train_only). Returns whether it stopped at stop_at, unfinished: in its training, or
+    before one of its curve points."""
     cfg = copy.deepcopy(run.config)
     cfg.progress_bar = bool(progress_bars)
     record_path = os.path.join(directory, RECORD_FILE)
@@ -375,6 +377,11 @@ def _train_and_evaluate(
     for curve_step in _curve_steps(suite, run, step):
         if _eval_matches(suite, curve_step, directory, curve=True):
             continue
+        if stop_at is not None and time.time() >= stop_at:
+            # Each curve point is an evaluation of its own, kept when written: the ones left are
+            # the next invocation's, and the run stays unfinished (with its checkpoints) until then.
+            say(f"curve points from step {curve_step} on are left for the next invocation (its time is up)")
+            return True
         t0 = time.perf_counter()
         chosen, overrides = _evaluation_settings(suite, curve=True)
         evaluation.evaluate_workdir(

@@ -659,7 +659,18 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     assert "its evaluation is left for the next invocation (its time is up)" in log.getvalue()
     assert not os.path.isdir(os.path.join(suite_outcomes.run_dir(clone, run), "eval"))
     assert len(suite_outcomes.read_record(suite_outcomes.run_dir(clone, run))["train_segments_s"]) == 2
+    # Evaluated by a worker whose time passes during the final evaluation: the curve point is
+    # left for the next invocation, and the run keeps its checkpoint until it is evaluated.
+    monkeypatch.setattr(runner, "time", Clock(itertools.chain([-1e6], itertools.repeat(1e12))))
+    log = io.StringIO()
+    runner.run_suite(suite, clone, methods=["pat"], stream=log, only="evaluate", stop_at=1e10)
+    monkeypatch.undo()
+    directory = suite_outcomes.run_dir(clone, run)
+    assert "curve points from step 2 on are left for the next invocation" in log.getvalue()
+    assert os.path.isfile(os.path.join(directory, "eval", "results.json"))
+    assert eval_files.curve_steps(directory) == [] and os.path.isdir(os.path.join(directory, "checkpoints"))
     runner.run_suite(suite, clone, methods=["pat"], max_runs=1, stream=io.StringIO())
+    assert eval_files.curve_steps(directory) == [2]
 
     for name in ("straight", "clone"):
         d = suite_outcomes.run_dir(str(tmp_path / name), run)

@@ -25,14 +25,24 @@ import sys
 import tempfile
 
 RESUME = """
-import sys
-from patjax import checkpoints, cli, train, workdir
+import json, sys
+import jax
+from patjax import checkpoints, cli, data, train, workdir
 cli.use_cpu_cores_as_devices()
 run, target = sys.argv[1], int(sys.argv[2])
 start = checkpoints.latest_step(run)
 if start is None or start >= target:
     sys.exit(f"error: the committed checkpoint of {run} (step {start}) is not before step {target}")
-train.train_and_evaluate(workdir.load_settings(run), run, stop_after_steps=target - start)
+# Float sums are ordered by the device count: resume on as many devices as the run trained on.
+devices = json.loads(open(f"{run}/metrics.jsonl").read().splitlines()[-1]).get("devices")
+if devices != jax.device_count():
+    sys.exit(f"error: the run trained on {devices} device(s), this process has {jax.device_count()}; "
+             f"set PATJAX_CPU_DEVICES={devices}")
+settings = workdir.load_settings(run)
+last = settings.optimizer.total_steps(data.NUM_TRAIN[settings.dataset] // settings.batch_size)
+if target > last:
+    sys.exit(f"error: step {target} is past the run's last step {last}")
+train.train_and_evaluate(settings, run, stop_after_steps=target - start)
 print(f"resumed from step {start} to step {target}")
 """
 
@@ -58,21 +68,30 @@ def main(argv=None):
     step = os.path.basename(os.path.normpath(args.reference))
     if not step.isdigit() or not os.path.isdir(args.reference):
         sys.exit(f"error: --reference must be a checkpoint directory named by its step, got {args.reference!r}")
-    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True).stdout
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository holding this script
+    relative = os.path.relpath(os.path.abspath(args.run), root)
+    if relative.startswith(".."):
+        sys.exit(f"error: --run must be a run directory inside the repository {root}, got {args.run!r}")
     from patjax import workdir
 
     with tempfile.TemporaryDirectory() as tmp:
         clone = os.path.join(tmp, "clone")
-        subprocess.run(["git", "clone", "-q", root.strip(), clone], check=True)
+        subprocess.run(["git", "clone", "-q", root, clone], check=True)
         env = {**os.environ, "PYTHONPATH": clone}
-        run = os.path.join(clone, args.run)
-        subprocess.run([sys.executable, "-c", RESUME, run, step], cwd=clone, env=env, check=True)
+        run = os.path.join(clone, relative)
+        if subprocess.run([sys.executable, "-c", RESUME, run, step], cwd=clone, env=env).returncode != 0:
+            sys.exit(1)  # the child said why
         reference = os.path.join(tmp, "reference")
         os.makedirs(os.path.join(reference, "checkpoints"))
         shutil.copy(os.path.join(run, "config.json"), reference)
         shutil.copytree(args.reference, os.path.join(reference, "checkpoints", step))
+        # `restore` reads a kept model instead of the checkpoint where one exists for the step;
+        # neither directory has one past the committed step, and a state without its optimizer
+        # would not be the train state this compares.
         _, _, resumed = workdir.restore(run, step=int(step))
         _, _, original = workdir.restore(reference, step=int(step))
+    if resumed.opt_state is None or original.opt_state is None:
+        sys.exit(f"error: step {step} was read from a kept model, not a checkpoint")
     leaves, numbers, differing = equal_states(resumed, original)
     print(
         f"step {step}: the clone's train state against the reference: {leaves} leaves, {numbers} numbers, "

@@ -4,8 +4,8 @@ a markdown table, a method's label); a suite's results.md is `patjax.suite_repor
 drawn from the same dicts `patjax.plots`.
 
 Nothing here reads a workdir or computes a figure: every value and interval shown was computed
-by `patjax.evaluation` or `patjax.suite_results`; this module only lays them out, in the
-paper's order and names.
+by `patjax.evaluation`, `patjax.suite_results` or `patjax.suite_curves`; this module only lays
+them out, in the paper's order and names.
 """
 
 from __future__ import annotations

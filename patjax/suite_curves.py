@@ -13,13 +13,20 @@ from patjax.suites import Suite, plan, run_name
 
 CURVE_ATTACK = "pgd20"  # the attack a suite's curve points may be evaluated with (`Suite.curve_evaluators`)
 ROBUST_KEY = f"{CURVE_ATTACK}.robust"
+ATTACK_SETTINGS = ("attack_eps", "attack_step_size", "attack_steps")  # one attack, one column
+
+
+def _attack(settings: dict) -> tuple:
+    return tuple(settings.get(k) for k in ATTACK_SETTINGS)
 
 
 def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     """The run's learning curve: its curve points' evaluations (curve/step_N/) and its final
     evaluation, in training order: [{step, correct (n,), robust (n,) under PGD-20 or None, pr (n, levels)
     per-image PR_i under `law`}].
-    Every point must be on the final evaluation's images and noise (`eval_files.check_comparable`)."""
+    Every point must be on the final evaluation's images and noise (`eval_files.check_comparable`).
+    A point's PGD-20 outcomes are given only where the curve points were attacked, with the final
+    evaluation's attack settings: the curve's PGD-20 is then one attack from start to end."""
     directory = run_dir(workdir, outcome.run)
     points = []
     for step in eval_files.curve_steps(directory):
@@ -29,7 +36,11 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
             {
                 "step": step,
                 "correct": per_image["clean.correct"].astype(bool),
-                "robust": per_image[ROBUST_KEY].astype(bool) if ROBUST_KEY in per_image else None,
+                "robust": (
+                    per_image[ROBUST_KEY].astype(bool)
+                    if ROBUST_KEY in per_image and _attack(results["settings"]) == _attack(outcome.settings)
+                    else None
+                ),
                 "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"],
             }
         )
@@ -37,7 +48,7 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
         {
             "step": int(outcome.settings["step"]),
             "correct": outcome.correct,
-            "robust": outcome.robust.get(CURVE_ATTACK),
+            "robust": outcome.robust.get(CURVE_ATTACK) if any(p["robust"] is not None for p in points) else None,
             "pr": outcome.pr_counts[law] / outcome.settings["pr_samples"],
         }
     )

@@ -74,11 +74,14 @@ def markdown(report: dict) -> str:
 
 def _law_rows(g, law: str, key: str, eps_keys) -> list:
     """One row per method: its mean PR under `law` over `key`'s images ("pr_clean_correct" or
-    "pr_all"); a group evaluated under one law has its figures at the top of "mean"."""
+    "pr_all"), "-" where the method has none under that law; results written before figures were
+    kept per law have the headline law's at the top of "mean" only."""
+    headline = g["evaluation"]["pr_distribution"]
     rows = []
     for m in g["methods"]:
         mean = g["methods"][m]["mean"]
-        rows.append([method_label(m, g)] + [pct(mean.get("laws", {law: mean})[law][key].get(e)) for e in eps_keys])
+        figs = mean["laws"].get(law) if "laws" in mean else (mean if law == headline else None)
+        rows.append([method_label(m, g)] + [pct((figs or {}).get(key, {}).get(e)) for e in eps_keys])
     return rows
 
 

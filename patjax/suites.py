@@ -69,7 +69,7 @@ class Suite:
     curve_eval_overrides: dict = dataclasses.field(default_factory=dict)
     curve_methods: Sequence[str] = ()  # the methods whose runs have curves (empty: every run's)
     # Comparisons at matched clean accuracy: ((group, method) A, (group, method) B), seed by seed:
-    # A's learning curve interpolated at the clean accuracy of B's final model (suite_results).
+    # A's learning curve interpolated at the clean accuracy of B's final model (suite_curves).
     matched: Sequence[tuple] = ()
     # Whether each run keeps its final model (and its curve points') in DIR/.../models/, so that it
     # can be evaluated again without retraining; the earlier suites' runs predate it.

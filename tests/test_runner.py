@@ -591,6 +591,18 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     rows = [line.strip("| ").split(" | ") for line in table.strip().splitlines()[2:]]
     assert rows == hand["main/pgd_s0"] + hand["main/pat_s0"]
 
+    # Curve points attacked with another PGD, or not attacked: no PGD-20 column (the final
+    # evaluation's alone would be one point of another curve), the rest unchanged.
+    for run in suites.plan(suite):
+        directory = suite_outcomes.run_dir(workdir, run)
+        results, per_image = eval_files.load_results(directory, 1)
+        results["settings"]["attack_steps"] = 10
+        eval_files.write_results(directory, results, {k: v for k, v in per_image.items() if "meta." not in k}, step=1)
+    md = suite_report.markdown(suite_results.build(suite, workdir, outcomes, []))
+    table = md.split("### Learning curves (clean accuracy and PR over clean-correct images)")[1]
+    rows = [line.strip("| ").split(" | ") for line in table.strip().splitlines()[2:]]
+    assert rows == [row[:3] + row[4:] for row in hand["main/pgd_s0"] + hand["main/pat_s0"]]
+
 
 def test_every_defined_sweep_names_runs_of_its_suite():
     for name, make in suites.SUITES.items():

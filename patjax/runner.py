@@ -14,20 +14,14 @@ patjax.evaluate` and `main.py` work on it). For each run the runner
   runs are listed as such), and prints one progress line per stage.
 
 Workers: any number of processes may run the same suite on the same DIR at once (a SLURM
-job array, several machines on a shared filesystem, several processes on one machine;
-docs/cluster.md).
-- Dynamic claims: a worker holds an flock on the run's DIR/runs/GROUP/METHOD_sSEED/.claim for
-  as long as it trains and evaluates the run; another worker skips a claimed run (its progress
-  line names the holder: pid, host, since when) and goes on to the next. The kernel drops the
-  claim of a worker that dies (kill -9 included), so the next worker to look takes the run
-  over and resumes it from its latest checkpoint. After a pass over its runs a worker looks
-  again at the ones it skipped, and leaves once each is finished or held by a live worker.
-- Static partition: --num_workers=K --worker_index=i (default: the SLURM job array's
-  SLURM_ARRAY_TASK_COUNT and SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else 1 and 0) makes
-  worker i consider only the runs at positions p of the plan with p % K == i. The claims
-  still hold, e.g. for two workers given the same index.
-- The report is rebuilt by one worker at a time (an flock on DIR/.report.lock) from whatever
-  has finished.
+job array, several machines on a shared filesystem, several processes on one machine):
+- dynamic claims: a worker holds an flock on the run's .claim while it trains and evaluates
+  the run; others skip it (naming the holder) and look again after a pass; the kernel drops the
+  claim of a worker that dies, so the next worker takes the run over from its latest checkpoint;
+- static partition: --num_workers=K --worker_index=i (or the SLURM job array's) gives worker i
+  the runs at positions p % K == i of the plan (`patjax.workers`);
+- the report is rebuilt by one worker at a time (an flock on DIR/.report.lock).
+docs/cluster.md has the details.
 """
 
 from __future__ import annotations
@@ -201,9 +195,8 @@ def run_suite(
     out = stream or sys.stdout
     progress = _Progress(len(runs), stream)
     invocation_start = time.perf_counter()
-    provenance = (
-        provenance_lib.of_this_process()
-    )  # the code this process runs: taken now, before anything can change it
+    # The code this process runs: taken now, before anything can change it.
+    provenance = provenance_lib.of_this_process()
     role = f"suite worker {worker_index} of {num_workers}"
     todo = partition(runs, num_workers, worker_index)
     if num_workers > 1:

@@ -2,14 +2,12 @@
 
   python -m patjax.experiments --suite=NAME --workdir=DIR   (the command line of `run_suite`)
 
-Each run lives in DIR/runs/GROUP/METHOD_sSEED (an ordinary patjax workdir: `python -m
-patjax.evaluate` and `main.py` work on it). For each run the runner
+Each run lives in DIR/runs/GROUP/METHOD_sSEED (an ordinary workdir). For each run the runner
 - trains it with `patjax.train.train_and_evaluate` (which resumes from the latest checkpoint:
   an interrupted suite resumes inside the run it stopped in),
-- marks it trained (suite_run.json) and evaluates it with `patjax.evaluation.evaluate_workdir` with the
-  suite's evaluation settings (every run on the same images with the same evaluation seed:
+- marks it trained (suite_run.json), evaluates it with `patjax.evaluation.evaluate_workdir` and
+  the suite's evaluation settings, reusing any run already trained and evaluated (every run on the same images with the same evaluation seed:
   common random numbers, so differences between runs are paired image by image),
-- reuses every run already trained and evaluated with the same settings,
 - rewrites DIR/results.md, DIR/results.json and DIR/pr_vs_eps.png after every run (pending
   runs are listed as such), and prints one progress line per stage.
 

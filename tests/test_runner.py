@@ -408,6 +408,25 @@ def test_static_partition_flags_slurm_and_bad_values():
     assert not os.path.exists("/nonexistent/suite")
 
 
+def _synthetic_settings(n, samples, **extra):
+    """An evaluation's settings for synthetic outcomes: n images, N = samples, Gaussian headline law."""
+    return {
+        "num_examples": n,
+        "pr_samples": samples,
+        "seed": 0,
+        "pr_epsilons": [0.1, 0.2],
+        "dataset": "cifar10",
+        "pdis_c1": 0.1,
+        "confidence": 0.95,
+        "pr_distribution": "gaussian",
+        "attack_eps": 8 / 255,
+        "attack_step_size": 2 / 255,
+        "attack_steps": 20,
+        "cw_kappa": 0.0,
+        **extra,
+    }
+
+
 def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
     """A RunOutcome as load_outcome would read it, with its own figures from hand formulas."""
     figures = {
@@ -435,21 +454,7 @@ def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
 
 def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     n, samples = 400, 10
-    settings = {
-        "num_examples": n,
-        "pr_samples": samples,
-        "seed": 0,
-        "pr_epsilons": [0.1, 0.2],
-        "dataset": "cifar10",
-        "pdis_c1": 0.1,
-        "confidence": 0.95,
-        "bootstrap_resamples": 300,
-        "pr_distribution": "gaussian",
-        "attack_eps": 8 / 255,
-        "attack_step_size": 2 / 255,
-        "attack_steps": 20,
-        "cw_kappa": 0.0,
-    }
+    settings = _synthetic_settings(n, samples, bootstrap_resamples=300)
     rng = np.random.default_rng(0)
     cfg = suites.smoke_cpu_suite(None).groups[0].base_config
     groups = (
@@ -529,23 +534,9 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     # Each run's curve: one point written as an evaluation in curve/step_N/, then its final
     # evaluation; every cell of results.md's curve table is a hand formula of those outcomes.
     n, samples = 50, 10
-    settings = {
-        "num_examples": n,
-        "pr_samples": samples,
-        "seed": 0,
-        "pr_epsilons": [0.1, 0.2],
-        "pr_distributions": ["gaussian"],
-        "evaluators": ["clean", "pgd20", "pr"],
-        "dataset": "cifar10",
-        "pdis_c1": 0.1,
-        "confidence": 0.95,
-        "bootstrap_resamples": 200,
-        "pr_distribution": "gaussian",
-        "attack_eps": 8 / 255,
-        "attack_step_size": 2 / 255,
-        "attack_steps": 20,
-        "cw_kappa": 0.0,
-    }
+    settings = _synthetic_settings(
+        n, samples, bootstrap_resamples=200, pr_distributions=["gaussian"], evaluators=["clean", "pgd20", "pr"]
+    )
     rng = np.random.default_rng(1)
     cfg = suites.smoke_cpu_suite(None).groups[0].base_config
     suite = suites.Suite(

@@ -6,8 +6,8 @@ Each run lives in DIR/runs/GROUP/METHOD_sSEED (an ordinary workdir). For each ru
 - trains it with `patjax.train.train_and_evaluate` (which resumes from the latest checkpoint:
   an interrupted suite resumes inside the run it stopped in),
 - marks it trained (suite_run.json), evaluates it with `patjax.evaluation.evaluate_workdir` and
-  the suite's evaluation settings, reusing any run already trained and evaluated (every run on the same images with the same evaluation seed:
-  common random numbers, so differences between runs are paired image by image),
+  the suite's evaluation settings (the same images and evaluation seed for every run: common
+  random numbers, so differences are paired image by image), reusing runs already evaluated,
 - rewrites DIR/results.md, DIR/results.json and DIR/pr_vs_eps.png after every run (pending
   runs are listed as such), and prints one progress line per stage.
 

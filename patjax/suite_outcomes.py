@@ -11,12 +11,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from patjax import eval_files, evaluators, robustness, stats
+from patjax import eval_files, evaluators, robustness, stats, train
 from patjax.files import read_json
 from patjax.suites import Run
 
 ATTACKS = evaluators.TABLE_ATTACKS
-RECORD_FILE = "suite_run.json"  # in each run's directory: its training step and wall times
+RECORD_FILE = "suite_run.json"  # in each run's directory: its training step and its sittings' wall times
 
 
 def run_dir(workdir: str, run: Run) -> str:
@@ -33,6 +33,7 @@ class RunOutcome:
     pr_counts: dict  # {law: (n, levels) non-adversarial samples}, the headline law first
     results: dict  # eval/results.json
     record: dict  # suite_run.json
+    train_s: Optional[float]  # time in training steps over every sitting (`train.logged_train_seconds`)
 
     @property
     def settings(self) -> dict:
@@ -60,6 +61,7 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
         return None
     results, per_image = eval_files.load_results(directory)  # the two files of one evaluation
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
+    train_s = train.logged_train_seconds(directory, run.config.batch_size)
     laws = [pr_distribution] + [d for d in robustness.DISTRIBUTIONS if d != pr_distribution]
     counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
     return RunOutcome(
@@ -69,6 +71,7 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
         pr_counts=counts,
         results=results,
         record=record,
+        train_s=None if train_s is None else round(train_s, 1),
     )
 
 

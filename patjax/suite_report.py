@@ -1,6 +1,6 @@
 """results.md of a suite: Tables 1 and 2 in the paper's layout, PR over all images, the paired
 differences, the sweeps, PR at matched clean accuracy and the learning curves, every run and its
-wall times, laid out from the dict `patjax.suite_results.build` returns.
+training and evaluation times, laid out from the dict `patjax.suite_results.build` returns.
 
 Nothing here reads a workdir or computes a figure; the cells come from `patjax.report`.
 """
@@ -14,6 +14,15 @@ from patjax.suite_curves import CURVE_ATTACK
 
 TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr", "pat")
 TABLE2_PAIRS = (("fgsm", "fgsm_cor"), ("pgd", "pgd_cor"), ("pat_wos", "pat"))  # (baseline, variant)
+
+
+# What "train min" is (train.logged_train_seconds), said below the first table that shows it.
+TRAIN_MIN_NOTE = (
+    "Train min: time in training steps from the run's metrics.jsonl (each logging window's steps over its "
+    "images per second), summed over every sitting of a run stopped and resumed; each sitting's "
+    "compilation counts, restoring and the per-epoch test-accuracy check do not. Runs that shared cores "
+    "with other jobs ran slower than alone."
+)
 
 
 def _figure_row(label, figs, eps_keys, pr_key):
@@ -50,7 +59,7 @@ def markdown(report: dict) -> str:
                         e["name"],
                         e["status"],
                         e.get("step", ""),
-                        f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
+                        f"{e['train_s'] / 60:.1f}" if e.get("train_s") is not None else "",
                         f"{e['eval_wall_s'] / 60:.1f}" if e.get("eval_wall_s") is not None else "",
                     ]
                     for e in g["runs"]
@@ -58,6 +67,8 @@ def markdown(report: dict) -> str:
             ),
             "",
         ]
+        if gname == next(iter(report["groups"])):  # once, below the first table that shows it
+            out += [TRAIN_MIN_NOTE, ""]
     for sweep in report.get("sweeps", ()):
         out += _sweep_tables(sweep)
     if report.get("matched"):
@@ -308,7 +319,7 @@ def _sweep_tables(sweep) -> list:
             [
                 e["label"],
                 e["run"] if e["status"] == "done" else f"{e['run']} (pending)",
-                f"{e['train_wall_s'] / 60:.1f}" if e.get("train_wall_s") is not None else "",
+                f"{e['train_s'] / 60:.1f}" if e.get("train_s") is not None else "",
                 pct(figs.get("clean_accuracy")),
                 pct(figs.get("pgd20")),
                 pct(figs.get("pr_clean_correct", {}).get(eps)),

@@ -151,7 +151,7 @@ def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
             "status": "done" if o else "pending",
         }
         if o is not None:
-            entry.update(figures=own_figures(o), train_wall_s=o.record.get("train_wall_s"))
+            entry.update(figures=own_figures(o), train_s=o.train_s)
         if p in sweep.baselines:
             out["baselines"].append(entry)
             continue
@@ -195,7 +195,7 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                     "workdir": os.path.relpath(run_dir(workdir, r), workdir),
                     **(
                         {
-                            "train_wall_s": o.record.get("train_wall_s"),
+                            "train_s": o.train_s,
                             "eval_wall_s": o.record.get("eval_wall_s"),
                             "step": o.record.get("step"),
                         }

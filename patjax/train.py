@@ -101,13 +101,16 @@ def make_train_step(loss_fn, model_fns, tx, schedule, steps_per_epoch: int, batc
     return jax.jit(step, donate_argnums=(0,))
 
 
+METRICS_FILE = "metrics.jsonl"  # in a run's workdir: one JSON line per logging window
+
+
 class _MetricWriter:
     """metrics.jsonl (for scripts) and TensorBoard event files (for people)."""
 
     def __init__(self, workdir: str):
         from tensorboardX import SummaryWriter
 
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+        self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a")
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: dict):
@@ -120,6 +123,36 @@ class _MetricWriter:
     def close(self):
         self._jsonl.close()
         self._tb.close()
+
+
+def logged_train_seconds(workdir: str, batch_size: int) -> Optional[float]:
+    """Seconds spent in training steps, summed over metrics.jsonl's logging windows (each window's
+    steps times the batch over its images per second), or None without a log.
+
+    The log is the one record that spans every sitting of a run stopped and resumed on other
+    machines, so this is a run's training time; it includes each sitting's compilation (inside its
+    first window) and leaves out restoring and the per-window test-accuracy check. Lines without
+    `window_steps` count the steps since the previous line.
+    """
+    path = os.path.join(workdir, METRICS_FILE)
+    if not os.path.isfile(path):
+        return None
+    total, previous = 0.0, 0
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                entry = json.loads(line)
+                step, rate = int(entry["step"]), float(entry["images_per_s"])
+                steps = int(entry.get("window_steps", step - previous))
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"{path} line {number} is not a metrics line; repair or remove it") from None
+            if steps <= 0 or rate <= 0:
+                raise UserError(
+                    f"{path} line {number}: step {step} after step {previous} and no window_steps; repair or remove it"
+                )
+            total += steps * batch_size / rate
+            previous = step
+    return total
 
 
 def check_collectives_pair_across_processes(method: methods.MethodSettings) -> None:
@@ -249,6 +282,9 @@ def _train(
                 summary = _summarize(pending)
                 elapsed = time.perf_counter() - window_start
                 summary["images_per_s"] = window_steps * s.batch_size / max(elapsed, 1e-9)
+                # The window's own length: a resumed run's first window starts at its checkpoint, which
+                # may precede the last logged step (`logged_train_seconds`).
+                summary["window_steps"] = window_steps
                 summary["epoch"] = done / steps_per_epoch
                 summary["devices"] = mesh.size
                 summary["test_clean_accuracy"] = test_accuracy_fn(state, test_split, s.log_test_examples)

@@ -364,6 +364,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
         pr_counts={"uniform": counts},
         results=saved,
         record={},
+        train_s=None,
     )
     table = suite_results.mean_figures([outcome], patjax_stats.bootstrap_indices(n, resamples, seed), conf)
     for key in (repr(e) for e in epsilons):

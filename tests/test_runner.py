@@ -448,7 +448,8 @@ def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
         robust={"pgd20": pgd_robust},
         pr_counts={"gaussian": counts},
         results={"settings": settings, "figures": figures},
-        record={"train_wall_s": 60.0, "eval_wall_s": 1.0, "step": 2},
+        record={"eval_wall_s": 1.0, "step": 2},
+        train_s=60.0,
     )
 
 
@@ -516,6 +517,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
 
     md = suite_report.markdown(suite_results.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
+    assert "| T = 5 | T5/pat_s0 | 1.0 |" in md  # 60 s of training
     assert plots.plot_sweep(got) is not None
 
     # Points evaluated on other images or noise cannot be paired: refused, not reported.

@@ -11,7 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 from conftest import REPO, train_run
 
-from patjax import data, evaluation
+from patjax import data, evaluation, train
 from patjax.errors import UserError
 
 
@@ -98,6 +98,28 @@ def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_di
     timed = train_run(cfg, str(tmp_path / "c"), stop_at=0.0)
     assert int(timed.step) == 1 and os.listdir(os.path.join(tmp_path, "c", "checkpoints")) == ["1"]
     assert_trees_equal(params_of(straight), params_of(train_run(cfg, str(tmp_path / "c"))))
+    # Each sitting logs the windows it trained: over all sittings, every step once.
+    for name in ("a", "b", "c"):
+        with open(tmp_path / name / train.METRICS_FILE) as f:
+            assert sum(json.loads(line)["window_steps"] for line in f) == 4, name
+
+
+def test_training_time_is_summed_over_the_windows_of_every_sitting(tmp_path):
+    lines = [
+        {"step": 195, "images_per_s": 100.0},  # a log from before window_steps: 195 steps
+        {"step": 300, "images_per_s": 50.0},  # stopped mid-epoch: 105 steps
+        {"step": 390, "images_per_s": 90.0, "window_steps": 90},
+        # a sitting killed after logging step 390 resumed from its checkpoint at 300
+        {"step": 390, "images_per_s": 45.0, "window_steps": 90},
+    ]
+    (tmp_path / train.METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    expected = 195 * 256 / 100 + 105 * 256 / 50 + 90 * 256 / 90 + 90 * 256 / 45
+    assert train.logged_train_seconds(str(tmp_path), 256) == pytest.approx(expected, rel=1e-12)
+    assert train.logged_train_seconds(str(tmp_path / "nothing"), 256) is None
+    for bad in ('{"step": 390, "images_per_s": 45.0}\n', '{"step": 480, "images_per'):
+        (tmp_path / train.METRICS_FILE).write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[2]) + "\n" + bad)
+        with pytest.raises(UserError, match="line 3"):
+            train.logged_train_seconds(str(tmp_path), 256)
 
 
 def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):

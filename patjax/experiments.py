@@ -21,7 +21,7 @@ import jax
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import data, runner, suite_outcomes, suites, workers
+from patjax import data, runner, suite_catalog, suite_outcomes, suites, workers
 from patjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -36,7 +36,7 @@ def main(argv):
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     data_dir = FLAGS.data_dir or data.find_data_dir()  # None: found or downloaded when a run loads it
-    suite = suites.get_suite(FLAGS.suite, data_dir)
+    suite = suite_catalog.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
     runs = suites.plan(suite, groups, methods)
     num_workers, worker_index = workers.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
@@ -90,7 +90,7 @@ def main(argv):
 
 
 def define_flags():
-    flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(suites.SUITES)}.")
+    flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(suite_catalog.SUITES)}.")
     flags.DEFINE_string("workdir", None, "Suite directory (runs/, results.md, results.json, pr_vs_eps.png).")
     flags.DEFINE_string(
         "data_dir",

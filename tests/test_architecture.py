@@ -45,6 +45,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "api": 7,
     "train": 8,
     "suites": 9,
+    "suite_catalog": 9,
     "suite_results": 9,
     "suite_report": 9,
     "suite_outcomes": 9,

@@ -23,6 +23,7 @@ from patjax import (
     methods,
     plots,
     runner,
+    suite_catalog,
     suite_outcomes,
     suite_report,
     suite_results,
@@ -35,7 +36,7 @@ from patjax.errors import UserError
 
 
 def tiny_suite(data_dir, seeds=(0, 1)):
-    cfg = suites.ablation_cpu_suite(data_dir).groups[0].base_config
+    cfg = suite_catalog.ablation_cpu_suite(data_dir).groups[0].base_config
     cfg.batch_size = 8
     cfg.num_train_steps = 2
     cfg.langevin.steps = 1
@@ -173,7 +174,7 @@ def test_ratio_interval_against_a_hand_bootstrap():
 def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     """Appendix E by hand: SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256
     (195 steps per epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27."""
-    suite = suites.get_suite("convergence_cpu", None)
+    suite = suite_catalog.get_suite("convergence_cpu", None)
     runs = suites.plan(suite)
     assert [(r.method, r.seed) for r in runs] == [(m, s) for s in (0, 1) for m in ("clean", "pgd", "pat")]
     for run in runs:
@@ -197,18 +198,18 @@ def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
 
 
 def test_plans_and_bad_input():
-    full = suites.plan(suites.get_suite("paper_full", None))
+    full = suites.plan(suite_catalog.get_suite("paper_full", None))
     assert len(full) == 4 * len(methods.METHOD_ORDER)
     first = full[0].config
     assert (first.model, first.dataset, first.langevin.steps, first.num_epochs) == ("resnet18", "cifar10", 100, 100)
     assert {r.group for r in full} == {"cifar10_resnet18", "cifar10_wrn50_2", "cifar100_resnet18", "cifar100_wrn50_2"}
-    cpu = suites.plan(suites.get_suite("ablation_cpu", "/data"))
+    cpu = suites.plan(suite_catalog.get_suite("ablation_cpu", "/data"))
     assert {r.method for r in cpu} >= {"clean", "pgd", "pgd_cor", "pat_wos", "pat"}
     assert {r.seed for r in cpu} == {0, 1}
     with pytest.raises(UserError, match="unknown suite"):
-        suites.get_suite("nope", None)
+        suite_catalog.get_suite("nope", None)
     with pytest.raises(UserError, match="no group"):
-        suites.plan(suites.get_suite("paper_full", None), groups=["cifar10_vgg"])
+        suites.plan(suite_catalog.get_suite("paper_full", None), groups=["cifar10_vgg"])
     result = subprocess.run(
         [sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
         cwd=REPO,
@@ -360,7 +361,7 @@ def dry_run(*args, env=None):
 
 
 def test_static_partition_flags_slurm_and_bad_values():
-    runs = suites.plan(suites.get_suite("ablation_cpu", None))
+    runs = suites.plan(suite_catalog.get_suite("ablation_cpu", None))
     assert len(runs) == 10
     shares = [workers.partition(runs, 3, i) for i in range(3)]
     assert [[p for p, _ in share] for share in shares] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
@@ -404,7 +405,9 @@ def test_static_partition_flags_slurm_and_bad_values():
         with pytest.raises(UserError, match=message):
             workers.worker_slot(num_workers, worker_index, environ={})
     with pytest.raises(UserError, match="worker index 3"):
-        runner.run_suite(suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3)
+        runner.run_suite(
+            suite_catalog.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3
+        )
     assert not os.path.exists("/nonexistent/suite")
 
 
@@ -457,7 +460,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     n, samples = 400, 10
     settings = _synthetic_settings(n, samples, bootstrap_resamples=300)
     rng = np.random.default_rng(0)
-    cfg = suites.smoke_cpu_suite(None).groups[0].base_config
+    cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
     groups = (
         suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),
         suites.Group("T5", cfg, methods=("pat",), seeds=(0,)),
@@ -540,7 +543,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
         n, samples, bootstrap_resamples=200, pr_distributions=["gaussian"], evaluators=["clean", "pgd20", "pr"]
     )
     rng = np.random.default_rng(1)
-    cfg = suites.smoke_cpu_suite(None).groups[0].base_config
+    cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
     suite = suites.Suite(
         name="s",
         description="",
@@ -598,7 +601,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
 
 
 def test_every_defined_sweep_names_runs_of_its_suite():
-    for name, make in suites.SUITES.items():
+    for name, make in suite_catalog.SUITES.items():
         suite = make(None)
         planned = {r.name for r in suites.plan(suite)}
         for sweep in suite.sweeps:
@@ -623,7 +626,7 @@ class Clock:
 
 def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir, monkeypatch):
     # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
-    suite = suites.smoke_cpu_suite(data_dir)
+    suite = suite_catalog.smoke_cpu_suite(data_dir)
     run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("pat", 0))
     straight = str(tmp_path / "straight")
     runner.run_suite(suite, straight, methods=["pat"], max_runs=1, stream=io.StringIO())

@@ -108,7 +108,8 @@ def _group_tables(g) -> list:
         f"PR: {ev['pr_distribution']} noise first"
         f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
         f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
-        f"[{conf} % interval].",
+        f"[{conf} % interval]: in the mean-over-seeds tables a percentile bootstrap over images, which "
+        f"collapses to a point at 0 % or 100 % (the Every-run table's Clopper-Pearson interval does not).",
         "",
     ]
     t1 = [m for m in g["methods"] if m in TABLE1_METHODS or m not in sum(TABLE2_PAIRS, ())]
@@ -149,7 +150,8 @@ def _group_tables(g) -> list:
         ]
     for law in laws:
         out += [
-            f"### PR under {law} noise over all test images (misclassified images count with their PR, mostly ~0)",
+            f"### PR under {law} noise over all test images (a misclassified image counts with its own PR, "
+            "the share of its noisy draws classified correctly; not set to 0)",
             "",
             md_table(["Method"] + pr_cols, _law_rows(g, law, "pr_all", eps_keys)),
             "",

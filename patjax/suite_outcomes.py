@@ -33,7 +33,7 @@ class RunOutcome:
     pr_counts: dict  # {law: (n, levels) non-adversarial samples}, the headline law first
     results: dict  # eval/results.json
     record: dict  # suite_run.json
-    train_s: Optional[float]  # time in training steps over every sitting (`train.logged_train_seconds`)
+    train_s: Optional[float]  # time in training steps over every sitting (`logged_progress`)
 
     @property
     def settings(self) -> dict:
@@ -52,6 +52,13 @@ def read_record(directory: str) -> Optional[dict]:
     )
 
 
+def logged_progress(directory: str, run: Run) -> dict:
+    """{'step': last logged step, 'train_s': seconds in training steps over every sitting} from the
+    run's metrics.jsonl (`train.logged_training`), or {} before its first logged window."""
+    logged = train.logged_training(directory, run.config.batch_size)
+    return {} if logged is None else {"step": logged[0], "train_s": round(logged[1], 1)}
+
+
 def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOutcome]:
     """The run's outcomes if it was trained and evaluated (its record says so), else None; PR
     counts for `pr_distribution` (the suite's headline law) and every other law with levels eps."""
@@ -61,7 +68,6 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
         return None
     results, per_image = eval_files.load_results(directory)  # the two files of one evaluation
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
-    train_s = train.logged_train_seconds(directory, run.config.batch_size)
     laws = [pr_distribution] + [d for d in robustness.DISTRIBUTIONS if d != pr_distribution]
     counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
     return RunOutcome(
@@ -71,7 +77,7 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
         pr_counts=counts,
         results=results,
         record=record,
-        train_s=None if train_s is None else round(train_s, 1),
+        train_s=logged_progress(directory, run).get("train_s"),
     )
 
 

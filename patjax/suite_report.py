@@ -16,12 +16,13 @@ TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr"
 TABLE2_PAIRS = (("fgsm", "fgsm_cor"), ("pgd", "pgd_cor"), ("pat_wos", "pat"))  # (baseline, variant)
 
 
-# What "train min" is (train.logged_train_seconds), said below the first table that shows it.
+# What "train min" is (train.logged_training), said below the first table that shows it.
 TRAIN_MIN_NOTE = (
     "Train min: time in training steps from the run's metrics.jsonl (each logging window's steps over its "
     "images per second), summed over every sitting of a run stopped and resumed; each sitting's "
     "compilation counts, restoring and the per-epoch test-accuracy check do not. Runs that shared cores "
-    "with other jobs ran slower than alone."
+    "with other jobs ran slower than alone. A pending run shows the last step its log reached and its "
+    "training time so far."
 )
 
 

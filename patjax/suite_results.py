@@ -19,7 +19,7 @@ import numpy as np
 
 from patjax import methods, robustness, stats
 from patjax.suite_curves import matched_figures
-from patjax.suite_outcomes import ATTACKS, RunOutcome, figure, pairing, run_dir
+from patjax.suite_outcomes import ATTACKS, RunOutcome, figure, logged_progress, pairing, run_dir
 from patjax.suites import Suite, Sweep, plan
 
 # Paired differences reported (A - B), when both methods are in the suite.
@@ -200,7 +200,7 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                             "step": o.record.get("step"),
                         }
                         if o
-                        else {}
+                        else logged_progress(run_dir(workdir, r), r)  # how far its training got
                     ),
                 }
             )

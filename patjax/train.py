@@ -125,14 +125,16 @@ class _MetricWriter:
         self._tb.close()
 
 
-def logged_train_seconds(workdir: str, batch_size: int) -> Optional[float]:
-    """Seconds spent in training steps, summed over metrics.jsonl's logging windows (each window's
-    steps times the batch over its images per second), or None without a log.
+def logged_training(workdir: str, batch_size: int) -> Optional[tuple[int, float]]:
+    """The last logged step and the seconds spent in training steps, summed over metrics.jsonl's
+    logging windows (each window's steps times the batch over its images per second), or None
+    without a log.
 
     The log is the one record that spans every sitting of a run stopped and resumed on other
     machines, so this is a run's training time; it includes each sitting's compilation (inside its
     first window) and leaves out restoring and the per-window test-accuracy check. Lines without
-    `window_steps` count the steps since the previous line.
+    `window_steps` count the steps since the previous line. A last line without its newline is one
+    a running training is still writing (a later line would follow it otherwise): not counted yet.
     """
     path = os.path.join(workdir, METRICS_FILE)
     if not os.path.isfile(path):
@@ -140,6 +142,8 @@ def logged_train_seconds(workdir: str, batch_size: int) -> Optional[float]:
     total, previous = 0.0, 0
     with open(path) as f:
         for number, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                break
             try:
                 entry = json.loads(line)
                 step, rate = int(entry["step"]), float(entry["images_per_s"])
@@ -152,7 +156,7 @@ def logged_train_seconds(workdir: str, batch_size: int) -> Optional[float]:
                 )
             total += steps * batch_size / rate
             previous = step
-    return total
+    return previous, total
 
 
 def check_collectives_pair_across_processes(method: methods.MethodSettings) -> None:
@@ -283,7 +287,7 @@ def _train(
                 elapsed = time.perf_counter() - window_start
                 summary["images_per_s"] = window_steps * s.batch_size / max(elapsed, 1e-9)
                 # The window's own length: a resumed run's first window starts at its checkpoint, which
-                # may precede the last logged step (`logged_train_seconds`).
+                # may precede the last logged step (`logged_training`).
                 summary["window_steps"] = window_steps
                 summary["epoch"] = done / steps_per_epoch
                 summary["devices"] = mesh.size

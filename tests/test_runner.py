@@ -600,6 +600,25 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     assert rows == [row[:3] + row[4:] for row in hand["main/pgd_s0"] + hand["main/pat_s0"]]
 
 
+def test_runs_table_shows_how_far_a_pending_run_trained_from_its_log(tmp_path):
+    cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
+    group = suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,))
+    suite = suites.Suite(
+        "s", "", (group,), num_eval_examples=8, eval_batch_size=8, evaluators=("clean",), eval_overrides={}
+    )
+    pgd, pat = suites.plan(suite)
+    directory = suite_outcomes.run_dir(str(tmp_path), pgd)
+    os.makedirs(directory)
+    lines = [{"step": 4, "images_per_s": 2.0 * cfg.batch_size, "window_steps": 4}]
+    lines.append({"step": 10, "images_per_s": 0.5 * cfg.batch_size, "window_steps": 6})
+    with open(os.path.join(directory, train.METRICS_FILE), "w") as f:
+        f.write("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 1')  # a line being written
+    md = suite_report.markdown(suite_results.build(suite, str(tmp_path), {pgd.name: None, pat.name: None}, []))
+    # 4 steps at 2 batches/s and 6 at half a batch per second: 14 s, 0.2 min.
+    assert f"| {pgd.name} | pending | 10 | 0.2 |  |" in md
+    assert f"| {pat.name} | pending |  |  |  |" in md
+
+
 def test_every_defined_sweep_names_runs_of_its_suite():
     for name, make in suite_catalog.SUITES.items():
         suite = make(None)

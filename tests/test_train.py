@@ -114,12 +114,17 @@ def test_training_time_is_summed_over_the_windows_of_every_sitting(tmp_path):
     ]
     (tmp_path / train.METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
     expected = 195 * 256 / 100 + 105 * 256 / 50 + 90 * 256 / 90 + 90 * 256 / 45
-    assert train.logged_train_seconds(str(tmp_path), 256) == pytest.approx(expected, rel=1e-12)
-    assert train.logged_train_seconds(str(tmp_path / "nothing"), 256) is None
-    for bad in ('{"step": 390, "images_per_s": 45.0}\n', '{"step": 480, "images_per'):
+    step, seconds = train.logged_training(str(tmp_path), 256)
+    assert step == 390 and seconds == pytest.approx(expected, rel=1e-12)
+    assert train.logged_training(str(tmp_path / "nothing"), 256) is None
+    # A last line without its newline is one a running training is still writing: not counted yet.
+    with open(tmp_path / train.METRICS_FILE, "a") as f:
+        f.write('{"step": 480, "images_per')
+    assert train.logged_training(str(tmp_path), 256) == (step, seconds)
+    for bad in ('{"step": 390, "images_per_s": 45.0}\n', '{"step": 480, "images_per\n'):
         (tmp_path / train.METRICS_FILE).write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[2]) + "\n" + bad)
         with pytest.raises(UserError, match="line 3"):
-            train.logged_train_seconds(str(tmp_path), 256)
+            train.logged_training(str(tmp_path), 256)
 
 
 def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):

@@ -139,7 +139,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.pr_chunk_size = 25  # perturbations evaluated at once per image
     cfg.eval.seed = 0
     # Evaluators (`--evaluators` overrides): names of patjax.evaluators.REGISTRY or its aliases
-    # ('apgd', 'all'). Old workdirs without these fields get these defaults.
+    # ('apgd', 'all'). A workdir's config without these fields gets these defaults (`upgrade`).
     cfg.eval.evaluators = ("all",)
     cfg.eval.attack_eps = 8 / 255  # PGD-20 / CW-20 / APGD budget (Appendix E)
     cfg.eval.attack_step_size = 2 / 255  # PGD-20 / CW-20 alpha
@@ -168,9 +168,9 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def upgrade(saved: dict) -> ml_collections.ConfigDict:
-    """A config read from a workdir, completed with today's defaults: a field added to the config
-    after the run was made was, for that run, its default (every field added so far kept the
-    behaviour of the code before it). The one place older workdirs are brought up to date."""
+    """A config read from a workdir, completed with `default_config()`'s: a field missing from the
+    saved config reads as its default, so every field's default is what runs saved without that
+    field computed. The one place a workdir's config is completed."""
 
     def merge(base: dict, over: dict) -> dict:
         return {

@@ -49,7 +49,7 @@ def check_per_image(results: dict, per_image: dict, where: str) -> None:
     wrote `results` (results.json): a kill between the two writes, or a copied file, would
     otherwise pair one evaluation's figures with another's per-image outcomes.
 
-    Files written before the identity was stored are checked on their number of images only.
+    Files without a stored identity are checked on their number of images only.
     """
     if not per_image:
         return

@@ -9,8 +9,8 @@ in/out dimensions swapped and its window reversed (HLO `dim_labels=b01f_01oi->b0
 In straight-line code XLA materializes that reordered kernel once; inside a `while` loop
 (the Langevin sampler's `fori_loop`) it keeps the swapped read, and XLA:CPU only hands
 standard-layout (`b01f_01io->b01f`) convolutions to its fast library (YNNPACK/oneDNN)
-path, so every input-gradient convolution of the sampler fell back to a slow generic
-loop. `conv2d` therefore has a custom VJP: the input gradient is the transposed
+path, so under plain autodiff every input-gradient convolution of the sampler falls back to
+a slow generic loop. `conv2d` therefore has a custom VJP: the input gradient is the transposed
 convolution computed through a physically reordered copy of the kernel (window reversed,
 in/out swapped) held behind `jax.lax.optimization_barrier`, so XLA cannot fold the
 reorder back into the convolution; the weight gradient stays plain autodiff. The result
@@ -18,7 +18,8 @@ equals autodiff's up to float summation order (tests/test_ops.py).
 
 The RGB stem: inputs with a channel count that is not a multiple of 4 (3) are zero-padded
 to one on CPU (input and kernel alike, so no value changes): the library kernels run a
-4-channel convolution about 2.5x faster than a 3-channel one.
+4-channel convolution faster than a 3-channel one (measured in benchmarks/README.md, "The
+3-channel stem").
 
 The switch: `set_conv_input_grad_mode('reordered' | 'autodiff' | 'auto')`, or the
 environment variable PATJAX_CONV_INPUT_GRAD with the same values; 'auto' (the default)
@@ -68,8 +69,8 @@ def _conv(x, kernel, strides, padding):
     )
 
 
-# XLA:CPU's convolution library runs a 3-channel input (the RGB stem) about 2.5x slower than
-# a 4-channel one (benchmarks/README.md); zero channels added to input and kernel change no
+# XLA:CPU's convolution library runs a 3-channel input (the RGB stem) slower than a 4-channel
+# one (measured in benchmarks/README.md); zero channels added to input and kernel change no
 # value. None: 4 on the CPU backend, 1 (no padding) elsewhere.
 _pad_input_channels_to_multiple: int | None = None
 

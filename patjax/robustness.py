@@ -78,7 +78,7 @@ def perturb(x: jax.Array, epsilons: jax.Array, noise: jax.Array, distribution: s
 PDIS = "pdis"
 ALL_DISTRIBUTIONS = DISTRIBUTIONS + (PDIS,)
 # What each distribution is (`perturbed_samples`), recorded with every evaluation: results made
-# under another definition are not comparable with today's.
+# under another definition are not comparable with these.
 DEFINITIONS = {
     "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
     "gaussian": "x + eps * N(0, I), clipped to [0,1]",

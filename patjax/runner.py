@@ -91,14 +91,14 @@ def _eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) 
     for key, value in overrides.items():
         if key in s:
             wanted[key] = list(value) if isinstance(value, (tuple, list)) else value
-    wanted.update(robustness.DEFINITIONS)  # results of an earlier definition are stale
+    wanted.update(robustness.DEFINITIONS)  # results made under another definition are stale
     return all(s.get(k) == v for k, v in wanted.items())
 
 
 def _evaluation_settings(suite: Suite, curve: bool) -> tuple:
     """(evaluators, eval overrides) of the suite's final evaluation, or of its curve points; the
-    overrides always name the headline law, so that a run's config (whose default law may be an
-    older one) never decides it."""
+    overrides always name the headline law, so that a run's config (whose law may differ from
+    the suite's) never decides it."""
     chosen, overrides = (
         (suite.curve_evaluators, suite.curve_eval_overrides) if curve else (suite.evaluators, suite.eval_overrides)
     )

@@ -56,7 +56,8 @@ class Suite:
     # A's learning curve interpolated at the clean accuracy of B's final model (suite_curves).
     matched: Sequence[tuple] = ()
     # Whether each run keeps its final model (and its curve points') in DIR/.../models/, so that it
-    # can be evaluated again without retraining; the earlier suites' runs predate it.
+    # can be evaluated again without retraining; False for ablation_cpu and stationary_cpu, whose
+    # committed runs hold no kept models.
     keep_models: bool = True
 
     @property

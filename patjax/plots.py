@@ -68,7 +68,10 @@ def plot_curves(report: dict):
     rows = -(-len(eps_keys) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # One colour per method, one line style and marker per seed: runs of one method stay apart.
     methods = list(dict.fromkeys(name.rsplit("_s", 1)[0] for name in curves))
+    seeds = list(dict.fromkeys(name.rsplit("_s", 1)[-1] for name in curves))
+    styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
     fig.suptitle(
         "PR against clean accuracy along training (points in training order; the step of each "
         "final model is written beside it)",
@@ -77,10 +80,12 @@ def plot_curves(report: dict):
     for ax, e in zip(axes.ravel(), eps_keys):
         for name, points in curves.items():
             color = colors[methods.index(name.rsplit("_s", 1)[0]) % len(colors)]
+            linestyle, marker = styles[seeds.index(name.rsplit("_s", 1)[-1]) % len(styles)]
             ax.plot(
                 [100 * p["clean_accuracy"] for p in points],
                 [_percent(p["pr_clean_correct"][e]) for p in points],
-                marker="o",
+                linestyle=linestyle,
+                marker=marker,
                 ms=3,
                 color=color,
                 label=name,

@@ -619,6 +619,26 @@ def test_runs_table_shows_how_far_a_pending_run_trained_from_its_log(tmp_path):
     assert f"| {pat.name} | pending |  |  |  |" in md
 
 
+def test_learning_curve_plot_keeps_methods_and_seeds_apart():
+    def curve(accs, prs):
+        return [
+            {"step": 10 * (i + 1), "clean_accuracy": a, "pr_clean_correct": {"0.1": p}}
+            for i, (a, p) in enumerate(zip(accs, prs))
+        ]
+
+    curves = {
+        "g/clean_s0": curve([0.5, 0.7], [0.6, 0.5]),
+        "g/pat_s0": curve([0.4, 0.6], [0.9, 0.8]),
+        "g/clean_s1": curve([0.55, 0.75], [0.65, 0.55]),
+    }
+    fig = plots.plot_curves({"curves": curves})
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert list(lines["g/pat_s0"].get_xdata()) == [40.0, 60.0] and list(lines["g/pat_s0"].get_ydata()) == [90.0, 80.0]
+    style = {n: (line.get_color(), line.get_linestyle(), line.get_marker()) for n, line in lines.items()}
+    assert style["g/clean_s0"][0] == style["g/clean_s1"][0] != style["g/pat_s0"][0]  # a colour per method
+    assert style["g/clean_s0"][1:] == style["g/pat_s0"][1:] != style["g/clean_s1"][1:]  # a style per seed
+
+
 def test_every_defined_sweep_names_runs_of_its_suite():
     for name, make in suite_catalog.SUITES.items():
         suite = make(None)

@@ -52,10 +52,10 @@ def read_record(directory: str) -> Optional[dict]:
     )
 
 
-def logged_progress(directory: str, run: Run) -> dict:
+def logged_progress(directory: str, run: Run, in_progress: bool = False) -> dict:
     """{'step': last logged step, 'train_s': seconds in training steps over every sitting} from the
     run's metrics.jsonl (`train.logged_training`), or {} before its first logged window."""
-    logged = train.logged_training(directory, run.config.batch_size)
+    logged = train.logged_training(directory, run.config.batch_size, in_progress)
     return {} if logged is None else {"step": logged[0], "train_s": round(logged[1], 1)}
 
 

@@ -21,8 +21,8 @@ TRAIN_MIN_NOTE = (
     "Train min: time in training steps from the run's metrics.jsonl (each logging window's steps over its "
     "images per second), summed over every sitting of a run stopped and resumed; each sitting's "
     "compilation counts, restoring and the per-epoch test-accuracy check do not. Runs that shared cores "
-    "with other jobs ran slower than alone. A pending run shows the last step its log reached and its "
-    "training time so far."
+    "with other jobs ran slower than alone. In the Runs table a pending run shows the last step its log "
+    "reached and its training time so far."
 )
 
 
@@ -110,7 +110,8 @@ def _group_tables(g) -> list:
         f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
         f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
         f"[{conf} % interval]: in the mean-over-seeds tables a percentile bootstrap over images, which "
-        f"collapses to a point at 0 % or 100 % (the Every-run table's Clopper-Pearson interval does not).",
+        f"collapses to a point at 0 % or 100 %, as do the Every-run table's PR intervals (its accuracy "
+        f"intervals are Clopper-Pearson).",
         "",
     ]
     t1 = [m for m in g["methods"] if m in TABLE1_METHODS or m not in sum(TABLE2_PAIRS, ())]

@@ -200,7 +200,7 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
                             "step": o.record.get("step"),
                         }
                         if o
-                        else logged_progress(run_dir(workdir, r), r)  # how far its training got
+                        else logged_progress(run_dir(workdir, r), r, in_progress=True)  # how far it got
                     ),
                 }
             )

@@ -104,13 +104,27 @@ def make_train_step(loss_fn, model_fns, tx, schedule, steps_per_epoch: int, batc
 METRICS_FILE = "metrics.jsonl"  # in a run's workdir: one JSON line per logging window
 
 
+def _drop_cut_line(path: str) -> None:
+    """Truncates metrics.jsonl after its last newline: a line cut short when a sitting died while
+    writing it would otherwise run into the next sitting's first line. Its window is lost either
+    way (the sitting resumes from a checkpoint no later than that line's step)."""
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
 class _MetricWriter:
     """metrics.jsonl (for scripts) and TensorBoard event files (for people)."""
 
     def __init__(self, workdir: str):
         from tensorboardX import SummaryWriter
 
-        self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a")
+        path = os.path.join(workdir, METRICS_FILE)
+        _drop_cut_line(path)
+        self._jsonl = open(path, "a")
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: dict):
@@ -125,26 +139,27 @@ class _MetricWriter:
         self._tb.close()
 
 
-def logged_training(workdir: str, batch_size: int) -> Optional[tuple[int, float]]:
+def logged_training(workdir: str, batch_size: int, in_progress: bool = False) -> Optional[tuple[int, float]]:
     """The last logged step and the seconds spent in training steps, summed over metrics.jsonl's
     logging windows (each window's steps times the batch over its images per second), or None
-    without a log.
+    before a first logged window.
 
     The log is the one record that spans every sitting of a run stopped and resumed on other
     machines, so this is a run's training time; it includes each sitting's compilation (inside its
     first window) and leaves out restoring and the per-window test-accuracy check. Lines without
-    `window_steps` count the steps since the previous line. A last line without its newline is one
-    a running training is still writing (a later line would follow it otherwise): not counted yet.
+    `window_steps` count the steps since the previous line. `in_progress`: the run may be
+    training, so a last line without its newline is one being written, not counted yet; in a
+    finished run's log it is damage.
     """
     path = os.path.join(workdir, METRICS_FILE)
     if not os.path.isfile(path):
         return None
-    total, previous = 0.0, 0
+    total, previous, windows = 0.0, 0, 0
     with open(path) as f:
         for number, line in enumerate(f, 1):
-            if not line.endswith("\n"):
-                break
             try:
+                if not line.endswith("\n") and in_progress:
+                    break
                 entry = json.loads(line)
                 step, rate = int(entry["step"]), float(entry["images_per_s"])
                 steps = int(entry.get("window_steps", step - previous))
@@ -155,8 +170,8 @@ def logged_training(workdir: str, batch_size: int) -> Optional[tuple[int, float]
                     f"{path} line {number}: step {step} after step {previous} and no window_steps; repair or remove it"
                 )
             total += steps * batch_size / rate
-            previous = step
-    return previous, total
+            previous, windows = step, windows + 1
+    return (previous, total) if windows else None
 
 
 def check_collectives_pair_across_processes(method: methods.MethodSettings) -> None:

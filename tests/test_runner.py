@@ -637,6 +637,7 @@ def test_learning_curve_plot_keeps_methods_and_seeds_apart():
     style = {n: (line.get_color(), line.get_linestyle(), line.get_marker()) for n, line in lines.items()}
     assert style["g/clean_s0"][0] == style["g/clean_s1"][0] != style["g/pat_s0"][0]  # a colour per method
     assert style["g/clean_s0"][1:] == style["g/pat_s0"][1:] != style["g/clean_s1"][1:]  # a style per seed
+    fig.clf()
 
 
 def test_every_defined_sweep_names_runs_of_its_suite():

@@ -117,14 +117,26 @@ def test_training_time_is_summed_over_the_windows_of_every_sitting(tmp_path):
     step, seconds = train.logged_training(str(tmp_path), 256)
     assert step == 390 and seconds == pytest.approx(expected, rel=1e-12)
     assert train.logged_training(str(tmp_path / "nothing"), 256) is None
-    # A last line without its newline is one a running training is still writing: not counted yet.
-    with open(tmp_path / train.METRICS_FILE, "a") as f:
+    # A last line without its newline: one a running training is still writing (not counted
+    # yet), or in a finished run's log, damage.
+    log = tmp_path / train.METRICS_FILE
+    with open(log, "a") as f:
         f.write('{"step": 480, "images_per')
-    assert train.logged_training(str(tmp_path), 256) == (step, seconds)
+    assert train.logged_training(str(tmp_path), 256, in_progress=True) == (step, seconds)
+    with pytest.raises(UserError, match="line 5"):
+        train.logged_training(str(tmp_path), 256)
+    # A sitting that resumes drops the cut line before appending its own.
+    writer = train._MetricWriter(str(tmp_path))
+    writer.write(480, {"images_per_s": 90.0, "window_steps": 90})
+    writer.close()
+    assert train.logged_training(str(tmp_path), 256) == (480, pytest.approx(expected + 90 * 256 / 90, rel=1e-12))
+    # A log without a complete line: not started.
+    log.write_text('{"step": 1')
+    assert train.logged_training(str(tmp_path), 256, in_progress=True) is None
     for bad in ('{"step": 390, "images_per_s": 45.0}\n', '{"step": 480, "images_per\n'):
-        (tmp_path / train.METRICS_FILE).write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[2]) + "\n" + bad)
+        log.write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[2]) + "\n" + bad)
         with pytest.raises(UserError, match="line 3"):
-            train.logged_training(str(tmp_path), 256)
+            train.logged_training(str(tmp_path), 256, in_progress=True)
 
 
 def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):

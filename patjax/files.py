@@ -62,6 +62,45 @@ def write_json(path: str, obj) -> Any:
     return obj
 
 
+def drop_cut_line(path: str) -> None:
+    """Truncates a JSON-lines file after its last newline: a line cut short when a writer died
+    while appending it would otherwise run into the next writer's first line."""
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def append_json_line(path: str, obj) -> None:
+    """Appends obj as one strict-JSON line, first dropping a line a dead writer left cut short
+    (`drop_cut_line`). Callers serialise writers (an flock) where several may append at once."""
+    drop_cut_line(path)
+    with open(path, "a") as f:
+        f.write(json.dumps(json_safe(obj), allow_nan=False) + "\n")
+
+
+def read_json_lines(path: str, remedy: str) -> list:
+    """The JSON objects of a JSON-lines file ([] if there is no such file); blank lines are
+    skipped. A damaged line is one line naming the file, the line and `remedy`."""
+    if not os.path.isfile(path):
+        return []
+    out = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            if not isinstance(obj, dict):
+                raise UserError(f"{path} line {number} is damaged (not a JSON object); {remedy}")
+            out.append(obj)
+    return out
+
+
 def write_text(path: str, text: str) -> None:
     def write(tmp):
         with open(tmp, "w") as f:

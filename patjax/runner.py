@@ -25,7 +25,6 @@ docs/cluster.md has the details.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
 import socket
@@ -139,6 +138,7 @@ class _Progress:
 
 CLAIM_FILE = ".claim"  # in each run's directory; held (flock) by the worker on the run
 REPORT_LOCK = ".report.lock"  # in the suite's directory; held while the report is rebuilt
+INVOCATIONS_FILE = "invocations.jsonl"  # in the suite's directory: one line per invocation
 
 
 def _finished(suite: Suite, run: Run, directory: str) -> bool:
@@ -419,8 +419,7 @@ def handover(suite: Suite, workdir: str) -> list[str]:
 def _record_invocation(workdir: str, entry: dict) -> None:
     """Appends the invocation to DIR/invocations.jsonl, one writer at a time (see write_report)."""
     with locks.lock(os.path.join(workdir, REPORT_LOCK), "invocation log writer", wait=True):
-        with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        files.append_json_line(os.path.join(workdir, INVOCATIONS_FILE), entry)
 
 
 def write_report(suite: Suite, workdir: str) -> dict:
@@ -432,8 +431,9 @@ def write_report(suite: Suite, workdir: str) -> dict:
     """
     with locks.lock(os.path.join(workdir, REPORT_LOCK), "report writer", wait=True):
         outcomes = {r.name: load_outcome(workdir, r, suite.pr_distribution) for r in plan(suite)}
-        inv_path = os.path.join(workdir, "invocations.jsonl")
-        invocations = [json.loads(line) for line in open(inv_path) if line.strip()] if os.path.isfile(inv_path) else []
+        invocations = files.read_json_lines(
+            os.path.join(workdir, INVOCATIONS_FILE), "repair or remove that line (it only feeds the report's time)"
+        )
         results = suite_results.build(suite, workdir, outcomes, invocations)
         files.write_json(os.path.join(workdir, "results.json"), results)
         files.write_text(os.path.join(workdir, "results.md"), suite_report.markdown(results))

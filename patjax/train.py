@@ -23,9 +23,10 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from absl import logging
+from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from patjax import checkpoints, data, locks, methods, sharding
+from patjax import checkpoints, data, files, locks, methods, sharding
 from patjax import config as config_lib
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
@@ -104,26 +105,14 @@ def make_train_step(loss_fn, model_fns, tx, schedule, steps_per_epoch: int, batc
 METRICS_FILE = "metrics.jsonl"  # in a run's workdir: one JSON line per logging window
 
 
-def _drop_cut_line(path: str) -> None:
-    """Truncates metrics.jsonl after its last newline: a line cut short when a sitting died while
-    writing it would otherwise run into the next sitting's first line. Its window is lost either
-    way (the sitting resumes from a checkpoint no later than that line's step)."""
-    if not os.path.isfile(path):
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-
-
 class _MetricWriter:
     """metrics.jsonl (for scripts) and TensorBoard event files (for people)."""
 
     def __init__(self, workdir: str):
-        from tensorboardX import SummaryWriter
-
         path = os.path.join(workdir, METRICS_FILE)
-        _drop_cut_line(path)
+        # A line cut short by a sitting that died mid-write: its window is lost either way (the
+        # sitting resumes from a checkpoint no later than that line's step).
+        files.drop_cut_line(path)
         self._jsonl = open(path, "a")
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 

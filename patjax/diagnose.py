@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from absl import app, flags
+
 from patjax import cli as cli_lib
 from patjax import data, files, plots, sampler_diagnostic
 from patjax import workdir as workdir_lib
@@ -39,8 +41,6 @@ def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:
 
 
 def main(argv):
-    from absl import flags
-
     FLAGS = flags.FLAGS
     cli_lib.start(argv)
     if not FLAGS.workdir:
@@ -105,8 +105,6 @@ def main(argv):
 
 
 def cli():
-    from absl import app, flags
-
     flags.DEFINE_string("workdir", None, "Workdir of a trained run (its newest checkpoint is used).")
     flags.DEFINE_integer("num_examples", 128, "Test images (the first ones of the split).")
     flags.DEFINE_integer("steps", 200, "Langevin steps T to run.")

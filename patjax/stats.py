@@ -10,18 +10,17 @@ results (`patjax.evaluation`) and the suite tables (`patjax.suite_results`) alik
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 
 def clopper_pearson(successes, trials, confidence: float = 0.95):
     """Exact binomial (Clopper-Pearson) interval: arrays (lower, upper), elementwise."""
-    from scipy import stats
-
     k = np.asarray(successes, np.float64)
     n = np.asarray(trials, np.float64)
     alpha = 1.0 - confidence
     with np.errstate(invalid="ignore", divide="ignore"):
-        lower = np.where(k > 0, stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
-        upper = np.where(k < n, stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+        lower = np.where(k > 0, scipy_stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
+        upper = np.where(k < n, scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
     return lower, upper
 
 

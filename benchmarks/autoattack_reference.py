@@ -34,6 +34,7 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
+from patjax.errors import UserError  # noqa: E402
 
 
 def load_peer():
@@ -225,4 +226,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as error:  # bad input: one line, not a traceback
+        sys.exit(f"error: {error}")

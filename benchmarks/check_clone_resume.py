@@ -24,26 +24,37 @@ import subprocess
 import sys
 import tempfile
 
+from patjax.errors import UserError
+
 RESUME = """
-import json, sys
+import json, os, sys
 import jax
 from patjax import checkpoints, cli, data, train, workdir
+from patjax.errors import UserError
+
+def resume(run, target):
+    start = checkpoints.latest_step(run)
+    if start is None or start >= target:
+        raise UserError(f"the committed checkpoint of {run} (step {start}) is not before step {target}")
+    # Float sums are ordered by the device count: resume on as many devices as the run trained on.
+    if not os.path.isfile(f"{run}/metrics.jsonl"):
+        raise UserError(f"{run} has no metrics.jsonl: not a run that trained")
+    devices = json.loads(open(f"{run}/metrics.jsonl").read().splitlines()[-1]).get("devices")
+    if devices != jax.device_count():
+        raise UserError(f"the run trained on {devices} device(s), this process has {jax.device_count()}; "
+                        f"set PATJAX_CPU_DEVICES={devices}")
+    settings = workdir.load_settings(run)
+    last = settings.optimizer.total_steps(data.NUM_TRAIN[settings.dataset] // settings.batch_size)
+    if target > last:
+        raise UserError(f"step {target} is past the run's last step {last}")
+    train.train_and_evaluate(settings, run, stop_after_steps=target - start)
+    print(f"resumed from step {start} to step {target}")
+
 cli.use_cpu_cores_as_devices()
-run, target = sys.argv[1], int(sys.argv[2])
-start = checkpoints.latest_step(run)
-if start is None or start >= target:
-    sys.exit(f"error: the committed checkpoint of {run} (step {start}) is not before step {target}")
-# Float sums are ordered by the device count: resume on as many devices as the run trained on.
-devices = json.loads(open(f"{run}/metrics.jsonl").read().splitlines()[-1]).get("devices")
-if devices != jax.device_count():
-    sys.exit(f"error: the run trained on {devices} device(s), this process has {jax.device_count()}; "
-             f"set PATJAX_CPU_DEVICES={devices}")
-settings = workdir.load_settings(run)
-last = settings.optimizer.total_steps(data.NUM_TRAIN[settings.dataset] // settings.batch_size)
-if target > last:
-    sys.exit(f"error: step {target} is past the run's last step {last}")
-train.train_and_evaluate(settings, run, stop_after_steps=target - start)
-print(f"resumed from step {start} to step {target}")
+try:
+    resume(sys.argv[1], int(sys.argv[2]))
+except UserError as error:
+    sys.exit(f"error: {error}")
 """
 
 
@@ -101,4 +112,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as error:  # bad input: one line, not a traceback
+        sys.exit(f"error: {error}")

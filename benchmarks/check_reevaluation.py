@@ -20,12 +20,14 @@ ROUNDING there is reported as rounding, not as a moved figure.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
 import sys
 import tempfile
+
+from patjax import files
+from patjax.errors import UserError
 
 SETTINGS = (
     "pr_distribution",
@@ -74,7 +76,9 @@ def main(argv=None):
     from patjax import cli, evaluation
 
     cli.use_cpu_cores_as_devices()
-    old = json.load(open(os.path.join(args.run, "eval", "results.json")))
+    old = files.read_json(os.path.join(args.run, "eval", "results.json"), "evaluate the run again")
+    if old is None:
+        raise UserError(f"--run must be an evaluated suite run directory (with eval/results.json), got {args.run!r}")
     s = old["settings"]
     overrides = {k: s[k] for k in SETTINGS if k in s}
     overrides["pr_distributions"] = tuple((args.laws or s["pr_distribution"]).split(","))
@@ -113,4 +117,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as error:  # bad input: one line, not a traceback
+        sys.exit(f"error: {error}")

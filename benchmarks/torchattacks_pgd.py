@@ -29,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from patjax import api, data, models  # noqa: E402
 from patjax import workdir as workdir_lib  # noqa: E402
+from patjax.errors import UserError  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
 
 
@@ -91,4 +92,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as error:  # bad input: one line, not a traceback
+        sys.exit(f"error: {error}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Single-op rates of ResNet-18's 3x3 convolutions written different ways (the search for
 a faster convolution on XLA:CPU). One JAX device; pin it to one core to compare with that
-core's peak (~155 GFLOP/s fp32 here):
+core's fp32 peak (benchmarks/README.md, "Where the time goes", gives the measuring machine's):
 
   taskset -c 0 python benchmarks/conv_variants.py --batch 16
 

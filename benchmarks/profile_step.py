@@ -20,8 +20,9 @@ in the compiled HLO (`compiled.as_text()`) and put in a group:
 For convolutions it also reports FLOPs (2 x multiply-adds that touch a real input element,
 padding and the zeros of a stride's transposed convolution excluded, as XLA's cost analysis
 counts them: `xla_cost_analysis_gflop_per_device` is printed alongside as the check) and
-GFLOP/s per op-thread: an op runs on one core, so ~155 GFLOP/s (one core's fp32 AVX-512
-peak here) is the ceiling of that figure on this machine. Times are per device and per step
+GFLOP/s per op-thread: an op runs on one core, so one core's fp32 peak is the ceiling of
+that figure (benchmarks/README.md, "Where the time goes", gives it for the measuring
+machine). Times are per device and per step
 (the trace's total divided by the device count): with N devices each runs the same program
 on its share of the batch at the same time.
 

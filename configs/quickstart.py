@@ -1,4 +1,5 @@
-"""A few minutes on a 2-core CPU: the small CNN, few Langevin steps, a few hundred steps.
+"""A run short enough for a CPU (README.md, "Quickstart", has the times): the small CNN,
+few Langevin steps, a few hundred steps.
 
 python main.py --config=configs/quickstart.py --workdir=runs/quickstart
 """

@@ -1,5 +1,6 @@
 """Evaluate a classifier of your own with patjax: clean accuracy, PGD-20 and probabilistic
-robustness with their intervals, on the first 64 CIFAR-10 test images, in a few seconds on a CPU.
+robustness with their intervals, on the first 64 CIFAR-10 test images: small enough for a CPU
+(docs/api.md has the time).
 
   python examples/evaluate_own_model.py
 

@@ -163,11 +163,11 @@ def max_pool(x: jax.Array, window: int) -> jax.Array:
     order, as `reduce_window`'s select-and-scatter (and PyTorch's max_pool2d) give it.
     Written as a reshape, a max and, in the backward pass, a one-hot of the argmax, because
     XLA:CPU expands select-and-scatter into an argmax reduce-window carrying four int32
-    index arrays and a scatter, which took about 40% of the small CNN's PAT step
-    (benchmarks/README.md). Not the gradient of `jnp.max`, which splits it among
-    tied maxima and finds the ties by comparing each value with the recomputed maximum: CIFAR
-    images and clipped samples have flat regions, so exact ties are common, and whether a
-    tie is seen then depends on how XLA fuses (and rounds) the recomputation.
+    index arrays and a scatter, a large share of the small CNN's PAT step (the profile is in
+    benchmarks/README.md, "Max-pool gradients"). Not the gradient of `jnp.max`, which splits
+    it among tied maxima and finds the ties by comparing each value with the recomputed
+    maximum: CIFAR images and clipped samples have flat regions, so exact ties are common,
+    and whether a tie is seen then depends on how XLA fuses (and rounds) the recomputation.
     """
     return jnp.max(_pool_windows(x, window), axis=-1)
 

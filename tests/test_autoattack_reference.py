@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch", reason="needs PyTorch (pip install -e '.[bench]')")
 pytest.importorskip("pyautoattack", reason="needs the reference AutoAttack (pip install -e '.[bench]')")
 
-pytestmark = pytest.mark.reference  # 5-8 min on 2 cores: python -m pytest -q -m reference tests
+pytestmark = pytest.mark.reference  # slow (README.md has the time): python -m pytest -q -m reference tests
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RUN = REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0"  # a committed PGD-trained model

@@ -223,8 +223,8 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "dPR(0.2) pp" in out.stdout and "run_b" in out.stdout
-    # A run evaluated under an earlier definition of a distribution (here 'uniform' as it was
-    # before 2026-11-22, clipped x + eps U[-1,1]) does not share its perturbations: refused.
+    # A run evaluated under another definition of a distribution (here 'uniform' as clipped
+    # x + eps U[-1,1]) does not share its perturbations: refused.
     results_b = os.path.join(b, "eval", "results.json")
     old = json.load(open(results_b))
     old["settings"]["uniform"] = "x + eps * U[-1,1]^d, clipped to [0,1]"

@@ -50,8 +50,8 @@ def test_conv_custom_vjp_equals_autodiff(reordered_mode, strides, padding, kerne
 
 
 def test_conv_input_gradient_in_a_loop_reads_a_standard_layout_kernel(reordered_mode):
-    """The performance property of issue 5: inside a while loop (the sampler's fori_loop)
-    no convolution reads its kernel with in/out swapped (XLA:CPU's slow path)."""
+    """The performance property `conv2d`'s custom VJP exists for: inside a while loop (the
+    sampler's fori_loop) no convolution reads its kernel with in/out swapped (XLA:CPU's slow path)."""
     kernel = jax.random.normal(jax.random.PRNGKey(0), (3, 3, 4, 6))
 
     def loop(x):

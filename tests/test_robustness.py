@@ -183,7 +183,7 @@ def test_uniform_is_uniform_on_the_linf_ball_intersected_with_the_unit_cube():
         law = stats.uniform(loc=low, scale=high - low)
         assert stats.kstest(samples[0, b, :, 0, 0, 0], law.cdf).pvalue > 1e-3, (low, high)
         assert stats.kstest(values[::5], law.cdf).pvalue > 1e-3, (low, high)
-    # The clipped law is rejected by the same test (it is what the fix removed).
+    # The clipped law (atoms at 0 and 1) is rejected by the same test, so the test tells the two apart.
     u = np.random.default_rng(0).uniform(-1, 1, num)
     assert stats.kstest(np.clip(0.02 + 0.1 * u, 0, 1), stats.uniform(0, 0.12).cdf).pvalue < 1e-6
     # Common random numbers: eps = 0.2 maps the same u onto its own interval [lo, hi].

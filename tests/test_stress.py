@@ -1,14 +1,15 @@
 """Stress: every method trains on 2 CPU devices while other processes keep the cores busy.
 
-Not part of the default run (about 10 minutes on 2 cores); run it with
+Not part of the default run (it takes minutes; docs/device_layer.md has its wall times); run it with
 
   python -m pytest -q -s -m stress tests/test_stress.py   # PATJAX_STRESS_REPEATS=2 by default;
                                                           # PATJAX_STRESS_METHODS=alp,... limits the methods
 
-With other processes on the cores one device of the two can run ahead of the other; XLA
-then aborted the process (exit 134, "Termination timeout ... all reduce RendezvousKey")
-when its intra-op thread pool was the core count, which `PJRT_NPROC=2` restores:
-  PJRT_NPROC=2 python -m pytest -q -m stress tests/test_stress.py   # fails: aborts
+With other processes on the cores one device of the two can run ahead of the other; when
+XLA's intra-op thread pool is only as large as the core count, which `PJRT_NPROC=2` sets,
+XLA then aborts the process (exit 134, "Termination timeout ... all reduce RendezvousKey"),
+so this can fail (docs/device_layer.md: a race, not every run loses it):
+  PJRT_NPROC=2 python -m pytest -q -m stress tests/test_stress.py
 Each training runs under a watchdog, so a hang fails the test instead of stalling it.
 """
 
@@ -24,7 +25,7 @@ from patjax import methods
 
 pytestmark = pytest.mark.stress
 
-WATCHDOG_S = 240  # a 3-step run takes 20-60 s here under load
+WATCHDOG_S = 240  # several times a 3-step run's time under load (docs/device_layer.md)
 
 
 def busy_loops(count):

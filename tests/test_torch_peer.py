@@ -5,7 +5,8 @@ patjax's weights (small CNN, and ResNet-18 at width 4), the same clean batch and
 sampler randomness (patjax's own start, and the noise its keys draw), and must agree with
 patjax to 1e-5 on the logits and training-mode BatchNorm statistics, the sampler's samples
 after T = 3 steps, the SNIS-weighted loss, and the loss, parameters and BatchNorm running
-statistics after one and then a second full `train.train_step` (measured: below 1e-6).
+statistics after one and then a second full `train.train_step` (the measured agreement is in
+benchmarks/README.md).
 """
 
 import importlib.util

@@ -175,12 +175,12 @@ def run_cli(*args, cwd=REPO):
         ("--config.dataset=mnist", "unknown dataset"),
         ("--config.method=magic", "unknown method"),
         ("--config.data_dir=/nonexistent", "lacks the cifar10 train split"),
-        # Values that used to train without complaint (a new user's trial, 2026-11-22):
+        # Values that parse but make no sense to train with: refused in one line too.
         ("--config.langevin.step_size=-0.3", "langevin.step_size"),
         ("--config.learning_rate=-0.05", "learning_rate must be > 0"),
         ("--config.eval.pr_epsilons=(-0.1,0.2)", "eval.pr_epsilons must be non-empty and non-negative"),
         ("--stop_after_steps=-1", "stop_after_steps must be >= 1"),
-        # Errors raised while absl loads the config, before main runs (were Python tracebacks):
+        # Errors raised while absl loads the config, before main runs: one line, not a traceback.
         ("--config.nonexistent_field=1", "nonexistent_field"),
         ("--config.batch_size=abc", "invalid literal"),
         ("--config=configs/no_such_config.py", "No such file or directory: 'configs/no_such_config.py'"),

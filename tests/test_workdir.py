@@ -83,7 +83,7 @@ def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_d
         data_dir,
         "two",
     )
-    # The command line of the issue: a 2-device checkpoint evaluated on 1 device.
+    # The command line a user runs: a 2-device checkpoint evaluated on 1 device.
     env = dict(os.environ, PATJAX_CPU_DEVICES="1", **FAST_COMPILE)
     proc = subprocess.run(
         [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--evaluators=clean", "--overwrite"],

@@ -29,7 +29,7 @@ from patjax.errors import UserError
 RESUME = """
 import json, os, sys
 import jax
-from patjax import checkpoints, cli, data, train, workdir
+from patjax import checkpoints, cli, train, workdir
 from patjax.errors import UserError
 
 def resume(run, target):
@@ -44,7 +44,7 @@ def resume(run, target):
         raise UserError(f"the run trained on {devices} device(s), this process has {jax.device_count()}; "
                         f"set PATJAX_CPU_DEVICES={devices}")
     settings = workdir.load_settings(run)
-    last = settings.optimizer.total_steps(data.NUM_TRAIN[settings.dataset] // settings.batch_size)
+    last = settings.total_steps()
     if target > last:
         raise UserError(f"step {target} is past the run's last step {last}")
     train.train_and_evaluate(settings, run, stop_after_steps=target - start)

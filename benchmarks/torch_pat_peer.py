@@ -41,14 +41,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's packages
 from patjax import torch_weights  # noqa: E402
+from patjax.models import DATASET_STATS  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
-
-# Per-channel statistics of the training splits, as patjax.models.DATASET_STATS.
-DATASET_STATS = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
-
 
 # ---------------------------------------------------------------------------------------
 # Models

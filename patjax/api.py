@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Union
 
-import jax.numpy as jnp
 import numpy as np
 
 from patjax import config as config_lib
@@ -46,10 +45,7 @@ def as_model(model: Model):
             return model(x)
     else:
         raise UserError("model must be a logits function or a (flax module, variables) pair")
-    state = state_lib.TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats, opt_state=None, rng=None
-    )
-    return models.ModelFns(apply), state
+    return models.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 
 
 def as_split(images, labels) -> data.Split:

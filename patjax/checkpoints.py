@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import orbax.checkpoint as ocp
 
 from patjax import kept_models
-from patjax.errors import UserError
+from patjax.errors import UserError, one_line
 
 
 def checkpoint_manager(workdir: str, max_to_keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
@@ -51,7 +51,7 @@ def restore_newest_intact(
         try:
             state = manager.restore(step, args=ocp.args.StandardRestore(target))
         except Exception as error:  # Orbax and TensorStore raise many types for damaged files
-            detail = " ".join(str(error).split())[:200]
+            detail = one_line(error)[:200]
             failures.append((step, f"{type(error).__name__}: {detail}"))
             continue
         for bad, why in failures:

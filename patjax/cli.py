@@ -8,7 +8,10 @@ import re
 import sys
 from typing import Callable
 
-from patjax.errors import UserError
+import jax
+from absl import flags, logging
+
+from patjax.errors import UserError, one_line
 
 
 def intra_op_threads(devices: int) -> int:
@@ -35,7 +38,7 @@ def use_cpu_cores_as_devices() -> int:
 
     XLA:CPU runs one convolution on one core at these small CIFAR shapes, so a single device
     leaves the other cores nearly idle; with one device per core the train step's batch is
-    split over a 'data' mesh (train.make_mesh) and each share runs on its own core
+    split over a 'data' mesh (sharding.make_mesh) and each share runs on its own core
     (benchmarks/README.md). The math is the same on any number of devices
     (tests/test_sharding.py); float sums are ordered differently. Also sizes XLA's intra-op
     thread pool for that many devices (`intra_op_threads`) unless PJRT_NPROC is set.
@@ -44,8 +47,6 @@ def use_cpu_cores_as_devices() -> int:
     explicit --xla_force_host_platform_device_count in XLA_FLAGS is left alone. Must run
     before JAX initializes its backends; afterwards it does nothing.
     """
-    import jax
-
     forced = re.search(r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
     if forced:
         os.environ.setdefault("PJRT_NPROC", str(intra_op_threads(int(forced.group(1)))))
@@ -74,8 +75,6 @@ def initialize_distributed() -> int:
     started. Must run before JAX initializes its backends. On a CPU host each process then
     defaults to one device (PATJAX_CPU_DEVICES overrides): start one process per core.
     """
-    import jax
-
     coordinator = os.environ.get("PATJAX_COORDINATOR", "")
     auto = os.environ.get("PATJAX_DISTRIBUTED", "") == "auto"
     if not coordinator and not auto:
@@ -115,8 +114,6 @@ def guarded(main: Callable) -> Callable:
 def start(argv) -> None:
     """What every command line does first: no positional arguments, and Orbax's and JAX's
     INFO lines kept out of the way unless --verbosity asks for them."""
-    from absl import flags, logging
-
     if len(argv) > 1:
         raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not flags.FLAGS["verbosity"].present:
@@ -132,8 +129,6 @@ def parse_flags(argv):
     there (or, for a missing file, leave a stand-in that raises on first use). absl's own flag
     errors (an unknown flag, a value of the wrong type) are reported the same way.
     """
-    from absl import flags
-
     try:
         args = flags.FLAGS(argv)
         config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
@@ -141,16 +136,12 @@ def parse_flags(argv):
             config.keys()  # a config that failed to load is a stand-in that raises on any use
         return args
     except flags.Error as error:
-        print(f"error: {_one_line(error)} (--helpshort lists the flags)", file=sys.stderr)
+        print(f"error: {one_line(error)} (--helpshort lists the flags)", file=sys.stderr)
         sys.exit(2)
     except (OSError, AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
-        detail = _one_line(error) or type(error).__name__
+        detail = one_line(error) or type(error).__name__
         print(
             f"error: cannot load the config given on the command line: {type(error).__name__}: {detail}",
             file=sys.stderr,
         )
         sys.exit(2)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())

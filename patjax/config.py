@@ -210,6 +210,14 @@ class TrainSettings:
     def dataset(self) -> str:
         return self.model.dataset
 
+    def steps_per_epoch(self) -> int:
+        """Batches in an epoch of the official training split (the last partial batch is dropped)."""
+        return data.NUM_TRAIN[self.dataset] // self.batch_size
+
+    def total_steps(self) -> int:
+        """The run's length in steps: num_train_steps, else num_epochs epochs."""
+        return self.optimizer.total_steps(self.steps_per_epoch())
+
 
 def model_settings(cfg) -> state.ModelSettings:
     return state.ModelSettings(
@@ -369,7 +377,7 @@ def evaluation_settings(
     cfg = with_eval_overrides(cfg, overrides)
     _check_finite(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
-    distributions = [ev.pr_distribution] + [d for d in ev.pr_distributions if d != ev.pr_distribution]
+    distributions = evaluators_common.headline_first(ev.pr_distribution, ev.pr_distributions)
     c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
     lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
     evals = evaluators_common.EvalSettings(

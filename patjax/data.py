@@ -31,11 +31,9 @@ from patjax.errors import UserError
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 NUM_TRAIN = {"cifar10": 50_000, "cifar100": 50_000}  # images in the official training splits
 
-_BINARY_LAYOUT = {
-    # dataset: (subdir, train files, test files, label byte offset, record length)
-    "cifar10": ("cifar-10-batches-bin", [f"data_batch_{i}.bin" for i in range(1, 6)], ["test_batch.bin"], 0, 3073),
-    "cifar100": ("cifar-100-binary", ["train.bin"], ["test.bin"], 1, 3074),  # fine label
-}
+# dataset: (label byte offset, record length) of the official binary records; their files are
+# `download.SPLIT_FILES`', in the archive's directory (`download.ARCHIVES`).
+_RECORD_LAYOUT = {"cifar10": (0, 3073), "cifar100": (1, 3074)}  # cifar100: the fine label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +99,9 @@ def load_split(dataset: str, split: str, data_dir: Optional[str]) -> Split:
 
 
 def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
-    subdir, train_files, test_files, label_offset, record = _BINARY_LAYOUT[dataset]
-    folder = os.path.join(os.path.expanduser(data_dir), subdir)
-    files = [os.path.join(folder, f) for f in (train_files if split == "train" else test_files)]
+    label_offset, record = _RECORD_LAYOUT[dataset]
+    folder = os.path.join(os.path.expanduser(data_dir), download.ARCHIVES[dataset][3])
+    files = [os.path.join(folder, f) for f in download.SPLIT_FILES[dataset][split]]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise UserError(
@@ -129,14 +127,14 @@ def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
 
 def _tensorflow_available() -> bool:
     try:
-        import tensorflow  # noqa: F401
+        import tensorflow  # noqa: F401  (optional: the extra patjax[tfds-prepare])
     except ImportError:
         return False
     return True
 
 
 def _load_tfds(dataset: str, split: str) -> Split:
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # here: slow to import, and read only with data_dir='tfds'
 
     try:
         source = tfds.data_source(dataset, split=split, download=False)

@@ -3,7 +3,7 @@
 A new user without a data folder gets the datasets by themselves: `ensure_dataset` fetches the
 official binary archive from the CIFAR page, checks its md5, and extracts it so that the cache
 directory holds `cifar-10-batches-bin/` or `cifar-100-binary/`, the layout that
-`patjax.data._load_binary` reads (`patjax.data._BINARY_LAYOUT`).
+`patjax.data._load_binary` reads (`SPLIT_FILES`).
 
 Why by hand: tensorflow-datasets needs TensorFlow for its first download and preparation,
 and torchvision would pull in torch; the standard library (urllib, hashlib, tarfile, fcntl)
@@ -22,7 +22,6 @@ What a reader of the cache can rely on:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import http.client
@@ -40,7 +39,8 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from patjax.errors import UserError
+from patjax import locks
+from patjax.errors import UserError, one_line
 
 # dataset: (url, md5, size in bytes, directory the archive extracts to). The size only sets
 # the progress bar's total when the server sends no Content-Length; it never accepts a file.
@@ -59,12 +59,13 @@ ARCHIVES = {
     ),
 }
 
-# The files `patjax.data._load_binary` reads, inside each archive's directory. Kept here rather
-# than imported so that patjax.data may import this module (tests check that both agree).
-EXPECTED_FILES = {
-    "cifar10": tuple(f"data_batch_{i}.bin" for i in range(1, 6)) + ("test_batch.bin",),
-    "cifar100": ("train.bin", "test.bin"),
+# The files of each split inside the archive's directory: what `patjax.data` reads, and what a
+# complete download holds (`EXPECTED_FILES`). Here rather than in patjax.data, which imports this module.
+SPLIT_FILES = {
+    "cifar10": {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "test": ("test_batch.bin",)},
+    "cifar100": {"train": ("train.bin",), "test": ("test.bin",)},
 }
+EXPECTED_FILES = {dataset: split["train"] + split["test"] for dataset, split in SPLIT_FILES.items()}
 
 DISPLAY_NAMES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
 
@@ -237,29 +238,17 @@ def _member_problem(member: tarfile.TarInfo, top_dir: str) -> str | None:
 
 @contextlib.contextmanager
 def _download_lock(cache_dir: str) -> Iterator[None]:
-    """Holds an flock on `cache_dir`/.download.lock; the kernel releases it when the process
-    ends however it ends, so a dead downloader never blocks the next one. The file stays
-    (removing it would let two processes hold locks on two files of the same name)."""
+    """Holds `cache_dir`/.download.lock (`locks.lock`: the kernel releases it however the process
+    ends, so a dead downloader never blocks the next one), saying on stderr when it waits."""
     path = os.path.join(cache_dir, LOCK_NAME)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as error:
-        raise UserError(
-            f"cannot open {path} ({_reason(error, 0)}); set PATJAX_CACHE_DIR to a writable directory"
-        ) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process downloading into {cache_dir}", file=sys.stderr)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as error:  # e.g. a network filesystem without flock
-            raise UserError(
-                f"cannot lock {path} ({_reason(error, 0)}); set PATJAX_CACHE_DIR to a local directory"
-            ) from None
+    remedy = "set PATJAX_CACHE_DIR to a writable local directory"  # flock fails on some network filesystems
+    with locks.lock(path, "a download", remedy=remedy) as held:
+        if held.held:
+            yield
+            return
+    print(f"waiting for another process downloading into {cache_dir}", file=sys.stderr)
+    with locks.lock(path, "a download", wait=True, remedy=remedy):
         yield
-    finally:
-        os.close(fd)  # releases the flock
 
 
 def _remove_leftovers(cache_dir: str) -> None:
@@ -285,5 +274,5 @@ def _reason(error: BaseException, timeout: float) -> str:
     cause = getattr(error, "reason", None)  # URLError wraps the socket's error
     if isinstance(error, TimeoutError) or isinstance(cause, TimeoutError):
         return f"timed out: no data within the {timeout:g} s timeout"
-    text = str(error) if isinstance(error, urllib.error.HTTPError) or cause is None else str(cause)
-    return " ".join(text.split()) or type(error).__name__
+    shown = error if isinstance(error, urllib.error.HTTPError) or cause is None else cause
+    return one_line(shown) or type(error).__name__

@@ -225,16 +225,27 @@ def evaluate_and_write(
     return eval_files.write_results(out_dir, results, per_image, step)
 
 
+def pairing(settings_list, names) -> tuple:
+    """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
+    `names` in errors) share when paired: one resampling of the same images for all of them, so
+    that a difference's interval reflects the images, not independent draws. Raises a UserError
+    unless they were evaluated on common random numbers (`eval_files.check_comparable`)."""
+    first = settings_list[0]
+    for settings, name in zip(settings_list[1:], names[1:]):
+        eval_files.check_comparable(first, settings, names[0], name)
+    indices = stats.bootstrap_indices(int(first["num_examples"]), int(first["bootstrap_resamples"]), int(first["seed"]))
+    return indices, float(first["confidence"])
+
+
 def paired_differences(workdirs, results_list, per_images) -> list:
     """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`): same
     images, same perturbations."""
     names = [workdir_name(w) for w in workdirs]
     base_res, base = results_list[0], per_images[0]
     st = base_res["settings"]
-    indices = common.bootstrap_indices(int(st["num_examples"]), int(st["bootstrap_resamples"]), int(st["seed"]))
+    indices, confidence = pairing([r["settings"] for r in results_list], workdirs)
     out = []
-    for workdir, name, res, pi in zip(workdirs[1:], names[1:], results_list[1:], per_images[1:]):
-        eval_files.check_comparable(st, res["settings"], workdirs[0], workdir)
+    for name, res, pi in zip(names[1:], results_list[1:], per_images[1:]):
         row = {"run": name, "baseline": names[0], "distributions": {}}
         for d in res["settings"]["pr_distributions"]:
             key = f"pr_{d}.counts"
@@ -248,12 +259,11 @@ def paired_differences(workdirs, results_list, per_images) -> list:
                     base["clean.correct"],
                     st["pr_samples"],
                     indices,
-                    st["confidence"],
+                    confidence,
                 )
                 for j, level in enumerate(res["figures"]["pr"][d])
             }
         out.append(row)
-    common.bootstrap_indices.cache_clear()
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from patjax.errors import UserError
+from patjax.errors import UserError, one_line
 
 
 def json_safe(obj):
@@ -44,7 +44,7 @@ def read_json(path: str, remedy: str) -> Optional[dict]:
         with open(path) as f:
             obj = json.load(f)
     except (OSError, ValueError) as error:
-        raise UserError(f"{path} is damaged ({' '.join(str(error).split())[:120]}); {remedy}") from None
+        raise UserError(f"{path} is damaged ({one_line(error)[:120]}); {remedy}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{path} is damaged (not a JSON object); {remedy}")
     return obj

@@ -16,8 +16,11 @@ from typing import Any, Optional
 
 import numpy as np
 from flax import traverse_util
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
-from patjax.errors import UserError
+from patjax import files
+from patjax.errors import UserError, one_line
 
 MODELS_DIR = "models"
 FORMAT = "patjax-model-1"  # the metadata's format tag; a file without it is not one of ours
@@ -38,20 +41,15 @@ def steps(workdir: str) -> list[int]:
 
 
 def save(workdir: str, step: int, params: Any, batch_stats: Any, metadata: dict) -> str:
-    """Writes the model of `step` atomically (temporary file, then rename); returns its path."""
-    from safetensors.numpy import save_file
-
+    """Writes the model of `step` atomically (`files.atomic`); returns its path."""
     tensors = {}
     for collection, tree in zip(_COLLECTIONS, (params, batch_stats)):
         for key, value in traverse_util.flatten_dict(tree, sep="/").items():
             tensors[f"{collection}/{key}"] = np.ascontiguousarray(np.asarray(value))
     target = path(workdir, step)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = target + ".tmp"
-    save_file(
-        tensors, tmp, metadata={"format": FORMAT, "step": str(int(step)), **{k: str(v) for k, v in metadata.items()}}
-    )
-    os.replace(tmp, target)
+    metadata = {"format": FORMAT, "step": str(int(step)), **{k: str(v) for k, v in metadata.items()}}
+    files.atomic(target, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     return target
 
 
@@ -60,15 +58,13 @@ def load(workdir: str, step: int, abstract_params: Any, abstract_batch_stats: An
     abstract variables (`jax.eval_shape` of its init): every name, shape and dtype must match,
     else a one-line UserError naming the file (a damaged, truncated or foreign file never
     evaluates as if it were the run's model)."""
-    from safetensors import SafetensorError, safe_open
-
     file = path(workdir, step)
     try:
         with safe_open(file, framework="numpy") as f:
             metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as error:
-        raise UserError(f"{file} is not a readable model file ({' '.join(str(error).split())[:160]})") from None
+        raise UserError(f"{file} is not a readable model file ({one_line(error)[:160]})") from None
     if metadata.get("format") != FORMAT or metadata.get("step") != str(int(step)):
         raise UserError(f"{file} is not a patjax model of step {step} (metadata {metadata})")
     out = []

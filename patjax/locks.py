@@ -19,7 +19,7 @@ class Lock:
 
 
 @contextlib.contextmanager
-def lock(path: str, role: str, *, wait: bool = False):
+def lock(path: str, role: str, *, wait: bool = False, remedy: str = ""):
     """Yields a `Lock` on the file `path` (created if missing; `lock` never removes it).
 
     The lock is an flock on an open file, which the kernel releases when its process ends
@@ -30,8 +30,13 @@ def lock(path: str, role: str, *, wait: bool = False):
     after locking, so that those it turns away can say who holds it.
     Removing the file would be unsafe (a process holding the old file and one locking a new
     file of the same name would both hold "the" lock), hence it stays.
+    A file that cannot be opened or locked is a one-line UserError ending in `remedy`, what
+    the user can do (without one: nothing for an open, a filesystem with flock for a lock).
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise UserError(f"cannot open {path}: {error.strerror or error}" + (f"; {remedy}" if remedy else "")) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -41,7 +46,8 @@ def lock(path: str, role: str, *, wait: bool = False):
             return
         except OSError as error:  # e.g. Lustre mounted without flock support
             raise UserError(
-                f"cannot lock {path}: {error.strerror or error}; the filesystem must support flock (docs/cluster.md)"
+                f"cannot lock {path}: {error.strerror or error}; "
+                f"{remedy or 'the filesystem must support flock (docs/cluster.md)'}"
             ) from None
         os.ftruncate(fd, 0)
         me = f"{role} (pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')})"

@@ -44,9 +44,7 @@ import optax
 from patjax import attacks, samplers
 from patjax.errors import UserError
 from patjax.logits import log_or_zero, other_values, true_value
-from patjax.models import ModelFns
-
-BN_MODES = ("inference", "train")
+from patjax.models import BN_MODES, ModelFns
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,10 @@ import jax.numpy as jnp
 from patjax import ops
 from patjax.errors import UserError
 
+# BatchNorm inside an attack or the sampler: running statistics, or the batch's own (checked
+# where the setting enters: `methods.MethodSettings`).
+BN_MODES = ("inference", "train")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelFns:
@@ -74,14 +78,15 @@ class ModelFns:
         return logits, updates["batch_stats"]
 
     def attack_logits_fn(self, params, batch_stats, bn_mode: str = "inference"):
-        """x -> logits for inner attacks: detached parameters, no statistics update."""
+        """x -> logits for attacks, the sampler and evaluation: detached parameters (they
+        differentiate with respect to the input only), no statistics update; bn_mode one of
+        `BN_MODES` ('train': batch statistics, running averages discarded)."""
         params = jax.lax.stop_gradient(params)
         batch_stats = jax.lax.stop_gradient(batch_stats)
-        if bn_mode == "inference":
-            return lambda x: self.infer(params, batch_stats, x)
-        if bn_mode == "train":  # batch statistics, running averages discarded
-            return lambda x: self.train(params, batch_stats, x)[0]
-        raise UserError(f"unknown bn_mode {bn_mode!r}; choose 'inference' or 'train'")
+        return {
+            "inference": lambda x: self.infer(params, batch_stats, x),
+            "train": lambda x: self.train(params, batch_stats, x)[0],
+        }[bn_mode]
 
 
 # Per-channel statistics of the training splits (pixel values / 255).
@@ -346,11 +351,17 @@ def normalization(normalize: str, dataset: str):
     return DATASET_STATS[key]
 
 
+def check_model(name: str) -> None:
+    """A one-line UserError unless `name` is a network of `MODELS`; run where a name enters
+    (`state.ModelSettings`, `torch_weights.load_model`)."""
+    if name not in MODELS:
+        raise UserError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+
+
 def create_model(
     name: str, dataset: str, num_classes: int, dtype=jnp.float32, normalize: str = DATASET_NORMALIZATION, **kwargs
 ) -> nn.Module:
-    if name not in MODELS:
-        raise UserError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    """The network `name` (a key of `MODELS`, see `check_model`) for `num_classes` classes."""
     mean, std = normalization(normalize, dataset)
     return MODELS[name](num_classes=num_classes, mean=mean, std=std, dtype=dtype, **kwargs)
 

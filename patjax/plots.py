@@ -1,7 +1,7 @@
 """Figures from results dicts (eval/results.json, a suite's results.json, the sampler
 diagnostic's): the one module that draws (matplotlib, imported when a figure is made). Like
 `patjax.report`, nothing here reads a workdir or computes a figure; callers save the returned
-matplotlib figure (`workdir.save_figure`).
+matplotlib figure (`save_figure`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from patjax.report import confidence_pct, method_label
 
 
 def _pyplot():
+    # Imported here, not at the top: matplotlib takes seconds to import and only the commands
+    # that draw need it. Agg draws without a display (cluster nodes have none).
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,7 +206,7 @@ def plot_suite(report: dict):
                 fontsize=9,
             )
             ax.set_xlabel("eps")
-            ax.set_ylabel(f"PR % ({int(round(100 * ev['confidence']))} % bootstrap band)")
+            ax.set_ylabel(f"PR % ({confidence_pct(ev)} bootstrap band)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
@@ -250,7 +252,7 @@ def plot_sampler_diagnostic(result: dict):
 
 def save_figure(fig, path: str, dpi: int = 120) -> None:
     """Saves a matplotlib figure as PNG atomically and closes it."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # only once a figure exists (see _pyplot)
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     files.atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), suffix=".tmp.png")

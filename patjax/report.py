@@ -11,6 +11,7 @@ them out, in the paper's order and names.
 from __future__ import annotations
 
 from patjax import evaluators
+from patjax.evaluators.common import headline_first
 from patjax.methods import DISPLAY_NAMES
 
 
@@ -43,7 +44,7 @@ def md_table(header, rows) -> str:
 
 
 def confidence_pct(settings) -> str:
-    return f"{100 * float(settings.get('confidence', 0.95)):g}%"  # 0.95 -> "95%", 0.9 -> "90%"
+    return f"{100 * float(settings.get('confidence', 0.95)):g} %"  # 0.95 -> "95 %", 0.9 -> "90 %"
 
 
 # ---------------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def comparison(names, results_list) -> str:
     first = results_list[0]
     s = first["settings"]
     dist = s["pr_distribution"]
-    laws = [dist] + [d for d in s.get("pr_distributions", ()) if d != dist]
+    laws = headline_first(dist, s.get("pr_distributions", ()))
     tables = []
     pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
     eps_keys = list(pr_of(first, dist))

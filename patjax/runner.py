@@ -35,7 +35,6 @@ from typing import Callable, Optional
 from patjax import (
     checkpoints,
     config,
-    data,
     eval_files,
     evaluation,
     evaluators,
@@ -56,15 +55,10 @@ from patjax.suites import Run, Suite, plan
 from patjax.workers import partition, worker_slot
 
 
-def _expected_steps(cfg) -> int:
-    train_size = data.NUM_TRAIN[cfg.dataset]
-    return config.optimizer_settings(cfg).total_steps(train_size // int(cfg.batch_size))
-
-
 def _trained(run: Run, directory: str) -> Optional[dict]:
     """The run's suite_run.json if it finished training with this config, else None."""
     record = read_record(directory)
-    if record is None or record.get("step") != _expected_steps(run.config):
+    if record is None or record.get("step") != config.train_settings(run.config).total_steps():
         return None
     workdir_lib.check_resume_compatible(config.train_settings(run.config), directory)  # a changed suite is refused
     return record
@@ -303,7 +297,7 @@ def _train_and_evaluate(
     if record is None:
         existing = read_record(directory) or {}
         say(
-            f"training {_expected_steps(cfg)} steps"
+            f"training {config.train_settings(cfg).total_steps()} steps"
             + (
                 " (resuming from its latest checkpoint)"
                 if os.path.isdir(os.path.join(directory, "checkpoints"))
@@ -323,7 +317,7 @@ def _train_and_evaluate(
         }
         del state
         files.write_json(record_path, record)
-        final = _expected_steps(cfg)
+        final = config.train_settings(cfg).total_steps()
         if stop_at is not None and record["step"] < final:
             # The stop's extra checkpoint pushes the oldest out of the manager's window; the
             # curve steps reached so far are kept as models now, as `handover` keeps them.
@@ -405,7 +399,7 @@ def handover(suite: Suite, workdir: str) -> list[str]:
         step = checkpoints.latest_step(directory)
         if step is None:
             continue
-        final = _expected_steps(run.config)
+        final = config.train_settings(run.config).total_steps()
         curve = set(_curve_steps(suite, run, final))
         if _trained(run, directory) is not None:
             if suite.keep_models:

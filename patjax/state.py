@@ -41,8 +41,7 @@ class ModelSettings:
 
     def __post_init__(self):
         data.check_dataset(self.dataset)
-        if self.name not in models.MODELS:
-            raise UserError(f"unknown model {self.name!r}; choose one of {sorted(models.MODELS)}")
+        models.check_model(self.name)
         if self.name not in models.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
             raise UserError(f"model {self.name!r} has its width in its name; model_width must stay {DEFAULT_WIDTH}")
         if self.compute_dtype not in ("float32", "bfloat16"):
@@ -102,6 +101,14 @@ def make_optimizer(o: OptimizerSettings, schedule: optax.Schedule) -> optax.Grad
     return optax.chain(
         optax.add_decayed_weights(o.weight_decay),
         optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
+    )
+
+
+def inference_state(params, batch_stats, step=0) -> TrainState:
+    """A state to evaluate, not to train: the model's variables at `step`, without optimizer
+    state or random key (a kept model, a PyTorch state_dict, a model handed to `patjax.api`)."""
+    return TrainState(
+        step=jnp.asarray(step, jnp.int32), params=params, batch_stats=batch_stats, opt_state=None, rng=None
     )
 
 

@@ -11,7 +11,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from patjax import eval_files, evaluators, robustness, stats, train
+from patjax import eval_files, evaluation, evaluators, robustness, train
+from patjax.evaluators.common import headline_first
 from patjax.files import read_json
 from patjax.suites import Run
 
@@ -68,7 +69,7 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
         return None
     results, per_image = eval_files.load_results(directory)  # the two files of one evaluation
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
-    laws = [pr_distribution] + [d for d in robustness.DISTRIBUTIONS if d != pr_distribution]
+    laws = headline_first(pr_distribution, robustness.DISTRIBUTIONS)
     counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
     return RunOutcome(
         run=run,
@@ -86,11 +87,6 @@ def figure(value, interval, method, n):
 
 
 def pairing(outcomes: Sequence[RunOutcome]):
-    """(bootstrap indices, confidence) shared by runs that may be paired; raises if they were not
-    evaluated on the same images with the same noise."""
-    first = outcomes[0]
-    for o in outcomes[1:]:
-        eval_files.check_comparable(first.settings, o.settings, first.run.name, o.run.name)
-    s = first.settings
-    indices = stats.bootstrap_indices(first.correct.size, int(s["bootstrap_resamples"]), int(s["seed"]))
-    return indices, float(s["confidence"])
+    """(bootstrap indices, confidence) shared by runs that may be paired (`evaluation.pairing`);
+    raises if they were not evaluated on the same images with the same noise."""
+    return evaluation.pairing([o.settings for o in outcomes], [o.run.name for o in outcomes])

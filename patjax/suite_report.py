@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from patjax import evaluators, robustness
 from patjax.methods import DISPLAY_NAMES, ordered
-from patjax.report import md_table, method_label, pct, signed
+from patjax.report import confidence_pct, md_table, method_label, pct, signed
 from patjax.suite_curves import CURVE_ATTACK
 
 TABLE1_METHODS = ("clean", "fgsm", "pgd", "alp", "clp", "trades", "mart", "atpr", "pat")
@@ -100,7 +100,6 @@ def _law_rows(g, law: str, key: str, eps_keys) -> list:
 def _group_tables(g) -> list:
     ev = g["evaluation"]
     eps_keys = [robustness.level_key(e) for e in ev["pr_epsilons"]]
-    conf = int(round(100 * ev["confidence"]))
     pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
     head = ["Method", "Acc. %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS] + pr_cols
     out = [
@@ -109,7 +108,7 @@ def _group_tables(g) -> list:
         f"PR: {ev['pr_distribution']} noise first"
         f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
         f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
-        f"[{conf} % interval]: in the mean-over-seeds tables a percentile bootstrap over images, which "
+        f"[{confidence_pct(ev)} interval]: in the mean-over-seeds tables a percentile bootstrap over images, which "
         f"collapses to a point at 0 % or 100 %, as do the Every-run table's PR intervals (its accuracy "
         f"intervals are Clopper-Pearson).",
         "",

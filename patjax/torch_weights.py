@@ -27,10 +27,12 @@ from typing import Optional
 import jax
 import numpy as np
 from flax import traverse_util
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
 from patjax import data, files, models
 from patjax import state as state_lib
-from patjax.errors import UserError
+from patjax.errors import UserError, one_line
 
 SAFETENSORS = ".safetensors"
 PICKLED = (".pt", ".pth")  # torch.save's files; read with weights_only=True (no code runs)
@@ -178,23 +180,18 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
     if suffix == SAFETENSORS:
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
         try:
             return load_file(path)
         except (SafetensorError, OSError, ValueError, TypeError) as error:  # TypeError: bfloat16 in numpy
-            raise UserError(
-                f"{path} is not a readable safetensors file ({' '.join(str(error).split())[:160]})"
-            ) from None
+            raise UserError(f"{path} is not a readable safetensors file ({one_line(error)[:160]})") from None
     try:
-        import torch
+        import torch  # here, not at the top: torch is optional (the [bench] extra), needed for .pt files only
     except ImportError:
         raise UserError(f"reading {path} needs torch (pip install 'patjax[bench]'), or a .safetensors file") from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises pickle, runtime and zip errors alike
-        raise UserError(f"{path} is not a readable PyTorch file ({' '.join(str(error).split())[:160]})") from None
+        raise UserError(f"{path} is not a readable PyTorch file ({one_line(error)[:160]})") from None
     for key in ("state_dict", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -211,14 +208,12 @@ def write_state_dict(path: str, tensors: dict[str, np.ndarray], metadata: Option
     if not os.path.isdir(folder):
         raise UserError(f"cannot write {path}: the folder {folder} does not exist")
     if suffix == SAFETENSORS:
-        from safetensors.numpy import save_file
-
         files.atomic(
             path, lambda tmp: save_file(tensors, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
         )
     else:
         try:
-            import torch
+            import torch  # optional, as in read_state_dict
         except ImportError:
             raise UserError("writing a .pt file needs torch (pip install 'patjax[bench]'); use .safetensors") from None
         files.atomic(path, lambda tmp: torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, tmp))
@@ -251,8 +246,7 @@ def load_model(path: str, model_name: str, dataset: str, normalize: Optional[str
     `patjax.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
     normalize: see `matching_normalization`. width: the stem width of the networks in
     `models.TAKES_WIDTH` (default 64, the paper's and the references')."""
-    if model_name not in models.MODELS:
-        raise UserError(f"unknown model {model_name!r}; choose one of {sorted(models.MODELS)}")
+    models.check_model(model_name)
     data.check_dataset(dataset)
     if width is not None and (model_name not in models.TAKES_WIDTH or isinstance(width, bool) or width < 1):
         raise UserError(f"a width is taken by {', '.join(models.TAKES_WIDTH)} only, as a positive integer")
@@ -263,10 +257,7 @@ def load_model(path: str, model_name: str, dataset: str, normalize: Optional[str
     params, batch_stats, found = from_state_dict(model_name, read_state_dict(path), *abstract, source=path)
     mean, std = matching_normalization(found, normalize, dataset, path) or (None, None)
     model = models.MODELS[model_name](num_classes=num_classes, mean=mean, std=std, **kwargs)
-    state = state_lib.TrainState(
-        step=jax.numpy.zeros((), jax.numpy.int32), params=params, batch_stats=batch_stats, opt_state=None, rng=None
-    )
-    return models.ModelFns(model.apply), state
+    return models.ModelFns(model.apply), state_lib.inference_state(params, batch_stats)
 
 
 def export(path: str, model_name: str, params, batch_stats, normalize, metadata: Optional[dict] = None) -> str:

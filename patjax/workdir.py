@@ -25,10 +25,10 @@ from typing import Optional
 import jax
 import orbax.checkpoint as ocp
 
-from patjax import checkpoints, data, files, kept_models, sharding
+from patjax import checkpoints, files, kept_models, sharding
 from patjax import config as config_lib
 from patjax import state as state_lib
-from patjax.errors import UserError
+from patjax.errors import UserError, one_line
 
 
 def config_path(workdir: str) -> str:
@@ -47,7 +47,7 @@ def load_config(workdir: str):
     except (AttributeError, KeyError, TypeError, ValueError) as error:  # JSON, but not a config's shape
         raise UserError(
             f"{config_path(workdir)} is damaged ({type(error).__name__}: "
-            f"{' '.join(str(error).split())[:100]}); restore it or start a new --workdir"
+            f"{one_line(error)[:100]}); restore it or start a new --workdir"
         ) from None
     return cfg
 
@@ -97,11 +97,11 @@ def _check_passed_milestones(saved: state_lib.OptimizerSettings, settings: confi
     """A longer (or shorter) run moves MultiStepLR's milestones, which are fractions of the run;
     one the run has passed must stay where it was, or the resumed run would go back to a higher
     learning rate (or skip a decay it has not had)."""
-    steps_per_epoch = data.NUM_TRAIN[settings.dataset] // settings.batch_size
+    steps_per_epoch = settings.steps_per_epoch()
     passed = [b for b in saved.lr_milestones(steps_per_epoch) if b <= step]
     now = [b for b in settings.optimizer.lr_milestones(steps_per_epoch) if b <= step]
     if passed != now:
-        total = settings.optimizer.total_steps(steps_per_epoch)
+        total = settings.total_steps()
         keep = ", ".join(f"{b / total:.6g}" for b in passed)
         raise UserError(
             f"resuming at step {step} would move the learning-rate milestones the run has passed "
@@ -141,19 +141,11 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
 
     abstract = jax.eval_shape(init)
     if mesh is None:
-        mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+        mesh = sharding.make_mesh(jax.device_count())  # a batch of one image per device spans every device
     wanted = newest if step is None else int(step)
     if wanted in kept_models.steps(workdir) and (step is not None or checkpoints.latest_step(workdir) != wanted):
         params, batch_stats, _ = kept_models.load(workdir, wanted, abstract.params, abstract.batch_stats)
-        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        params, batch_stats = jax.device_put((params, batch_stats), replicated)
-        state = state_lib.TrainState(
-            step=jax.numpy.asarray(wanted, jax.numpy.int32),
-            params=params,
-            batch_stats=batch_stats,
-            opt_state=None,
-            rng=None,
-        )
+        (state,) = sharding.place_on_mesh(mesh, state_lib.inference_state(params, batch_stats, wanted))
         return settings, model_holder["fns"], state
     manager = checkpoints.checkpoint_manager(workdir, create=False)
     try:

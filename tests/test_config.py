@@ -54,6 +54,14 @@ def test_a_folder_without_config_is_not_a_workdir(tmp_path):
         workdir_lib.load_config(str(tmp_path))
 
 
+def test_a_runs_length_counts_whole_batches_of_the_training_split():
+    cfg = config_lib.default_config()  # CIFAR-10's 50,000 images in batches of 256, 100 epochs
+    settings = config_lib.train_settings(cfg)
+    assert (settings.steps_per_epoch(), settings.total_steps()) == (195, 19_500)
+    cfg.num_train_steps = 700
+    assert config_lib.train_settings(cfg).total_steps() == 700
+
+
 def step_config(steps, fractions=(0.75, 0.9)):
     cfg = config_lib.default_config()
     cfg.num_train_steps, cfg.lr_decay_fractions = steps, fractions

@@ -412,15 +412,24 @@ def test_without_tarfile_data_filter_the_own_checks_still_guard(server, tmp_path
     assert list(outside.iterdir()) == []
 
 
+def test_a_lock_file_that_cannot_be_opened_is_one_line(tmp_path):
+    (tmp_path / download.LOCK_NAME).mkdir()  # a directory: os.open fails even for root
+    one_line_error(
+        lambda: download.ensure_dataset("cifar10", str(tmp_path), url="http://127.0.0.1:9/none", progress=False),
+        "cannot open",
+        download.LOCK_NAME,
+        "PATJAX_CACHE_DIR",
+    )
+
+
 def test_unknown_dataset_is_one_line(tmp_path):
     one_line_error(lambda: download.ensure_dataset("mnist", str(tmp_path)), "unknown dataset 'mnist'")
 
 
-def test_expected_files_are_those_the_loader_reads():
+def test_every_dataset_has_an_archive_and_the_files_the_loader_reads():
+    assert set(download.ARCHIVES) == set(download.SPLIT_FILES) == set(data.NUM_CLASSES)
     for dataset, (url, digest, size, top_dir) in download.ARCHIVES.items():
-        subdir, train_files, test_files, _, _ = data._BINARY_LAYOUT[dataset]
-        assert top_dir == subdir
-        assert sorted(download.EXPECTED_FILES[dataset]) == sorted(train_files + test_files)
+        assert set(download.SPLIT_FILES[dataset]) == {"train", "test"}
         assert url.startswith("https://") and len(digest) == 32 and size > 100e6
 
 

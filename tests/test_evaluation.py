@@ -233,6 +233,15 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
         evaluation.compare([a, b], plot)
 
 
+def test_paired_evaluations_share_one_resampling_of_their_images():
+    s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr_samples": 6}
+    indices, confidence = evaluation.pairing([s, dict(s)], ["a", "b"])
+    assert confidence == 0.9
+    np.testing.assert_array_equal(indices, patjax_stats.bootstrap_indices(7, 100, 3))
+    with pytest.raises(UserError, match=r"'a' and 'b' were evaluated with different settings \(seed\)"):
+        evaluation.pairing([s, dict(s, seed=4)], ["a", "b"])
+
+
 def test_bad_evaluator_is_one_line_user_error(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "patjax.evaluate", f"--workdir={tmp_path}", "--evaluators=pgd7"],
@@ -352,7 +361,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     # The comparison note states the configured confidence, not a hard-coded 95 %.
     assert saved["settings"]["pr_distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
     text = evaluation.compare([workdir], str(tmp_path / "plot.png"))
-    assert "[90% intervals]" in text and "PR: Table-1 protocol" in text
+    assert "[90 % intervals]" in text and "PR: Table-1 protocol" in text
 
     # One estimator per figure: the suite tables' mean over one seed, computed from the
     # per-image outcomes by another path (suite_results.mean_figures), carries the same values

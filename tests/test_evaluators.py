@@ -7,6 +7,12 @@ from test_evaluation import evaluate, tiny_config, tiny_setup
 
 from patjax import data, evaluators
 from patjax.errors import UserError
+from patjax.evaluators import common
+
+
+def test_the_headline_law_comes_first_and_the_others_keep_their_order():
+    assert common.headline_first("gaussian", ("uniform", "gaussian", "pdis")) == ("gaussian", "uniform", "pdis")
+    assert common.headline_first("uniform", ()) == ("uniform",)
 
 
 def test_names_aliases_and_order():

@@ -157,6 +157,11 @@ def test_a_narrower_resnet_loads_with_its_width_named(tmp_path):
         torch_weights.load_model(file, "small_cnn", "cifar10", width=16)
 
 
+def test_an_unknown_network_is_one_line_before_the_file_is_read(tmp_path):
+    with pytest.raises(UserError, match="unknown model 'resnet1000'; choose one of"):
+        torch_weights.load_model(str(tmp_path / "absent.safetensors"), "resnet1000", "cifar10")
+
+
 def test_export_into_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
     params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
     with pytest.raises(UserError, match="does not exist"):

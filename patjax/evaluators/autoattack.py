@@ -89,7 +89,7 @@ def make_batch_fn(model_fns, s, pass_name):
     eps = s.attack_eps * float(name.split("_x")[1]) if "_x" in name else s.attack_eps
 
     def fn(params, batch_stats, images, labels, indices):
-        logits_fn = common.inference_logits_fn(model_fns, params, batch_stats)
+        logits_fn = model_fns.attack_logits_fn(params, batch_stats)
         x = data.to_float(images)
         if name.startswith("apgd_ce"):
             robust = common.per_example(

@@ -16,7 +16,7 @@ def passes(s) -> tuple:
 
 def make_batch_fn(model_fns, s, pass_name):
     def fn(params, batch_stats, images, labels, indices):
-        logits = common.inference_logits_fn(model_fns, params, batch_stats)(data.to_float(images))
+        logits = model_fns.attack_logits_fn(params, batch_stats)(data.to_float(images))
         return {"correct": jnp.argmax(logits, -1) == labels}
 
     return jax.jit(fn)

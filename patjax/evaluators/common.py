@@ -42,6 +42,13 @@ def integer(name, value, minimum, maximum=None) -> int:
     return int(value)
 
 
+def headline_first(headline: str, laws) -> tuple:
+    """The PR perturbation laws in the order every figure and table lists them: the headline
+    law first (eval.pr_distribution; the Table-1 protocol's is 'uniform'), then the others of
+    `laws` in their order."""
+    return (headline, *(d for d in laws if d != headline))
+
+
 # EvalSettings' integer fields and their bounds (None: no upper bound).
 _COUNTS = {
     "seed": (0, SEED_LIMIT - 1),
@@ -162,7 +169,7 @@ def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable,
         key = attack_key(s.seed, stream)
 
         def fn(params, batch_stats, images, labels, indices):
-            logits_fn = inference_logits_fn(model_fns, params, batch_stats)
+            logits_fn = model_fns.attack_logits_fn(params, batch_stats)
             return {"robust": batch_robust(logits_fn, key, indices, data.to_float(images), labels, s)}
 
         return jax.jit(fn)
@@ -177,12 +184,6 @@ def attack_key(seed: int, stream: int):
     """The random-start key of an attack: independent streams jax.random.split(PRNGKey(seed), 5)[1:]
     (PR keys its noise by PRNGKey(seed) itself)."""
     return jax.random.split(jax.random.PRNGKey(seed), 5)[stream]
-
-
-def inference_logits_fn(model_fns, params, batch_stats):
-    """x -> logits with BatchNorm in inference mode and detached weights: evaluation attacks
-    differentiate with respect to the input only."""
-    return functools.partial(model_fns.infer, jax.lax.stop_gradient(params), jax.lax.stop_gradient(batch_stats))
 
 
 def per_example(attack, key, indices, x, y):

@@ -34,7 +34,7 @@ def make_batch_fn(model_fns, s, pass_name):
     root = jax.random.PRNGKey(s.seed)
 
     def fn(params, batch_stats, images, labels, indices):
-        logits_fn = common.inference_logits_fn(model_fns, params, batch_stats)
+        logits_fn = model_fns.attack_logits_fn(params, batch_stats)
         pr_stats = robustness.pr_statistics(
             logits_fn,
             root,

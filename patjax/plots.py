@@ -152,7 +152,7 @@ def plot_sweep(sweep: dict):
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel(sweep["axis"])
-        ax.set_ylabel(f"{title} (95 % interval)")
+        ax.set_ylabel(f"{title} ({confidence_pct(sweep)} interval)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

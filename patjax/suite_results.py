@@ -141,6 +141,7 @@ def sweep_figures(sweep: Sweep, outcomes: dict) -> dict:
     done = [outcomes[p.run_name] for p in named if outcomes[p.run_name] is not None]
     if done:
         indices, confidence = pairing(done)
+        out["confidence"] = confidence
     for p in named:
         o = outcomes[p.run_name]
         entry = {

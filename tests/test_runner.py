@@ -458,7 +458,7 @@ def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
 
 def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     n, samples = 400, 10
-    settings = _synthetic_settings(n, samples, bootstrap_resamples=300)
+    settings = _synthetic_settings(n, samples, bootstrap_resamples=300, confidence=0.9)
     rng = np.random.default_rng(0)
     cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
     groups = (
@@ -521,7 +521,8 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     md = suite_report.markdown(suite_results.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
     assert "| T = 5 | T5/pat_s0 | 1.0 |" in md  # 60 s of training
-    assert plots.plot_sweep(got) is not None
+    figure = plots.plot_sweep(got)  # its error bars say the confidence the evaluations were set to
+    assert [ax.get_ylabel().endswith("(90 % interval)") for ax in figure.axes] == [True, True]
 
     # Points evaluated on other images or noise cannot be paired: refused, not reported.
     outcomes["T5/pat_s0"].results["settings"]["seed"] = 1

@@ -38,6 +38,12 @@ def parse_args(argv=None):
         "--iters", type=int, default=3, help="timed steps after --warmup steps; 0: compile, FLOPs and memory only"
     )
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument(
+        "--langevin-init",
+        default="uniform",
+        choices=("uniform", "clean"),
+        help="the sampler's start: 'uniform' (Algorithm 1) or 'clean' (the opt-in cheaper sampler, start at x)",
+    )
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument(
@@ -79,6 +85,7 @@ def build(args, langevin_steps):
     cfg.batch_size = args.batch
     cfg.compute_dtype = args.compute_dtype
     cfg.langevin.steps = langevin_steps
+    cfg.langevin.init = args.langevin_init
     cfg.num_epochs = 1
     settings = config_lib.train_settings(cfg)
 
@@ -134,7 +141,9 @@ def run(args) -> dict:
     if not args.no_flops:
         f0 = _flops(build(args, 0)[0].lower(state, images, labels, permutation))
         f1 = _flops(build(args, 1)[0].lower(state, images, labels, permutation))
-        flops_per_image = (f0 + T * (f1 - f0)) / args.batch
+        # The GPU backend's cost analysis of a lowered program counts no FLOPs: None, not 0; the
+        # count is the program's, so the same flags with --iters 0 on a CPU give it.
+        flops_per_image = (f0 + T * (f1 - f0)) / args.batch or None
 
     times = []
     for i in range((args.warmup + args.iters) if args.iters > 0 else 0):
@@ -153,6 +162,7 @@ def run(args) -> dict:
         "width": args.width if args.model != "small_cnn" else None,
         "batch": args.batch,
         "langevin_steps": T,
+        "langevin_init": args.langevin_init,
         "compute_dtype": args.compute_dtype,
         "conv_input_grad": ops.conv_input_grad_mode(),
         "lower_s": round(lower_s, 3),

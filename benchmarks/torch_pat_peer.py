@@ -211,6 +211,7 @@ def parse_args(argv=None, model: Optional[str] = None):
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--iters", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     a = p.parse_args(argv)
     if model is not None:
         a.model, a.width, a.compile = model, 64, False
@@ -223,18 +224,21 @@ def main(argv=None, model: Optional[str] = None):
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    net = create_model(a.model, a.classes, a.width)
+    net = create_model(a.model, a.classes, a.width).to(a.device)
     optimizer = make_optimizer(net)
     if a.compile:
         net = torch.compile(net)
-    x = torch.rand(a.batch, 3, 32, 32)
-    y = torch.randint(0, a.classes, (a.batch,))
+    x = torch.rand(a.batch, 3, 32, 32, device=a.device)
+    y = torch.randint(0, a.classes, (a.batch,), device=a.device)
     first, step = time_steps(net, optimizer, x, y, LangevinSettings(steps=a.langevin_steps), a.iters)
     record = {
         "impl": "torch-eager" + ("+compile" if a.compile else ""),
         "model": a.model,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else a.device,
+        "tf32_conv": torch.backends.cudnn.allow_tf32,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "batch": a.batch,
         "langevin_steps": a.langevin_steps,
     }

@@ -1,4 +1,5 @@
-"""The profiling benchmark's FLOP accounting, checked against XLA's own cost analysis."""
+"""The benchmarks' own accounting: the profiler's FLOPs against XLA's cost analysis, the GPU
+convolution count against hand-written HLO."""
 
 import importlib.util
 import json
@@ -73,3 +74,32 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis():
     # convolutions on the same batch, so the same FLOPs, found in two different phases.
     fwd = groups[("sampler", "conv forward (library)")]["gflop_per_device"]
     assert groups[("update", "conv forward (library)")]["gflop_per_device"] == fwd
+
+
+def test_gpu_convolutions_counts_cudnn_calls_of_an_optimized_hlo():
+    spec = importlib.util.spec_from_file_location("gpu_convolutions", REPO / "benchmarks" / "gpu_convolutions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # Lines in the form an H100's optimized HLO gives them (JAX 0.11.2), abridged.
+    hlo = "\n".join(
+        [
+            "%cudnn-conv.40 = (f32[256,32,32,64]{3,2,1,0}, u8[3152656]{0}) custom-call(%a, %b), window={size=3x3 "
+            'pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", backend_config='
+            '{"cudnn_conv_backend_config":{"algorithm":{"algo_id":"48","math_type":"DEFAULT_MATH"}}}',
+            "%cudnn-conv.7 = (bf16[256,32,32,64]{3,2,1,0}, u8[0]{0}) custom-call(%c, %d), "
+            'custom_call_target="__cudnn$convBackwardInput", backend_config={"cudnn_conv_backend_config":'
+            '{"algorithm":{"algo_id":"1","math_type":"TENSOR_OP_MATH"}}}',
+            "%cudnn-conv.8 = (bf16[3,3,64,64]{3,2,1,0}, u8[0]{0}) custom-call(%e, %f), "
+            'custom_call_target="__cudnn$convBackwardFilter", backend_config={"cudnn_conv_backend_config":'
+            '{"algorithm":{"algo_id":"1","math_type":"TENSOR_OP_MATH"}}}',
+            '%gemm.1 = (f32[256,10]{1,0}, s8[0]{0}) custom-call(%g, %h), custom_call_target="__cublas$gemm"',
+            "%add.3 = f32[256,10]{1,0} add(%i, %j)",
+        ]
+    )
+    assert module.convolutions(hlo) == {"f32 DEFAULT_MATH": 1, "bf16 TENSOR_OP_MATH": 2}
+    assert module.custom_calls(hlo) == {
+        "__cudnn$convForward": 1,
+        "__cudnn$convBackwardInput": 1,
+        "__cudnn$convBackwardFilter": 1,
+        "__cublas$gemm": 1,
+    }

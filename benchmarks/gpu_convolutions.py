@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Do the compiled step's convolutions run on tensor cores? One JSON line per precision setting.
+
+  python benchmarks/gpu_convolutions.py --model resnet18 --batch 256 --langevin-steps 100
+
+Compiles patjax's train step (benchmarks/epoch_throughput.py's `build`) and reads the optimized
+HLO: on a GPU each convolution is a cuDNN custom call whose backend config names the math the
+autotuner chose (TENSOR_OP_MATH: tensor cores, TF32 for float32 operands; DEFAULT_MATH: the
+plain float32 units). Counted per (operand dtype, math type), once at JAX's default matmul
+precision and once at 'highest' (tensor cores off for float32), each with its median step time:
+the ratio of the two times is what the tensor cores are worth to the whole step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import statistics
+import time
+
+RESULT_DTYPE = re.compile(r"= \(?(\w+)\[")
+TARGET = re.compile(r'custom_call_target="([^"]+)"')
+MATH = re.compile(r'"math_type"\s*:\s*"(\w+)"')
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--langevin-steps", type=int, default=100)
+    p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--iters", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def convolutions(hlo_text: str) -> dict:
+    """{'<dtype> <math type>': count} over the cuDNN convolution calls of an optimized HLO module."""
+    counts = collections.Counter()
+    for line in hlo_text.splitlines():
+        if 'custom_call_target="__cudnn$conv' in line:
+            dtype, math = RESULT_DTYPE.search(line), MATH.search(line)
+            counts[f"{dtype.group(1) if dtype else 'unknown'} {math.group(1) if math else 'unknown'}"] += 1
+    return dict(counts)
+
+
+def custom_calls(hlo_text: str) -> dict:
+    """{custom-call target: count}: what else the step calls (GEMM libraries, fusions)."""
+    return dict(collections.Counter(TARGET.findall(hlo_text)))
+
+
+def main(argv=None):
+    import os
+    import sys
+
+    import jax
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import epoch_throughput
+
+    args = parse_args(argv)
+    bench_args = epoch_throughput.parse_args(
+        [
+            "--model",
+            args.model,
+            "--width",
+            str(args.width),
+            "--batch",
+            str(args.batch),
+            "--langevin-steps",
+            str(args.langevin_steps),
+            "--compute-dtype",
+            args.compute_dtype,
+        ]
+    )
+    for precision in ("default", "highest"):
+        with jax.default_matmul_precision(None if precision == "default" else precision):
+            step_fn, state, images, labels, permutation = epoch_throughput.build(bench_args, args.langevin_steps)
+            compiled = step_fn.lower(state, images, labels, permutation).compile()
+            times = []
+            for i in range(1 + args.iters):
+                t0 = time.perf_counter()
+                state, metrics = compiled(state, images, labels, permutation)
+                jax.block_until_ready((state, metrics))
+                if i:
+                    times.append(time.perf_counter() - t0)
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "batch": args.batch,
+                    "langevin_steps": args.langevin_steps,
+                    "compute_dtype": args.compute_dtype,
+                    "matmul_precision": precision,
+                    "convolutions": convolutions(compiled.as_text()),
+                    "custom_calls": custom_calls(compiled.as_text()),
+                    "first_convolution": next(
+                        (line.strip()[:600] for line in compiled.as_text().splitlines() if "__cudnn$conv" in line), None
+                    ),
+                    "median_step_s": round(statistics.median(times), 4),
+                    "compiled_cost_flops": float(cost.get("flops", 0.0)) if cost else None,
+                    "device": jax.devices()[0].device_kind,
+                    "jax": jax.__version__,
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -193,6 +193,15 @@ def run(args) -> dict:
     return result
 
 
+def emit(result: dict, as_json: bool) -> None:
+    """One JSON line, or one `key: value` line per figure."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>24}: {v}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
@@ -200,12 +209,7 @@ def main(argv=None):
     from patjax import cli
 
     cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>24}: {v}")
+    emit(run(args), args.json)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ per image (400 forward passes at N = 100).
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from epoch_throughput import emit  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -97,12 +100,7 @@ def main(argv=None):
     from patjax import cli
 
     cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>16}: {v}")
+    emit(run(args), args.json)
 
 
 if __name__ == "__main__":

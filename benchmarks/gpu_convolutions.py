@@ -3,17 +3,17 @@
 
   python benchmarks/gpu_convolutions.py --model resnet18 --batch 256 --langevin-steps 100
 
-Compiles patjax's train step (benchmarks/epoch_throughput.py's `build`) and reads the optimized
-HLO: on a GPU each convolution is a cuDNN custom call whose backend config names the math the
-autotuner chose (TENSOR_OP_MATH: tensor cores, TF32 for float32 operands; DEFAULT_MATH: the
-plain float32 units). Counted per (operand dtype, math type), once at JAX's default matmul
-precision and once at 'highest' (tensor cores off for float32), each with its median step time:
-the ratio of the two times is what the tensor cores are worth to the whole step.
+Compiles patjax's train step (benchmarks/epoch_throughput.py's `build`; its flags) and reads the
+optimized HLO: on a GPU each convolution is a cuDNN custom call whose backend config names the
+math mode the autotuner chose, counted per (result dtype, math mode). cuDNN's DEFAULT_MATH
+permits tensor cores (TF32 for float32 operands on Ampere and later) and FMA_MATH forbids them,
+so the count alone may not settle it; the step time at JAX's default matmul precision against
+'highest' (which turns TF32 off) does: their ratio is what the tensor cores are worth to the
+whole step.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import re
@@ -23,17 +23,6 @@ import time
 RESULT_DTYPE = re.compile(r"= \(?(\w+)\[")
 TARGET = re.compile(r'custom_call_target="([^"]+)"')
 MATH = re.compile(r'"math_type"\s*:\s*"(\w+)"')
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--langevin-steps", type=int, default=100)
-    p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--iters", type=int, default=3)
-    return p.parse_args(argv)
 
 
 def convolutions(hlo_text: str) -> dict:
@@ -60,24 +49,11 @@ def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import epoch_throughput
 
-    args = parse_args(argv)
-    bench_args = epoch_throughput.parse_args(
-        [
-            "--model",
-            args.model,
-            "--width",
-            str(args.width),
-            "--batch",
-            str(args.batch),
-            "--langevin-steps",
-            str(args.langevin_steps),
-            "--compute-dtype",
-            args.compute_dtype,
-        ]
-    )
+    # epoch_throughput's flags (--model, --width, --batch, --langevin-steps, --compute-dtype, --iters, ...)
+    args = epoch_throughput.parse_args(argv)
     for precision in ("default", "highest"):
         with jax.default_matmul_precision(None if precision == "default" else precision):
-            step_fn, state, images, labels, permutation = epoch_throughput.build(bench_args, args.langevin_steps)
+            step_fn, state, images, labels, permutation = epoch_throughput.build(args, args.langevin_steps)
             compiled = step_fn.lower(state, images, labels, permutation).compile()
             times = []
             for i in range(1 + args.iters):

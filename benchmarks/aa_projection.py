@@ -16,12 +16,13 @@ together):
 
 The fractions of images reaching each pass are inputs (`--fractions`): their default is the
 upper bound 1, 1, 1, 1 (every image robust through the whole sequence); `--fractions` with a
-model's measured fractions gives its expected cost. Time = FLOPs / (peak x utilization); the
-peak and the utilization range are assumptions, the same as docs/performance.md's GPU
-projection of training (H100 SXM, fp32 on TF32 tensor cores, 495 TFLOP/s dense, 10-22 %).
+model's measured fractions gives its expected cost. Time = FLOPs / (peak x utilization): the
+H100 SXM's dense TF32 peak and, by default, the utilization range that PGD-20 and the PR pass
+reached on one H100 (docs/performance.md, GPU section); AutoAttack itself has not been timed
+on a GPU.
 
   python benchmarks/aa_projection.py --model resnet18 --num_images 10000
-  python benchmarks/aa_projection.py --model resnet18 --fractions 0.84 0.50 0.45 0.45
+  python benchmarks/aa_projection.py --model resnet18 --fractions 0.82 0.44 0.43 0.43
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def parse_args(argv=None):
         metavar=("CLEAN", "AFTER_APGD_CE", "AFTER_APGD_T", "AFTER_FAB_T"),
         help="fractions of the images classified correctly, and robust after APGD-CE, APGD-T and FAB-T",
     )
-    p.add_argument("--peak_tflops", type=float, default=495.0, help="H100 SXM dense TF32")
-    p.add_argument("--utilization", type=float, nargs=2, default=(0.10, 0.22))
+    p.add_argument("--peak_tflops", type=float, default=494.7, help="H100 SXM dense TF32")
+    p.add_argument("--utilization", type=float, nargs=2, default=(0.30, 0.35))
     return p.parse_args(argv)
 
 

@@ -136,7 +136,10 @@ def default_config() -> ml_collections.ConfigDict:
     # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
     # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1].
     cfg.eval.pr_distribution = "uniform"
-    cfg.eval.pr_chunk_size = 25  # perturbations evaluated at once per image
+    # Perturbations per image evaluated at once: one forward pass takes len(pr_epsilons) x batch x
+    # chunk images (4 x 500 x 5 = 10,000 at the defaults), which bounds the PR pass's memory
+    # (docs/evaluation.md); the counts do not depend on it.
+    cfg.eval.pr_chunk_size = 5
     cfg.eval.seed = 0
     # Evaluators (`--evaluators` overrides): names of patjax.evaluators.REGISTRY or its aliases
     # ('apgd', 'all'). A workdir's config without these fields gets these defaults (`upgrade`).

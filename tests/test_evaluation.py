@@ -2,6 +2,7 @@
 paired differences and the plot, and clean CLI errors."""
 
 import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from conftest import REPO
 from helpers import Linear
 from scipy import stats
 
-from patjax import checkpoints, data, eval_files, evaluation, evaluators, files, suite_outcomes, suite_results
+from patjax import api, checkpoints, data, eval_files, evaluation, evaluators, files, suite_outcomes, suite_results
 from patjax import config as config_lib
 from patjax import stats as patjax_stats
 from patjax import workdir as workdir_lib
@@ -526,3 +527,13 @@ def test_an_evaluation_that_would_drop_evaluators_is_refused_unless_overwrite(tm
     )
     assert sorted(os.listdir(eval_dir)) == ["per_image.npz", "results.json"]
     assert eval_files.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]
+
+
+def test_default_pr_pass_takes_at_most_10000_images_a_forward():
+    # One forward pass of the PR pass takes len(eps) x batch x chunk images, and its memory grows
+    # with them: 10,000 fit a 24 GB GPU for ResNet-18, 50,000 did not fit under 36 GiB
+    # (docs/evaluation.md). The library call's default batch is the config's.
+    cfg = config_lib.default_config()
+    ev = cfg.eval
+    assert len(ev.pr_epsilons) * ev.batch_size * ev.pr_chunk_size <= 10_000
+    assert inspect.signature(api.evaluate).parameters["batch_size"].default == ev.batch_size

@@ -329,7 +329,8 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     def bootstrap(values, mask=None):  # the documented percentile bootstrap over all images
         idx = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
         m = np.ones(len(values)) if mask is None else mask.astype(np.float64)
-        ratios = (values * m)[idx].sum(axis=1) / m[idx].sum(axis=1)  # a subset is drawn anew
+        with np.errstate(invalid="ignore"):  # a resample without a subset image is 0/0: NaN, dropped below
+            ratios = (values * m)[idx].sum(axis=1) / m[idx].sum(axis=1)  # a subset is drawn anew
         return [np.nanquantile(ratios, alpha / 2), np.nanquantile(ratios, 1 - alpha / 2)]
 
     for j, e in enumerate(epsilons):

@@ -83,13 +83,15 @@ def append_json_line(path: str, obj) -> None:
 
 def read_json_lines(path: str, remedy: str) -> list:
     """The JSON objects of a JSON-lines file ([] if there is no such file); blank lines are
-    skipped. A damaged line is one line naming the file, the line and `remedy`."""
+    skipped, and so is a last line without its newline: one being appended, or cut short by a
+    writer that died (`append_json_line` drops it before the next append). Any other damaged
+    line is one line naming the file, the line and `remedy`."""
     if not os.path.isfile(path):
         return []
     out = []
     with open(path) as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
+            if not line.strip() or not line.endswith("\n"):
                 continue
             try:
                 obj = json.loads(line)

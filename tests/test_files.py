@@ -24,6 +24,17 @@ def test_append_after_a_cut_line_keeps_the_whole_lines(tmp_path):
     assert files.read_json_lines(path, "fix it") == [{"a": 1}, {"b": 2}, {"e": None, "f": 5}]
 
 
+def test_read_skips_a_cut_last_line_that_the_next_append_drops(tmp_path):
+    # A worker that died mid-append must not stop the next one's report before it appends.
+    path = str(tmp_path / "log.jsonl")
+    with open(path, "w") as f:
+        f.write('{"a": 1}\n{"b": 2')
+    assert files.read_json_lines(path, "fix it") == [{"a": 1}]
+    with open(path, "w") as f:
+        f.write('{"a": 1}\n{"b": 2}')  # whole JSON, but the writer had not finished the line
+    assert files.read_json_lines(path, "fix it") == [{"a": 1}]
+
+
 def test_read_skips_blank_lines_and_names_a_damaged_one(tmp_path):
     path = str(tmp_path / "log.jsonl")
     assert files.read_json_lines(path, "fix it") == []

@@ -361,7 +361,9 @@ def check_model(name: str) -> None:
 def create_model(
     name: str, dataset: str, num_classes: int, dtype=jnp.float32, normalize: str = DATASET_NORMALIZATION, **kwargs
 ) -> nn.Module:
-    """The network `name` (a key of `MODELS`, see `check_model`) for `num_classes` classes."""
+    """The network `name` (a key of `MODELS`) for `num_classes` classes; an unknown name is a
+    one-line `check_model` error here too, since library code and benchmarks call this directly."""
+    check_model(name)
     mean, std = normalization(normalize, dataset)
     return MODELS[name](num_classes=num_classes, mean=mean, std=std, dtype=dtype, **kwargs)
 

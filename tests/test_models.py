@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from patjax import models
+from patjax.errors import UserError
 
 
 def count(params):
@@ -79,3 +80,8 @@ def test_normalization_is_inside_the_model():
     plain = models.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
     normalized = (x - jnp.asarray(mean)) / jnp.asarray(std)
     np.testing.assert_allclose(model.apply(variables, x), plain.apply(variables, normalized), rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_network_name_is_one_line_from_create_model():
+    with pytest.raises(UserError, match="unknown model 'resnet1000'; choose one of"):
+        models.create_model("resnet1000", "cifar10", 10)

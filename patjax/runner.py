@@ -294,10 +294,12 @@ def _train_and_evaluate(
     cfg.progress_bar = bool(progress_bars)
     record_path = os.path.join(directory, RECORD_FILE)
     record = _trained(run, directory)
+    settings = config.train_settings(cfg)
+    final = settings.total_steps()
     if record is None:
         existing = read_record(directory) or {}
         say(
-            f"training {config.train_settings(cfg).total_steps()} steps"
+            f"training {final} steps"
             + (
                 " (resuming from its latest checkpoint)"
                 if os.path.isdir(os.path.join(directory, "checkpoints"))
@@ -305,7 +307,6 @@ def _train_and_evaluate(
             )
         )
         t0 = time.perf_counter()
-        settings = config.train_settings(cfg)
         state = train.train_and_evaluate(settings, directory, stop_at=stop_at)
         train_wall = time.perf_counter() - t0
         # Written after every segment, the finishing one last: a step short of the run's length
@@ -317,7 +318,6 @@ def _train_and_evaluate(
         }
         del state
         files.write_json(record_path, record)
-        final = config.train_settings(cfg).total_steps()
         if stop_at is not None and record["step"] < final:
             # The stop's extra checkpoint pushes the oldest out of the manager's window; the
             # curve steps reached so far are kept as models now, as `handover` keeps them.

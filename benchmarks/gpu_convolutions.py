@@ -23,15 +23,21 @@ import time
 RESULT_DTYPE = re.compile(r"= \(?(\w+)\[")
 TARGET = re.compile(r'custom_call_target="([^"]+)"')
 MATH = re.compile(r'"math_type"\s*:\s*"(\w+)"')
+PRECISION = re.compile(r"operand_precision=\{([\w,]+)\}")
 
 
 def convolutions(hlo_text: str) -> dict:
-    """{'<dtype> <math type>': count} over the cuDNN convolution calls of an optimized HLO module."""
+    """{'<dtype> <math mode> precision=<operand precision>': count} over the cuDNN convolution
+    calls of an optimized HLO module; the operand precision is 'default' where the call names
+    none ('highest' is what turns TF32 off for float32 operands)."""
     counts = collections.Counter()
     for line in hlo_text.splitlines():
         if 'custom_call_target="__cudnn$conv' in line:
-            dtype, math = RESULT_DTYPE.search(line), MATH.search(line)
-            counts[f"{dtype.group(1) if dtype else 'unknown'} {math.group(1) if math else 'unknown'}"] += 1
+            dtype, math, precision = RESULT_DTYPE.search(line), MATH.search(line), PRECISION.search(line)
+            counts[
+                f"{dtype.group(1) if dtype else 'unknown'} {math.group(1) if math else 'unknown'}"
+                f" precision={precision.group(1) if precision else 'default'}"
+            ] += 1
     return dict(counts)
 
 
@@ -49,8 +55,14 @@ def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import epoch_throughput
 
-    # epoch_throughput's flags (--model, --width, --batch, --langevin-steps, --compute-dtype, --iters, ...)
+    from patjax import ops
+
+    # epoch_throughput's flags (--model, --width, --batch, --langevin-steps, --compute-dtype, --iters,
+    # --conv-input-grad); --warmup is one step here.
     args = epoch_throughput.parse_args(argv)
+    if args.iters < 1:
+        raise SystemExit("--iters must be >= 1: the step is timed")
+    ops.set_conv_input_grad_mode(args.conv_input_grad)
     for precision in ("default", "highest"):
         with jax.default_matmul_precision(None if precision == "default" else precision):
             step_fn, state, images, labels, permutation = epoch_throughput.build(args, args.langevin_steps)
@@ -62,8 +74,6 @@ def main(argv=None):
                 jax.block_until_ready((state, metrics))
                 if i:
                     times.append(time.perf_counter() - t0)
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         print(
             json.dumps(
                 {
@@ -78,7 +88,6 @@ def main(argv=None):
                         (line.strip()[:600] for line in compiled.as_text().splitlines() if "__cudnn$conv" in line), None
                     ),
                     "median_step_s": round(statistics.median(times), 4),
-                    "compiled_cost_flops": float(cost.get("flops", 0.0)) if cost else None,
                     "device": jax.devices()[0].device_kind,
                     "jax": jax.__version__,
                 }

@@ -27,9 +27,9 @@ PEAK_TF32=${PEAK_TF32:-494700}
 PEAK_BF16=${PEAK_BF16:-989400}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# Repeated programs (the second patjax arm, the second evaluation call) load from this cache;
-# each measurement's first compile_s is then the true one.
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/patjax_jax_cache}
+# A fresh cache per run: repeated programs (the second patjax arm of compare_torch) load from it,
+# and each measurement's first compile_s is a true compile, not a load left by an earlier run.
+export JAX_COMPILATION_CACHE_DIR=$(mktemp -d)
 
 {
   date -u

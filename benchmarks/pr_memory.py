@@ -7,8 +7,10 @@ One forward pass of the PR pass takes len(eval.pr_epsilons) x batch x chunk imag
 (`robustness.pr_statistics`), so the chunk (`eval.pr_chunk_size`) bounds its memory. For each
 BATCH:CHUNK the pass (uniform noise, N = eval.pr_samples, a randomly initialized network, random
 images) is compiled alone and reports its temporaries (the executable's memory analysis), compile
-time, images/s of one batch after a warm-up batch and, on a GPU, the allocator's peak so far in
-the process (cumulative: list the settings from small to large). One JSON line each.
+time (lowering included), images/s of one batch after a warm-up batch on one device (on a CPU
+host, one core's device: not the evaluation's rate, which splits a batch over all of them) and,
+on a GPU, the allocator's peak so far in the process (cumulative: list the settings from small
+to large). One JSON line each.
 """
 
 from __future__ import annotations

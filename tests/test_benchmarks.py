@@ -80,12 +80,25 @@ def test_gpu_convolutions_counts_cudnn_calls_of_an_optimized_hlo():
     spec = importlib.util.spec_from_file_location("gpu_convolutions", REPO / "benchmarks" / "gpu_convolutions.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    # Lines in the form an H100's optimized HLO gives them (JAX 0.11.2), abridged.
+    # Two lines as an H100's optimized HLO gave them (JAX 0.11.2; cut where the benchmark cuts
+    # them), at the default precision and at 'highest', then hand-written ones: a bf16 input
+    # gradient and weight gradient in TENSOR_OP_MATH, a GEMM and an elementwise op.
     hlo = "\n".join(
         [
-            "%cudnn-conv.40 = (f32[256,32,32,64]{3,2,1,0}, u8[3152656]{0}) custom-call(%a, %b), window={size=3x3 "
-            'pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", backend_config='
-            '{"cudnn_conv_backend_config":{"algorithm":{"algo_id":"48","math_type":"DEFAULT_MATH"}}}',
+            "%cudnn-conv.40 = (f32[256,32,32,64]{3,2,1,0}, u8[3152656]{0}) custom-call(%get-tuple-element.1948, "
+            "%bitcast.169.0), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, "
+            'custom_call_target="__cudnn$convForward", metadata={op_name="jit(train_step)/jvp()/while/body/'
+            'eval_jaxpr/jvp(ResNet18)/Conv_0/conv_general_dilated" scheduling_name="cudnn-conv.40" '
+            'stack_frame_id=121}, backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone",'
+            '"algorithm":{"algo_id":"48","is_cudnn_frontend":false,"math_type":"DEFAULT_MATH","tuning_knobs":'
+            '{"13":"2","14":"0","2":"2","22":"1","6":"0"},"workspace_s',
+            "%cudnn-conv.40 = (f32[256,32,32,64]{3,2,1,0}, u8[0]{0}) custom-call(%get-tuple-element.1948, "
+            "%bitcast.169.0), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, "
+            'operand_precision={highest,highest}, custom_call_target="__cudnn$convForward", metadata={op_name='
+            '"jit(train_step)/jvp()/while/body/eval_jaxpr/jvp(ResNet18)/Conv_0/conv_general_dilated" '
+            'scheduling_name="cudnn-conv.40" stack_frame_id=113}, backend_config={"cudnn_conv_backend_config":'
+            '{"activation_mode":"kNone","algorithm":{"algo_id":"28","is_cudnn_frontend":false,"math_type":'
+            '"DEFAULT_MATH","tuning_knobs":{"2":"4","3":"0"},"workspa',
             "%cudnn-conv.7 = (bf16[256,32,32,64]{3,2,1,0}, u8[0]{0}) custom-call(%c, %d), "
             'custom_call_target="__cudnn$convBackwardInput", backend_config={"cudnn_conv_backend_config":'
             '{"algorithm":{"algo_id":"1","math_type":"TENSOR_OP_MATH"}}}',
@@ -96,9 +109,13 @@ def test_gpu_convolutions_counts_cudnn_calls_of_an_optimized_hlo():
             "%add.3 = f32[256,10]{1,0} add(%i, %j)",
         ]
     )
-    assert module.convolutions(hlo) == {"f32 DEFAULT_MATH": 1, "bf16 TENSOR_OP_MATH": 2}
+    assert module.convolutions(hlo) == {
+        "f32 DEFAULT_MATH precision=default": 1,
+        "f32 DEFAULT_MATH precision=highest,highest": 1,
+        "bf16 TENSOR_OP_MATH precision=default": 2,
+    }
     assert module.custom_calls(hlo) == {
-        "__cudnn$convForward": 1,
+        "__cudnn$convForward": 2,
         "__cudnn$convBackwardInput": 1,
         "__cudnn$convBackwardFilter": 1,
         "__cublas$gemm": 1,

@@ -429,8 +429,18 @@ def test_unknown_dataset_is_one_line(tmp_path):
 def test_every_dataset_has_an_archive_and_the_files_the_loader_reads():
     assert set(download.ARCHIVES) == set(download.SPLIT_FILES) == set(data.NUM_CLASSES)
     for dataset, (url, digest, size, top_dir) in download.ARCHIVES.items():
-        assert set(download.SPLIT_FILES[dataset]) == {"train", "test"}
         assert url.startswith("https://") and len(digest) == 32 and size > 100e6
+    # The official archives' layouts (https://www.cs.toronto.edu/~kriz/cifar.html), by hand.
+    assert download.ARCHIVES["cifar10"][3] == "cifar-10-batches-bin"
+    assert download.ARCHIVES["cifar100"][3] == "cifar-100-binary"
+    assert {k: list(v) for k, v in download.SPLIT_FILES["cifar10"].items()} == {
+        "train": [f"data_batch_{i}.bin" for i in range(1, 6)],
+        "test": ["test_batch.bin"],
+    }
+    assert {k: list(v) for k, v in download.SPLIT_FILES["cifar100"].items()} == {
+        "train": ["train.bin"],
+        "test": ["test.bin"],
+    }
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):

@@ -238,7 +238,9 @@ def test_paired_evaluations_share_one_resampling_of_their_images():
     s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr_samples": 6}
     indices, confidence = evaluation.pairing([s, dict(s)], ["a", "b"])
     assert confidence == 0.9
-    np.testing.assert_array_equal(indices, patjax_stats.bootstrap_indices(7, 100, 3))
+    # The documented draw: numpy's default generator seeded with the evaluation seed, images with
+    # replacement, one row per resample.
+    np.testing.assert_array_equal(indices, np.random.default_rng(3).integers(0, 7, size=(100, 7)))
     with pytest.raises(UserError, match=r"'a' and 'b' were evaluated with different settings \(seed\)"):
         evaluation.pairing([s, dict(s, seed=4)], ["a", "b"])
 

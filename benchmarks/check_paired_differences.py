@@ -34,7 +34,7 @@ import numpy as np
 DEFAULT_RUNS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs/results/convergence_cpu/runs/cifar10_small_cnn"
 )
-LAWS = ("uniform", "gaussian")
+LAWS = ("uniform", "gaussian")  # the eps-scaled laws; whichever of them every run was evaluated under
 
 
 def load_run(runs_dir, name):
@@ -57,7 +57,7 @@ def load_run(runs_dir, name):
         "cw": npz["cw20.robust"].astype(bool),
     }
     n = run["correct"].shape[0]
-    for law in LAWS:
+    for law in (law for law in LAWS if f"pr_{law}.counts" in npz.files):
         c = npz[f"pr_{law}.counts"].astype(np.float64)
         assert c.shape == (n, len(run["eps"])), (name, law, c.shape)
         assert c.min() >= 0 and c.max() <= N
@@ -101,7 +101,7 @@ def figures(W, A, B, n):
     nA = (W @ cA)[:, None]
     nB = (W @ cB)[:, None]
     nboth = (W @ both)[:, None]
-    for law in LAWS:
+    for law in (law for law in LAWS if law in A and law in B):
         pA, pB = A[law], B[law]
         out[f"{law}.table1"] = (W @ (pA * cA[:, None])) / nA - (W @ (pB * cB[:, None])) / nB
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -116,6 +116,31 @@ def fmt(x, signed=True):
 
 def fmt_ci(pt, lo, hi):
     return f"{fmt(pt)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def results_md_cells(path: str, label: str) -> dict:
+    """{(figure, column): 'point [lo, hi]'} of the rows `label` (e.g. 'PAT − PGD') in a suite
+    report's paired-difference tables; figure as this script names them, column 's<seed>' or 'mean'."""
+    cell = re.compile(r"([+-]?\d+\.\d+) \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+    out = {}
+    for section in re.split(r"\n### ", open(path).read()):
+        m = re.match(r"Paired differences A − B \((\w+) noise; percentage points; PR over (.*?)\)", section)
+        if not m:
+            continue
+        law, over = m.group(1), m.group(2)
+        estimand = "table1" if "own clean-correct" in over else "both" if "both runs" in over else "all"
+        current = False
+        for row in section.splitlines():
+            if row.startswith("| ") and not row.startswith("|  |"):
+                current = row.startswith(f"| {label} |")
+            if not (current and row.startswith("|")):
+                continue
+            column = row.strip("|").split("|")[1].strip()
+            column = "mean" if column == "mean" else "s" + column.removeprefix("seed ").strip()
+            names = ["dAcc", "dPGD", "dCW"] + [f"{law}.{estimand}.{j}" for j in range(4)]
+            for name, found in zip(names, cell.findall(row)):
+                out[(name, column)] = "{} [{}, {}]".format(*found)
+    return out
 
 
 def main():
@@ -146,6 +171,14 @@ def main():
     ap.add_argument(
         "--resamples", type=int, default=None, help="bootstrap resamples R (default: settings.bootstrap_resamples)"
     )
+    ap.add_argument(
+        "--check-results-md",
+        default=None,
+        metavar="PATH",
+        help="compare every paired cell of this suite report's rows --label with the recomputation; "
+        "exit 1 on any difference",
+    )
+    ap.add_argument("--label", default=None, help="the report's row label (default: 'A − B' in capitals)")
     args = ap.parse_args()
 
     sa, sb = find_seeds(args.runs_dir, args.a), find_seeds(args.runs_dir, args.b)
@@ -166,10 +199,15 @@ def main():
         assert r["correct"].shape[0] == n and r["eps"] == eps and r["N"] == runs[0]["N"], r["name"]
         for key in ("seed", "bootstrap_resamples", "confidence", "num_examples", "split", "dataset"):
             if st.get(key) != st0.get(key):
-                print(f"WARNING: settings.{key} differs: {r['name']}={st.get(key)} vs {runs[0]['name']}={st0.get(key)}")
+                sys.exit(
+                    f"not paired: settings.{key} differs: {r['name']}={st.get(key)} vs {runs[0]['name']}={st0.get(key)}"
+                )
         if r["image_index"] is not None and runs[0]["image_index"] is not None:
             assert np.array_equal(r["image_index"], runs[0]["image_index"]), f"image_index differs: {r['name']}"
 
+    laws = [law for law in LAWS if all(law in r for r in runs)]
+    if not laws:
+        sys.exit(f"no law of {LAWS} evaluated in every run")
     R = args.resamples if args.resamples is not None else int(st0["bootstrap_resamples"])
     conf = float(st0.get("confidence", 0.95))
     q = [round(100 * (1 - conf) / 2, 10), round(100 * (1 + conf) / 2, 10)]
@@ -184,7 +222,7 @@ def main():
 
     # ---- per-run figures -------------------------------------------------
     hdr = f"{'run':<12}{'n_cc':>6}{'clean':>8}{'PGD-20':>8}{'CW-20':>8}"
-    for law in LAWS:
+    for law in laws:
         for e in eps:
             hdr += f"{law[:4] + '@' + str(e):>12}"
     print("Per run (pp); PR over the run's own clean-correct images")
@@ -193,7 +231,7 @@ def main():
         c = r["correct"]
         line = f"{r['name']:<12}{int(c.sum()):>6}"
         line += "".join(f"{fmt(x.mean(), False):>8}" for x in (c, r["pgd"], r["cw"]))
-        for law in LAWS:
+        for law in laws:
             for k in range(len(eps)):
                 line += f"{fmt(r[law][c, k].mean(), False):>12}"
         print(line)
@@ -211,11 +249,13 @@ def main():
     cols = [f"s{s}" for s in seeds] + (["mean"] if len(seeds) > 1 else [])
     keys = [s for s in seeds] + (["mean"] if len(seeds) > 1 else [])
 
+    computed = {}  # (figure, column) -> the printed cell, at the report's resampling seed
     for bs in boot_seeds:
         C = resample_weights(n, R, bs)
         boot = {s: figures(C, *pairs[s], n) for s in seeds}
         boot["mean"] = {k: np.mean([boot[s][k] for s in seeds], axis=0) for k in boot[seeds[0]]}
-        ci = {k: {f: np.percentile(boot[k][f], q, axis=0) for f in boot[k]} for k in keys}
+        # Resamples without a both-correct image are 0/0 (NaN): dropped, as the package drops them.
+        ci = {k: {f: np.nanpercentile(boot[k][f], q, axis=0) for f in boot[k]} for k in keys}
         nan_note = {
             k: {
                 f: int(
@@ -238,19 +278,34 @@ def main():
         print(f"{'figure':<30}" + "".join(f"{c:>{w}}" for c in cols))
         for f, lab in (("dAcc", "dAcc"), ("dPGD", "dPGD-20"), ("dCW", "dCW-20")):
             print(f"{lab:<30}" + "".join(f"{fmt_ci(point[k][f], *ci[k][f]):>{w}}" for k in keys))
-        for law in LAWS:
+            if bs == boot_seeds[0]:
+                computed.update({(f, col): fmt_ci(point[k][f], *ci[k][f]) for k, col in zip(keys, cols)})
+        for law in laws:
             for f, lab in (("table1", "Table-1 (own clean-correct)"), ("both", "both-correct"), ("all", "all images")):
                 print(f"-- {law}, {lab}")
                 for j, e in enumerate(eps):
                     line = f"{'  dPR(' + str(e) + ')':<30}"
                     for k in keys:
                         name = law + "." + f
-                        line += f"{fmt_ci(point[k][name][j], ci[k][name][0][j], ci[k][name][1][j]):>{w}}"
+                        text = fmt_ci(point[k][name][j], ci[k][name][0][j], ci[k][name][1][j])
+                        line += f"{text:>{w}}"
+                        if bs == boot_seeds[0]:
+                            computed[(f"{name}.{j}", cols[keys.index(k)])] = text
                     print(line)
                 bad = {k: nan_note[k][law + "." + f] for k in keys if nan_note[k][law + "." + f]}
                 if bad:
                     print(f"  WARNING: resamples with undefined (0/0) values: {bad}")
         print()
+
+    if args.check_results_md:
+        label = args.label or f"{args.a.upper()} − {args.b.upper()}"
+        reported = results_md_cells(args.check_results_md, label)
+        differ = {k: (v, computed.get(k)) for k, v in reported.items() if computed.get(k) != v}
+        print(f"{args.check_results_md}: {len(reported)} cells of '{label}' compared, {len(differ)} differ")
+        for (name, column), (report, mine) in sorted(differ.items()):
+            print(f"  {name} {column}: report {report}, recomputed {mine}")
+        if differ or not reported:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

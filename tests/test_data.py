@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from patjax import data
+from patjax import data, models
 from patjax.errors import UserError
 
 
@@ -54,6 +54,12 @@ def test_real_cifar10_matches_published_statistics(data_dir):
     np.testing.assert_array_equal(np.bincount(train.labels), np.full(10, 5000))
     # Published per-channel means of the CIFAR-10 training set (pixel values 0-255).
     np.testing.assert_allclose(train.images.reshape(-1, 3).mean(0), [125.31, 122.95, 113.87], atol=0.01)
+    # The models' input normalization (and the PyTorch peer's, which imports it) is these pixels'
+    # per-channel mean and standard deviation, to its 4 decimals.
+    pixels = train.images.reshape(-1, 3).astype(np.float64) / 255
+    mean, std = models.DATASET_STATS["cifar10"]
+    np.testing.assert_allclose(mean, pixels.mean(0), atol=5e-5)
+    np.testing.assert_allclose(std, pixels.std(0), atol=5e-5)
     cifar100 = data.load_split("cifar100", "test", data_dir)
     assert cifar100.images.shape == (10000, 32, 32, 3) and cifar100.labels.max() == 99
 

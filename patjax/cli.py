@@ -129,6 +129,12 @@ def parse_flags(argv):
     there (or, for a missing file, leave a stand-in that raises on first use). absl's own flag
     errors (an unknown flag, a value of the wrong type) are reported the same way.
     """
+    # A console script's (patjax-train's) main module is its wrapper, not the patjax module that
+    # defined the flags; --helpshort lists the main module's key flags, so they are made its own.
+    for module, defined in list(flags.FLAGS.flags_by_module_dict().items()):
+        if module.startswith("patjax."):
+            for flag in defined:
+                flags.FLAGS.register_key_flag_for_module(argv[0], flag)
     try:
         args = flags.FLAGS(argv)
         config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None

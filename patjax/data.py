@@ -8,7 +8,7 @@ Where the data come from (`resolve_data_dir`, the same search for every command 
   archive is downloaded into the cache once (`patjax.download`: checksum, safe extraction);
 - `config.data_dir=tfds`: tensorflow-datasets, whose `tfds.data_source` reads prepared
   array_record files without TensorFlow; preparing them the first time needs TensorFlow
-  (the extra `patjax[tfds-prepare]`).
+  (the extra `[tfds-prepare]`); tensorflow-datasets itself is the extra `[tfds]`.
 
 The whole split lives on the device as uint8 (150 MB for CIFAR training sets); each step
 gathers its batch by index from a per-epoch permutation and augments it inside the compiled
@@ -134,7 +134,13 @@ def _tensorflow_available() -> bool:
 
 
 def _load_tfds(dataset: str, split: str) -> Split:
-    import tensorflow_datasets as tfds  # here: slow to import, and read only with data_dir='tfds'
+    try:
+        import tensorflow_datasets as tfds  # here: slow to import, optional, read only with data_dir='tfds'
+    except ImportError:
+        raise UserError(
+            "data_dir='tfds' needs tensorflow-datasets (the [tfds] extra: pip install tensorflow-datasets), "
+            "or leave data_dir unset to read the official binary archives"
+        ) from None
 
     try:
         source = tfds.data_source(dataset, split=split, download=False)
@@ -145,7 +151,7 @@ def _load_tfds(dataset: str, split: str) -> Split:
         if not _tensorflow_available():
             raise UserError(
                 f"{dataset} is not prepared in {builder.data_dir} and preparing it with "
-                "tensorflow-datasets needs TensorFlow: pip install 'patjax[tfds-prepare]', "
+                "tensorflow-datasets needs TensorFlow (the [tfds-prepare] extra: pip install tensorflow-cpu), "
                 "or leave data_dir unset to download the official binary archives"
             )
         builder.download_and_prepare()

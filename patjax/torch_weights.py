@@ -187,7 +187,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     try:
         import torch  # here, not at the top: torch is optional (the [bench] extra), needed for .pt files only
     except ImportError:
-        raise UserError(f"reading {path} needs torch (pip install 'patjax[bench]'), or a .safetensors file") from None
+        raise UserError(f"reading {path} needs torch (pip install torch), or a .safetensors file") from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises pickle, runtime and zip errors alike
@@ -215,7 +215,7 @@ def write_state_dict(path: str, tensors: dict[str, np.ndarray], metadata: Option
         try:
             import torch  # optional, as in read_state_dict
         except ImportError:
-            raise UserError("writing a .pt file needs torch (pip install 'patjax[bench]'); use .safetensors") from None
+            raise UserError("writing a .pt file needs torch (pip install torch); use .safetensors") from None
         files.atomic(path, lambda tmp: torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, tmp))
     return path
 

@@ -56,8 +56,14 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "experiments": 10,
     "diagnose": 10,
     "export": 10,
+    "main": 10,
+    # The shipped config files: where a config is built, read by the command line that names them.
+    "configs": 10,
+    "configs.quickstart": 10,
+    "configs.pat_cifar10": 10,
+    "configs.pat_cifar100": 10,
 }
-COMMAND_LINES = ("evaluate", "experiments", "diagnose", "export")
+COMMAND_LINES = ("evaluate", "experiments", "diagnose", "export", "main")
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -75,7 +75,7 @@ def test_tfds_unprepared_without_tensorflow_names_the_extra(tmp_path, monkeypatc
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(tfds.core.constants, "DATA_DIR", str(tmp_path), raising=False)
     monkeypatch.setattr(data, "_tensorflow_available", lambda: False)
-    with pytest.raises(UserError, match=r"patjax\[tfds-prepare\]"):
+    with pytest.raises(UserError, match=r"\[tfds-prepare\] extra"):
         data.load_split("cifar10", "test", data.TFDS)
 
 

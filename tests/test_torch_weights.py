@@ -27,7 +27,7 @@ def abstract_variables(name, **kwargs):
 
 @pytest.fixture(scope="module")
 def torch():
-    return pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install 'patjax[bench]')")
+    return pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install -e '.[bench]')")
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,11 @@ import tensorflow_datasets as tfds
 from conftest import REPO, train_run
 
 from patjax import data, evaluation, train
+from patjax.configs import quickstart
 from patjax.errors import UserError
 
 
 def tiny_config(**overrides):
-    sys.path.insert(0, str(REPO / "configs"))
-    import quickstart
-
     cfg = quickstart.get_config()
     cfg.batch_size = 8
     cfg.num_train_steps = 4

@@ -1,7 +1,7 @@
 """PAT on CIFAR-10 with the paper's settings (Appendix E): ResNet-18, T = 100, 100 epochs.
 
-python main.py --config=configs/pat_cifar10.py --workdir=runs/pat_c10
-python main.py --config=configs/pat_cifar10.py --config.model=wrn50_2 --workdir=runs/pat_c10_wrn
+patjax-train --config=pat_cifar10 --workdir=runs/pat_c10
+patjax-train --config=pat_cifar10 --config.model=wrn50_2 --workdir=runs/pat_c10_wrn
 """
 
 from patjax.config import default_config

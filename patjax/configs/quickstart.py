@@ -1,7 +1,7 @@
 """A run short enough for a CPU (README.md, "Quickstart", has the times): the small CNN,
 few Langevin steps, a few hundred steps.
 
-python main.py --config=configs/quickstart.py --workdir=runs/quickstart
+patjax-train --config=quickstart --workdir=runs/quickstart
 """
 
 from patjax.config import default_config

@@ -1,0 +1,77 @@
+"""Command line: train a classifier with PAT or a baseline (`patjax-train`; `python main.py` in a
+checkout runs the same).
+
+  patjax-train --config=quickstart --workdir=runs/quickstart
+  patjax-train --config=pat_cifar10 --workdir=runs/pat_c10
+  python main.py --config=configs/pat_cifar10.py --workdir=runs/pat_c10
+
+--config is a config file (a `get_config()` module) or the name of a shipped one
+(`patjax.configs.NAMES`). CIFAR is read from --config.data_dir, else found ($PATJAX_DATA_DIR, a
+shared/data beside the checkout, the download cache) or downloaded on first use
+(patjax.data.resolve_data_dir). Running the same command again resumes from the latest
+checkpoint in --workdir.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from patjax import cli as cli_lib
+from patjax import config, configs, train
+
+FLAGS = flags.FLAGS
+
+
+def shipped_config(argv: list[str]) -> list[str]:
+    """argv with a --config that names a shipped config (`quickstart`) instead of a file
+    replaced by that config's file: ml_collections' config flag loads files only. A value that
+    is an existing file stays a file, so a local file named like a shipped config wins."""
+    out = list(argv)
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            name, prefix, at = arg[len("--config=") :], "--config=", i
+        elif arg == "--config" and i + 1 < len(argv):
+            name, prefix, at = argv[i + 1], "", i + 1
+        else:
+            continue
+        if name in configs.NAMES and not os.path.exists(name):
+            out[at] = prefix + configs.path(name)
+    return out
+
+
+@cli_lib.guarded
+def main(argv):
+    cli_lib.start(argv)
+    # The config is read here and nowhere below: typed, checked settings go down (the
+    # evaluation's too, so that a bad one fails now, not after the training time was spent).
+    settings = config.train_settings(FLAGS.config)
+    train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+
+
+def define_flags():
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        f"Config file (a get_config() module) or a shipped config: {', '.join(configs.NAMES)}.",
+        lock_config=True,
+    )
+    flags.DEFINE_string("workdir", None, "Directory for the config, checkpoints and metrics.")
+    flags.DEFINE_integer(
+        "stop_after_steps",
+        None,
+        "Stop (with a checkpoint) after this many steps of this invocation; rerun to resume.",
+    )
+    flags.mark_flags_as_required(["config", "workdir"])
+
+
+def cli():
+    define_flags()
+    app.run(main, argv=shipped_config(sys.argv), flags_parser=cli_lib.parse_flags)
+
+
+if __name__ == "__main__":
+    cli()

@@ -3,10 +3,13 @@ results.json out, with no run, config file or workdir.
 
   results = patjax.api.evaluate(logits_fn, images, labels, evaluators="clean,pgd20,pr")
   results = patjax.api.evaluate((module, variables), images, labels, pr_samples=100)
+  results = patjax.api.evaluate(module.bind(variables), images, labels)
 
 `model` is a function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
-traceable: the attacks differentiate it), or a Flax module with its variables ({"params": ...,
-"batch_stats": ...}; BatchNorm in inference mode). The settings are the default config's eval
+traceable: the attacks differentiate it), or a Flax Linen module with its variables
+({"params": ..., "batch_stats": ...}), as a (module, variables) pair or bound
+(`module.bind(variables)`); its __call__ takes the images and, optionally, `train` (then called
+with train=False: BatchNorm in inference mode). The settings are the default config's eval
 settings (docs/evaluation.md) with the keyword arguments replacing fields of `config.eval`. The
 results dict is `patjax.evaluation.evaluate_state`'s (what results.json holds) with the per-image
 arrays of per_image.npz under "per_image".
@@ -17,9 +20,12 @@ arrays of per_image.npz under "per_image".
 
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Mapping
 from typing import Any, Callable, Union
 
+import flax.linen as nn
 import numpy as np
 
 from patjax import config as config_lib
@@ -30,21 +36,66 @@ from patjax.errors import UserError
 Model = Union[Callable[[Any], Any], tuple]
 
 
-def as_model(model: Model):
-    """(model_fns, state) for `evaluation.evaluate_state` from a logits function or (module, variables)."""
-    if isinstance(model, tuple) and len(model) == 2:
-        module, variables = model
-        params, batch_stats = variables["params"], variables.get("batch_stats", {})
-        apply = module.apply
-    elif callable(model):
-        params, batch_stats = {}, {}
+def _inputs_and_train(fn, what: str) -> bool:
+    """Whether `fn` (a logits function or a module's __call__) takes `train`, read off its
+    signature; a UserError if it needs anything beside the images and `train`."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): called with the images alone
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in (*positional, inspect.Parameter.VAR_POSITIONAL):
+        raise UserError(f"{what} must take the images as its first positional argument")
+    required = [
+        p.name
+        for p in parameters[1:]
+        if p.default is p.empty and p.name != "train" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        raise UserError(f"{what} must take the images alone (and optionally train=), but it requires {required}")
+    return any(p.name == "train" for p in parameters[1:])
 
-        def apply(variables, x, train=False, mutable=None):
-            if train:
-                raise UserError("a logits function has no training mode; evaluate with langevin.bn_mode='inference'")
-            return model(x)
+
+def _without_train_mode(logits):
+    """An apply function for a model that has one mode: `logits(variables, x)`."""
+
+    def apply(variables, x, train=False, mutable=None):
+        if train:
+            raise UserError(
+                "this model has no training mode (no train= argument); evaluate with BatchNorm in inference"
+            )
+        return logits(variables, x)
+
+    return apply
+
+
+def as_model(model: Model):
+    """(model_fns, state) for `evaluation.evaluate_state` from a logits function, a Flax module
+    with its variables, or a bound Flax module (`module.bind(variables)`). Whether the module's
+    __call__ takes `train` is read off its signature: the evaluation calls it with train=False
+    (BatchNorm's running statistics) if it does, with the images alone if it does not."""
+    if isinstance(model, nn.Module):
+        if model.scope is None:
+            raise UserError("a Flax module needs its variables: pass (module, variables) or module.bind(variables)")
+        model = model.unbind()
+    if isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], nn.Module):
+        module, variables = model
+        if not isinstance(variables, Mapping) or "params" not in variables:
+            raise UserError("the variables of a (module, variables) pair must be a dict holding 'params'")
+        other = sorted(set(variables) - {"params", "batch_stats"})
+        if other:
+            raise UserError(f"the variables may hold 'params' and 'batch_stats' only, not {other}")
+        params, batch_stats = variables["params"], variables.get("batch_stats", {})
+        if _inputs_and_train(module.__call__, f"{type(module).__name__}.__call__"):
+            apply = module.apply
+        else:
+            apply = _without_train_mode(module.apply)
+    elif callable(model) and not isinstance(model, tuple):
+        _inputs_and_train(model, "the logits function")
+        params, batch_stats = {}, {}
+        apply = _without_train_mode(lambda variables, x: model(x))
     else:
-        raise UserError("model must be a logits function or a (flax module, variables) pair")
+        raise UserError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
     return models.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 
 

@@ -4,6 +4,8 @@ module's logits, and a logits function gives the figures of the (module, variabl
 
 import runpy
 
+import flax.linen as nn
+import jax
 import numpy as np
 import pytest
 from conftest import REPO
@@ -41,3 +43,93 @@ def test_images_that_are_not_8_bit_are_refused():
         api.as_split(np.full((2, 32, 32, 3), 0.3001, np.float32), np.zeros(2))
     split = api.as_split(np.full((2, 32, 32, 3), 77 / 255, np.float32), np.zeros(2))
     assert split.images.dtype == np.uint8 and (split.images == 77).all()
+
+
+class Tiny(nn.Module):
+    """A Flax module as a user writes it: `train` switches BatchNorm to batch statistics."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.Conv(4, (3, 3))(x)
+        x = nn.relu(nn.BatchNorm(use_running_average=not train)(x))
+        return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+class TinyWithoutTrain(nn.Module):
+    """The same layers with one mode (BatchNorm's running statistics) and no `train` argument."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Conv(4, (3, 3))(x)
+        x = nn.relu(nn.BatchNorm(use_running_average=True)(x))
+        return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Variables with moved BatchNorm statistics, 12 images, and labels that the network gets
+    right on the first 7 images only (from its own logits, computed here with numpy's argmax)."""
+    rng = np.random.default_rng(0)
+    variables = Tiny().init(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32))
+    variables = {
+        "params": variables["params"],
+        "batch_stats": {
+            "BatchNorm_0": {
+                "mean": rng.normal(0, 0.1, 4).astype(np.float32),
+                "var": rng.uniform(0.5, 2, 4).astype(np.float32),
+            }
+        },
+    }
+    images = rng.integers(0, 256, (12, 32, 32, 3), dtype=np.uint8)
+    logits = np.asarray(Tiny().apply(variables, images.astype(np.float32) / 255))
+    predicted = logits.argmax(1)
+    labels = np.where(np.arange(12) < 7, predicted, (predicted + 1) % 10)
+    return variables, images, labels
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    variables, images, labels = tiny
+    return api.evaluate((Tiny(), variables), images, labels, evaluators="clean,pgd20", attack_steps=3, batch_size=6)
+
+
+@pytest.mark.parametrize("form", ["pair", "pair without train", "bound module", "logits function"])
+def test_every_kind_of_model_evaluates_with_the_figures_of_its_logits(tiny, reference, form):
+    variables, images, labels = tiny
+    model = {
+        "pair without train": (TinyWithoutTrain(), variables),
+        "bound module": TinyWithoutTrain().bind(variables),
+        "logits function": lambda x: Tiny().apply(variables, x),
+    }.get(form)
+    settings = dict(evaluators="clean,pgd20", attack_steps=3, batch_size=6)
+    results = reference if form == "pair" else api.evaluate(model, images, labels, **settings)
+    correct = np.arange(12) < 7  # by construction of the labels from numpy's argmax
+    np.testing.assert_array_equal(results["per_image"]["clean.correct"], correct)
+    assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(7 / 12)
+    robust = results["per_image"]["pgd20.robust"]
+    assert not robust[~correct].any()  # an image the network gets wrong is not robust
+    assert results["figures"]["pgd20"]["value"] == pytest.approx(robust.mean())
+    # Every form is the same network under the same attack seed: the same images survive.
+    np.testing.assert_array_equal(robust, reference["per_image"]["pgd20.robust"])
+
+
+class NeedsMore(nn.Module):
+    @nn.compact
+    def __call__(self, x, dropout_rng):
+        return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+@pytest.mark.parametrize(
+    "model,message",
+    [
+        (Tiny(), "needs its variables"),
+        ((NeedsMore(), {"params": {}}), r"requires \['dropout_rng'\]"),
+        (lambda x, key: x, r"requires \['key'\]"),
+        ((Tiny(), {"batch_stats": {}}), "holding 'params'"),
+        ((Tiny(), {"params": {}, "intermediates": {}}), r"not \['intermediates'\]"),
+        ("resnet18", "must be a logits function"),
+    ],
+)
+def test_a_model_that_cannot_be_called_on_images_alone_is_refused_before_any_compile(model, message):
+    with pytest.raises(UserError, match=message):
+        api.as_model(model)

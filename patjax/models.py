@@ -24,7 +24,10 @@ Models:
   blocks (the 1x1 shortcut convolution, no BatchNorm, reads the block's pre-activated input)
   plus a BatchNorm + ReLU before the pooling, which kuangliu's own PreActResNet18 lacks (its
   checkpoints have no `bn.*` and are refused with one line, not loaded into another network).
-- `WideResNet` (`wrn28_10`, `wrn34_10`): the CIFAR WRN-depth-width of Zagoruyko & Komodakis
+  `preact_resnet18_v1` is RobustBench's other PreActResNet-18, `PreActResNet(PreActBlock, [2, 2,
+  2, 2])` (its Wong2020Fast and Andriushchenko2020Understanding entries): the 1x1 shortcut reads the
+  raw block input and there is no BatchNorm before the head.
+- `WideResNet` (`wrn28_10`, `wrn34_10`, `wrn34_20`): the CIFAR WRN-depth-width of Zagoruyko & Komodakis
   (2016) as written in the TRADES code and RobustBench's `WideResNet` (pre-activation
   BasicBlocks, widths 16/16k/32k/64k, (depth - 4) / 6 blocks per stage, dropout 0, a final
   BatchNorm + ReLU, a linear head with bias). Its block has the reference's quirk: where
@@ -243,29 +246,37 @@ class WideResNet50_2(nn.Module):
 
 class PreActBlock(nn.Module):
     """kuangliu's / RobustBench's PreActBlockV2: BN-ReLU-conv3x3-BN-ReLU-conv3x3, plus the input
-    or, where the shape changes, a 1x1 convolution of the pre-activated input."""
+    or, where the shape changes, a 1x1 convolution of the pre-activated input; with
+    shortcut_preactivated=False RobustBench's PreActBlock, whose 1x1 convolution reads the raw input."""
 
     features: int
     strides: int
     dtype: Any = jnp.float32
+    shortcut_preactivated: bool = True
 
     @nn.compact
     def __call__(self, x, train: bool):
         out = nn.relu(_batch_norm(train, self.dtype, name="bn1")(x))
         shortcut = x
         if self.strides != 1 or x.shape[-1] != self.features:
-            shortcut = Conv(self.features, 1, self.strides, 0, self.dtype, name="shortcut_0")(out)
+            shortcut_input = out if self.shortcut_preactivated else x
+            shortcut = Conv(self.features, 1, self.strides, 0, self.dtype, name="shortcut_0")(shortcut_input)
         out = Conv(self.features, 3, self.strides, 1, self.dtype, name="conv1")(out)
         out = nn.relu(_batch_norm(train, self.dtype, name="bn2")(out))
         return Conv(self.features, 3, 1, 1, self.dtype, name="conv2")(out) + shortcut
 
 
 class PreActResNet18(nn.Module):
+    """`preact_resnet18`: RobustBench's PreActResNet(PreActBlockV2, [2, 2, 2, 2], bn_before_fc=True);
+    `preact_resnet18_v1` (v1=True): its PreActResNet(PreActBlock, [2, 2, 2, 2]), whose shortcut
+    convolutions read the raw block input and which has no BatchNorm before the head."""
+
     num_classes: int
     mean: Optional[Sequence[float]]
     std: Optional[Sequence[float]]
     width: int = 64
     dtype: Any = jnp.float32
+    v1: bool = False
 
     @nn.compact
     def __call__(self, x, train: bool = False):
@@ -275,8 +286,10 @@ class PreActResNet18(nn.Module):
         for stage in range(4):
             for block in range(2):
                 strides = 2 if (stage > 0 and block == 0) else 1
-                x = PreActBlock(w * 2**stage, strides, self.dtype, name=f"layer{stage + 1}_{block}")(x, train)
-        x = nn.relu(_batch_norm(train, self.dtype, name="bn")(x))
+                name = f"layer{stage + 1}_{block}"
+                x = PreActBlock(w * 2**stage, strides, self.dtype, not self.v1, name=name)(x, train)
+        if not self.v1:
+            x = nn.relu(_batch_norm(train, self.dtype, name="bn")(x))
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype, name="linear")(x).astype(jnp.float32)
 
@@ -329,12 +342,14 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": ResNet18,
     "wrn50_2": WideResNet50_2,
     "preact_resnet18": PreActResNet18,
+    "preact_resnet18_v1": functools.partial(PreActResNet18, v1=True),
     "wrn28_10": functools.partial(WideResNet, depth=28, widen_factor=10),
     "wrn34_10": functools.partial(WideResNet, depth=34, widen_factor=10),
+    "wrn34_20": functools.partial(WideResNet, depth=34, widen_factor=20),
 }
 # The models whose stem width `width` sets (config.model_width); the others' widths are fixed
 # by their definition (the small CNN) or by their name (WRN-depth-width).
-TAKES_WIDTH = ("resnet18", "wrn50_2", "preact_resnet18")
+TAKES_WIDTH = ("resnet18", "wrn50_2", "preact_resnet18", "preact_resnet18_v1")
 NO_NORMALIZATION = "none"
 DATASET_NORMALIZATION = "dataset"
 

@@ -2,8 +2,8 @@
 
 The names are those of the reference PyTorch definitions each patjax network follows
 (patjax_torch.models holds them): kuangliu's pytorch-cifar for `resnet18` and
-`preact_resnet18`, TRADES / RobustBench for `wrn28_10` and `wrn34_10`, torchvision for
-`wrn50_2`. The layouts:
+`preact_resnet18`, RobustBench for `preact_resnet18_v1`, TRADES / RobustBench for `wrn28_10`,
+`wrn34_10` and `wrn34_20`, torchvision for `wrn50_2`. The layouts:
 
   Conv2d.weight (O, I, H, W)          <-> Conv kernel (H, W, I, O)
   Linear.weight (out, in), .bias      <-> Dense kernel (in, out), bias
@@ -37,9 +37,14 @@ from patjax.errors import UserError, one_line
 SAFETENSORS = ".safetensors"
 PICKLED = (".pt", ".pth")  # torch.save's files; read with weights_only=True (no code runs)
 FORMATS = {"safetensors": SAFETENSORS, "pt": ".pt"}
+# Where a training checkpoint keeps its state_dict (torch.save({"state_dict": ..., "epoch": ...})).
+CONTAINERS = ("state_dict", "model_state_dict")
+# Prefixes every key of some checkpoints carries: nn.DataParallel's `module.`, a wrapper's
+# `model.` (RobustBench strips both: robustbench.utils.load_model).
+WRAPPER_PREFIXES = ("module.", "model.")
 # TRADES' WideResNet builds a `sub_block1` its forward never calls (RobustBench's
 # `sub_block1=True` exists only to load those checkpoints): its weights are not part of the network.
-UNUSED_PREFIXES = {"wrn28_10": ("sub_block1.",), "wrn34_10": ("sub_block1.",)}
+UNUSED_PREFIXES = {"wrn28_10": ("sub_block1.",), "wrn34_10": ("sub_block1.",), "wrn34_20": ("sub_block1.",)}
 _IGNORED_SUFFIX = ".num_batches_tracked"
 _NORMALIZATION_KEYS = ("mu", "sigma")
 _AUTO = re.compile(r"^([A-Za-z]+)_(\d+)$")  # Flax's automatic names: Conv_3, BasicBlock_7
@@ -88,8 +93,10 @@ MODULE_NAMES = {
     "resnet18": _resnet_module("linear", "shortcut", (2, 2, 2, 2)),
     "wrn50_2": _resnet_module("fc", "downsample", (3, 4, 6, 3)),
     "preact_resnet18": _mirrored_module,
+    "preact_resnet18_v1": _mirrored_module,
     "wrn28_10": _mirrored_module,
     "wrn34_10": _mirrored_module,
+    "wrn34_20": _mirrored_module,
 }
 assert set(MODULE_NAMES) == set(models.MODELS), "every network needs its PyTorch names"
 
@@ -134,8 +141,9 @@ def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract
     the state_dict has none. A key missing, misshapen, not floating point or left over is a one-line
     UserError naming it."""
     tensors = dict(state_dict)
-    if tensors and all(k.startswith("module.") for k in tensors):  # saved from nn.DataParallel
-        tensors = {k[len("module.") :]: v for k, v in tensors.items()}
+    for prefix in WRAPPER_PREFIXES:
+        if tensors and all(k.startswith(prefix) for k in tensors):
+            tensors = {k[len(prefix) :]: v for k, v in tensors.items()}
     flat = {"params": {}, "batch_stats": {}}
     for key, collection, path, shape, axes in _leaves(model_name, abstract_params, abstract_batch_stats):
         value = tensors.pop(key, None)
@@ -172,10 +180,10 @@ def _check_suffix(path: str, allowed) -> str:
     return suffix
 
 
-def read_state_dict(path: str) -> dict[str, np.ndarray]:
+def read_state_dict(path: str, containers=CONTAINERS) -> dict[str, np.ndarray]:
     """The arrays of a state_dict file: .safetensors with numpy alone; .pt/.pth with
     torch.load(weights_only=True) (tensors and containers only, no code), also a checkpoint
-    dict that holds the state_dict under "state_dict" or "model_state_dict"."""
+    dict that holds the state_dict under one of `containers`, looked into in turn."""
     suffix = _check_suffix(path, (SAFETENSORS, *PICKLED))
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
@@ -192,7 +200,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises pickle, runtime and zip errors alike
         raise UserError(f"{path} is not a readable PyTorch file ({one_line(error)[:160]})") from None
-    for key in ("state_dict", "model_state_dict"):
+    for key in containers:
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -220,11 +228,19 @@ def write_state_dict(path: str, tensors: dict[str, np.ndarray], metadata: Option
     return path
 
 
-def matching_normalization(found, normalize: Optional[str], dataset: str, source: str):
+def _mean_std(normalize, dataset: str):
+    """(mean, std) of a normalization name (`models.normalization`) or of an explicit (mean, std)
+    pair; (None, None) for raw [0, 1] inputs."""
+    if isinstance(normalize, str):
+        return models.normalization(normalize, dataset)
+    return normalize if normalize is not None else (None, None)
+
+
+def matching_normalization(found, normalize, dataset: str, source: str):
     """The (mean, std) a loaded network uses, or None for raw [0, 1] inputs: the file's own
-    (`found`, from mu and sigma), which a given `normalize` must agree with; without one in the
-    file, `normalize` must be given (a model fed inputs normalized the wrong way gives wrong
-    numbers without any error)."""
+    (`found`, from mu and sigma), which a given `normalize` (a name, or an explicit (mean, std)
+    pair) must agree with; without one in the file, `normalize` must be given (a model fed
+    inputs normalized the wrong way gives wrong numbers without any error)."""
     if found is None:
         if normalize is None:
             raise UserError(
@@ -232,17 +248,24 @@ def matching_normalization(found, normalize: Optional[str], dataset: str, source
                 f"normalize='none' for a network that takes [0, 1] inputs (RobustBench's), or "
                 f"'{models.DATASET_NORMALIZATION}' / a dataset name for one that expects normalized inputs"
             )
-        mean, std = models.normalization(normalize, dataset)
+        mean, std = _mean_std(normalize, dataset)
         return None if mean is None else (tuple(mean), tuple(std))
     if normalize is not None:
-        mean, std = models.normalization(normalize, dataset)
+        mean, std = _mean_std(normalize, dataset)
         if mean is None or not (np.allclose(mean, found[0], atol=1e-6) and np.allclose(std, found[1], atol=1e-6)):
             raise UserError(f"{source} normalizes its inputs with mu={found[0]}, sigma={found[1]}, not {normalize!r}")
     return found
 
 
-def load_model(path: str, model_name: str, dataset: str, normalize: Optional[str] = None, width: Optional[int] = None):
-    """(model_fns, state) of a PyTorch state_dict file as a patjax network, ready for
+def load_model(path: str, model_name: str, dataset: str, normalize=None, width: Optional[int] = None):
+    """(model_fns, state) of a PyTorch state_dict file as a patjax network (`load_arrays`)."""
+    models.check_model(model_name)
+    data.check_dataset(dataset)
+    return load_arrays(read_state_dict(path), model_name, dataset, normalize, width, source=path)
+
+
+def load_arrays(tensors: dict, model_name: str, dataset: str, normalize=None, width=None, source: str = "the file"):
+    """(model_fns, state) of a state_dict's arrays as a patjax network, ready for
     `patjax.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
     normalize: see `matching_normalization`. width: the stem width of the networks in
     `models.TAKES_WIDTH` (default 64, the paper's and the references')."""
@@ -254,8 +277,8 @@ def load_model(path: str, model_name: str, dataset: str, normalize: Optional[str
     num_classes = data.NUM_CLASSES[dataset]
     shapes = models.create_model(model_name, dataset, num_classes, normalize=models.NO_NORMALIZATION, **kwargs)
     abstract = jax.eval_shape(lambda: models.init_variables(shapes, jax.random.PRNGKey(0)))
-    params, batch_stats, found = from_state_dict(model_name, read_state_dict(path), *abstract, source=path)
-    mean, std = matching_normalization(found, normalize, dataset, path) or (None, None)
+    params, batch_stats, found = from_state_dict(model_name, tensors, *abstract, source=source)
+    mean, std = matching_normalization(found, normalize, dataset, source) or (None, None)
     model = models.MODELS[model_name](num_classes=num_classes, mean=mean, std=std, **kwargs)
     return models.ModelFns(model.apply), state_lib.inference_state(params, batch_stats)
 

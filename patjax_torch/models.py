@@ -6,7 +6,9 @@ reference definitions they follow, NCHW images in [0, 1].
   bn1, layer1.0.conv1, ..., layerN.0.shortcut.{0,1}, linear.
 - `PreActResNet18`: Wong et al.'s / Rice et al.'s (RobustBench's `PreActResNet(PreActBlockV2,
   [2, 2, 2, 2], bn_before_fc=True)`; kuangliu's blocks plus a final BatchNorm, which kuangliu's
-  own PreActResNet18 lacks): conv1, layerN.M.{bn1,conv1,bn2,conv2,shortcut.0}, bn, linear.
+  own PreActResNet18 lacks): conv1, layerN.M.{bn1,conv1,bn2,conv2,shortcut.0}, bn, linear; with
+  v1=True RobustBench's `PreActResNet(PreActBlock, [2, 2, 2, 2])` (`preact_resnet18_v1`: the
+  shortcut reads the raw block input, no `bn`).
 - `WideResNet`: the TRADES / RobustBench WideResNet (dropout 0, `sub_block1=False`): conv1,
   blockN.layer.M.{bn1,conv1,bn2,conv2,convShortcut}, bn1, fc.
 - `WideResNet50_2`: torchvision's wide_resnet50_2 with patjax's CIFAR stem (3x3 stride-1 conv, no
@@ -25,6 +27,7 @@ benchmarks/torch_pat_peer.py passes its own class for Flax's training-mode updat
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -130,10 +133,12 @@ class ResNet18(_Classifier):
 
 
 class PreActBlock(nn.Module):
-    """kuangliu's PreActBlock (RobustBench's PreActBlockV2): the shortcut reads the pre-activation."""
+    """kuangliu's PreActBlock (RobustBench's PreActBlockV2): the shortcut reads the pre-activation;
+    with shortcut_preactivated=False RobustBench's PreActBlock, whose shortcut reads the raw input."""
 
-    def __init__(self, cin: int, cout: int, stride: int, norm_layer: NormLayer):
+    def __init__(self, cin: int, cout: int, stride: int, norm_layer: NormLayer, shortcut_preactivated: bool = True):
         super().__init__()
+        self.shortcut_preactivated = shortcut_preactivated
         self.bn1, self.conv1 = norm_layer(cin), conv3x3(cin, cout, stride)
         self.bn2, self.conv2 = norm_layer(cout), conv3x3(cout, cout)
         if stride != 1 or cin != cout:
@@ -141,27 +146,33 @@ class PreActBlock(nn.Module):
 
     def forward(self, x):
         out = F.relu(self.bn1(x))
-        shortcut = self.shortcut(out) if hasattr(self, "shortcut") else x
+        shortcut = self.shortcut(out if self.shortcut_preactivated else x) if hasattr(self, "shortcut") else x
         out = self.conv2(F.relu(self.bn2(self.conv1(out))))
         return out + shortcut
 
 
 class PreActResNet18(_Classifier):
-    patjax_name = "preact_resnet18"
+    """`preact_resnet18`; v1=True: `preact_resnet18_v1`, RobustBench's PreActResNet(PreActBlock,
+    [2, 2, 2, 2]) (shortcuts from the raw block input, no BatchNorm before the head)."""
 
-    def __init__(self, num_classes=10, normalize=None, width=64, norm_layer: NormLayer = nn.BatchNorm2d):
+    def __init__(self, num_classes=10, normalize=None, width=64, norm_layer: NormLayer = nn.BatchNorm2d, v1=False):
         super().__init__(normalize)
+        self.patjax_name = "preact_resnet18_v1" if v1 else "preact_resnet18"
         self.conv1 = conv3x3(3, width)
-        stages, cout = _stages(PreActBlock, width, (2, 2, 2, 2), norm_layer, width)
+        block = functools.partial(PreActBlock, shortcut_preactivated=not v1)
+        stages, cout = _stages(block, width, (2, 2, 2, 2), norm_layer, width)
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.bn = norm_layer(cout)
+        if not v1:
+            self.bn = norm_layer(cout)
         self.linear = nn.Linear(cout, num_classes)
         init_like_patjax(self)
 
     def forward(self, x):
         x = self.conv1(self.inputs(x))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.linear(F.relu(self.bn(x)).mean((2, 3)))
+        if hasattr(self, "bn"):
+            x = F.relu(self.bn(x))
+        return self.linear(x.mean((2, 3)))
 
 
 class WideBasicBlock(nn.Module):
@@ -254,8 +265,10 @@ MODELS = {
     "small_cnn": SmallCNN,
     "resnet18": ResNet18,
     "preact_resnet18": PreActResNet18,
+    "preact_resnet18_v1": lambda **kw: PreActResNet18(v1=True, **kw),
     "wrn28_10": lambda **kw: WideResNet(depth=28, widen_factor=10, **kw),
     "wrn34_10": lambda **kw: WideResNet(depth=34, widen_factor=10, **kw),
+    "wrn34_20": lambda **kw: WideResNet(depth=34, widen_factor=20, **kw),
     "wrn50_2": WideResNet50_2,
 }
 

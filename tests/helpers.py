@@ -1,4 +1,4 @@
-"""Tiny models for tests, with closed-form gradients."""
+"""Tiny models for tests, with closed-form gradients; PyTorch networks made to look trained."""
 
 import flax.linen as nn
 import numpy as np
@@ -23,3 +23,26 @@ def np_softmax(z):
 def np_cross_entropy(logits, labels):
     p = np_softmax(logits)
     return -np.log(p[np.arange(len(labels)), labels])
+
+
+def trained_looking(torch, net, seed):
+    """Random BatchNorm affine parameters and running statistics moved far from (0, 1) by
+    train-mode passes, so that a swapped, transposed or dropped BatchNorm tensor shows."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen))
+                m.momentum = 0.5
+            if isinstance(m, torch.nn.Linear):
+                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=gen))
+        net.train()
+        for _ in range(2):
+            net(0.5 + 0.3 * torch.randn((8, 3, 32, 32), generator=gen))
+    return net.eval()
+
+
+def torch_logits(torch, net, x):
+    with torch.no_grad():
+        return net(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).numpy()

@@ -39,9 +39,12 @@ def test_wrn50_2_matches_torchvision_with_cifar_stem():
         # kuangliu's PreActResNet18 (11,171,146) with its final BatchNorm before the head (2 x 512),
         # RobustBench's PreActResNet(PreActBlockV2, [2, 2, 2, 2], bn_before_fc=True).
         ("preact_resnet18", 11_171_146 + 2 * 512),
+        # RobustBench's PreActResNet(PreActBlock, [2, 2, 2, 2]): kuangliu's layers, no final BatchNorm.
+        ("preact_resnet18_v1", 11_171_146),
         # TRADES / RobustBench WideResNet(depth, widen_factor=10), without TRADES' unused sub_block1.
         ("wrn28_10", 36_479_194),
         ("wrn34_10", 46_160_474),
+        ("wrn34_20", 184_531_674),  # RobustBench WideResNet(34, 20) (Rice et al. 2020's network)
     ],
 )
 def test_robustness_networks_match_the_reference_parameter_counts(name, expected):

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
+from helpers import torch_logits, trained_looking
 
 from patjax import data, models, torch_weights
 from patjax import workdir as workdir_lib
@@ -36,35 +37,13 @@ def images(data_dir):
     return np.asarray(data.to_float(split.images[:4]))
 
 
-def trained_looking(torch, net, seed):
-    """Random BatchNorm affine parameters and running statistics moved far from (0, 1) by
-    train-mode passes, so that a swapped, transposed or dropped BatchNorm tensor shows."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in net.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
-                m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen))
-                m.momentum = 0.5
-            if isinstance(m, torch.nn.Linear):
-                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=gen))
-        net.train()
-        for _ in range(2):
-            net(0.5 + 0.3 * torch.randn((8, 3, 32, 32), generator=gen))
-    return net.eval()
-
-
-def torch_logits(torch, net, x):
-    with torch.no_grad():
-        return net(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).numpy()
-
-
 # (patjax name, width or None, normalize): each network as a user would bring it; the ResNets'
 # shared widths are cut to keep the test fast (the graph and the names are those of width 64).
 CASES = [
     ("small_cnn", None, CIFAR10),
     ("resnet18", 16, CIFAR10),
     ("preact_resnet18", 16, None),
+    ("preact_resnet18_v1", 16, CIFAR10),
     ("wrn28_10", None, None),
     ("wrn34_10", None, CIFAR10),
     ("wrn50_2", 8, CIFAR10),

@@ -15,7 +15,8 @@ results dict is `patjax.evaluation.evaluate_state`'s (what results.json holds) w
 arrays of per_image.npz under "per_image".
 
 `evaluate_torch_checkpoint` does the same for a PyTorch state_dict file of a network of
-`patjax.models` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files.
+`patjax.models` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files;
+`evaluate_robustbench` for an entry of RobustBench's CIFAR-10 Linf zoo (`--robustbench=NAME`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import flax.linen as nn
 import numpy as np
 
 from patjax import config as config_lib
-from patjax import data, evaluation, models, torch_weights
+from patjax import data, evaluation, models, torch_weights, zoo
 from patjax import state as state_lib
 from patjax.errors import UserError
 
@@ -166,6 +167,28 @@ def evaluate_torch_checkpoint(
             "model": model_name,
             "width": width,
             "normalize": normalization,
+        }
+    }
+    return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
+
+
+def evaluate_robustbench(
+    name, model_dir, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None
+) -> dict:
+    """A RobustBench CIFAR-10 Linf zoo entry (`zoo.load_model`: its checkpoint in model_dir,
+    fetched there if missing) evaluated as a PyTorch checkpoint is; results in out_dir/eval/."""
+    settings = config_lib.default_evaluation_settings(
+        zoo.DATASET, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
+    )
+    model_fns, state, path = zoo.load_model(name, model_dir)
+    zoo_entry = zoo.entry(name)
+    record = {
+        "model": {
+            "robustbench": name,
+            "threat_model": zoo.THREAT_MODEL,
+            "torch_checkpoint": os.path.abspath(path),
+            "model": zoo_entry.model,
+            "normalize": zoo_entry.normalize or "none",
         }
     }
     return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)

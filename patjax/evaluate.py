@@ -5,12 +5,15 @@
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
   python -m patjax.evaluate --torch_checkpoint=model.safetensors --model=wrn28_10 [--dataset=cifar10] [--model_width=W]
       [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
+  python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
 `patjax.models` is evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
 names and layouts of `patjax.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
-results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/).
+results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/). An entry of
+RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
+and normalization RobustBench gives it (`patjax.zoo`).
 
 Checks every workdir (config, checkpoint, settings) first, then evaluates each one's newest
 checkpoint (`patjax.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then DIR/eval/results.json) and
@@ -24,7 +27,7 @@ import os
 
 from absl import app, flags
 
-from patjax import api, eval_files, evaluation, evaluators, models, report, sharding
+from patjax import api, eval_files, evaluation, evaluators, models, report, sharding, zoo
 from patjax import cli as cli_lib
 from patjax.errors import UserError
 
@@ -33,6 +36,9 @@ FLAGS = flags.FLAGS
 # Command-line flag -> eval setting it overrides (None: keep the workdir's config).
 _OVERRIDES = ("pr_samples", "pr_chunk_size", "pr_distribution", "pr_distributions", "seed", "apgd_steps")
 
+
+# What --torch_checkpoint takes and --robustbench decides itself.
+_CHECKPOINT_FLAGS = ("model", "model_width", "normalize", "dataset")
 
 # --full: every evaluator, every law, the whole test split, whatever the workdir's config says.
 FULL = {"evaluators": "all", "num_examples": -1, "pr_distributions": "uniform,gaussian,pdis"}
@@ -45,6 +51,15 @@ def overrides_from_flags() -> dict:
     if "pr_distributions" in overrides:
         overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
     return overrides
+
+
+def print_written(out_dir, name, results):
+    """Where a checkpoint's evaluation went, and its figures."""
+    if sharding.is_writer():
+        print(
+            f"wrote {eval_files.results_path(out_dir)} (wall time per evaluator, s: {results['evaluator_wall_time_s']})"
+        )
+        print(report.comparison([name], [results]))
 
 
 def evaluate_torch_checkpoint(spec, num_examples, overrides):
@@ -63,11 +78,27 @@ def evaluate_torch_checkpoint(spec, num_examples, overrides):
         overrides=overrides,
         width=FLAGS.model_width,
     )
-    if sharding.is_writer():
-        print(
-            f"wrote {eval_files.results_path(out_dir)} (wall time per evaluator, s: {results['evaluator_wall_time_s']})"
+    print_written(out_dir, os.path.basename(FLAGS.torch_checkpoint), results)
+
+
+def evaluate_robustbench(spec, num_examples, overrides):
+    given = [f"--{name}" for name in _CHECKPOINT_FLAGS if FLAGS[name].present]
+    if FLAGS.workdir or FLAGS.torch_checkpoint or given:
+        raise UserError(
+            f"--robustbench names the network and its normalization itself: it takes no --workdir, "
+            f"--torch_checkpoint{', ' + ', '.join(given) if given else ''}"
         )
-        print(report.comparison([os.path.basename(FLAGS.torch_checkpoint)], [results]))
+    out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(FLAGS.robustbench, FLAGS.robustbench_dir))[0]
+    results = api.evaluate_robustbench(
+        FLAGS.robustbench,
+        FLAGS.robustbench_dir,
+        out_dir,
+        evaluators=spec,
+        num_examples=num_examples,
+        batch_size=FLAGS.batch_size,
+        overrides=overrides,
+    )
+    print_written(out_dir, FLAGS.robustbench, results)
 
 
 def main(argv):
@@ -76,6 +107,8 @@ def main(argv):
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None
     num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
+    if FLAGS.robustbench:
+        return evaluate_robustbench(spec, num_examples, overrides)
     if FLAGS.torch_checkpoint:
         return evaluate_torch_checkpoint(spec, num_examples, overrides)
     if not FLAGS.workdir:
@@ -148,7 +181,20 @@ def define_flags():
         "With --torch_checkpoint: the network's input normalization: none (inputs in [0, 1], as "
         "RobustBench's), dataset or a dataset name; default: the file's mu and sigma.",
     )
-    flags.DEFINE_string("out_dir", None, "With --torch_checkpoint: where eval/ goes (default: FILE without suffix).")
+    flags.DEFINE_string(
+        "out_dir", None, "With --torch_checkpoint or --robustbench: where eval/ goes (default: FILE without suffix)."
+    )
+    flags.DEFINE_string(
+        "robustbench",
+        None,
+        "A RobustBench CIFAR-10 Linf zoo entry to evaluate (e.g. Carmon2019Unlabeled; docs/api.md lists those "
+        "patjax loads): its checkpoint in --robustbench_dir, fetched there by the robustbench package if missing.",
+    )
+    flags.DEFINE_string(
+        "robustbench_dir",
+        zoo.DEFAULT_MODEL_DIR,
+        "With --robustbench: RobustBench's model_dir (NAME.pt in cifar10/Linf/).",
+    )
     flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
 
 

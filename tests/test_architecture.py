@@ -28,6 +28,7 @@ LAYERS = {  # lower number = lower layer; a module may import its own layer or b
     "sharding": 4,
     "kept_models": 4,
     "torch_weights": 4,
+    "zoo": 4,
     "checkpoints": 4,
     "eval_files": 4,
     "evaluators": 5,

@@ -1,0 +1,146 @@
+"""RobustBench's CIFAR-10 Linf zoo in patjax (patjax.zoo). For each network patjax covers,
+RobustBench's own definition (tests/robustbench_reference.py, copied from the robustbench wheel)
+with random weights and trained-looking BatchNorm statistics is saved as that entry's checkpoint
+is laid out (the state_dict in {"state_dict": ...} with `module.` prefixes, under "last", with
+`model.` prefixes, or bare; without the mu and sigma buffers RobustBench's classes register) at
+the path RobustBench keeps it, and patjax's logits, RobustBench's input normalization included,
+must be PyTorch's on real CIFAR-10 test images."""
+
+import functools
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+from helpers import torch_logits, trained_looking
+
+from patjax import data, models, zoo
+from patjax.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install -e '.[bench]')")
+
+
+@pytest.fixture(scope="module")
+def reference(torch):
+    return importlib.import_module("robustbench_reference")
+
+
+@pytest.fixture(scope="module")
+def images(data_dir):
+    split = data.load_split("cifar10", "test", data_dir)
+    return np.asarray(data.to_float(split.images[:3]))
+
+
+def save_as_robustbench_keeps_it(torch, net, model_dir, name, layout):
+    """The entry's checkpoint at MODEL_DIR/cifar10/Linf/NAME.pt, laid out as `layout`; RobustBench's
+    checkpoints of classes with mu and sigma buffers do not hold them."""
+    state_dict = {k: v for k, v in net.state_dict().items() if k not in ("mu", "sigma")}
+    checkpoint = {
+        "bare": state_dict,
+        "state_dict, module.": {"epoch": 99, "state_dict": {f"module.{k}": v for k, v in state_dict.items()}},
+        "model.": {f"model.{k}": v for k, v in state_dict.items()},
+        "last": {"last": state_dict, "best": {k: torch.zeros_like(v) for k, v in state_dict.items()}},
+    }[layout]
+    path = os.path.join(model_dir, "cifar10", "Linf", f"{name}.pt")
+    os.makedirs(os.path.dirname(path))
+    torch.save(checkpoint, path)
+    return path
+
+
+def check_logits(torch, net, name, images, tmp_path, layout):
+    torch.manual_seed(0)
+    net = trained_looking(torch, net, seed=1)
+    expected = torch_logits(torch, net, images)
+    path = save_as_robustbench_keeps_it(torch, net, str(tmp_path), name, layout)
+    model_fns, state, found = zoo.load_model(name, str(tmp_path))
+    assert found == path
+    got = np.asarray(model_fns.infer(state.params, state.batch_stats, images))
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * scale)
+
+
+# Full size: the entries' networks as RobustBench builds them (WRN-28-10: 36.5 M parameters).
+FULL = [
+    ("Carmon2019Unlabeled", lambda r: r.WideResNet(depth=28, widen_factor=10, sub_block1=True), "state_dict, module."),
+    ("Wong2020Fast", lambda r: r.Wong2020FastNet(), "bare"),
+    ("Andriushchenko2020Understanding", lambda r: r.PreActResNet(r.PreActBlock, [2, 2, 2, 2]), "last"),
+    ("Sehwag2021Proxy_R18", lambda r: r.ResNet18(), "bare"),
+]
+
+
+@pytest.mark.parametrize("name,build,layout", FULL, ids=[c[0] for c in FULL])
+def test_a_zoo_checkpoint_gives_pytorchs_logits(torch, reference, images, tmp_path, name, build, layout):
+    check_logits(torch, build(reference), name, images, tmp_path, layout)
+
+
+# The WideResNets' other depths, widths and normalizations on narrow instances (RobustBench's
+# classes take depth and widen_factor; the names and the graph are those of the full networks),
+# patjax's network of the same depth and width standing in for the full one.
+NARROW = [
+    ("Zhang2019Theoretically", lambda r: r.WideResNet(depth=34, widen_factor=1, sub_block1=True), 34, 1, "bare"),
+    ("Hendrycks2019Using", lambda r: r.Hendrycks2019UsingNet(depth=28, widen_factor=1), 28, 1, "state_dict, module."),
+    ("Rice2020Overfitting", lambda r: r.Rice2020OverfittingNet(depth=34, widen_factor=2), 34, 2, "bare"),
+    ("Chen2020Efficient", lambda r: r.Chen2020EfficientNet(depth=34, widen_factor=1), 34, 1, "model."),
+]
+
+
+@pytest.mark.parametrize("name,build,depth,widen,layout", NARROW, ids=[c[0] for c in NARROW])
+def test_a_narrow_wide_resnet_entry_gives_pytorchs_logits(
+    torch, reference, images, tmp_path, monkeypatch, name, build, depth, widen, layout
+):
+    narrow = functools.partial(models.WideResNet, depth=depth, widen_factor=widen)
+    monkeypatch.setitem(models.MODELS, zoo.entry(name).model, narrow)
+    check_logits(torch, build(reference), name, images, tmp_path, layout)
+
+
+def test_the_normalization_is_robustbenchs_not_the_datasets():
+    """Wong2020Fast's class divides by 0.2471 (patjax's CIFAR-10 sigma is 0.2470): a model fed
+    inputs normalized the wrong way gives wrong numbers without any error."""
+    assert zoo.entry("Wong2020Fast").normalize == ((0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616))
+    assert zoo.entry("Wong2020Fast").normalize != models.DATASET_STATS["cifar10"]
+    assert zoo.entry("Carmon2019Unlabeled").normalize is None
+
+
+def test_an_entry_patjax_does_not_cover_or_cannot_fetch_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="Gowal2020Uncovering_28_10_extra' is not a RobustBench CIFAR-10 Linf entry"):
+        zoo.load_model("Gowal2020Uncovering_28_10_extra", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "robustbench", None)  # the package not installed
+    with pytest.raises(
+        UserError, match=r"Carmon2019Unlabeled\.pt does not exist; fetching .*\(pip install robustbench\)"
+    ):
+        zoo.load_model("Carmon2019Unlabeled", str(tmp_path))
+
+
+def test_the_command_line_evaluates_an_entry_and_refuses_the_flags_the_entry_decides(
+    torch, reference, data_dir, tmp_path
+):
+    env = {**os.environ, "PATJAX_DATA_DIR": data_dir, "PATJAX_CPU_DEVICES": "1"}
+
+    def evaluate(*flags):
+        command = [sys.executable, "-m", "patjax.evaluate", f"--robustbench_dir={tmp_path}", *flags]
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+    refused = evaluate("--robustbench=Sehwag2021Proxy_R18", "--model=resnet18", "--normalize=none")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == [
+        "error: --robustbench names the network and its normalization itself: it takes no --workdir, "
+        "--torch_checkpoint, --model, --normalize"
+    ]
+
+    torch.manual_seed(0)
+    net = trained_looking(torch, reference.ResNet18(), seed=3)
+    save_as_robustbench_keeps_it(torch, net, str(tmp_path), "Sehwag2021Proxy_R18", "bare")
+    done = evaluate("--robustbench=Sehwag2021Proxy_R18", "--evaluators=clean", "--num_examples=8", "--batch_size=8")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "cifar10" / "Linf" / "Sehwag2021Proxy_R18" / "eval" / "results.json").read_text())
+    split = data.load_split("cifar10", "test", data_dir)
+    predicted = torch_logits(torch, net, np.asarray(data.to_float(split.images[:8]))).argmax(1)
+    assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(np.mean(predicted == split.labels[:8]))
+    assert results["model"]["robustbench"] == "Sehwag2021Proxy_R18" and results["model"]["model"] == "resnet18"

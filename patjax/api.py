@@ -92,9 +92,9 @@ def as_model(model: Model):
         else:
             apply = _without_train_mode(module.apply)
     elif callable(model) and not isinstance(model, tuple):
-        _inputs_and_train(model, "the logits function")
+        takes_train = _inputs_and_train(model, "the logits function")
         params, batch_stats = {}, {}
-        apply = _without_train_mode(lambda variables, x: model(x))
+        apply = _without_train_mode(lambda variables, x: model(x, train=False) if takes_train else model(x))
     else:
         raise UserError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
     return models.ModelFns(apply), state_lib.inference_state(params, batch_stats)

@@ -93,13 +93,14 @@ def reference(tiny):
     return api.evaluate((Tiny(), variables), images, labels, evaluators="clean,pgd20", attack_steps=3, batch_size=6)
 
 
-@pytest.mark.parametrize("form", ["pair", "pair without train", "bound module", "logits function"])
+@pytest.mark.parametrize("form", ["pair", "pair without train", "bound module", "logits function", "with train"])
 def test_every_kind_of_model_evaluates_with_the_figures_of_its_logits(tiny, reference, form):
     variables, images, labels = tiny
     model = {
         "pair without train": (TinyWithoutTrain(), variables),
         "bound module": TinyWithoutTrain().bind(variables),
         "logits function": lambda x: Tiny().apply(variables, x),
+        "with train": lambda x, train: Tiny().apply(variables, x, train=train),  # called with train=False
     }.get(form)
     settings = dict(evaluators="clean,pgd20", attack_steps=3, batch_size=6)
     results = reference if form == "pair" else api.evaluate(model, images, labels, **settings)

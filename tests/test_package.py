@@ -1,7 +1,8 @@
 """What a non-editable install ships: the console commands pyproject.toml declares resolve to the
 command-line functions of the modules the README runs with `python -m`, the shipped configs are
 package data that load and that `--config` can name, and the root configs/ files are the same
-configs. No build here: the wheel itself is checked by hand (README, "Install")."""
+configs. No wheel is built here (that takes minutes and the package index): this checks what
+the wheel is made from."""
 
 import importlib
 import os

@@ -1,0 +1,152 @@
+"""Invalid input, from the input's side: each class ends in a one-line error and a non-zero exit
+(or a UserError from the library) with nothing in the workdir changed. docs/inputs.md lists
+what every flag and argument accepts and refuses."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from conftest import REPO, find_data_dir, train_run
+from test_train import tiny_config
+
+from patjax import api, checkpoints
+from patjax import config as config_lib
+from patjax import state as state_lib
+from patjax import workdir as workdir_lib
+from patjax.errors import UserError
+
+
+def tree_hash(root) -> str:
+    """A hash of every path and file content under root (empty folders included), but for the
+    contents of lock files: every process that takes a lock writes its holder line there."""
+    digest = hashlib.sha256()
+    for folder, dirs, names in sorted(os.walk(root)):
+        dirs.sort()
+        digest.update(os.path.relpath(folder, root).encode() + b"/\0")
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            if name == ".lock":
+                continue
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def run_cli(*args, cwd=REPO):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def one_error_line(proc) -> str:
+    """The one error line of a refused command (exit 2, no traceback; progress bars aside)."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def images_and_labels(n=6, size=4, classes=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8), rng.integers(0, classes, n).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Non-finite values stop the figure.
+
+
+def linear_logits(x):
+    """Finite logits: ten pixel values of each image."""
+    return x.reshape(x.shape[0], -1)[:, :10]
+
+
+def test_nan_logits_are_refused_naming_the_pass_and_the_images():
+    images, labels = images_and_labels()
+    images[:, 0, 0, 0] = 0
+    images[[1, 4], 0, 0, 0] = 255  # in two batches of 4
+
+    def nan_on_two(x):  # NaN logits on the images whose first pixel is white
+        return jnp.where(x[:, :1, 0, 0] == 1.0, jnp.nan, linear_logits(x))
+
+    with pytest.raises(UserError) as error:
+        api.evaluate(nan_on_two, images, labels, evaluators="clean", batch_size=4)
+    assert str(error.value) == (
+        "the model's logits are not finite on 2 of 6 images in the clean pass; no figure is computed from them"
+    )
+
+
+def test_logits_finite_at_the_images_but_not_at_their_perturbations_are_refused_in_that_pass():
+    images, labels = images_and_labels()
+
+    def nan_off_the_8_bit_grid(x):  # finite at every image (k / 255), NaN at PR's noisy samples
+        on_grid = jnp.all(jnp.abs(x * 255 - jnp.round(x * 255)) < 1e-3, axis=(1, 2, 3))
+        return jnp.where(on_grid[:, None], linear_logits(x), jnp.inf)
+
+    with pytest.raises(UserError, match=r"not finite on 6 of 6 images in the pr_uniform pass"):
+        api.evaluate(
+            nan_off_the_8_bit_grid, images, labels, evaluators="clean,pr", pr_samples=4, pr_chunk_size=4, batch_size=8
+        )
+    # The same function at the images alone is fine: the clean figure is computed.
+    clean = api.evaluate(nan_off_the_8_bit_grid, images, labels, evaluators="clean", batch_size=8)
+    assert clean["figures"]["clean_accuracy"]["n"] == 6
+
+
+def nan_checkpoint_workdir(workdir):
+    """A workdir whose one checkpoint (step 1) is the small CNN with NaN weights, as a diverged
+    run leaves it; and the .lock every trained workdir has."""
+    cfg = config_lib.default_config()
+    cfg.model = "small_cnn"
+    settings = config_lib.train_settings(cfg)
+    tx = state_lib.make_optimizer(settings.optimizer, optax.constant_schedule(0.1))
+    _, state = state_lib.create_train_state(settings.model, 0, tx)
+    state = state.replace(step=jnp.ones((), jnp.int32), params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+    workdir_lib.save_config(settings.record, workdir)
+    manager = checkpoints.checkpoint_manager(workdir)
+    manager.save(1, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    manager.close()
+    open(os.path.join(workdir, ".lock"), "w").close()
+
+
+def test_a_checkpoint_with_nan_weights_evaluates_to_one_line_and_no_results(tmp_path):
+    workdir = str(tmp_path / "run")
+    nan_checkpoint_workdir(workdir)
+    before = tree_hash(tmp_path)
+    proc = run_cli(
+        "-m", "patjax.evaluate", f"--workdir={workdir}", "--num_examples=5", "--batch_size=5", "--evaluators=clean"
+    )
+    assert one_error_line(proc) == (
+        "error: the model's logits are not finite on 5 of 5 images in the clean pass; no figure is computed from them"
+    )
+    assert tree_hash(tmp_path) == before
+
+
+def test_training_that_reaches_a_nan_loss_stops_keeping_the_checkpoint_before_it(tmp_path):
+    # A learning rate of 1e38 overflows the weights in the first update: step 1 is finite, step 2 not.
+    workdir = str(tmp_path / "run")
+    cfg = tiny_config(
+        data_dir=find_data_dir(),
+        method="clean",
+        learning_rate=1e38,
+        num_train_steps=6,
+        checkpoint_every_steps=1,
+        log_every_steps=3,
+        log_test_examples=8,
+    )
+    with pytest.raises(UserError) as error:
+        train_run(cfg, workdir)
+    # Found before step 2's checkpoint, not at the logging step 3: no checkpoint after a NaN.
+    assert str(error.value) == (
+        "training stopped: loss nan and grad_norm nan at step 2; the newest checkpoint, step 1, precedes them"
+    )
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1"]
+    _, _, state = workdir_lib.restore(workdir)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(state.params)))

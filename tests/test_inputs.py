@@ -150,3 +150,36 @@ def test_training_that_reaches_a_nan_loss_stops_keeping_the_checkpoint_before_it
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1"]
     _, _, state = workdir_lib.restore(workdir)
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(state.params)))
+
+
+# ---------------------------------------------------------------------------------------
+# Data that are not the data set.
+
+RECORD = 3073  # bytes of a CIFAR-10 record: the label, then 3 x 32 x 32 pixels
+
+
+@pytest.mark.parametrize(
+    "records, shown",
+    [
+        (9_999, "has 30,726,927 bytes (9,999.00 records of 3073)"),  # a record missing
+        (10_001, "has 30,733,073 bytes (10,001.00 records of 3073)"),  # a record more
+        (10_000.5, "has 30,731,536 bytes (10,000.50 records of 3073)"),  # a record cut short
+    ],
+)
+def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_written(tmp_path, records, shown):
+    folder = tmp_path / "data" / "cifar-10-batches-bin"
+    folder.mkdir(parents=True)
+    official = 10_000 * RECORD
+    for name in ("data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"):
+        (folder / name).write_bytes(bytes(official))  # label 0, black images: the right length
+    (folder / "test_batch.bin").write_bytes(bytes(int(records * RECORD)))
+    workdir = tmp_path / "run"
+    before = tree_hash(tmp_path)
+    with pytest.raises(UserError) as error:
+        train_run(tiny_config(data_dir=str(tmp_path / "data"), method="clean"), str(workdir))
+    assert str(error.value) == (
+        f"{folder / 'test_batch.bin'} {shown}; the official file has 10,000 records, 30,730,000 bytes: "
+        "not the cifar10 data set"
+    )
+    assert tree_hash(tmp_path) == before and not workdir.exists()
+

@@ -182,4 +182,3 @@ def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_writt
         "not the cifar10 data set"
     )
     assert tree_hash(tmp_path) == before and not workdir.exists()
-

@@ -182,3 +182,46 @@ def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_writt
         "not the cifar10 data set"
     )
     assert tree_hash(tmp_path) == before and not workdir.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Labels and images at the API: refused before anything is compiled.
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda x, y: (x, y + 7), "labels must be classes of the model, in [0, 9], got values in [7, 16]"),
+        (lambda x, y: (x, y - 3), "labels must be class indices >= 0, got values in [-3, 6]"),
+        (lambda x, y: (x, y.astype(np.float32)), "labels must be integers (class indices), got dtype float32"),
+        (lambda x, y: (x, y[:-1]), "images must be (N, H, W, C) and labels (N,), N >= 1, got (6, 4, 4, 3) and (5,)"),
+        (
+            lambda x, y: (x.transpose(0, 3, 1, 2), y),
+            "images of shape (6, 3, 4, 4) look channels-first (N, C, H, W); pass (N, H, W, C)",
+        ),
+        (lambda x, y: (x.astype(np.int64), y), "images must be uint8 (0-255) or floats in [0, 1], got dtype int64"),
+        (
+            lambda x, y: (x.astype(np.float32), y),
+            "float images must lie in [0, 1], got values in [0, 255]; pass uint8 for values 0-255",
+        ),
+        (lambda x, y: (x[:0], y[:0]), "images must be (N, H, W, C) and labels (N,), N >= 1"),
+    ],
+)
+def test_the_api_refuses_labels_and_images_it_cannot_evaluate_before_compiling(change, message, monkeypatch):
+    images, labels = images_and_labels()
+    images[0, 0, 0, 0], images[1, 0, 0, 0] = 0, 255
+    images, labels = change(images, labels)
+    compiled = []
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a) or pytest.fail("compiled"))
+    with pytest.raises(UserError) as error:
+        api.evaluate(linear_logits, images, labels, evaluators="clean")
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not compiled
+
+
+def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused():
+    images, labels = images_and_labels()
+    with pytest.raises(UserError, match=r"the model must return \(N, classes\) logits with classes >= 2, got shape"):
+        api.evaluate(lambda x: x.sum(axis=(1, 2, 3)), images, labels, evaluators="clean")
+    with pytest.raises(UserError, match=r"the model cannot take images of shape \(N, 4, 4, 3\): TypeError"):
+        api.evaluate(lambda x: x.reshape(x.shape[0], 10, -1).sum(-1), images, labels, evaluators="clean")

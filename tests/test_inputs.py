@@ -225,3 +225,37 @@ def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused
         api.evaluate(lambda x: x.sum(axis=(1, 2, 3)), images, labels, evaluators="clean")
     with pytest.raises(UserError, match=r"the model cannot take images of shape \(N, 4, 4, 3\): TypeError"):
         api.evaluate(lambda x: x.reshape(x.shape[0], 10, -1).sum(-1), images, labels, evaluators="clean")
+
+
+# ---------------------------------------------------------------------------------------
+# Settings with a meaning patjax does not have: refused where the config becomes settings.
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_train_steps", -5, "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length), got -5"),
+        ("num_train_steps", 0, "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length), got 0"),
+        ("num_epochs", 0, "num_epochs must be an integer >= 1, got 0"),  # with num_train_steps -1
+        ("num_epochs", -3, "num_epochs must be an integer >= 1, got -3"),
+        ("batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+        ("seed", -1, "seed must be an integer in [0, 4294967295], got -1"),
+        ("max_checkpoints_to_keep", 0, "max_checkpoints_to_keep must be an integer >= 1, got 0"),
+        ("model_width", 0, "model_width must be an integer >= 1, got 0"),
+    ],
+)
+def test_integer_settings_outside_their_documented_range_are_refused(field, value, message):
+    cfg = config_lib.default_config()
+    cfg[field] = value
+    with pytest.raises(UserError) as error:
+        config_lib.train_settings(cfg)
+    assert str(error.value) == message
+
+
+def test_the_documented_sentinels_are_accepted():
+    cfg = config_lib.default_config()
+    cfg.num_train_steps, cfg.checkpoint_every_steps, cfg.log_every_steps, cfg.log_test_examples = -1, 0, -1, -1
+    settings = config_lib.train_settings(cfg)
+    assert settings.total_steps() == 100 * (50_000 // 256)  # num_epochs epochs of whole batches
+    cfg.num_train_steps, cfg.num_epochs = 7, 0  # num_epochs is not read once the steps are set
+    assert config_lib.train_settings(cfg).total_steps() == 7

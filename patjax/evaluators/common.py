@@ -25,22 +25,9 @@ import numpy as np
 from tqdm import tqdm
 
 from patjax import data, robustness, sharding, stats
-from patjax.errors import UserError
+from patjax.errors import UserError, integer
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
-
-
-def integer(name, value, minimum, maximum=None) -> int:
-    """value as an int, or a one-line UserError naming the setting."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
-    return int(value)
 
 
 def headline_first(headline: str, laws) -> tuple:

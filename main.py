@@ -13,7 +13,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from patjax import config, train
-from patjax.cli import guarded, parse_flags, start
+from patjax.cli import guarded, output_folder, parse_flags, start
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -27,6 +27,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 @guarded
 def main(argv):
     start(argv)
+    output_folder("workdir", FLAGS.workdir)
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)

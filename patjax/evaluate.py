@@ -50,7 +50,8 @@ def overrides_from_flags() -> dict:
 def evaluate_torch_checkpoint(spec, num_examples, overrides):
     if FLAGS.workdir or not FLAGS.model:
         raise UserError("--torch_checkpoint takes --model (and no --workdir)")
-    out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
+    cli_lib.existing_file("torch_checkpoint", FLAGS.torch_checkpoint)
+    out_dir = cli_lib.output_folder("out_dir", FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0])
     results = api.evaluate_torch_checkpoint(
         FLAGS.torch_checkpoint,
         FLAGS.model,
@@ -80,6 +81,10 @@ def main(argv):
         return evaluate_torch_checkpoint(spec, num_examples, overrides)
     if not FLAGS.workdir:
         raise UserError("--workdir (or --torch_checkpoint) is required")
+    for workdir in FLAGS.workdir:
+        cli_lib.existing_folder("workdir", workdir)
+    if FLAGS.plot:
+        cli_lib.output_file("plot", FLAGS.plot)
     if not FLAGS.compare_only:
         # Every workdir is checked before any is evaluated, so a mistake in the last one does
         # not surface after the first ones ran for hours.

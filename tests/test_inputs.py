@@ -259,3 +259,76 @@ def test_the_documented_sentinels_are_accepted():
     assert settings.total_steps() == 100 * (50_000 // 256)  # num_epochs epochs of whole batches
     cfg.num_train_steps, cfg.num_epochs = 7, 0  # num_epochs is not read once the steps are set
     assert config_lib.train_settings(cfg).total_steps() == 7
+
+
+# ---------------------------------------------------------------------------------------
+# Paths: every path flag of every command is checked for its kind before anything is read or
+# written (patjax.cli's existing_folder, existing_file, output_folder, output_file).
+
+
+def path_cases(tmp):
+    """(command line, the start of its one error line): each entry point's path flags go through
+    patjax.cli's checks (their every case: the test below); tmp holds a file `f` and a folder `d`."""
+    f, d, nowhere = tmp / "f", tmp / "d", tmp / "nowhere"
+    ev = ("-m", "patjax.evaluate")
+    return [
+        (
+            ("main.py", "--config=configs/quickstart.py", f"--workdir={f}/run"),
+            f"--workdir={f}/run: {f} is a file, so nothing can be made under it",
+        ),
+        ((*ev, f"--workdir={nowhere}", "--compare_only"), f"--workdir={nowhere}: no such folder"),
+        ((*ev, f"--torch_checkpoint={d}", "--model=small_cnn"), f"--torch_checkpoint={d}: is a folder, not a file"),
+        (("-m", "patjax.experiments", f"--workdir={nowhere}", "--handover"), f"--workdir={nowhere}: no such folder"),
+        (("-m", "patjax.diagnose", f"--workdir={d}", f"--out={f}/x"), f"--out={f}/x: {f} is a file, so nothing"),
+        (("-m", "patjax.export", f"--workdir={d}", f"--out={d}"), f"--out={d}: is a folder; name the file to write"),
+    ]
+
+
+def test_every_command_refuses_a_path_of_the_wrong_kind_in_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "f").write_text("a file")
+    (tmp_path / "d").mkdir()
+    before = tree_hash(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    cases = path_cases(tmp_path)
+    # All at once: each process spends its seconds importing JAX.
+    procs = [
+        subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for args, _ in cases
+    ]
+    for proc, (args, message) in zip(procs, cases):
+        _, stderr = proc.communicate(timeout=300)
+        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+        assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
+    assert tree_hash(tmp_path) == before
+
+
+def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
+    from patjax import cli
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    checks = [
+        (cli.existing_folder, tmp_path / "no", "no such folder"),
+        (cli.existing_folder, f, "is a file, not a folder"),
+        (cli.existing_file, tmp_path / "no", "no such file"),
+        (cli.existing_file, tmp_path, "is a folder, not a file"),
+        (cli.output_folder, f, "is a file, not a folder"),
+        (cli.output_folder, f / "a" / "b", f"{f} is a file, so nothing can be made under it"),
+        (cli.output_file, tmp_path, "is a folder; name the file to write"),
+        (cli.output_file, f / "out.json", f"{f} is a file, so nothing can be made under it"),
+    ]
+    if os.geteuid() != 0:  # root writes anywhere
+        checks.append((cli.output_folder, readonly / "new", f"cannot create it, {readonly} is not writable"))
+    for check, path, message in checks:
+        with pytest.raises(UserError) as error:
+            check("flag", str(path))
+        assert str(error.value) == f"--flag={path}: {message}", check
+    # What each accepts: the folder or file there, or a path it can create.
+    assert cli.existing_folder("flag", str(tmp_path)) == str(tmp_path)
+    assert cli.existing_file("flag", str(f)) == str(f)
+    assert cli.output_folder("flag", str(tmp_path / "new" / "deeper"))
+    assert cli.output_file("flag", str(tmp_path / "new" / "out.json"))
+    assert sorted(os.listdir(tmp_path)) == ["f", "ro"]  # the checks create nothing

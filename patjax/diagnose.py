@@ -47,7 +47,9 @@ def main(argv):
         raise UserError("--workdir is required")
     cli_lib.existing_folder("workdir", FLAGS.workdir)
     out_dir = cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
-    sampler_diagnostic.check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
+    sampler_diagnostic.check_settings(
+        FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
+    )
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
     settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)

@@ -332,3 +332,15 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
     assert cli.output_folder("flag", str(tmp_path / "new" / "deeper"))
     assert cli.output_file("flag", str(tmp_path / "new" / "out.json"))
     assert sorted(os.listdir(tmp_path)) == ["f", "ro"]  # the checks create nothing
+
+
+def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
+    from patjax import runner, sampler_diagnostic, suite_catalog
+
+    with pytest.raises(UserError, match=r"^--max_runs must be an integer >= 1, got 0$"):
+        runner.run_suite(suite_catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=0)
+    assert os.listdir(tmp_path) == []  # refused before the suite folder is made
+    with pytest.raises(UserError, match=r"^seed must be an integer in \[0, 4294967294\], got -1$"):
+        sampler_diagnostic.check_settings(8, 2, 10, "uniform", seed=-1)
+    with pytest.raises(UserError, match=r"^tolerance must be >= 0, got -0.1$"):
+        sampler_diagnostic.check_settings(8, 2, 10, "uniform", tolerance=-0.1)

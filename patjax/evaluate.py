@@ -51,7 +51,9 @@ def evaluate_torch_checkpoint(spec, num_examples, overrides):
     if FLAGS.workdir or not FLAGS.model:
         raise UserError("--torch_checkpoint takes --model (and no --workdir)")
     cli_lib.existing_file("torch_checkpoint", FLAGS.torch_checkpoint)
-    out_dir = cli_lib.output_folder("out_dir", FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0])
+    out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
+    if out_dir != FLAGS.torch_checkpoint:  # a file without suffix is refused for its suffix
+        cli_lib.output_folder("out_dir", out_dir)
     results = api.evaluate_torch_checkpoint(
         FLAGS.torch_checkpoint,
         FLAGS.model,

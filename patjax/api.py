@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from typing import Any, Callable, Union
 
 import flax.linen as nn
+import jax
 import numpy as np
 
 from patjax import config as config_lib
 from patjax import data, evaluation, models, torch_weights, zoo
 from patjax import state as state_lib
-from patjax.errors import UserError
+from patjax.errors import UserError, one_line
 
 Model = Union[Callable[[Any], Any], tuple]
 
@@ -103,16 +104,52 @@ def as_model(model: Model):
 def as_split(images, labels) -> data.Split:
     """The images as the evaluators read them (uint8 NHWC; they divide by 255): uint8 as they are,
     floats in [0, 1] only if they are 8-bit values (k / 255), since anything else would be
-    rounded without a word."""
+    rounded without a word; labels as int32, from integers only. A UserError names what is wrong."""
     images, labels = np.asarray(images), np.asarray(labels)
-    if images.ndim != 4 or labels.shape != images.shape[:1]:
-        raise UserError(f"images must be (N, H, W, C) and labels (N,), got {images.shape} and {labels.shape}")
+    if images.ndim != 4 or labels.shape != images.shape[:1] or not len(labels):
+        raise UserError(f"images must be (N, H, W, C) and labels (N,), N >= 1, got {images.shape} and {labels.shape}")
+    if images.shape[1] in (1, 3) and images.shape[3] not in (1, 3):
+        raise UserError(f"images of shape {images.shape} look channels-first (N, C, H, W); pass (N, H, W, C)")
+    if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
+        raise UserError(f"images must be uint8 (0-255) or floats in [0, 1], got dtype {images.dtype}")
     if images.dtype != np.uint8:
         scaled = np.asarray(images, np.float64) * 255
-        if not np.all(np.abs(scaled - np.round(scaled)) < 1e-3) or scaled.min() < 0 or scaled.max() > 255:
+        if not np.all((scaled >= 0) & (scaled <= 255)):
+            raise UserError(
+                f"float images must lie in [0, 1], got values in [{np.nanmin(images):g}, {np.nanmax(images):g}]"
+                f"{' (NaN too)' if np.isnan(scaled).any() else ''}; pass uint8 for values 0-255"
+            )
+        if not np.all(np.abs(scaled - np.round(scaled)) < 1e-3):
             raise UserError("float images must be 8-bit values k / 255 in [0, 1]; pass uint8 images otherwise")
         images = np.round(scaled).astype(np.uint8)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise UserError(f"labels must be integers (class indices), got dtype {labels.dtype}")
+    if labels.min() < 0 or labels.max() > np.iinfo(np.int32).max:
+        raise UserError(f"labels must be class indices >= 0, got values in [{labels.min()}, {labels.max()}]")
     return data.Split(images=images, labels=labels.astype(np.int32))
+
+
+def check_classes(model_fns, state, split: data.Split) -> None:
+    """The model's logits for these images are (N, classes) and every label is a class: its
+    output shape is traced (`jax.eval_shape`), nothing is compiled or run."""
+    try:
+        logits = jax.eval_shape(
+            lambda x: model_fns.infer(state.params, state.batch_stats, x),
+            jax.ShapeDtypeStruct((1,) + split.images.shape[1:], np.float32),
+        )
+    except Exception as error:  # the model's own error for inputs it cannot take (e.g. channels)
+        raise UserError(
+            f"the model cannot take images of shape (N, {', '.join(map(str, split.images.shape[1:]))}): "
+            f"{type(error).__name__}: {one_line(error)[:300]}"
+        ) from None
+    if len(logits.shape) != 2 or logits.shape[1] < 2:
+        raise UserError(f"the model must return (N, classes) logits with classes >= 2, got shape {logits.shape}")
+    classes = logits.shape[1]
+    if split.labels.max() >= classes:
+        raise UserError(
+            f"labels must be classes of the model, in [0, {classes - 1}], got values in "
+            f"[{split.labels.min()}, {split.labels.max()}]"
+        )
 
 
 def evaluate(
@@ -133,10 +170,10 @@ def evaluate(
         dataset, settings, evaluators=evaluators, num_examples=config_lib.WHOLE_SPLIT, batch_size=batch_size
     )
     model_fns, state = as_model(model)
+    split = as_split(images, labels)
+    check_classes(model_fns, state, split)
     per_image = {}
-    results = evaluation.evaluate_state(
-        chosen, model_fns, state, as_split(images, labels), progress=progress, per_image_out=per_image
-    )
+    results = evaluation.evaluate_state(chosen, model_fns, state, split, progress=progress, per_image_out=per_image)
     return {**results, "per_image": per_image}
 
 

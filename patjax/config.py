@@ -18,7 +18,7 @@ import ml_collections
 
 from patjax import attacks, data, methods, robustness, samplers, state
 from patjax import evaluators as evaluators_lib
-from patjax.errors import UserError
+from patjax.errors import UserError, integer
 from patjax.evaluators import common as evaluators_common
 
 # Fields a resumed run may change: they change how long the run is, what it logs and where
@@ -54,7 +54,7 @@ def default_config() -> ml_collections.ConfigDict:
     # PyTorch's SGD, lr 0.01 x0.1 at epochs 75 and 90 of 100, batch 256.
     cfg.batch_size = 256
     cfg.num_epochs = 100
-    cfg.num_train_steps = -1  # > 0 overrides num_epochs
+    cfg.num_train_steps = -1  # > 0 overrides num_epochs; -1 (state.USE_EPOCHS): num_epochs sets the length
     cfg.learning_rate = 0.01
     cfg.momentum = 0.9
     cfg.nesterov = True
@@ -209,6 +209,16 @@ class TrainSettings:
     # record of the run.
     record: dict = dataclasses.field(compare=False, repr=False)
 
+    def __post_init__(self):
+        # The every-epoch and whole-split sentinels (<= 0) of the other counts are their whole
+        # negative range, so only these have values without a meaning.
+        for name, minimum, maximum in (
+            ("batch_size", 1, None),
+            ("seed", 0, evaluators_common.SEED_LIMIT - 1),  # PRNGKey keeps 32 bits
+            ("max_checkpoints_to_keep", 1, None),
+        ):
+            object.__setattr__(self, name, integer(name, getattr(self, name), minimum, maximum))
+
     @property
     def dataset(self) -> str:
         return self.model.dataset
@@ -304,8 +314,6 @@ def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
     """The typed settings of a run, or a one-line UserError for a config that would fail later
     or silently compute something else. Each field is checked by the settings it belongs to."""
     _check_finite(cfg.to_dict())
-    if cfg.batch_size <= 0:
-        raise UserError(f"batch_size must be positive, got {cfg.batch_size}")
     record = json.loads(cfg.to_json())
     record["data_dir"] = _absolute_data_dir(record.get("data_dir"))
     return TrainSettings(
@@ -313,10 +321,10 @@ def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
         optimizer=optimizer_settings(cfg),
         method=method_settings(cfg),
         data_dir=record["data_dir"],
-        batch_size=int(cfg.batch_size),
-        seed=int(cfg.seed),
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
         checkpoint_every_steps=int(cfg.checkpoint_every_steps),
-        max_checkpoints_to_keep=int(cfg.max_checkpoints_to_keep),
+        max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
         log_every_steps=int(cfg.log_every_steps),
         log_test_examples=int(cfg.log_test_examples),
         progress_bar=bool(cfg.progress_bar),
@@ -342,7 +350,7 @@ class EvaluationSettings:
     evals: evaluators_common.EvalSettings
 
     def __post_init__(self):
-        object.__setattr__(self, "batch_size", evaluators_common.integer("batch_size", self.batch_size, 1))
+        object.__setattr__(self, "batch_size", integer("batch_size", self.batch_size, 1))
         # 0 is refused rather than read as "all": a full evaluation takes hours on a CPU.
         n = self.num_examples
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or (n < 1 and n != WHOLE_SPLIT):

@@ -34,6 +34,14 @@ NUM_TRAIN = {"cifar10": 50_000, "cifar100": 50_000}  # images in the official tr
 # dataset: (label byte offset, record length) of the official binary records; their files are
 # `download.SPLIT_FILES`', in the archive's directory (`download.ARCHIVES`).
 _RECORD_LAYOUT = {"cifar10": (0, 3073), "cifar100": (1, 3074)}  # cifar100: the fine label
+# Records in each official file (the CIFAR page: five training batches and one test batch of
+# 10,000 images for CIFAR-10; 50,000 and 10,000 for CIFAR-100), so each file's exact size is
+# known: 30,730,000 bytes for every CIFAR-10 file, 153,700,000 and 30,740,000 for CIFAR-100's.
+# The page publishes the archive's md5 (checked by `download`), no checksum per file.
+OFFICIAL_RECORDS = {
+    "cifar10": {name: 10_000 for split in download.SPLIT_FILES["cifar10"].values() for name in split},
+    "cifar100": {"train.bin": 50_000, "test.bin": 10_000},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +119,13 @@ def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
     images, labels = [], []
     for path in files:
         raw = np.fromfile(path, dtype=np.uint8)
-        if raw.size == 0 or raw.size % record:
+        expected = OFFICIAL_RECORDS[dataset][os.path.basename(path)]
+        if raw.size != expected * record:
+            # A file cut short or grown (a copy interrupted, batches concatenated) would train or
+            # evaluate on another set of images without a word.
             raise UserError(
-                f"{path} is not in the official CIFAR binary layout ({raw.size} bytes, records of {record})"
+                f"{path} has {raw.size:,} bytes ({raw.size / record:,.2f} records of {record}); the official "
+                f"file has {expected:,} records, {expected * record:,} bytes: not the {dataset} data set"
             )
         raw = raw.reshape(-1, record)
         labels.append(raw[:, label_offset].astype(np.int32))

@@ -45,7 +45,11 @@ def main(argv):
     cli_lib.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
-    sampler_diagnostic.check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
+    cli_lib.existing_folder("workdir", FLAGS.workdir)
+    out_dir = cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
+    sampler_diagnostic.check_settings(
+        FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
+    )
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
     settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)
@@ -85,7 +89,7 @@ def main(argv):
             f"steps per example on average (max {f['candidate_steps_max']:.0f}) vs {FLAGS.steps}; mean "
             f"|x_cand - x_ref| {f['distance_to_reference']:.5f} vs {f['floor']:.5f} between two reference chains"
         )
-    path = write(result, FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"), f"sampler_diagnostic_{FLAGS.init}")
+    path = write(result, out_dir, f"sampler_diagnostic_{FLAGS.init}")
     c = result["curves"]
     marks = sorted({t for t in (0, 1, 5, 10, 25, 50, 100, 200, FLAGS.steps) if t <= FLAGS.steps})
     print(f"{'t':>5} {'mean|x_t-x|':>12} {'max|x_t-x|':>11} {'|x_t-x_T|':>10} {'drift':>9} {'energy':>9} {'miscls':>7}")

@@ -65,7 +65,10 @@ def print_written(out_dir, name, results):
 def evaluate_torch_checkpoint(spec, num_examples, overrides):
     if FLAGS.workdir or not FLAGS.model:
         raise UserError("--torch_checkpoint takes --model (and no --workdir)")
+    cli_lib.existing_file("torch_checkpoint", FLAGS.torch_checkpoint)
     out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
+    if out_dir != FLAGS.torch_checkpoint:  # a file without suffix is refused for its suffix
+        cli_lib.output_folder("out_dir", out_dir)
     results = api.evaluate_torch_checkpoint(
         FLAGS.torch_checkpoint,
         FLAGS.model,
@@ -113,6 +116,10 @@ def main(argv):
         return evaluate_torch_checkpoint(spec, num_examples, overrides)
     if not FLAGS.workdir:
         raise UserError("--workdir (or --torch_checkpoint) is required")
+    for workdir in FLAGS.workdir:
+        cli_lib.existing_folder("workdir", workdir)
+    if FLAGS.plot:
+        cli_lib.output_file("plot", FLAGS.plot)
     if not FLAGS.compare_only:
         # Every workdir is checked before any is evaluated, so a mistake in the last one does
         # not surface after the first ones ran for hours.

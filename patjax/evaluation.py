@@ -80,7 +80,7 @@ def evaluate_state(
     per_image, walls, figures = {}, {}, {}
     for evaluator in chosen:
         for pass_name in evaluator.passes(s):
-            batch_fn = evaluator.make_batch_fn(model_fns, s, pass_name)
+            batch_fn = common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             per_image[pass_name], walls[pass_name] = common.evaluate_pass(
                 batch_fn, state, split, n, batch_size, pass_name, progress, subset

@@ -35,6 +35,11 @@ def main(argv):
     cli_lib.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
+    # --report_only and --handover read a suite folder; the others may create it.
+    check = cli_lib.existing_folder if FLAGS.report_only or FLAGS.handover else cli_lib.output_folder
+    check("workdir", FLAGS.workdir)
+    if FLAGS.data_dir and FLAGS.data_dir != data.TFDS:
+        cli_lib.existing_folder("data_dir", FLAGS.data_dir)
     data_dir = FLAGS.data_dir or data.find_data_dir()  # None: found or downloaded when a run loads it
     suite = suite_catalog.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
@@ -61,8 +66,6 @@ def main(argv):
             print(f"  git add -f {os.path.relpath(path)}")
         return
     if FLAGS.report_only:
-        if not os.path.isdir(FLAGS.workdir):
-            raise UserError(f"no suite directory {FLAGS.workdir!r} to report on")
         summary = runner.write_report(suite, FLAGS.workdir)
         print(
             f"wrote {os.path.join(FLAGS.workdir, 'results.md')} ({summary['num_done']}/{summary['num_runs']} runs done)"

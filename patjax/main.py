@@ -46,6 +46,7 @@ def shipped_config(argv: list[str]) -> list[str]:
 @cli_lib.guarded
 def main(argv):
     cli_lib.start(argv)
+    cli_lib.output_folder("workdir", FLAGS.workdir)
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)

@@ -123,9 +123,12 @@ def comparison(names, results_list) -> str:
     for name, r in zip(names, results_list):  # AutoAttack: each attack's share, the masking checks
         aa = r.get("figures", {}).get("aa")
         if aa:
-            after = ", ".join(f"{k} {100 * v['value']:.2f}" for k, v in aa["after"].items())
+            after = ", ".join(f"{k} {pct(v, 2)}" for k, v in aa["after"].items())
             signs = "; ".join(aa["masking"]["masking_signs"]) or "none"
-            tables.append(f"{name}: AutoAttack robust % after {after}; signs of gradient masking: {signs}")
+            tables.append(
+                f"{name}: AutoAttack on {aa['n']} images [{confidence_pct(s)} Clopper-Pearson intervals]: clean % "
+                f"{pct(aa.get('clean_accuracy'), 2)}, robust % after {after}; signs of gradient masking: {signs}"
+            )
     return "\n".join(tables)
 
 

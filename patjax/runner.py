@@ -49,7 +49,7 @@ from patjax import (
 )
 from patjax import provenance as provenance_lib
 from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.errors import UserError, integer
 from patjax.suite_outcomes import RECORD_FILE, load_outcome, read_record, run_dir
 from patjax.suites import Run, Suite, plan
 from patjax.workers import partition, worker_slot
@@ -182,6 +182,8 @@ def run_suite(
     num_workers, worker_index = worker_slot(num_workers, worker_index, environ={})
     if only not in ("", "train", "evaluate"):
         raise UserError(f"--only must be 'train' or 'evaluate', got {only!r}")
+    if max_runs is not None:  # 0 would leave at once, a successful invocation that did nothing
+        integer("--max_runs", max_runs, 1)
     runs = plan(suite, groups, methods)
     os.makedirs(workdir, exist_ok=True)
     out = stream or sys.stdout

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from patjax import data, samplers
-from patjax.errors import UserError
+from patjax.errors import UserError, integer
 
 
 def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chains: int) -> dict:
@@ -110,11 +110,14 @@ def first_step_within(distance_to_last: np.ndarray, tolerance: float):
     return t if t < len(distance_to_last) - 1 else None
 
 
-def check_settings(num_examples: int, chains: int, steps: int, init: str) -> None:
+def check_settings(num_examples: int, chains: int, steps: int, init: str, seed: int = 0, tolerance=None) -> None:
     if num_examples < 1 or chains < 2 or steps < 1:
         raise UserError(
             f"num_examples >= 1, chains >= 2 and steps >= 1 are needed, got {num_examples}, {chains}, {steps}"
         )
+    integer("seed", seed, 0, 2**32 - 2)  # the comparison's chains use seed + 1; PRNGKey keeps 32 bits
+    if tolerance is not None and not tolerance >= 0:  # a distance the chain is reported to stay within
+        raise UserError(f"tolerance must be >= 0, got {tolerance}")
     samplers.LangevinSettings(init=init)  # the check of init, as for a config's
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from patjax import data, models
-from patjax.errors import UserError
+from patjax.errors import UserError, integer
 from patjax.models import ModelFns
 
 
@@ -42,6 +42,7 @@ class ModelSettings:
     def __post_init__(self):
         data.check_dataset(self.dataset)
         models.check_model(self.name)
+        integer("model_width", self.width, 1)
         if self.name not in models.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
             raise UserError(f"model {self.name!r} has its width in its name; model_width must stay {DEFAULT_WIDTH}")
         if self.compute_dtype not in ("float32", "bfloat16"):
@@ -51,6 +52,9 @@ class ModelSettings:
         kwargs = {"width": self.width} if self.name in models.TAKES_WIDTH else {}
         dtype = jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
         return models.create_model(self.name, self.dataset, data.NUM_CLASSES[self.dataset], dtype=dtype, **kwargs)
+
+
+USE_EPOCHS = -1  # num_train_steps meaning "num_epochs epochs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +70,14 @@ class OptimizerSettings:
     decay_fractions: tuple
     decay_factor: float
     num_epochs: int
-    num_train_steps: int  # > 0 overrides num_epochs
+    num_train_steps: int  # > 0 overrides num_epochs; USE_EPOCHS: num_epochs sets the length
 
     def __post_init__(self):
-        if self.num_train_steps <= 0 and self.num_epochs <= 0:
-            raise UserError("set num_epochs > 0 or num_train_steps > 0")
+        by_epochs = self.num_train_steps == USE_EPOCHS and not isinstance(self.num_train_steps, bool)
+        if not by_epochs:  # any other count below 1 has no meaning
+            integer("num_train_steps", self.num_train_steps, 1, sentinel=f"{USE_EPOCHS} (num_epochs sets the length)")
+        # With num_train_steps set, num_epochs is not read (but recorded).
+        integer("num_epochs", self.num_epochs, 1 if by_epochs else 0)
         if not self.learning_rate > 0:
             raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.momentum < 1 or self.weight_decay < 0:

@@ -271,6 +271,7 @@ def _train(
         disable=not (s.progress_bar and sharding.is_writer()),
     )
     pending, window_start, window_steps = [], time.perf_counter(), 0
+    checked = start  # the last step whose loss and gradient are known to be finite
     permutation, permutation_epoch = None, None
     try:
         for step in range(start, end):
@@ -305,9 +306,12 @@ def _train(
                 )
                 logging.info("step %d: %s", done, summary)
                 pending, window_start, window_steps = [], time.perf_counter(), 0
-                if not np.isfinite(summary["loss"]):
-                    raise UserError(f"loss is {summary['loss']} at step {done}; stopping")
+                _refuse_non_finite(summary, checked, done, manager)
+                checked = done
             if done % checkpoint_every == 0 or done == end:
+                if checked != done:  # steps since the last log, checked before their state is saved
+                    _refuse_non_finite(_summarize(pending), checked, done, manager)
+                    checked = done
                 manager.save(done, args=ocp.args.StandardSave(state))
             if done == end:
                 break
@@ -318,6 +322,27 @@ def _train(
         manager.close()
         progress.close()
     return state
+
+
+def _refuse_non_finite(summary: dict, first: int, last: int, manager: ocp.CheckpointManager) -> None:
+    """A one-line UserError if the loss or the gradient norm of steps first+1..last (their means
+    in `summary`) is not finite; the newest checkpoint then precedes them.
+
+    The values are read where the loop already brings metrics to the host (each logging window)
+    and once more before each checkpoint, never per step: a step's NaN is found at most one
+    window late, and no checkpoint is saved after a step that was not checked. A finite loss and
+    gradient make a finite update, so every saved state is one a finite step produced.
+    """
+    bad = {k: summary[k] for k in ("loss", "grad_norm") if k in summary and not np.isfinite(summary[k])}
+    if not bad:
+        return
+    kept = manager.latest_step()
+    what = " and ".join(f"{k} {v}" for k, v in bad.items())
+    steps = f"step {last}" if last == first + 1 else f"steps {first + 1}-{last}"
+    raise UserError(
+        f"training stopped: {what} at {steps}; "
+        + (f"the newest checkpoint, step {kept}, precedes them" if kept is not None else "no checkpoint was saved")
+    )
 
 
 def _summarize(step_metrics: list) -> dict:

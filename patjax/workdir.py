@@ -44,10 +44,10 @@ def load_config(workdir: str):
     try:
         cfg = config_lib.upgrade(saved)
         config_lib.train_settings(cfg)  # every config read from a workdir is checked here
-    except (AttributeError, KeyError, TypeError, ValueError) as error:  # JSON, but not a config's shape
+    except (AttributeError, KeyError, TypeError, ValueError, UserError) as error:  # JSON, but not a config
         raise UserError(
             f"{config_path(workdir)} is damaged ({type(error).__name__}: "
-            f"{one_line(error)[:100]}); restore it or start a new --workdir"
+            f"{one_line(error)[:160]}); restore it or start a new --workdir"
         ) from None
     return cfg
 

@@ -37,3 +37,15 @@ def train_run(cfg, workdir, **kwargs):
 
     settings = config.train_settings(cfg)
     return train.train_and_evaluate(settings, workdir, **kwargs)
+
+
+@pytest.fixture
+def records_per_file(monkeypatch):
+    """records_per_file(n): the loader reads synthetic CIFAR files of n records each where it
+    expects the official files' counts (`data.OFFICIAL_RECORDS`, checked in test_inputs.py)."""
+
+    def allow(n):
+        counts = {dataset: dict.fromkeys(names, n) for dataset, names in data.OFFICIAL_RECORDS.items()}
+        monkeypatch.setattr(data, "OFFICIAL_RECORDS", counts)
+
+    return allow

@@ -40,8 +40,8 @@ def test_the_example_runs_and_its_clean_accuracy_is_the_argmax_of_the_logits(exa
 
 def test_images_that_are_not_8_bit_are_refused():
     with pytest.raises(UserError, match="8-bit values"):
-        api.as_split(np.full((2, 32, 32, 3), 0.3001, np.float32), np.zeros(2))
-    split = api.as_split(np.full((2, 32, 32, 3), 77 / 255, np.float32), np.zeros(2))
+        api.as_split(np.full((2, 32, 32, 3), 0.3001, np.float32), np.zeros(2, int))
+    split = api.as_split(np.full((2, 32, 32, 3), 77 / 255, np.float32), np.zeros(2, int))
     assert split.images.dtype == np.uint8 and (split.images == 77).all()
 
 

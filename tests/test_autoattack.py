@@ -4,9 +4,10 @@ ones before it left robust; the masking checks are reported."""
 
 import numpy as np
 import pytest
+from scipy import stats
 from test_evaluation import evaluate, tiny_config, tiny_setup
 
-from patjax import data
+from patjax import data, report
 
 EPS = 0.03
 
@@ -91,3 +92,20 @@ def test_figures_do_not_depend_on_the_batch(evaluated):
             np.testing.assert_array_equal(per_image[key], reference[key], err_msg=key)
         else:
             np.testing.assert_allclose(per_image[key], reference[key], rtol=1e-5, err_msg=key)
+
+
+def test_an_aa_evaluation_prints_its_clean_accuracy_and_every_interval(evaluated):
+    state, split, results, _ = evaluated
+    W = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(state.params["Dense_0"]["bias"], np.float64)
+    x = np.asarray(data.to_float(split.images), np.float64).reshape(len(split), -1)
+    correct = (x @ W + b).argmax(1) == split.labels
+    ci = stats.binomtest(int(correct.sum()), len(split)).proportion_ci(0.95, method="exact")
+    fig = results["figures"]["aa"]["clean_accuracy"]
+    assert fig["value"] == pytest.approx(correct.mean()) and fig["n"] == len(split)
+    np.testing.assert_allclose(fig["interval"], [ci.low, ci.high], rtol=1e-9)
+    line = next(x for x in report.comparison(["run"], [results]).splitlines() if "AutoAttack on" in x)
+    assert f"AutoAttack on 40 images [95 % Clopper-Pearson intervals]: clean % {100 * correct.mean():.2f} " in line
+    assert f"[{100 * ci.low:.2f}, {100 * ci.high:.2f}]" in line
+    square = results["figures"]["aa"]["after"]["square"]
+    assert f"square {report.pct(square, 2)}" in line and "[" in report.pct(square, 2)

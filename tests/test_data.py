@@ -19,7 +19,8 @@ def write_binary(path, labels, images, coarse=None):
             )
 
 
-def test_binary_layout_is_parsed_to_nhwc(tmp_path):
+def test_binary_layout_is_parsed_to_nhwc(tmp_path, records_per_file):
+    records_per_file(3)
     rng = np.random.default_rng(0)
     folder = tmp_path / "cifar-10-batches-bin"
     folder.mkdir()
@@ -30,7 +31,8 @@ def test_binary_layout_is_parsed_to_nhwc(tmp_path):
     np.testing.assert_array_equal(split.labels, [7, 0, 9])
 
 
-def test_cifar100_uses_the_fine_label(tmp_path):
+def test_cifar100_uses_the_fine_label(tmp_path, records_per_file):
+    records_per_file(2)
     folder = tmp_path / "cifar-100-binary"
     folder.mkdir()
     images = np.zeros((2, 32, 32, 3), np.uint8)

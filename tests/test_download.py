@@ -155,7 +155,10 @@ def everything_under(path):
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
-def test_download_extracts_the_official_layout_and_the_loader_reads_it(server, tmp_path, capsys, dataset):
+def test_download_extracts_the_official_layout_and_the_loader_reads_it(
+    server, tmp_path, capsys, dataset, records_per_file
+):
+    records_per_file(3)  # synthetic archives: 3 records a file
     files, (labels, images) = synthetic(dataset)
     blob = tar_gz(files)
     url = server.add("/archive.tar.gz", blob)
@@ -350,7 +353,8 @@ def test_an_incomplete_dataset_directory_is_not_touched(server, tmp_path):
     assert (cache / "cifar-10-batches-bin" / "test_batch.bin").read_bytes() == b"mine"
 
 
-def test_two_processes_share_one_download(server, tmp_path):
+def test_two_processes_share_one_download(server, tmp_path, records_per_file):
+    records_per_file(3)  # synthetic archives: 3 records a file
     files, _ = synthetic("cifar10")
     blob = tar_gz(files)
     url = server.add("/archive.tar.gz", blob, "slow")
@@ -390,8 +394,9 @@ def test_two_processes_share_one_download(server, tmp_path):
     assert_clean(str(cache), "cifar-10-batches-bin")
 
 
-def test_without_tarfile_data_filter_the_own_checks_still_guard(server, tmp_path, monkeypatch):
+def test_without_tarfile_data_filter_the_own_checks_still_guard(server, tmp_path, monkeypatch, records_per_file):
     """Python < 3.10.12 / 3.11.4 has no tarfile.data_filter."""
+    records_per_file(3)  # synthetic archives: 3 records a file
     monkeypatch.delattr(tarfile, "data_filter")
     files, (labels, _) = synthetic("cifar10")
     blob = tar_gz(files)
@@ -454,9 +459,12 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     assert download.default_cache_dir() == str(tmp_path / "home" / ".cache" / "patjax" / "data")
 
 
-def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_after(server, tmp_path, monkeypatch):
+def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_after(
+    server, tmp_path, monkeypatch, records_per_file
+):
     """The quickstart's path with no data_dir: nothing beside the checkout, nothing cached, so
     the first load downloads (here from the loopback server); the next run finds the cache."""
+    records_per_file(3)  # synthetic archives: 3 records a file
     from patjax import config as config_lib
 
     files, _ = synthetic("cifar10")

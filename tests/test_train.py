@@ -178,6 +178,7 @@ def run_cli(*args, cwd=REPO):
         ("--config.learning_rate=-0.05", "learning_rate must be > 0"),
         ("--config.eval.pr_epsilons=(-0.1,0.2)", "eval.pr_epsilons must be non-empty and non-negative"),
         ("--stop_after_steps=-1", "stop_after_steps must be >= 1"),
+        ("--config.num_train_steps=-5", "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length)"),
         # Errors raised while absl loads the config, before main runs: one line, not a traceback.
         ("--config.nonexistent_field=1", "nonexistent_field"),
         ("--config.batch_size=abc", "invalid literal"),

@@ -20,26 +20,14 @@ import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from patjax import data, robustness, sharding, stats
-from patjax.errors import UserError
+from patjax.errors import UserError, integer
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
-
-
-def integer(name, value, minimum, maximum=None) -> int:
-    """value as an int, or a one-line UserError naming the setting."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
-    return int(value)
 
 
 def headline_first(headline: str, laws) -> tuple:
@@ -218,6 +206,45 @@ def pass_width(num_images: int, batch_size: int) -> int:
     return max(1, min(batch_size, -(-num_images // devices) * devices))
 
 
+NON_FINITE = "non_finite"  # the per-image flag `checking_logits` adds to a pass's outputs
+
+
+def checking_logits(batch_fn, model_fns):
+    """batch_fn with the per-image flag NON_FINITE: the model's logits at the image are not all
+    finite, or the pass's own float outputs hold a NaN (PR's losses at its perturbed images).
+
+    Any figure computed from such logits is meaningless: argmax of a NaN row picks class 0, a NaN
+    margin compares False. `evaluate_pass` refuses the pass; the flag travels to the host with
+    the outputs it already fetches per batch, so the check adds no synchronization, only one
+    forward pass per batch (an attack's tens of forward and backward passes dwarf it; in the
+    clean pass XLA may share it with the pass's own forward pass).
+    """
+
+    def fn(params, batch_stats, images, labels, indices):
+        out = batch_fn(params, batch_stats, images, labels, indices)
+        logits = model_fns.infer(params, batch_stats, data.to_float(images))
+        bad = ~jnp.all(jnp.isfinite(logits), axis=-1)
+        for value in jax.tree.leaves(out):
+            if jnp.issubdtype(value.dtype, jnp.floating):
+                bad = bad | jnp.any(jnp.isnan(value).reshape(value.shape[0], -1), axis=-1)
+        return {**out, NON_FINITE: bad}
+
+    return jax.jit(fn)
+
+
+def refuse_non_finite(outputs: list, pass_name: str) -> list:
+    """A pass's per-batch outputs without the NON_FINITE flag, or a one-line UserError naming the
+    pass and how many of its images have it."""
+    flags = [out.pop(NON_FINITE) for out in outputs if NON_FINITE in out]
+    if flags and np.any(np.concatenate(flags)):
+        bad = np.concatenate(flags)
+        raise UserError(
+            f"the model's logits are not finite on {int(np.sum(bad))} of {bad.size} images in the "
+            f"{pass_name} pass; no figure is computed from them"
+        )
+    return outputs
+
+
 def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=None):
     """Per-example outputs of one pass over the first n images (padding removed) and its wall time;
     with `subset` (image indices below n), over those images only: zeros elsewhere, and
@@ -242,6 +269,7 @@ def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=
         bar.set_postfix(img_s=f"{bar.n / (time.perf_counter() - start):.1f}")
     bar.close()
     wall = time.perf_counter() - start
+    outputs = refuse_non_finite(outputs, desc)
     if subset is None:
         return jax.tree.map(lambda *a: np.concatenate(a), *outputs), wall
     attacked = np.zeros(n, bool)

@@ -1,0 +1,346 @@
+"""Invalid input, from the input's side: each class ends in a one-line error and a non-zero exit
+(or a UserError from the library) with nothing in the workdir changed. docs/inputs.md lists
+what every flag and argument accepts and refuses."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from conftest import REPO, find_data_dir, train_run
+from test_train import tiny_config
+
+from patjax import api, checkpoints
+from patjax import config as config_lib
+from patjax import state as state_lib
+from patjax import workdir as workdir_lib
+from patjax.errors import UserError
+
+
+def tree_hash(root) -> str:
+    """A hash of every path and file content under root (empty folders included), but for the
+    contents of lock files: every process that takes a lock writes its holder line there."""
+    digest = hashlib.sha256()
+    for folder, dirs, names in sorted(os.walk(root)):
+        dirs.sort()
+        digest.update(os.path.relpath(folder, root).encode() + b"/\0")
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            if name == ".lock":
+                continue
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def run_cli(*args, cwd=REPO):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def one_error_line(proc) -> str:
+    """The one error line of a refused command (exit 2, no traceback; progress bars aside)."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def images_and_labels(n=6, size=4, classes=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8), rng.integers(0, classes, n).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Non-finite values stop the figure.
+
+
+def linear_logits(x):
+    """Finite logits: ten pixel values of each image."""
+    return x.reshape(x.shape[0], -1)[:, :10]
+
+
+def test_nan_logits_are_refused_naming_the_pass_and_the_images():
+    images, labels = images_and_labels()
+    images[:, 0, 0, 0] = 0
+    images[[1, 4], 0, 0, 0] = 255  # in two batches of 4
+
+    def nan_on_two(x):  # NaN logits on the images whose first pixel is white
+        return jnp.where(x[:, :1, 0, 0] == 1.0, jnp.nan, linear_logits(x))
+
+    with pytest.raises(UserError) as error:
+        api.evaluate(nan_on_two, images, labels, evaluators="clean", batch_size=4)
+    assert str(error.value) == (
+        "the model's logits are not finite on 2 of 6 images in the clean pass; no figure is computed from them"
+    )
+
+
+def test_logits_finite_at_the_images_but_not_at_their_perturbations_are_refused_in_that_pass():
+    images, labels = images_and_labels()
+
+    def nan_off_the_8_bit_grid(x):  # finite at every image (k / 255), NaN at PR's noisy samples
+        on_grid = jnp.all(jnp.abs(x * 255 - jnp.round(x * 255)) < 1e-3, axis=(1, 2, 3))
+        return jnp.where(on_grid[:, None], linear_logits(x), jnp.inf)
+
+    with pytest.raises(UserError, match=r"not finite on 6 of 6 images in the pr_uniform pass"):
+        api.evaluate(
+            nan_off_the_8_bit_grid, images, labels, evaluators="clean,pr", pr_samples=4, pr_chunk_size=4, batch_size=8
+        )
+    # The same function at the images alone is fine: the clean figure is computed.
+    clean = api.evaluate(nan_off_the_8_bit_grid, images, labels, evaluators="clean", batch_size=8)
+    assert clean["figures"]["clean_accuracy"]["n"] == 6
+
+
+def nan_checkpoint_workdir(workdir):
+    """A workdir whose one checkpoint (step 1) is the small CNN with NaN weights, as a diverged
+    run leaves it; and the .lock every trained workdir has."""
+    cfg = config_lib.default_config()
+    cfg.model = "small_cnn"
+    settings = config_lib.train_settings(cfg)
+    tx = state_lib.make_optimizer(settings.optimizer, optax.constant_schedule(0.1))
+    _, state = state_lib.create_train_state(settings.model, 0, tx)
+    state = state.replace(step=jnp.ones((), jnp.int32), params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+    workdir_lib.save_config(settings.record, workdir)
+    manager = checkpoints.checkpoint_manager(workdir)
+    manager.save(1, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    manager.close()
+    open(os.path.join(workdir, ".lock"), "w").close()
+
+
+def test_a_checkpoint_with_nan_weights_evaluates_to_one_line_and_no_results(tmp_path):
+    workdir = str(tmp_path / "run")
+    nan_checkpoint_workdir(workdir)
+    before = tree_hash(tmp_path)
+    proc = run_cli(
+        "-m", "patjax.evaluate", f"--workdir={workdir}", "--num_examples=5", "--batch_size=5", "--evaluators=clean"
+    )
+    assert one_error_line(proc) == (
+        "error: the model's logits are not finite on 5 of 5 images in the clean pass; no figure is computed from them"
+    )
+    assert tree_hash(tmp_path) == before
+
+
+def test_training_that_reaches_a_nan_loss_stops_keeping_the_checkpoint_before_it(tmp_path):
+    # A learning rate of 1e38 overflows the weights in the first update: step 1 is finite, step 2 not.
+    workdir = str(tmp_path / "run")
+    cfg = tiny_config(
+        data_dir=find_data_dir(),
+        method="clean",
+        learning_rate=1e38,
+        num_train_steps=6,
+        checkpoint_every_steps=1,
+        log_every_steps=3,
+        log_test_examples=8,
+    )
+    with pytest.raises(UserError) as error:
+        train_run(cfg, workdir)
+    # Found before step 2's checkpoint, not at the logging step 3: no checkpoint after a NaN.
+    assert str(error.value) == (
+        "training stopped: loss nan and grad_norm nan at step 2; the newest checkpoint, step 1, precedes them"
+    )
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1"]
+    _, _, state = workdir_lib.restore(workdir)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(state.params)))
+
+
+# ---------------------------------------------------------------------------------------
+# Data that are not the data set.
+
+RECORD = 3073  # bytes of a CIFAR-10 record: the label, then 3 x 32 x 32 pixels
+
+
+@pytest.mark.parametrize(
+    "records, shown",
+    [
+        (9_999, "has 30,726,927 bytes (9,999.00 records of 3073)"),  # a record missing
+        (10_001, "has 30,733,073 bytes (10,001.00 records of 3073)"),  # a record more
+        (10_000.5, "has 30,731,536 bytes (10,000.50 records of 3073)"),  # a record cut short
+    ],
+)
+def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_written(tmp_path, records, shown):
+    folder = tmp_path / "data" / "cifar-10-batches-bin"
+    folder.mkdir(parents=True)
+    official = 10_000 * RECORD
+    for name in ("data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"):
+        (folder / name).write_bytes(bytes(official))  # label 0, black images: the right length
+    (folder / "test_batch.bin").write_bytes(bytes(int(records * RECORD)))
+    workdir = tmp_path / "run"
+    before = tree_hash(tmp_path)
+    with pytest.raises(UserError) as error:
+        train_run(tiny_config(data_dir=str(tmp_path / "data"), method="clean"), str(workdir))
+    assert str(error.value) == (
+        f"{folder / 'test_batch.bin'} {shown}; the official file has 10,000 records, 30,730,000 bytes: "
+        "not the cifar10 data set"
+    )
+    assert tree_hash(tmp_path) == before and not workdir.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Labels and images at the API: refused before anything is compiled.
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda x, y: (x, y + 7), "labels must be classes of the model, in [0, 9], got values in [7, 16]"),
+        (lambda x, y: (x, y - 3), "labels must be class indices >= 0, got values in [-3, 6]"),
+        (lambda x, y: (x, y.astype(np.float32)), "labels must be integers (class indices), got dtype float32"),
+        (lambda x, y: (x, y[:-1]), "images must be (N, H, W, C) and labels (N,), N >= 1, got (6, 4, 4, 3) and (5,)"),
+        (
+            lambda x, y: (x.transpose(0, 3, 1, 2), y),
+            "images of shape (6, 3, 4, 4) look channels-first (N, C, H, W); pass (N, H, W, C)",
+        ),
+        (lambda x, y: (x.astype(np.int64), y), "images must be uint8 (0-255) or floats in [0, 1], got dtype int64"),
+        (
+            lambda x, y: (x.astype(np.float32), y),
+            "float images must lie in [0, 1], got values in [0, 255]; pass uint8 for values 0-255",
+        ),
+        (lambda x, y: (x[:0], y[:0]), "images must be (N, H, W, C) and labels (N,), N >= 1"),
+    ],
+)
+def test_the_api_refuses_labels_and_images_it_cannot_evaluate_before_compiling(change, message, monkeypatch):
+    images, labels = images_and_labels()
+    images[0, 0, 0, 0], images[1, 0, 0, 0] = 0, 255
+    images, labels = change(images, labels)
+    compiled = []
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a) or pytest.fail("compiled"))
+    with pytest.raises(UserError) as error:
+        api.evaluate(linear_logits, images, labels, evaluators="clean")
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not compiled
+
+
+def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused():
+    images, labels = images_and_labels()
+    with pytest.raises(UserError, match=r"the model must return \(N, classes\) logits with classes >= 2, got shape"):
+        api.evaluate(lambda x: x.sum(axis=(1, 2, 3)), images, labels, evaluators="clean")
+    with pytest.raises(UserError, match=r"the model cannot take images of shape \(N, 4, 4, 3\): TypeError"):
+        api.evaluate(lambda x: x.reshape(x.shape[0], 10, -1).sum(-1), images, labels, evaluators="clean")
+
+
+# ---------------------------------------------------------------------------------------
+# Settings with a meaning patjax does not have: refused where the config becomes settings.
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_train_steps", -5, "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length), got -5"),
+        ("num_train_steps", 0, "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length), got 0"),
+        ("num_epochs", 0, "num_epochs must be an integer >= 1, got 0"),  # with num_train_steps -1
+        ("num_epochs", -3, "num_epochs must be an integer >= 1, got -3"),
+        ("batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+        ("seed", -1, "seed must be an integer in [0, 4294967295], got -1"),
+        ("max_checkpoints_to_keep", 0, "max_checkpoints_to_keep must be an integer >= 1, got 0"),
+        ("model_width", 0, "model_width must be an integer >= 1, got 0"),
+    ],
+)
+def test_integer_settings_outside_their_documented_range_are_refused(field, value, message):
+    cfg = config_lib.default_config()
+    cfg[field] = value
+    with pytest.raises(UserError) as error:
+        config_lib.train_settings(cfg)
+    assert str(error.value) == message
+
+
+def test_the_documented_sentinels_are_accepted():
+    cfg = config_lib.default_config()
+    cfg.num_train_steps, cfg.checkpoint_every_steps, cfg.log_every_steps, cfg.log_test_examples = -1, 0, -1, -1
+    settings = config_lib.train_settings(cfg)
+    assert settings.total_steps() == 100 * (50_000 // 256)  # num_epochs epochs of whole batches
+    cfg.num_train_steps, cfg.num_epochs = 7, 0  # num_epochs is not read once the steps are set
+    assert config_lib.train_settings(cfg).total_steps() == 7
+
+
+# ---------------------------------------------------------------------------------------
+# Paths: every path flag of every command is checked for its kind before anything is read or
+# written (patjax.cli's existing_folder, existing_file, output_folder, output_file).
+
+
+def path_cases(tmp):
+    """(command line, the start of its one error line): each entry point's path flags go through
+    patjax.cli's checks (their every case: the test below); tmp holds a file `f` and a folder `d`."""
+    f, d, nowhere = tmp / "f", tmp / "d", tmp / "nowhere"
+    ev = ("-m", "patjax.evaluate")
+    return [
+        (
+            ("main.py", "--config=configs/quickstart.py", f"--workdir={f}/run"),
+            f"--workdir={f}/run: {f} is a file, so nothing can be made under it",
+        ),
+        ((*ev, f"--workdir={nowhere}", "--compare_only"), f"--workdir={nowhere}: no such folder"),
+        ((*ev, f"--torch_checkpoint={d}", "--model=small_cnn"), f"--torch_checkpoint={d}: is a folder, not a file"),
+        (("-m", "patjax.experiments", f"--workdir={nowhere}", "--handover"), f"--workdir={nowhere}: no such folder"),
+        (("-m", "patjax.diagnose", f"--workdir={d}", f"--out={f}/x"), f"--out={f}/x: {f} is a file, so nothing"),
+        (("-m", "patjax.export", f"--workdir={d}", f"--out={d}"), f"--out={d}: is a folder; name the file to write"),
+    ]
+
+
+def test_every_command_refuses_a_path_of_the_wrong_kind_in_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "f").write_text("a file")
+    (tmp_path / "d").mkdir()
+    before = tree_hash(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    cases = path_cases(tmp_path)
+    # All at once: each process spends its seconds importing JAX.
+    procs = [
+        subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for args, _ in cases
+    ]
+    for proc, (args, message) in zip(procs, cases):
+        _, stderr = proc.communicate(timeout=300)
+        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+        assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
+    assert tree_hash(tmp_path) == before
+
+
+def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
+    from patjax import cli
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    checks = [
+        (cli.existing_folder, tmp_path / "no", "no such folder"),
+        (cli.existing_folder, f, "is a file, not a folder"),
+        (cli.existing_file, tmp_path / "no", "no such file"),
+        (cli.existing_file, tmp_path, "is a folder, not a file"),
+        (cli.output_folder, f, "is a file, not a folder"),
+        (cli.output_folder, f / "a" / "b", f"{f} is a file, so nothing can be made under it"),
+        (cli.output_file, tmp_path, "is a folder; name the file to write"),
+        (cli.output_file, f / "out.json", f"{f} is a file, so nothing can be made under it"),
+    ]
+    if os.geteuid() != 0:  # root writes anywhere
+        checks.append((cli.output_folder, readonly / "new", f"cannot create it, {readonly} is not writable"))
+    for check, path, message in checks:
+        with pytest.raises(UserError) as error:
+            check("flag", str(path))
+        assert str(error.value) == f"--flag={path}: {message}", check
+    # What each accepts: the folder or file there, or a path it can create.
+    assert cli.existing_folder("flag", str(tmp_path)) == str(tmp_path)
+    assert cli.existing_file("flag", str(f)) == str(f)
+    assert cli.output_folder("flag", str(tmp_path / "new" / "deeper"))
+    assert cli.output_file("flag", str(tmp_path / "new" / "out.json"))
+    assert sorted(os.listdir(tmp_path)) == ["f", "ro"]  # the checks create nothing
+
+
+def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
+    from patjax import runner, sampler_diagnostic, suite_catalog
+
+    with pytest.raises(UserError, match=r"^--max_runs must be an integer >= 1, got 0$"):
+        runner.run_suite(suite_catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=0)
+    assert os.listdir(tmp_path) == []  # refused before the suite folder is made
+    with pytest.raises(UserError, match=r"^seed must be an integer in \[0, 4294967294\], got -1$"):
+        sampler_diagnostic.check_settings(8, 2, 10, "uniform", seed=-1)
+    with pytest.raises(UserError, match=r"^tolerance must be >= 0, got -0.1$"):
+        sampler_diagnostic.check_settings(8, 2, 10, "uniform", tolerance=-0.1)

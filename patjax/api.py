@@ -23,7 +23,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from patjax import config as config_lib
-from patjax import data, evaluation, models, torch_weights
+from patjax import data, evaluation, models, sharding, torch_weights
 from patjax import state as state_lib
 from patjax.errors import UserError
 
@@ -117,4 +117,5 @@ def evaluate_torch_checkpoint(
             "normalize": normalization,
         }
     }
-    return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
+    with sharding.writer_lock(out_dir, "an evaluation"):  # out_dir/eval/ is written as a run's eval/ is
+        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)

@@ -27,7 +27,7 @@ import os
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import data, files, plots, sampler_diagnostic
+from patjax import data, files, locks, plots, sampler_diagnostic
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -48,6 +48,16 @@ def main(argv):
     sampler_diagnostic.check_settings(FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init)
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
+    if FLAGS.out is not None:
+        return _diagnose(FLAGS.out)
+    # Into the run's own diagnose/: under the run's lock, as every writer of a workdir.
+    remedy = "wait for it to finish, or write elsewhere with --out"
+    with locks.exclusive(FLAGS.workdir, "a sampler diagnostic", remedy=remedy):
+        return _diagnose(os.path.join(FLAGS.workdir, "diagnose"))
+
+
+def _diagnose(out_dir: str) -> None:
+    FLAGS = flags.FLAGS
     settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)
     split = data.load_split(settings.dataset, "test", settings.data_dir)
     # The run's sampler; the diagnostic varies its T and start.
@@ -85,7 +95,7 @@ def main(argv):
             f"steps per example on average (max {f['candidate_steps_max']:.0f}) vs {FLAGS.steps}; mean "
             f"|x_cand - x_ref| {f['distance_to_reference']:.5f} vs {f['floor']:.5f} between two reference chains"
         )
-    path = write(result, FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"), f"sampler_diagnostic_{FLAGS.init}")
+    path = write(result, out_dir, f"sampler_diagnostic_{FLAGS.init}")
     c = result["curves"]
     marks = sorted({t for t in (0, 1, 5, 10, 25, 50, 100, 200, FLAGS.steps) if t <= FLAGS.steps})
     print(f"{'t':>5} {'mean|x_t-x|':>12} {'max|x_t-x|':>11} {'|x_t-x_T|':>10} {'drift':>9} {'energy':>9} {'miscls':>7}")

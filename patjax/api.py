@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from patjax import config as config_lib
-from patjax import data, evaluation, models, torch_weights, zoo
+from patjax import data, evaluation, models, sharding, torch_weights, zoo
 from patjax import state as state_lib
 from patjax.errors import UserError, one_line
 
@@ -206,7 +206,8 @@ def evaluate_torch_checkpoint(
             "normalize": normalization,
         }
     }
-    return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
+    with sharding.writer_lock(out_dir, "an evaluation"):  # out_dir/eval/ is written as a run's eval/ is
+        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
 
 
 def evaluate_robustbench(
@@ -228,4 +229,5 @@ def evaluate_robustbench(
             "normalize": zoo_entry.normalize or "none",
         }
     }
-    return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
+    with sharding.writer_lock(out_dir, "an evaluation"):
+        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)

@@ -72,7 +72,8 @@ def restore_newest_intact(
 
 
 def move_aside(workdir: str, step: int) -> str:
-    """Moves checkpoint `step` to damaged_checkpoints/ so a resumed run can save that step again."""
+    """Moves checkpoint `step` to damaged_checkpoints/ so a resumed run can save that step again
+    (by the trainer, which holds the workdir's lock)."""
     source = os.path.join(os.path.abspath(workdir), "checkpoints", str(step))
     target_dir = os.path.join(os.path.abspath(workdir), "damaged_checkpoints")
     os.makedirs(target_dir, exist_ok=True)
@@ -90,8 +91,8 @@ def require_checkpoint(workdir: str) -> int:
 
 
 def prune_checkpoints(workdir: str, keep: int) -> str:
-    """Removes every checkpoint of the workdir but step `keep` (no trainer may be running);
-    returns the kept step's directory."""
+    """Removes every checkpoint of the workdir but step `keep`; returns the kept step's directory.
+    The caller holds the workdir's lock (`locks.exclusive`), so no trainer is writing them."""
     root = os.path.join(os.path.abspath(workdir), "checkpoints")
     kept = os.path.join(root, str(int(keep)))
     if not os.path.isdir(kept):

@@ -4,8 +4,10 @@ Where the data come from (`resolve_data_dir`, the same search for every command 
 - `config.data_dir=PATH`: a directory in the official binary layout (`cifar-10-batches-bin/`,
   `cifar-100-binary/`);
 - no data_dir: `$PATJAX_DATA_DIR`, else a `shared/data` beside the checkout, else the per-user
-  cache (`download.default_cache_dir()`), if one holds the dataset; otherwise the official
-  archive is downloaded into the cache once (`patjax.download`: checksum, safe extraction);
+  cache (`download.default_cache_dir()`), if one holds the split being loaded (an evaluation
+  reads the test split alone: a folder without the training files serves it); otherwise the
+  official archive is downloaded into the cache once (`patjax.download`: checksum, safe
+  extraction);
 - `config.data_dir=tfds`: tensorflow-datasets, whose `tfds.data_source` reads prepared
   array_record files without TensorFlow; preparing them the first time needs TensorFlow
   (the extra `[tfds-prepare]`); tensorflow-datasets itself is the extra `[tfds]`.
@@ -56,10 +58,11 @@ class Split:
 TFDS = "tfds"  # the data_dir that selects tensorflow-datasets
 
 
-def find_data_dir(dataset: str = "cifar10") -> Optional[str]:
+def find_data_dir(dataset: str = "cifar10", split: Optional[str] = None) -> Optional[str]:
     """$PATJAX_DATA_DIR, else a shared/data beside the checkout or beside one of its parents, or
     beside the working directory, else the per-user download cache: the first that holds the
-    dataset's binary archives; None if none does."""
+    files of the dataset's `split` (None: of both splits); None if none does. An evaluation
+    asks for the test split alone, so a folder without the training files serves it."""
     candidates = [os.environ.get("PATJAX_DATA_DIR")]
     for base in _search_roots():
         while True:
@@ -69,7 +72,7 @@ def find_data_dir(dataset: str = "cifar10") -> Optional[str]:
             base = os.path.dirname(base)
     candidates.append(download.default_cache_dir())
     for candidate in candidates:
-        if candidate and download.is_present(dataset, candidate):
+        if candidate and download.is_present(dataset, candidate, split):
             return os.path.abspath(candidate)
     return None
 
@@ -79,15 +82,15 @@ def _search_roots() -> list[str]:
     return [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()]
 
 
-def resolve_data_dir(dataset: str, data_dir: Optional[str]) -> Optional[str]:
-    """The directory to read `dataset` from (None: tensorflow-datasets): data_dir as given, 'tfds'
-    for tensorflow-datasets, or, with none, `find_data_dir`, else the download cache after
-    downloading the dataset into it (one line on stderr says where)."""
+def resolve_data_dir(dataset: str, data_dir: Optional[str], split: Optional[str] = None) -> Optional[str]:
+    """The directory to read `dataset`'s `split` from (None: tensorflow-datasets): data_dir as
+    given, 'tfds' for tensorflow-datasets, or, with none, `find_data_dir`, else the download
+    cache after downloading the dataset into it (one line on stderr says where)."""
     if data_dir == TFDS:
         return None
     if data_dir:
         return data_dir
-    return find_data_dir(dataset) or download.ensure_dataset(dataset, download.default_cache_dir())
+    return find_data_dir(dataset, split) or download.ensure_dataset(dataset, download.default_cache_dir())
 
 
 def check_dataset(name: str):
@@ -100,7 +103,7 @@ def load_split(dataset: str, split: str, data_dir: Optional[str]) -> Split:
     check_dataset(dataset)
     if split not in ("train", "test"):
         raise UserError(f"unknown split {split!r}")
-    folder = resolve_data_dir(dataset, data_dir)
+    folder = resolve_data_dir(dataset, data_dir, split)
     if folder is None:
         return _load_tfds(dataset, split)
     return _load_binary(dataset, split, folder)

@@ -27,7 +27,7 @@ import os
 from absl import app, flags
 
 from patjax import cli as cli_lib
-from patjax import data, files, plots, sampler_diagnostic
+from patjax import data, files, locks, plots, sampler_diagnostic
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -52,6 +52,16 @@ def main(argv):
     )
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
+    if FLAGS.out is not None:
+        return _diagnose(FLAGS.out)
+    # Into the run's own diagnose/: under the run's lock, as every writer of a workdir.
+    remedy = "wait for it to finish, or write elsewhere with --out"
+    with locks.exclusive(FLAGS.workdir, "a sampler diagnostic", remedy=remedy):
+        return _diagnose(os.path.join(FLAGS.workdir, "diagnose"))
+
+
+def _diagnose(out_dir: str) -> None:
+    FLAGS = flags.FLAGS
     settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)
     split = data.load_split(settings.dataset, "test", settings.data_dir)
     # The run's sampler; the diagnostic varies its T and start.

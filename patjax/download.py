@@ -82,10 +82,12 @@ def default_cache_dir() -> str:
     return os.path.join(cache_home, "patjax", "data")
 
 
-def is_present(dataset: str, cache_dir: str) -> bool:
-    """Whether `cache_dir` holds every file of `dataset` that the loader reads."""
+def is_present(dataset: str, cache_dir: str, split: str | None = None) -> bool:
+    """Whether `cache_dir` holds every file of `dataset`'s `split` (None: of both splits) that the
+    loader reads."""
     top_dir = ARCHIVES[dataset][3]
-    return all(os.path.isfile(os.path.join(cache_dir, top_dir, f)) for f in EXPECTED_FILES[dataset])
+    wanted = EXPECTED_FILES[dataset] if split is None else SPLIT_FILES[dataset][split]
+    return all(os.path.isfile(os.path.join(cache_dir, top_dir, f)) for f in wanted)
 
 
 def ensure_dataset(

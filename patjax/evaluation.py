@@ -197,8 +197,7 @@ def evaluate_workdir(
     """
     settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
-    lock = locks.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
-    with lock:
+    with sharding.writer_lock(workdir, "an evaluation"):
         _, model_fns, state = workdir_lib.restore(workdir, step=step)
         return evaluate_and_write(settings, model_fns, state, workdir, progress, step)
 
@@ -278,12 +277,15 @@ def compare(workdirs, plot_path=None) -> str:
     results_list = [r for r, _ in loaded]
     names = [workdir_name(w) for w in workdirs]
     text = report.comparison(names, results_list)
+    # The default plot is a file of the first run's eval/: written under its lock, as its evaluation is.
+    into_run = plot_path is None
     plot_path = plot_path or eval_files.plot_path(workdirs[0])
-    if any("pr" in r.get("figures", {}) for r in results_list):
-        plots.save_figure(plots.plot_pr(names, results_list), plot_path)
-        text += f"\nplot: {plot_path}"
-    if len(workdirs) > 1:
-        diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
-        text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
-        files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
+    with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
+        if any("pr" in r.get("figures", {}) for r in results_list):
+            plots.save_figure(plots.plot_pr(names, results_list), plot_path)
+            text += f"\nplot: {plot_path}"
+        if len(workdirs) > 1:
+            diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
+            text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
+            files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
     return text

@@ -109,8 +109,8 @@ def define_flags():
     flags.DEFINE_bool(
         "handover",
         False,
-        "With no worker running: keep each unfinished run's curve models and "
-        "newest checkpoint only, and print how to commit them (a clean clone then resumes).",
+        "Keep each unfinished run's curve models and newest checkpoint only, and print how to "
+        "commit them (a clean clone then resumes); refused while a worker holds one of the runs.",
     )
     flags.DEFINE_string(
         "only",

@@ -2,10 +2,12 @@
 RobustBench, torchattacks).
 
   python -m patjax.export --workdir=runs/pat_c10 --out=pat_c10.safetensors [--format=safetensors|pt] [--step=N]
+      [--overwrite]
 
 Writes the run's newest model (or the kept model / checkpoint of --step; `patjax.workdir.restore`)
 under the reference PyTorch names and layouts (`patjax.torch_weights`), with the run's input
-normalization as the buffers mu and sigma. Load it into the matching network of
+normalization as the buffers mu and sigma. An existing --out is replaced only with --overwrite
+(the refusal names the model the file holds, from its metadata). Load it into the matching network of
 `patjax_torch.models` (the metadata of a .safetensors file names the network, its width and
 dataset):
 
@@ -39,6 +41,7 @@ def main(argv):
         raise UserError(f"--format={FLAGS.format} needs --out ending in {torch_weights.FORMATS.get(FLAGS.format)}")
     if suffix not in torch_weights.FORMATS.values():
         raise UserError(f"--out must end in {' or '.join(torch_weights.FORMATS.values())}, got {FLAGS.out!r}")
+    torch_weights.check_can_write(FLAGS.out, FLAGS.overwrite)  # before the model is read
     settings, _, state = workdir_lib.restore(FLAGS.workdir, step=FLAGS.step)
     model = settings.model
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
@@ -50,7 +53,13 @@ def main(argv):
         "workdir": os.path.abspath(FLAGS.workdir),
     }
     path = torch_weights.export(
-        FLAGS.out, model.name, params, batch_stats, models.DATASET_STATS[model.dataset], metadata=metadata
+        FLAGS.out,
+        model.name,
+        params,
+        batch_stats,
+        models.DATASET_STATS[model.dataset],
+        metadata=metadata,
+        overwrite=FLAGS.overwrite,
     )
     print(
         f"wrote {path}: {model.name} of step {int(state.step)}, inputs normalized with the {model.dataset} statistics"
@@ -62,6 +71,7 @@ def cli():
     flags.DEFINE_string("out", None, "The file to write: .safetensors or .pt.")
     flags.DEFINE_enum("format", None, sorted(torch_weights.FORMATS), "Optional; must agree with --out's suffix.")
     flags.DEFINE_integer("step", None, "Export the model of this step (default: the newest).")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --out (refused without it).")
     app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
 
 

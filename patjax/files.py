@@ -3,8 +3,11 @@ atomic writes, strict JSON (NaN and inf as null), and JSON reads whose damage is
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import tempfile
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -27,12 +30,68 @@ def json_safe(obj):
     return obj
 
 
-def atomic(path: str, write: Callable[[str], None], suffix: str = ".tmp") -> None:
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# The mode an ordinary open() gives a new file. Read once, at import, before any thread runs:
+# reading the umask sets it for a moment, which would change the mode of files that other
+# threads create meanwhile.
+_FILE_MODE = 0o666 & ~_umask()
+TEMP_SUFFIX = ".tmp"
+
+
+def temporary_path(path: str, suffix: str = TEMP_SUFFIX) -> str:
+    """A new empty file beside `path` whose name no other writer holds (`tempfile.mkstemp`):
+    `.NAME.RANDOM` + suffix, hidden, so that a listing or a glob of the folder's data (`*.png`,
+    kept models' `step_N.safetensors`) never takes a leftover for data."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=suffix)
+    os.close(fd)
+    return tmp
+
+
+def atomic(path: str, write: Callable[[str], None], suffix: str = TEMP_SUFFIX, replace: bool = True) -> None:
     """write(temporary path), then rename it to path: a reader (a person, another worker) sees
-    the old file or the new one whole, never a half-written one."""
-    tmp = path + suffix
-    write(tmp)
-    os.replace(tmp, path)
+    the old file or the new one whole, never a half-written one.
+
+    Every writer has a temporary file of its own (`temporary_path`), so two writers of one path
+    never write into one file: the last rename wins, and the file is one writer's whole. A
+    temporary file left by a writer that was killed is never written again and never blocks
+    the next writer; one that fails otherwise is removed. `suffix`: what `write` needs the name
+    to end with (numpy adds .npz to a name without it). replace=False: never replace an
+    existing file, also one that another writer creates meanwhile (the rename is then a hard
+    link, which fails if the name exists): FileExistsError, and nothing is written.
+    """
+    tmp = temporary_path(path, suffix)
+    try:
+        write(tmp)
+        os.chmod(tmp, _FILE_MODE)  # mkstemp's file is private (0600); the result is an ordinary file
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _publish_without_replacing(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def _publish_without_replacing(tmp: str, path: str) -> None:
+    """Moves tmp to path unless path exists (then FileExistsError), as one step where the
+    filesystem has hard links; where it has none, checked first and renamed."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links on this filesystem (some FUSE and FAT mounts)
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "file exists", path) from None
+        os.replace(tmp, path)
+        return
+    os.remove(tmp)
 
 
 def read_json(path: str, remedy: str) -> Optional[dict]:

@@ -57,22 +57,27 @@ def lock(path: str, role: str, *, wait: bool = False, remedy: str = ""):
         os.close(fd)  # releases the flock
 
 
-@contextlib.contextmanager
-def exclusive(workdir: str, role: str):
-    """Holds `workdir`/.lock for a process that writes the workdir (a trainer, an evaluation).
+WORKDIR_LOCK = ".lock"  # in a workdir: held by the process that writes it
 
-    A second writer is refused in one line naming the holder; a lock left by a dead process
-    never blocks the resume (`lock`).
+
+@contextlib.contextmanager
+def exclusive(workdir: str, role: str, remedy: str = "wait for it to finish, or use another --workdir"):
+    """Holds `workdir`/.lock for a process that writes, replaces or deletes the workdir's files
+    (a trainer, an evaluation, a suite worker keeping models, a handover; docs/workdir.md lists
+    them all).
+
+    A second writer is refused in one line naming the holder and ending in `remedy`; a lock
+    left by a dead process never blocks the resume (`lock`).
     """
     created = not os.path.isdir(workdir)
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, ".lock")
+    path = os.path.join(workdir, WORKDIR_LOCK)
     with lock(path, role) as held:
         if not held.held:
-            raise UserError(f"{workdir!r} is in use by {held.holder}; wait for it to finish, or use another --workdir")
+            raise UserError(f"{workdir!r} is in use by {held.holder}; {remedy}")
         try:
             yield
         finally:
-            if created and os.listdir(workdir) == [".lock"]:  # failed before writing anything
+            if created and os.listdir(workdir) == [WORKDIR_LOCK]:  # failed before writing anything
                 os.remove(path)
                 os.rmdir(workdir)

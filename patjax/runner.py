@@ -24,6 +24,7 @@ docs/cluster.md has the details.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -43,6 +44,7 @@ from patjax import (
     locks,
     plots,
     robustness,
+    sharding,
     suite_report,
     suite_results,
     train,
@@ -324,7 +326,8 @@ def _train_and_evaluate(
             # The stop's extra checkpoint pushes the oldest out of the manager's window; the
             # curve steps reached so far are kept as models now, as `handover` keeps them.
             if suite.keep_models:
-                workdir_lib.keep_models(directory, set(_curve_steps(suite, run, final)))
+                with _worker_writing(directory):
+                    workdir_lib.keep_models(directory, set(_curve_steps(suite, run, final)))
             say(
                 f"stopped at step {record['step']} with a checkpoint after {train_wall / 60:.1f} min (its time "
                 f"is up); rerun to resume, or --handover to carry it in git"
@@ -343,7 +346,8 @@ def _train_and_evaluate(
         files.write_json(record_path, record)
     step = int(record["step"])
     if suite.keep_models:
-        written = workdir_lib.keep_models(directory, set(_curve_steps(suite, run, step)) | {step})
+        with _worker_writing(directory):
+            written = workdir_lib.keep_models(directory, set(_curve_steps(suite, run, step)) | {step})
         if written:
             say(f"kept the models of steps {', '.join(map(str, written))} in {kept_models.MODELS_DIR}/")
     if not _eval_matches(suite, step, directory):
@@ -384,32 +388,63 @@ def _train_and_evaluate(
     if suite.keep_models and _models_and_curve_done(suite, run, step, directory):
         # Its kept models are all a finished run needs; a checkpoint carried in git by `handover`
         # leaves the tree with it.
-        shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)
+        with _worker_writing(directory):
+            shutil.rmtree(os.path.join(directory, "checkpoints"), ignore_errors=True)
     return False
 
 
+def _worker_writing(directory: str):
+    """The run's workdir lock, for what a worker writes or deletes there besides its training and
+    evaluation (which take the lock themselves): kept models, its checkpoints once they are
+    kept. The worker holds the run's claim throughout; the lock also keeps out a trainer, an
+    evaluation or a diagnostic started on the run's directory by hand."""
+    return sharding.writer_lock(directory, "a suite worker")
+
+
+@contextlib.contextmanager
+def _held_for_handover(directory: str):
+    """The run's claim and its workdir lock, as a worker that trains the run holds them; a
+    one-line UserError naming the holder if another process holds either."""
+    remedy = "wait for it to finish or stop it, then hand over again"
+    with locks.lock(os.path.join(directory, CLAIM_FILE), "a handover") as claim:
+        if not claim.held:
+            raise UserError(f"{directory!r} is claimed by {claim.holder}; {remedy}")
+        with locks.exclusive(directory, "a handover", remedy=remedy):
+            yield
+
+
 def handover(suite: Suite, workdir: str) -> list[str]:
-    """Prepares the suite's unfinished runs to be carried to another machine in git (no worker
-    may be running on them). A run that has finished training keeps its final model and its
-    curve steps' models (`workdir.keep_models`), which is all its evaluation needs. A run still
-    training keeps the models of its curve steps so far and its newest checkpoint only, which
-    it resumes from bitwise. Returns those checkpoints' paths, which the suite's .gitignore
-    leaves out: `git add -f` them with the rest of the suite."""
-    paths = []
-    for run in plan(suite):
-        directory = run_dir(workdir, run)
-        step = checkpoints.latest_step(directory)
-        if step is None:
-            continue
-        final = config.train_settings(run.config).total_steps()
-        curve = set(_curve_steps(suite, run, final))
-        if _trained(run, directory) is not None:
-            if suite.keep_models:
-                workdir_lib.keep_models(directory, curve | {final})
-            continue
-        workdir_lib.keep_models(directory, curve)
-        paths.append(checkpoints.prune_checkpoints(directory, keep=step))
-    return paths
+    """Prepares the suite's unfinished runs to be carried to another machine in git. A run that
+    has finished training keeps its final model and its curve steps' models
+    (`workdir.keep_models`), which is all its evaluation needs. A run still training keeps the
+    models of its curve steps so far and its newest checkpoint only, which it resumes from
+    bitwise. Returns those checkpoints' paths, which the suite's .gitignore leaves out:
+    `git add -f` them with the rest of the suite.
+
+    It first takes the claim and the workdir lock of every run with checkpoints, as a worker
+    training the run holds them, and keeps them until it is done: if a worker (or a trainer,
+    an evaluation) holds any of them, it refuses in one line before it changes anything."""
+    with contextlib.ExitStack() as held:
+        touched = []
+        for run in plan(suite):
+            directory = run_dir(workdir, run)
+            if os.path.isdir(os.path.join(directory, "checkpoints")):
+                held.enter_context(_held_for_handover(directory))
+                touched.append((run, directory))
+        paths = []
+        for run, directory in touched:
+            step = checkpoints.latest_step(directory)
+            if step is None:
+                continue
+            final = config.train_settings(run.config).total_steps()
+            curve = set(_curve_steps(suite, run, final))
+            if _trained(run, directory) is not None:
+                if suite.keep_models:
+                    workdir_lib.keep_models(directory, curve | {final})
+                continue
+            workdir_lib.keep_models(directory, curve)
+            paths.append(checkpoints.prune_checkpoints(directory, keep=step))
+        return paths
 
 
 def _record_invocation(workdir: str, entry: dict) -> None:

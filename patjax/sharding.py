@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -10,6 +11,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from patjax import locks
 from patjax.errors import UserError
 
 
@@ -75,6 +77,12 @@ def is_writer() -> bool:
     """Process 0 writes the workdir's files (config, metrics, results); checkpoints are saved by
     every process, as Orbax requires."""
     return jax.process_index() == 0
+
+
+def writer_lock(workdir: str, role: str, **kwargs):
+    """The workdir's lock (`locks.exclusive`), taken by process 0 alone: it writes the workdir's
+    files for every process of the run; the others take nothing."""
+    return locks.exclusive(workdir, role, **kwargs) if is_writer() else contextlib.nullcontext()
 
 
 def batch_sharding_for(mesh):

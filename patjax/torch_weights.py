@@ -27,7 +27,7 @@ from typing import Optional
 import jax
 import numpy as np
 from flax import traverse_util
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from patjax import data, files, models
@@ -208,23 +208,60 @@ def read_state_dict(path: str, containers=CONTAINERS) -> dict[str, np.ndarray]:
     return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in obj.items()}
 
 
-def write_state_dict(path: str, tensors: dict[str, np.ndarray], metadata: Optional[dict] = None) -> str:
+def _held_model(path: str) -> str:
+    """Which model the weights file `path` holds, from its metadata (`export` writes the network,
+    dataset and step into a .safetensors file), or that it does not say."""
+    if os.path.splitext(path)[1].lower() != SAFETENSORS:
+        return "a .pt file, which does not record which model it holds"
+    try:
+        with safe_open(path, framework="numpy") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError):
+        return "not a readable safetensors file"
+    if "model" not in metadata:
+        return "its metadata does not say which model it holds"
+    # The model first, then by name: safetensors keeps the metadata unordered.
+    shown = [f"{k}={v}" for k, v in sorted(metadata.items(), key=lambda kv: (kv[0] != "model", kv[0])) if v]
+    return f"it holds {', '.join(shown)}"
+
+
+def check_can_write(path: str, overwrite: bool) -> None:
+    """Refuses, in one line naming the model it holds, to replace an existing file unless
+    `overwrite`: a file of weights may be another run's model."""
+    if not overwrite and os.path.lexists(path):
+        raise UserError(f"{path} exists ({_held_model(path)}); pass --overwrite to replace it, or choose another --out")
+
+
+def write_state_dict(
+    path: str, tensors: dict[str, np.ndarray], metadata: Optional[dict] = None, overwrite: bool = False
+) -> str:
     """Writes the state_dict atomically: .safetensors (metadata kept as strings) or .pt
-    (torch.save of torch tensors; needs torch). Returns the path."""
+    (torch.save of torch tensors; needs torch). Returns the path. An existing file is replaced
+    only with `overwrite` (`check_can_write`), also one that another writer creates meanwhile."""
     suffix = _check_suffix(path, (SAFETENSORS, ".pt"))
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UserError(f"cannot write {path}: the folder {folder} does not exist")
+    check_can_write(path, overwrite)
     if suffix == SAFETENSORS:
-        files.atomic(
-            path, lambda tmp: save_file(tensors, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
-        )
+
+        def write(tmp):
+            save_file(tensors, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
+
     else:
         try:
             import torch  # optional, as in read_state_dict
         except ImportError:
             raise UserError("writing a .pt file needs torch (pip install torch); use .safetensors") from None
-        files.atomic(path, lambda tmp: torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, tmp))
+
+        def write(tmp):
+            torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, tmp)
+
+    try:
+        files.atomic(path, write, replace=overwrite)
+    except FileExistsError:  # created by another writer since the check above
+        check_can_write(path, overwrite=False)
+        raise
     return path
 
 
@@ -283,7 +320,9 @@ def load_arrays(tensors: dict, model_name: str, dataset: str, normalize=None, wi
     return models.ModelFns(model.apply), state_lib.inference_state(params, batch_stats)
 
 
-def export(path: str, model_name: str, params, batch_stats, normalize, metadata: Optional[dict] = None) -> str:
+def export(
+    path: str, model_name: str, params, batch_stats, normalize, metadata: Optional[dict] = None, overwrite: bool = False
+) -> str:
     """Writes a patjax network as a PyTorch state_dict file (`to_state_dict`, `write_state_dict`)."""
     tensors = to_state_dict(model_name, params, batch_stats, normalize)
-    return write_state_dict(path, tensors, {"model": model_name, **(metadata or {})})
+    return write_state_dict(path, tensors, {"model": model_name, **(metadata or {})}, overwrite=overwrite)

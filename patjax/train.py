@@ -10,7 +10,6 @@ batch reductions (the SNIS softmax included) still run over the whole global bat
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -26,7 +25,7 @@ from absl import logging
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from patjax import checkpoints, data, files, locks, methods, sharding
+from patjax import checkpoints, data, files, methods, sharding
 from patjax import config as config_lib
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
@@ -209,8 +208,7 @@ def train_and_evaluate(
     check_collectives_pair_across_processes(settings.method)
     mesh = sharding.make_mesh(settings.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
-    lock = locks.exclusive(workdir, "a trainer") if sharding.is_writer() else contextlib.nullcontext()
-    with lock:
+    with sharding.writer_lock(workdir, "a trainer"):
         return _train(settings, workdir, mesh, stop_after_steps, stop_at)
 
 

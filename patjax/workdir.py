@@ -165,7 +165,8 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
 
 def keep_models(workdir: str, steps_to_keep=None) -> list[int]:
     """Writes the kept model (`kept_models.save`) of every checkpoint step in `steps_to_keep`
-    (default: every checkpoint) that has none yet; returns the steps written."""
+    (default: every checkpoint) that has none yet; returns the steps written. The caller holds
+    the workdir's lock (`locks.exclusive`), so no trainer prunes a checkpoint being read."""
     if checkpoints.latest_step(workdir) is None:
         return []
     settings = load_settings(workdir)

@@ -1,11 +1,15 @@
-"""Data loading (official binary layout, TFDS) and the in-jit augmentation."""
+"""Data loading (official binary layout, TFDS; the search for a folder that holds the split being
+loaded, with no network) and the in-jit augmentation."""
+
+import os
+import socket
 
 import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from patjax import data, models
+from patjax import api, data, download, eval_files, models, torch_weights
 from patjax.errors import UserError
 
 
@@ -64,6 +68,67 @@ def test_real_cifar10_matches_published_statistics(data_dir):
     np.testing.assert_allclose(std, pixels.std(0), atol=5e-5)
     cifar100 = data.load_split("cifar100", "test", data_dir)
     assert cifar100.images.shape == (10000, 32, 32, 3) and cifar100.labels.max() == 99
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No network (any connection, a download's, fails the test loudly), an empty download cache,
+    no data beside the checkout; PATJAX_DATA_DIR is the folder returned, empty."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a network connection was attempted: {args}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)  # a name looked up: a connection under way
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(data, "_search_roots", lambda: [str(tmp_path / "checkout" / "repo")])
+    monkeypatch.setenv("PATJAX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATJAX_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def write_test_split(offline, dataset, images, labels):
+    """Writes `dataset`'s test split alone into the offline data folder."""
+    folder = offline / download.ARCHIVES[dataset][3]
+    folder.mkdir(parents=True)
+    coarse = [0] * len(labels) if dataset == "cifar100" else None
+    write_binary(folder / download.SPLIT_FILES[dataset]["test"][0], labels, images, coarse)
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
+def test_a_folder_with_the_test_split_alone_serves_an_evaluation_and_not_a_training(offline, dataset):
+    images = np.random.default_rng(1).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
+    write_test_split(offline, dataset, images, [3, 1, 4, 1, 5])
+    assert data.find_data_dir(dataset, "test") == str(offline)
+    split = data.load_split(dataset, "test", None)  # found, and read without a download
+    np.testing.assert_array_equal(split.images, images)
+    np.testing.assert_array_equal(split.labels, [3, 1, 4, 1, 5])
+    # Training needs the training split: the folder is not taken for it, and the download starts.
+    assert data.find_data_dir(dataset, "train") is None and data.find_data_dir(dataset) is None
+    with pytest.raises(AssertionError, match="a network connection was attempted"):
+        data.load_split(dataset, "train", None)
+
+
+def test_cifar100_with_the_test_split_alone_evaluates_offline(offline, tmp_path):
+    """`python -m patjax.evaluate --torch_checkpoint` (`api.evaluate_torch_checkpoint`) of a
+    CIFAR-100 network with no data_dir: the test split alone, found in PATJAX_DATA_DIR."""
+    rng = np.random.default_rng(2)
+    images, labels = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8), [7, 99, 0, 42, 7, 13]
+    write_test_split(offline, "cifar100", images, labels)
+    model = models.create_model("small_cnn", "cifar100", 100, normalize=models.NO_NORMALIZATION)
+    params, batch_stats = models.init_variables(model, jax.random.PRNGKey(0))
+    weights = str(tmp_path / "net.safetensors")
+    torch_weights.export(weights, "small_cnn", params, batch_stats, normalize=None)
+    out = str(tmp_path / "net")
+    results = api.evaluate_torch_checkpoint(
+        weights, "small_cnn", "cifar100", "none", out, evaluators=["clean"], num_examples=6, batch_size=6
+    )
+    assert results["settings"]["dataset"] == "cifar100" and results["settings"]["num_examples"] == 6
+    logits = model.apply({"params": params, "batch_stats": batch_stats}, images.astype(np.float32) / 255)
+    expected = np.argmax(np.asarray(logits), axis=1) == np.asarray(labels)
+    _, per_image = eval_files.load_results(out)
+    np.testing.assert_array_equal(per_image["clean.correct"], expected)
+    assert not os.path.exists(tmp_path / "cache" / "cifar-100-binary")
 
 
 def test_tfds_mock_data_path():

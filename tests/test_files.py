@@ -1,14 +1,20 @@
-"""JSON-lines files that several sittings or workers append to: a line cut short by a writer that
-died is dropped before the next append, and a damaged line is one line naming it."""
+"""Files several writers meet on: JSON-lines files that sittings or workers append to (a line cut
+short by a writer that died is dropped before the next append, a damaged line is one line naming
+it), and files replaced whole by two real processes at once (one writer's whole content, no
+temporary file left) or by a writer killed halfway (its leftover blocks no one and reads as no data)."""
 
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
-from patjax import files
+from patjax import files, kept_models
 from patjax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,3 +72,108 @@ def test_a_damaged_invocation_log_is_one_line_from_the_suite_command(tmp_path):
     assert lines[-1].startswith("error: ") and "invocations.jsonl line 2 is damaged" in lines[-1]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(workdir / "results.md") and not os.path.exists(workdir / "results.json")
+
+
+# A writer of PATH through files.atomic that writes half of its content, waits at a file barrier
+# until every writer has written half (so that all their temporary files exist at once), then
+# writes the rest. argv: path, barrier folder, writers, its letter, replace (1/0).
+HALF_AND_WAIT = """
+import os, sys, time
+from patjax import files
+path, barrier, writers, me, replace = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+content = (me * 1_000_000).encode()
+
+def write(tmp):
+    with open(tmp, "wb") as f:
+        f.write(content[:500_000])
+        f.flush()
+        open(os.path.join(barrier, me), "w").close()
+        deadline = time.time() + 60
+        while len(os.listdir(barrier)) < writers:
+            if time.time() > deadline:
+                sys.exit("barrier: the other writer never came")
+            time.sleep(0.01)
+        f.write(content[500_000:])
+
+try:
+    files.atomic(path, write, replace=replace)
+except FileExistsError:
+    print("refused: exists", flush=True)
+    sys.exit(3)
+print("wrote", flush=True)
+"""
+
+
+def writer(path, barrier, writers, me, replace=True):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    return subprocess.Popen(
+        [sys.executable, "-c", HALF_AND_WAIT, path, barrier, str(writers), me, "1" if replace else "0"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("replace", [True, False])
+def test_two_writers_of_one_path_at_once_leave_one_whole_file_and_no_temporary(tmp_path, replace):
+    folder, barrier = tmp_path / "out", tmp_path / "barrier"
+    folder.mkdir()
+    barrier.mkdir()
+    path = str(folder / "results.json")
+    procs = {me: writer(path, str(barrier), 2, me, replace) for me in "AB"}
+    outcomes = {}
+    for me, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        outcomes[me] = (proc.returncode, out.strip(), err[-2000:])
+    assert sorted(os.listdir(barrier)) == ["A", "B"]  # both were halfway at once
+    with open(path, "rb") as f:
+        final = f.read()
+    assert final in (b"A" * 1_000_000, b"B" * 1_000_000)  # one writer's whole content, never a mix
+    assert os.listdir(folder) == ["results.json"], os.listdir(folder)  # no temporary file left
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask()  # an ordinary file, as open() makes
+    if replace:  # both succeed; the last rename wins
+        assert [outcomes[me][:2] for me in "AB"] == [(0, "wrote")] * 2, outcomes
+    else:  # exactly one creates the file, the other is refused and writes nothing
+        winner = final[:1].decode()
+        loser = "B" if winner == "A" else "A"
+        assert outcomes[winner][:2] == (0, "wrote"), outcomes
+        assert outcomes[loser][:2] == (3, "refused: exists"), outcomes
+
+
+def test_a_writer_killed_halfway_leaves_a_hidden_leftover_that_blocks_no_one(tmp_path):
+    """A writer of a kept model killed in the middle (kill -9): its temporary file stays, is not
+    read as a kept model, and the next writer of the same path writes it whole."""
+    workdir, barrier = str(tmp_path / "run"), tmp_path / "barrier"
+    os.makedirs(os.path.join(workdir, kept_models.MODELS_DIR))
+    barrier.mkdir()
+    path = kept_models.path(workdir, 2)
+    killed = writer(path, str(barrier), 2, "K")  # waits for a second writer that never comes
+    try:
+        deadline = time.time() + 60
+        while not (barrier / "K").exists():
+            assert killed.poll() is None and time.time() < deadline, killed.communicate()
+            time.sleep(0.01)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    leftovers = os.listdir(os.path.join(workdir, kept_models.MODELS_DIR))
+    assert len(leftovers) == 1 and leftovers[0].startswith(".step_000002.safetensors."), leftovers
+    assert kept_models.steps(workdir) == []  # the half-written file is not a kept model
+    assert glob.glob(os.path.join(workdir, kept_models.MODELS_DIR, "*")) == []
+    params = {"Dense_0": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
+    kept_models.save(workdir, 2, params, {}, {"model": "linear"})
+    assert kept_models.steps(workdir) == [2]
+    loaded, _, metadata = kept_models.load(workdir, 2, params, {})
+    np.testing.assert_array_equal(loaded["Dense_0"]["kernel"], params["Dense_0"]["kernel"])
+    assert metadata["model"] == "linear"
+    assert sorted(os.listdir(os.path.join(workdir, kept_models.MODELS_DIR))) == sorted(
+        [*leftovers, "step_000002.safetensors"]
+    )

@@ -1,6 +1,7 @@
 """The experiment runner: a tiny suite on real CIFAR-10 trains, evaluates on common random
 numbers, reports paired differences that match a hand computation, and resumes."""
 
+import copy
 import dataclasses
 import io
 import itertools
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 from conftest import REPO
@@ -18,8 +20,10 @@ from safetensors.numpy import load_file
 
 from patjax import config as config_lib
 from patjax import (
+    download,
     eval_files,
     kept_models,
+    locks,
     methods,
     plots,
     runner,
@@ -32,6 +36,7 @@ from patjax import (
     workers,
 )
 from patjax import stats as patjax_stats
+from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
 
@@ -236,15 +241,14 @@ def environment(**extra):
     return {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, **extra}
 
 
-def worker(workdir, data_dir, *args):
+def worker(workdir, data_dir, *args, suite="smoke_cpu", command=("-m", "patjax.experiments")):
     """A suite worker process, as on a cluster node; one JAX device so that two share 2 cores, and
     XLA's light compilation, as conftest.py sets for the tests' own process."""
     return subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "patjax.experiments",
-            "--suite=smoke_cpu",
+            *command,
+            f"--suite={suite}",
             f"--workdir={workdir}",
             f"--data_dir={data_dir}",
             "--progress_bars=False",
@@ -339,6 +343,123 @@ def test_a_claim_held_by_a_live_process_is_skipped_and_a_dead_ones_is_taken(tmp_
         for e in json.load(open(os.path.join(workdir, "results.json")))["groups"]["cifar10_small_cnn"]["runs"]
     }
     assert statuses == {r: "done" if r == run else "pending" for r in SMOKE_RUNS}
+
+
+def head_of_cifar10(data_dir, folder, records=16):
+    """A data folder in the official layout holding the first `records` records of each file of
+    real CIFAR-10 (80 training images, 16 test images)."""
+    os.makedirs(os.path.join(folder, "cifar-10-batches-bin"))
+    for name in download.EXPECTED_FILES["cifar10"]:
+        with open(os.path.join(data_dir, "cifar-10-batches-bin", name), "rb") as f:
+            head = f.read(3073 * records)
+        with open(os.path.join(folder, "cifar-10-batches-bin", name), "wb") as f:
+            f.write(head)
+    return folder
+
+
+def race_suite(data_dir):
+    """smoke_cpu with the tiniest training (of a `head_of_cifar10` folder): batches of 8, the
+    training log's test accuracy on 16 images (its runs' evaluation is not used)."""
+    suite = suite_catalog.smoke_cpu_suite(data_dir)
+    cfg = copy.deepcopy(suite.groups[0].base_config)
+    cfg.batch_size, cfg.log_test_examples, cfg.eval.batch_size = 8, 16, 16
+    return dataclasses.replace(suite, name="race", groups=(dataclasses.replace(suite.groups[0], base_config=cfg),))
+
+
+# The suite command line with the race suite, in a worker that stops after saving the checkpoint
+# of step 2 (of 4), holding the run's claim and lock, until the file argv[1]/go appears (it
+# creates argv[1]/paused when it waits); with argv[2] == "when_paused" (a handover), it starts
+# once argv[1]/paused appears, its imports done meanwhile.
+RACE = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import orbax.checkpoint as ocp
+from patjax import experiments, suite_catalog
+from test_runner import race_suite
+signals, role = sys.argv.pop(1), sys.argv.pop(1)
+suite_catalog.SUITES["race"] = race_suite
+save = ocp.CheckpointManager.save
+
+def save_then_wait(self, step, *args, **kwargs):
+    saved = save(self, step, *args, **kwargs)
+    if step == 2:
+        self.wait_until_finished()
+        open(os.path.join(signals, "paused"), "w").close()
+        while not os.path.exists(os.path.join(signals, "go")):
+            time.sleep(0.05)
+    return saved
+
+if role == "paused_at_step_2":
+    ocp.CheckpointManager.save = save_then_wait
+else:
+    deadline = time.time() + 300
+    while not os.path.exists(os.path.join(signals, "paused")):
+        if time.time() > deadline:
+            sys.exit("the worker never paused")
+        time.sleep(0.05)
+experiments.cli()
+""".format(tests=str(REPO / "tests"))
+
+
+def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undisturbed(tmp_path, data_dir):
+    data_dir = head_of_cifar10(data_dir, str(tmp_path / "data"))
+    suite = race_suite(data_dir)
+    run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("clean", 0))
+    raced, alone, signals = (str(tmp_path / name) for name in ("raced", "alone", "signals"))
+    os.makedirs(signals)
+    one_run = ("--methods=clean", "--max_runs=1", "--only=train", "--compilation_cache=False")
+    paused = worker(raced, data_dir, *one_run, suite="race", command=("-c", RACE, signals, "paused_at_step_2"))
+    handover = worker(raced, data_dir, "--handover", suite="race", command=("-c", RACE, signals, "when_paused"))
+    directory = suite_outcomes.run_dir(raced, run)
+    try:
+        # The same run trained undisturbed, here meanwhile (one device, as the worker has).
+        undisturbed = train.train_and_evaluate(config_lib.train_settings(run.config), alone)
+        out, err = handover.communicate(timeout=TIMEOUT_S)
+        assert handover.returncode == 2 and out == "", (out, err)
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"error: {directory!r} is claimed by suite worker 0 of 1 (pid {paused.pid} "), err
+        assert err.rstrip().endswith("wait for it to finish or stop it, then hand over again"), err
+        with pytest.raises(UserError, match="is claimed by suite worker"):
+            runner.handover(suite, raced)
+        assert os.listdir(os.path.join(directory, "checkpoints")) == ["2"]  # nothing deleted
+    finally:
+        open(os.path.join(signals, "go"), "w").close()
+        handover.kill()
+    log = finish(paused)
+    assert lines_about(log, run.name, "training 4 steps") and lines_about(log, run.name, "trained in"), log
+    # No checkpoint lost, and the final state is bitwise that of the run trained alone.
+    assert sorted(os.listdir(os.path.join(directory, "checkpoints"))) == ["2", "4"]
+    _, _, raced_state = workdir_lib.restore(directory, step=4)
+    leaves = [
+        jax.tree.leaves(jax.device_get((s.params, s.batch_stats, s.opt_state))) for s in (raced_state, undisturbed)
+    ]
+    assert int(raced_state.step) == int(undisturbed.step) == 4 and len(leaves[0]) == len(leaves[1]) > 0
+    for a, b in zip(*leaves):
+        np.testing.assert_array_equal(a, b)
+    # With the worker gone the handover goes ahead: a trained run keeps its final model.
+    assert runner.handover(suite, raced) == []
+    assert kept_models.steps(directory) == [4]
+    kept = load_file(kept_models.path(directory, 4))
+    np.testing.assert_array_equal(kept["params/Dense_0/kernel"], np.asarray(undisturbed.params["Dense_0"]["kernel"]))
+
+
+def test_a_handover_is_refused_while_a_trainer_holds_a_runs_workdir_and_changes_nothing(tmp_path, data_dir):
+    """A trainer started by hand on a run's directory holds its lock, not its claim."""
+    suite = suite_catalog.smoke_cpu_suite(data_dir)
+    first, second = (suite_outcomes.run_dir(str(tmp_path), r) for r in suites.plan(suite)[:2])
+    for directory in (first, second):
+        os.makedirs(os.path.join(directory, "checkpoints", "2"))
+    with locks.exclusive(second, "a trainer"):
+        with pytest.raises(UserError) as error:
+            runner.handover(suite, str(tmp_path))
+        message = str(error.value)
+        assert message.startswith(f"{second!r} is in use by a trainer (pid {os.getpid()} ") and "\n" not in message
+        assert message.endswith("wait for it to finish or stop it, then hand over again")
+    # The first run, taken before the refusal, is free again, and nothing was removed.
+    with locks.lock(os.path.join(first, runner.CLAIM_FILE), "a test") as claim:
+        assert claim.held
+    for directory in (first, second):
+        assert os.listdir(os.path.join(directory, "checkpoints")) == ["2"]
 
 
 def dry_run(*args, env=None):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from conftest import REPO
 from helpers import torch_logits, trained_looking
+from safetensors import safe_open
 
-from patjax import data, models, torch_weights
+from patjax import checkpoints, data, models, torch_weights
 from patjax import workdir as workdir_lib
 from patjax.errors import UserError
 
@@ -182,3 +183,44 @@ def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
     net = torch_models.create_model("small_cnn", 10, CIFAR10)
     net.load_state_dict(torch.load(out, weights_only=True), strict=True)
     np.testing.assert_allclose(torch_logits(torch, net.eval(), images), expected, rtol=0, atol=1e-4)
+
+
+def export_command(workdir, out, *flags):
+    return subprocess.run(
+        [sys.executable, "-m", "patjax.export", f"--workdir={workdir}", f"--out={out}", *flags],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_export_replaces_a_file_only_with_overwrite_and_names_the_model_it_holds(tmp_path):
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    out = str(tmp_path / "model.safetensors")
+    torch_weights.export(out, "small_cnn", params, batch_stats, None, metadata={"dataset": "cifar10", "step": 7})
+    with open(out, "rb") as f:
+        before = f.read()
+    expected = (
+        f"{out} exists (it holds model=small_cnn, dataset=cifar10, step=7); pass --overwrite to replace it, "
+        "or choose another --out"
+    )
+    with pytest.raises(UserError) as error:
+        torch_weights.export(out, "small_cnn", params, batch_stats, None)
+    assert str(error.value) == expected
+    pt = tmp_path / "model.pt"
+    pt.write_bytes(b"not ours")
+    with pytest.raises(UserError, match=r"model.pt exists \(a .pt file, which does not record which model it holds\)"):
+        torch_weights.write_state_dict(str(pt), {})
+    # The command line: refused in one line before the run is read, the file left as it was.
+    workdir = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0")
+    refused = export_command(workdir, out)
+    assert refused.returncode == 2 and refused.stderr == f"error: {expected}\n", refused.stderr
+    with open(out, "rb") as f:
+        assert f.read() == before
+    replaced = export_command(workdir, out, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    with safe_open(out, framework="numpy") as f:
+        metadata = f.metadata()
+    assert metadata["model"] == "small_cnn" and metadata["step"] == str(checkpoints.require_checkpoint(workdir))
+    assert sorted(os.listdir(tmp_path)) == ["model.pt", "model.safetensors"]  # no temporary file left

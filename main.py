@@ -12,7 +12,7 @@ Running the same command again resumes from the latest checkpoint in --workdir.
 from absl import app, flags
 from ml_collections import config_flags
 
-from patjax import config, train
+from patjax import config, sharding, train
 from patjax.cli import guarded, parse_flags, start
 
 FLAGS = flags.FLAGS
@@ -30,7 +30,9 @@ def main(argv):
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
-    train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    state = train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    if sharding.is_writer():
+        print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
 
 
 if __name__ == "__main__":

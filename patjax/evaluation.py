@@ -173,18 +173,20 @@ def check_workdir(
     evaluators=None,
     overrides: dict | None = None,
     overwrite: bool = True,
+    step: int | None = None,
 ) -> config_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the run's evaluation settings with the overrides and the arguments given; with
-    overwrite=False also that an existing eval/results.json was made as this evaluation would be
-    made, or with fewer evaluators or laws (`eval_files.check_replaceable`). Returns the settings."""
+    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step) was made as
+    this evaluation would be made, or with fewer evaluators or laws (`eval_files.check_replaceable`).
+    Returns the settings."""
     settings = workdir_lib.evaluation_settings(
         workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     newest = checkpoints.require_checkpoint(workdir)
-    if not overwrite and os.path.isfile(eval_files.results_path(workdir)):
+    if not overwrite and os.path.isfile(eval_files.results_path(workdir, step)):
         split = data.load_split(settings.dataset, "test", settings.data_dir)
-        check_replaceable(settings, workdir, newest, split)
+        check_replaceable(settings, workdir, newest if step is None else step, split, step=step)
     return settings
 
 
@@ -211,7 +213,7 @@ def evaluate_workdir(
     to replace an evaluation made with other settings or more evaluators or laws.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
     """
-    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
+    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite, step)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     lock = locks.exclusive(workdir, "an evaluation") if sharding.is_writer() else contextlib.nullcontext()
     with lock:

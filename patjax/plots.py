@@ -70,7 +70,7 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     dataset = DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
-    fig.suptitle(f"First {s['num_examples']} {dataset} test images; PR over {PR_IMAGE_SETS[over]}", fontsize=10)
+    fig.suptitle(f"First {s['num_examples']} {dataset} test images;\nPR over {PR_IMAGE_SETS[over]}", fontsize=10)
     fig.tight_layout()
     return fig
 

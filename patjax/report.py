@@ -101,9 +101,8 @@ def comparison(names, results_list) -> str:
             + [f"PR({e}) %" for e in eps_keys],
             rows,
         ),
-        f"PR: {first.get('pr_protocol', dist)}",
-        "",
     ]
+    tables += [f"PR: {first.get('pr_protocol', dist)}", ""] if eps_keys else [""]
     for d in laws:
         levels = list(pr_of(first, d))
         if not levels:

@@ -668,7 +668,7 @@ def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
     assert ax.get_ylabel() == "PR % over clean-correct images\n(95 % bootstrap interval)"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["A (over 40 images)", "B (over 55 images)"]
     assert fig._suptitle.get_text() == (
-        "First 100 CIFAR-10 test images; PR over the images each run classifies correctly"
+        "First 100 CIFAR-10 test images;\nPR over the images each run classifies correctly"
     )
     fig = plots.plot_pr(["A", "B"], [a, b], over="all")
     (ax,) = fig.axes

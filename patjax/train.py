@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import time
 from typing import Optional
 
@@ -347,7 +348,7 @@ def closing_message(settings: config_lib.TrainSettings, workdir: str, step: int)
     ev = settings.evaluation
     images = "all" if ev.num_examples == config_lib.WHOLE_SPLIT else f"the first {ev.num_examples}"
     lines.append(
-        f"{'next' if step >= total else 'then'}: python -m patjax.evaluate --workdir={workdir}   "
+        f"{'next' if step >= total else 'then'}: python -m patjax.evaluate --workdir={shlex.quote(workdir)}   "
         f"({', '.join(ev.evaluators)} on {images} test images, with intervals)"
     )
     return "\n".join(lines)

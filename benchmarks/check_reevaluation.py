@@ -89,7 +89,7 @@ def main(argv=None):
             copy,
             num_examples=s["num_examples"],
             batch_size=s["batch_size"],
-            progress=False,
+            progress=True,  # a bar per evaluator on stderr: the check takes minutes
             evaluators=args.evaluators.split(","),
             overrides=overrides,
         )

@@ -188,11 +188,15 @@ def evaluate_torch_checkpoint(
     batch_size=None,
     overrides=None,
     width=None,
+    overwrite: bool = True,
 ) -> dict:
     """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
-    default config's eval settings with `overrides`; results in out_dir/eval/. The results
-    record the file, the network and its input normalization under "model"."""
-    # Every setting is checked before the file is read.
+    default config's eval settings with `overrides`; results in out_dir/eval/. model_name, dataset
+    and width may be None where the file's metadata names them (`torch_weights.network`). The
+    results record the file, the network and its input normalization under "model".
+    overwrite=False refuses to replace an evaluation of out_dir made otherwise."""
+    model_name, dataset, width = torch_weights.network(path, model_name, dataset, width)
+    # Every setting is checked before the weights are read.
     settings = config_lib.default_evaluation_settings(
         dataset, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
@@ -207,11 +211,11 @@ def evaluate_torch_checkpoint(
         }
     }
     with sharding.writer_lock(out_dir, "an evaluation"):  # out_dir/eval/ is written as a run's eval/ is
-        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
+        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)
 
 
 def evaluate_robustbench(
-    name, model_dir, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None
+    name, model_dir, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None, overwrite=False
 ) -> dict:
     """A RobustBench CIFAR-10 Linf zoo entry (`zoo.load_model`: its checkpoint in model_dir,
     fetched there if missing) evaluated as a PyTorch checkpoint is; results in out_dir/eval/."""
@@ -230,4 +234,4 @@ def evaluate_robustbench(
         }
     }
     with sharding.writer_lock(out_dir, "an evaluation"):
-        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record)
+        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)

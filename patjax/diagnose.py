@@ -22,9 +22,11 @@ OUT/sampler_diagnostic.png (energy and distances against t).
 
 from __future__ import annotations
 
+import functools
 import os
 
 from absl import app, flags
+from tqdm import tqdm
 
 from patjax import cli as cli_lib
 from patjax import data, files, locks, plots, sampler_diagnostic
@@ -46,7 +48,7 @@ def main(argv):
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     cli_lib.existing_folder("workdir", FLAGS.workdir)
-    out_dir = cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
+    cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
     sampler_diagnostic.check_settings(
         FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
     )
@@ -66,33 +68,38 @@ def _diagnose(out_dir: str) -> None:
     split = data.load_split(settings.dataset, "test", settings.data_dir)
     # The run's sampler; the diagnostic varies its T and start.
     sampler, bn_mode = settings.method.langevin, settings.method.langevin_bn_mode
-    result = sampler_diagnostic.diagnose(
-        sampler,
-        bn_mode,
-        model_fns,
-        state,
-        split,
-        num_examples=FLAGS.num_examples,
-        chains=FLAGS.chains,
-        steps=FLAGS.steps,
-        init=FLAGS.init,
-        seed=FLAGS.seed,
-        tolerance=FLAGS.tolerance,
-    )
-    if FLAGS.compare_tolerance is not None:
-        result["sampler_comparison"] = sampler_diagnostic.comparison(
+    bar = functools.partial(tqdm, unit="step", dynamic_ncols=True, disable=not FLAGS.progress_bars)
+    with bar(total=2 * FLAGS.steps, desc=f"{FLAGS.num_examples} images x {FLAGS.chains} chains, 2 passes") as chain:
+        result = sampler_diagnostic.diagnose(
             sampler,
             bn_mode,
             model_fns,
             state,
             split,
             num_examples=FLAGS.num_examples,
+            chains=FLAGS.chains,
             steps=FLAGS.steps,
             init=FLAGS.init,
-            tolerance=FLAGS.compare_tolerance,
-            candidate_steps=FLAGS.compare_steps or FLAGS.steps,
-            seed=FLAGS.seed + 1,
+            seed=FLAGS.seed,
+            tolerance=FLAGS.tolerance,
+            on_step=lambda: chain.update(1),
         )
+    if FLAGS.compare_tolerance is not None:
+        with bar(total=3, unit="sampler", desc="compare samplers: reference, floor, candidate") as compared:
+            result["sampler_comparison"] = sampler_diagnostic.comparison(
+                sampler,
+                bn_mode,
+                model_fns,
+                state,
+                split,
+                num_examples=FLAGS.num_examples,
+                steps=FLAGS.steps,
+                init=FLAGS.init,
+                tolerance=FLAGS.compare_tolerance,
+                candidate_steps=FLAGS.compare_steps or FLAGS.steps,
+                seed=FLAGS.seed + 1,
+                on_sample=lambda: compared.update(1),
+            )
         f = result["sampler_comparison"]
         print(
             f"init={FLAGS.init}, tolerance={FLAGS.compare_tolerance}: {f['candidate_steps_mean']:.1f} gradient "
@@ -137,6 +144,7 @@ def cli():
     )
     flags.DEFINE_integer("seed", 0, "Seed of the chains.")
     flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/diagnose).")
+    flags.DEFINE_bool("progress_bars", True, "tqdm bars for the chains and the sampler comparison (stderr).")
     app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
 
 

@@ -74,6 +74,56 @@ def check_per_image(results: dict, per_image: dict, where: str) -> None:
         )
 
 
+# Settings that change no figure (randomness is keyed by image and sample, `evaluators.common`,
+# so batch, chunk and device counts only reorder float sums) or that are outcomes: an evaluation
+# differing from the previous one only in these reproduces its figures.
+INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr_chunk_size", "devices")
+# Lists an evaluation may extend: every figure of the previous one is made again, with more beside it.
+EXTENSIBLE_FIELDS = ("evaluators", "pr_distributions")
+
+
+def _listed(values) -> str:
+    return ",".join(map(str, values)) or "none"
+
+
+def lost_settings(previous: dict, planned: dict) -> list[str]:
+    """How an evaluation with `planned` settings (results.json's "settings" as it would write them)
+    departs from the `previous` one's: a changed setting, or an evaluator or law it drops. Settings
+    `previous` does not record (files written before they existed) are not compared."""
+    differing = []
+    for key, new in planned.items():
+        if key in INCIDENTAL_FIELDS or key not in previous:
+            continue
+        old = previous[key]
+        if key in EXTENSIBLE_FIELDS:
+            dropped = [v for v in old or () if v not in new]
+            if dropped:
+                differing.append(f"{key} {_listed(old)} there, {_listed(new)} now, dropping {_listed(dropped)}")
+        elif old != new:
+            differing.append(f"{key} {old!r} there, {new!r} now")
+    return differing
+
+
+def check_replaceable(directory: str, planned: dict, record: Optional[dict] = None, step: Optional[int] = None) -> None:
+    """Raises UserError if eval/ (curve/step_N/ with a step) holds an evaluation that one with
+    `planned` settings (and `record`'s entries, e.g. the evaluated file) would replace with other
+    figures: results are never replaced without a word. The same settings, or more evaluators or
+    laws beside the same ones, may replace it (its figures come back identical)."""
+    previous = read_results(directory, step)
+    if previous is None:
+        return
+    differing = lost_settings(previous.get("settings", {}), planned)
+    differing += [
+        f"{k} {previous.get(k)!r} there, {v!r} now" for k, v in (record or {}).items() if previous.get(k) != v
+    ]
+    if differing:
+        raise UserError(
+            f"{results_path(directory, step)} holds an evaluation made otherwise ({'; '.join(differing)}), which "
+            f"this one would replace: move {eval_dir(directory, step)} aside to keep it, or pass --overwrite to "
+            f"replace it"
+        )
+
+
 def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
     """Raises UserError unless two evaluations' settings (results.json's `settings`) put them on
     common random numbers: the same images, perturbations and distribution definitions."""
@@ -125,8 +175,8 @@ def write_results(workdir: str, results: dict, per_image: dict, step: Optional[i
     entries = {**per_image, **identity(results["settings"])}
     atomic(per_image_path(workdir, step), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
     written = write_json(results_path(workdir, step), results)
-    stale_plot = plot_path(workdir)  # drawn from the previous results
-    if step is None and "pr" not in results.get("figures", {}) and os.path.isfile(stale_plot):
+    stale_plot = plot_path(workdir)  # drawn from the previous results; the command line draws it anew
+    if step is None and os.path.isfile(stale_plot):
         os.remove(stale_plot)
     return written
 

@@ -3,12 +3,13 @@
   python -m patjax.evaluate --workdir=runs/pat_c10 [--full] [--num_examples=1000] [--batch_size=500]
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
-  python -m patjax.evaluate --torch_checkpoint=model.safetensors --model=wrn28_10 [--dataset=cifar10] [--model_width=W]
-      [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
+  python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
+      [--model_width=W] [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
   python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
-`patjax.models` is evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
+`patjax.models` (named by --model, or by the metadata of a file `patjax.export` wrote) is
+evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
 names and layouts of `patjax.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
 results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/). An entry of
@@ -27,7 +28,7 @@ import os
 
 from absl import app, flags
 
-from patjax import api, eval_files, evaluation, evaluators, models, report, sharding, zoo
+from patjax import api, eval_files, evaluation, evaluators, models, plots, report, sharding, zoo
 from patjax import cli as cli_lib
 from patjax.errors import UserError
 
@@ -63,8 +64,8 @@ def print_written(out_dir, name, results):
 
 
 def evaluate_torch_checkpoint(spec, num_examples, overrides):
-    if FLAGS.workdir or not FLAGS.model:
-        raise UserError("--torch_checkpoint takes --model (and no --workdir)")
+    if FLAGS.workdir:
+        raise UserError("--torch_checkpoint takes no --workdir")
     cli_lib.existing_file("torch_checkpoint", FLAGS.torch_checkpoint)
     out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
     if out_dir != FLAGS.torch_checkpoint:  # a file without suffix is refused for its suffix
@@ -80,6 +81,7 @@ def evaluate_torch_checkpoint(spec, num_examples, overrides):
         batch_size=FLAGS.batch_size,
         overrides=overrides,
         width=FLAGS.model_width,
+        overwrite=FLAGS.overwrite,
     )
     print_written(out_dir, os.path.basename(FLAGS.torch_checkpoint), results)
 
@@ -100,6 +102,7 @@ def evaluate_robustbench(spec, num_examples, overrides):
         num_examples=num_examples,
         batch_size=FLAGS.batch_size,
         overrides=overrides,
+        overwrite=FLAGS.overwrite,
     )
     print_written(out_dir, FLAGS.robustbench, results)
 
@@ -137,7 +140,7 @@ def main(argv):
                     f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
                 )
     if sharding.is_writer():
-        print(evaluation.compare(FLAGS.workdir, FLAGS.plot))
+        print(evaluation.compare(FLAGS.workdir, FLAGS.plot, FLAGS.plot_over))
 
 
 def define_flags():
@@ -174,13 +177,23 @@ def define_flags():
     flags.DEFINE_bool(
         "overwrite",
         False,
-        "Replace eval/results.json even if it holds evaluators this evaluation does not run (they are lost).",
+        "Replace an existing eval/ evaluation made otherwise (other images, seed, N, step, settings; or "
+        "evaluators or PR laws this one does not run), which is lost; without it such an evaluation is refused.",
     )
     flags.DEFINE_string("torch_checkpoint", None, "A PyTorch state_dict file to evaluate instead of a workdir.")
-    flags.DEFINE_string("model", None, f"With --torch_checkpoint: its network, one of {', '.join(models.MODELS)}.")
-    flags.DEFINE_string("dataset", "cifar10", "With --torch_checkpoint: the test split to evaluate on.")
+    flags.DEFINE_string(
+        "model",
+        None,
+        f"With --torch_checkpoint: its network, one of {', '.join(models.MODELS)} (default: the one the file's "
+        "metadata names, as patjax.export writes it).",
+    )
+    flags.DEFINE_string(
+        "dataset", None, "With --torch_checkpoint: the test split to evaluate on (default: the file's, else cifar10)."
+    )
     flags.DEFINE_integer(
-        "model_width", None, f"With --torch_checkpoint: the stem width of {', '.join(models.TAKES_WIDTH)} (default 64)."
+        "model_width",
+        None,
+        f"With --torch_checkpoint: the stem width of {', '.join(models.TAKES_WIDTH)} (default: the file's, else 64).",
     )
     flags.DEFINE_string(
         "normalize",
@@ -203,6 +216,13 @@ def define_flags():
         "With --robustbench: RobustBench's model_dir (NAME.pt in cifar10/Linf/).",
     )
     flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
+    flags.DEFINE_enum(
+        "plot_over",
+        "clean_correct",
+        list(plots.PR_IMAGE_SETS),
+        "The images the plot's PR is over: clean_correct (each run's, the Table-1 estimand of every table's "
+        "headline) or all.",
+    )
 
 
 def cli():

@@ -42,7 +42,6 @@ from patjax import (
 from patjax import config as config_lib
 from patjax import evaluators as evaluators_lib
 from patjax import workdir as workdir_lib
-from patjax.errors import UserError
 from patjax.evaluators import common
 
 # The paper's Table 1 reports PR above clean accuracy for every adversarially trained model, so
@@ -71,8 +70,7 @@ def evaluate_state(
       evaluation's identity, `eval_files.identity`).
     """
     s, names, batch_size = settings.evals, settings.evaluators, settings.batch_size
-    num_examples = settings.num_examples
-    n = len(split) if num_examples == config_lib.WHOLE_SPLIT else min(num_examples, len(split))
+    n = num_images(settings, split)
     chosen = [evaluators_lib.REGISTRY[name] for name in names]
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
@@ -104,26 +102,43 @@ def evaluate_state(
         results["pr_all_images"] = {k: {f: v["all"][f] for f in keep} for k, v in headline.items()}
         results["pr_protocol"] = protocol_text(s.pr_distribution, s.pr_samples)
     results["figures"] = figures
-    results["settings"] = {
-        "num_examples": int(n),
-        "num_clean_correct": int(per_image["clean"]["correct"].sum()) if "clean" in per_image else None,
-        "evaluators": list(names),
-        "pr_distribution": s.pr_distribution,
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
-        **robustness.DEFINITIONS,
-        "dataset": settings.dataset,
-        "split": "test",
-        "batch_size": int(batch_size),
-        # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
-        # count up to float summation order (tests/test_sharding.py).
-        "devices": int(sharding.make_mesh(batch_size).size),
-        "step": int(state.step),
-    }
+    results["settings"] = settings_record(
+        settings,
+        n,
+        int(state.step),
+        num_clean_correct=int(per_image["clean"]["correct"].sum()) if "clean" in per_image else None,
+    )
     results["evaluator_wall_time_s"] = {k: round(v, 2) for k, v in walls.items()}
     results["wall_time_s"] = round(time.perf_counter() - start_time, 2)
     if per_image_out is not None:
         per_image_out.update(_flatten_per_image(per_image, s, n))
     return results
+
+
+def num_images(settings: config_lib.EvaluationSettings, split: data.Split) -> int:
+    """How many images an evaluation takes: the first settings.num_examples of the split, or all."""
+    n = settings.num_examples
+    return len(split) if n == config_lib.WHOLE_SPLIT else min(n, len(split))
+
+
+def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, num_clean_correct=None) -> dict:
+    """results.json's "settings": what an evaluation of `n` images of the model of `step` was made with."""
+    s = settings.evals
+    return {
+        "num_examples": int(n),
+        "num_clean_correct": num_clean_correct,
+        "evaluators": list(settings.evaluators),
+        "pr_distribution": s.pr_distribution,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
+        **robustness.DEFINITIONS,
+        "dataset": settings.dataset,
+        "split": "test",
+        "batch_size": int(settings.batch_size),
+        # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
+        # count up to float summation order (tests/test_sharding.py).
+        "devices": int(sharding.make_mesh(settings.batch_size).size),
+        "step": int(step),
+    }
 
 
 def protocol_text(distribution: str, num_samples: int) -> str:
@@ -158,25 +173,28 @@ def check_workdir(
     evaluators=None,
     overrides: dict | None = None,
     overwrite: bool = True,
+    step: int | None = None,
 ) -> config_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the run's evaluation settings with the overrides and the arguments given; with
-    overwrite=False also that an existing eval/results.json holds no evaluator this run would
-    drop. Returns the settings."""
+    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step) was made as
+    this evaluation would be made, or with fewer evaluators or laws (`eval_files.check_replaceable`).
+    Returns the settings."""
     settings = workdir_lib.evaluation_settings(
         workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
-    checkpoints.require_checkpoint(workdir)
-    if not overwrite:
-        previous = (eval_files.read_results(workdir) or {}).get("settings", {}).get("evaluators") or []
-        dropped = [e for e in previous if e not in settings.evaluators]
-        if dropped:
-            raise UserError(
-                f"{workdir}: eval/results.json holds {', '.join(dropped)}, which this evaluation "
-                f"({', '.join(settings.evaluators)}) would replace and lose; include them in --evaluators, or pass "
-                f"--overwrite"
-            )
+    newest = checkpoints.require_checkpoint(workdir)
+    if not overwrite and os.path.isfile(eval_files.results_path(workdir, step)):
+        split = data.load_split(settings.dataset, "test", settings.data_dir)
+        check_replaceable(settings, workdir, newest if step is None else step, split, step=step)
     return settings
+
+
+def check_replaceable(settings, out_dir, model_step, split, record=None, step=None) -> None:
+    """`eval_files.check_replaceable` of out_dir's eval/ (curve/step_N/ with a step) against an
+    evaluation with `settings` of the model of `model_step` on `split`."""
+    planned = settings_record(settings, num_images(settings, split), model_step)
+    eval_files.check_replaceable(out_dir, planned, record, step)
 
 
 def evaluate_workdir(
@@ -192,14 +210,14 @@ def evaluate_workdir(
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
     eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
     as written (non-finite numbers as None). overwrite=False (the command line's default) refuses
-    to replace a results.json holding evaluators this run lacks.
+    to replace an evaluation made with other settings or more evaluators or laws.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
     """
-    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite)
+    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite, step)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     with sharding.writer_lock(workdir, "an evaluation"):
         _, model_fns, state = workdir_lib.restore(workdir, step=step)
-        return evaluate_and_write(settings, model_fns, state, workdir, progress, step)
+        return evaluate_and_write(settings, model_fns, state, workdir, progress, step, overwrite=overwrite)
 
 
 def evaluate_and_write(
@@ -210,10 +228,15 @@ def evaluate_and_write(
     progress=True,
     step=None,
     record: dict | None = None,
+    overwrite: bool = True,
 ) -> dict:
     """`evaluate_state` on settings.dataset's test split, written to out_dir/eval/ (or
-    curve/step_N/) by process 0 with `record`'s entries added; returns the results as written."""
+    curve/step_N/) by process 0 with `record`'s entries added; returns the results as written.
+    overwrite=False: refuses, before evaluating, to replace an evaluation made otherwise
+    (`check_replaceable`; the model restored decides the step)."""
     split = data.load_split(settings.dataset, "test", settings.data_dir)
+    if not overwrite:
+        check_replaceable(settings, out_dir, int(state.step), split, record, step)
     per_image = {}
     results = evaluate_state(
         settings, model_fns, state, split, progress=progress and sharding.is_writer(), per_image_out=per_image
@@ -270,9 +293,10 @@ def workdir_name(workdir: str) -> str:
     return os.path.basename(os.path.normpath(workdir))
 
 
-def compare(workdirs, plot_path=None) -> str:
-    """Table, paired differences (against the first workdir) and PNG plot of evaluated workdirs;
-    writes the plot and PLOT_paired_differences.json, returns the text to print."""
+def compare(workdirs, plot_path=None, plot_over="clean_correct") -> str:
+    """Table, paired differences (against the first workdir) and PNG plot (PR over `plot_over`'s
+    images, `plots.plot_pr`) of evaluated workdirs; writes the plot and
+    PLOT_paired_differences.json, returns the text to print."""
     loaded = [eval_files.load_results(w) for w in workdirs]
     results_list = [r for r, _ in loaded]
     names = [workdir_name(w) for w in workdirs]
@@ -282,7 +306,7 @@ def compare(workdirs, plot_path=None) -> str:
     plot_path = plot_path or eval_files.plot_path(workdirs[0])
     with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
         if any("pr" in r.get("figures", {}) for r in results_list):
-            plots.save_figure(plots.plot_pr(names, results_list), plot_path)
+            plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)
             text += f"\nplot: {plot_path}"
         if len(workdirs) > 1:
             diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])

@@ -9,7 +9,7 @@ under the reference PyTorch names and layouts (`patjax.torch_weights`), with the
 normalization as the buffers mu and sigma. An existing --out is replaced only with --overwrite
 (the refusal names the model the file holds, from its metadata). Load it into the matching network of
 `patjax_torch.models` (the metadata of a .safetensors file names the network, its width and
-dataset):
+dataset, and the run: its name, method, seed and step, no path of this machine):
 
   net = patjax_torch.models.create_model("resnet18", 10, normalize=patjax.models.DATASET_STATS["cifar10"])
   net.load_state_dict({k: torch.from_numpy(v) for k, v in safetensors.numpy.load_file(FILE).items()})
@@ -50,7 +50,10 @@ def main(argv):
         "num_classes": data.NUM_CLASSES[model.dataset],
         "width": model.width if model.name in models.TAKES_WIDTH else "",
         "step": int(state.step),
-        "workdir": os.path.abspath(FLAGS.workdir),
+        # Which run the weights are, portably: its name, method and seed, not a path of this machine.
+        "run": os.path.basename(os.path.normpath(os.path.abspath(FLAGS.workdir))),
+        "method": settings.method.name,
+        "seed": settings.seed,
     }
     path = torch_weights.export(
         FLAGS.out,

@@ -21,7 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from patjax import cli as cli_lib
-from patjax import config, configs, train
+from patjax import config, configs, sharding, train
 
 FLAGS = flags.FLAGS
 
@@ -50,7 +50,9 @@ def main(argv):
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
-    train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    state = train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    if sharding.is_writer():
+        print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
 
 
 def define_flags():

@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from patjax import files, robustness
+from patjax.download import DISPLAY_NAMES
 from patjax.report import confidence_pct, method_label
 
 
@@ -29,31 +30,47 @@ def _percent(value) -> float:
     return float("nan") if value is None else 100.0 * value
 
 
-def plot_pr(names, results_list):
-    """Figure: PR against eps with interval bands, one line per run, one panel per eps-distribution."""
+# The image sets `plot_pr` can draw PR over: results.json's per-level subsets.
+PR_IMAGE_SETS = {"clean_correct": "the images each run classifies correctly", "all": "all images"}
+
+
+def plot_pr(names, results_list, over: str = "clean_correct"):
+    """Figure: PR against eps with interval bands, one line per run, one panel per law; PR over
+    `over` (PR_IMAGE_SETS): by default the Table-1 estimand, the mean over the images each run
+    classifies correctly, as every table's headline. The titles, axes and legend name the images,
+    the law and the protocol."""
+    if over not in PR_IMAGE_SETS:
+        raise ValueError(f"over must be one of {', '.join(PR_IMAGE_SETS)}, got {over!r}")
     plt = _pyplot()
-    dists = [d for d in results_list[0]["settings"]["pr_distributions"] if d in robustness.DISTRIBUTIONS]
-    fig, axes = plt.subplots(1, len(dists), figsize=(5 * len(dists), 4), squeeze=False)
+    s = results_list[0]["settings"]
+    dists = [d for d in s["pr_distributions"] if d in robustness.DISTRIBUTIONS]
+    fig, axes = plt.subplots(1, len(dists), figsize=(5.5 * len(dists), 4.4), squeeze=False)
     for ax, d in zip(axes[0], dists):
         for name, r in zip(names, results_list):
             pr = r.get("figures", {}).get("pr", {}).get(d)
             if not pr:
                 continue
             eps = [float(e) for e in pr]
-            (line,) = ax.plot(eps, [_percent(pr[e]["all"]["value"]) for e in pr], marker="o", label=name)
+            n = next(iter(pr.values()))[over]["n"]
+            (line,) = ax.plot(
+                eps, [_percent(pr[e][over]["value"]) for e in pr], marker="o", label=f"{name} (over {n} images)"
+            )
             ax.fill_between(
                 eps,
-                [_percent(pr[e]["all"]["interval"][0]) for e in pr],
-                [_percent(pr[e]["all"]["interval"][1]) for e in pr],
+                [_percent(pr[e][over]["interval"][0]) for e in pr],
+                [_percent(pr[e][over]["interval"][1]) for e in pr],
                 alpha=0.25,
                 color=line.get_color(),
             )
-        s = results_list[0]["settings"]
-        ax.set_title(f"{d} noise, N={s['pr_samples']}, {s['num_examples']} images")
+        protocol = " (the Table-1 protocol)" if d == "uniform" and over == "clean_correct" else ""
+        ax.set_title(f"{d} noise{protocol}, N={s['pr_samples']} per image", fontsize=10)
         ax.set_xlabel("eps")
-        ax.set_ylabel(f"PR % ({confidence_pct(s)} bootstrap interval)")
+        images = "clean-correct" if over == "clean_correct" else "all"
+        ax.set_ylabel(f"PR % over {images} images\n({confidence_pct(s)} bootstrap interval)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
+    dataset = DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
+    fig.suptitle(f"First {s['num_examples']} {dataset} test images;\nPR over {PR_IMAGE_SETS[over]}", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -10,7 +10,7 @@ them out, in the paper's order and names.
 
 from __future__ import annotations
 
-from patjax import evaluators
+from patjax import download, evaluators
 from patjax.evaluators.common import headline_first
 from patjax.methods import DISPLAY_NAMES
 
@@ -29,6 +29,17 @@ def signed(fig, digits=2) -> str:
         return "-"
     lo, hi = fig["interval"]
     return f"{100 * fig['value']:+.{digits}f} [{100 * lo:+.{digits}f}, {100 * hi:+.{digits}f}]"
+
+
+VACUOUS = "≤ 0 (vacuous)"
+
+
+def bound_cell(fig, digits=1) -> str:
+    """A lower bound on a probability: `pct`, or VACUOUS where its value is at most 0, since a
+    probability is at least 0 anyway (results.json keeps the value)."""
+    if fig and fig.get("value") is not None and fig["value"] <= 0:
+        return VACUOUS
+    return pct(fig, digits)
 
 
 def text_table(header, rows) -> str:
@@ -51,15 +62,28 @@ def confidence_pct(settings) -> str:
 # Evaluated runs side by side (python -m patjax.evaluate with several workdirs).
 
 
+def images_sentence(names, results_list) -> str:
+    """Which images every figure of `comparison` is over, in words."""
+    s = results_list[0]["settings"]
+    n = s["num_examples"]
+    dataset = download.DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
+    text = f"Images: the first {n} {dataset} test images; accuracies and attacks over all {n} of them"
+    if any("pr" in r.get("figures", {}) for r in results_list):
+        counts = ", ".join(f"{name} {r['settings'].get('num_clean_correct')}" for name, r in zip(names, results_list))
+        text += f"; PR(eps) over the images each run classifies correctly ({counts}) unless a table says all images"
+    return text + "."
+
+
 def comparison(names, results_list) -> str:
     """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run and
     PR under the headline protocol; then PR under every other law evaluated (over the same
-    clean-correct images) and over all images; then APGD, the worst case and the Theorem 2 bound."""
+    clean-correct images) and over all images; then APGD, the worst case (with the attacks it is
+    the worst of) and the Theorem 2 bound. The first line says which images each figure is over."""
     first = results_list[0]
     s = first["settings"]
     dist = s["pr_distribution"]
     laws = headline_first(dist, s.get("pr_distributions", ()))
-    tables = []
+    tables = [images_sentence(names, results_list), ""]
     pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
     eps_keys = list(pr_of(first, dist))
     rows = []
@@ -77,9 +101,8 @@ def comparison(names, results_list) -> str:
             + [f"PR({e}) %" for e in eps_keys],
             rows,
         ),
-        f"PR: {first.get('pr_protocol', dist)}",
-        "",
     ]
+    tables += [f"PR: {first.get('pr_protocol', dist)}", ""] if eps_keys else [""]
     for d in laws:
         levels = list(pr_of(first, d))
         if not levels:
@@ -98,23 +121,24 @@ def comparison(names, results_list) -> str:
     extra = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
+        worst = f.get("worst_case")
         extra.append(
             [name]
             + [pct(f.get(a), 2) for a in evaluators.OTHER_ATTACKS]
-            + [pct(f.get("worst_case"), 2)]
-            + [pct(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
+            + [pct(worst, 2), ", ".join(evaluators.REGISTRY[a].label for a in (worst or {}).get("attacks", ())) or "-"]
+            + [bound_cell(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
         )
     note = (
-        f"({s['num_examples']} test images, {s.get('num_clean_correct')} of them clean-correct in the first "
-        f"run; N={s['pr_samples']}, seed {s['seed']}; [{confidence_pct(s)} intervals]: Clopper-Pearson for "
-        f"accuracies, bootstrap over images for PR; LB = Theorem 2 lower bound 1 - E[f]/log 2 over all "
-        f"images, {dist} noise)"
+        f"(N={s['pr_samples']}, seed {s['seed']}; [{confidence_pct(s)} intervals]: Clopper-Pearson for "
+        f"accuracies, bootstrap over images for PR; worst = robust to every attack of its row's 'worst of'; "
+        f"LB = Theorem 2 lower bound 1 - E[f]/log 2 over all images, {dist} noise, '{VACUOUS}' where it is "
+        f"at most 0 and says nothing (results.json keeps its value))"
     )
     tables += [
         text_table(
             ["run"]
             + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.OTHER_ATTACKS]
-            + ["worst %"]
+            + ["worst %", "worst of"]
             + [f"LB({e}) %" for e in eps_keys],
             extra,
         ),

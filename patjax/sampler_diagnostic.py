@@ -23,13 +23,15 @@ from patjax import data, samplers
 from patjax.errors import UserError, integer
 
 
-def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chains: int) -> dict:
+def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chains: int, on_step=None) -> dict:
     """Per-step statistics of `chains` independent chains per image (arrays of length T+1,
     entry 0 the start), and "endpoint_spread", the mean |x_T - x'_T| between chains of one
     image. Pure jnp; jit it.
 
     Two passes over the same keys: the first finds each chain's endpoint x_T, the second
     measures every step's distance to it (a chain is deterministic given its key).
+    on_step: a host function called after every step of either pass (2T calls), e.g. a progress
+    bar's update; it changes no value.
     """
     T = settings.steps
     batch = x.shape[0]
@@ -41,6 +43,8 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
     def run(measure):
         def body(x_t, t):
             new, drift = chain.step(t, x_t)
+            if on_step is not None:
+                jax.debug.callback(lambda _: on_step(), t)
             return new, measure(new, drift)
 
         first = measure(chain.start, jnp.full((xs.shape[0],), jnp.nan, xs.dtype))
@@ -74,19 +78,22 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
 
 
 def compare_samplers(
-    logits_fn, key, x, y, reference: samplers.LangevinSettings, candidate: samplers.LangevinSettings
+    logits_fn, key, x, y, reference: samplers.LangevinSettings, candidate: samplers.LangevinSettings, sample=None
 ) -> dict:
     """How close a cheaper sampler's samples are to the reference sampler's, against the floor.
 
     Returns the candidate's mean and max gradient steps per example; the mean per-pixel
     |x_candidate - x_reference| (independent chains of the same image); and the floor, the
     same distance between two independent reference chains. A candidate at the floor draws
-    from the reference's distribution as far as this distance can tell. Pure jnp; jit it.
+    from the reference's distribution as far as this distance can tell. Pure jnp; jit it, or
+    pass `sample(key, settings) -> (x_adv, steps)`, each sampler compiled on its own.
     """
+    if sample is None:
+        sample = lambda k, settings: samplers.langevin_sample_with_steps(logits_fn, k, x, y, settings)  # noqa: E731
     ref_key, floor_key, cand_key = jax.random.split(key, 3)
-    ref, _ = samplers.langevin_sample_with_steps(logits_fn, ref_key, x, y, reference)
-    ref2, _ = samplers.langevin_sample_with_steps(logits_fn, floor_key, x, y, reference)
-    cand, steps = samplers.langevin_sample_with_steps(logits_fn, cand_key, x, y, candidate)
+    ref, _ = sample(ref_key, reference)
+    ref2, _ = sample(floor_key, reference)
+    cand, steps = sample(cand_key, candidate)
     return {
         "candidate_steps_mean": jnp.mean(steps.astype(jnp.float32)),
         "candidate_steps_max": jnp.max(steps),
@@ -134,16 +141,18 @@ def diagnose(
     init: str,
     seed: int,
     tolerance: float | None = None,
+    on_step=None,
 ) -> dict:
     """The diagnostic's results dict (what sampler_diagnostic.json holds): the run's sampler
-    (its c1, c2, eta, sigma, rho) with `steps`, `init` and no early stop, BatchNorm in `bn_mode`."""
+    (its c1, c2, eta, sigma, rho) with `steps`, `init` and no early stop, BatchNorm in `bn_mode`.
+    on_step: called on the host after each of the 2 * steps chain steps (`chain_curves`)."""
     check_settings(num_examples, chains, steps, init)
     settings = dataclasses.replace(sampler, steps=steps, init=init, tolerance=0.0)
     n = min(num_examples, len(split))
     x = data.to_float(jnp.asarray(split.images[:n]))
     y = jnp.asarray(split.labels[:n], jnp.int32)
     logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, bn_mode)
-    fn = jax.jit(lambda k, x, y: chain_curves(logits_fn, k, x, y, settings, chains))
+    fn = jax.jit(lambda k, x, y: chain_curves(logits_fn, k, x, y, settings, chains, on_step))
     curves = {k: np.asarray(v, np.float64) for k, v in jax.device_get(fn(jax.random.PRNGKey(seed), x, y)).items()}
     spread = float(curves.pop("endpoint_spread"))
     result = {
@@ -179,16 +188,26 @@ def comparison(
     tolerance: float,
     candidate_steps: int,
     seed: int,
+    on_sample=None,
 ) -> dict:
     """`compare_samplers` of the cheaper sampler (init, tolerance, at most candidate_steps) against
-    the paper's (uniform start, `steps` steps), as sampler_diagnostic.json's "sampler_comparison"."""
+    the paper's (uniform start, `steps` steps), as sampler_diagnostic.json's "sampler_comparison".
+    on_sample: called on the host after each of its three samplings (reference, floor, candidate)."""
     reference = dataclasses.replace(sampler, steps=steps, init="uniform", tolerance=0.0)
     candidate = dataclasses.replace(reference, init=init, tolerance=tolerance, steps=candidate_steps)
     n = min(num_examples, len(split))
     logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, bn_mode)
-    fn = jax.jit(lambda k, x, y: compare_samplers(logits_fn, k, x, y, reference, candidate))
     x = data.to_float(jnp.asarray(split.images[:n]))
-    figures = jax.device_get(fn(jax.random.PRNGKey(seed), x, jnp.asarray(split.labels[:n], jnp.int32)))
+    y = jnp.asarray(split.labels[:n], jnp.int32)
+    run = jax.jit(lambda k, s: samplers.langevin_sample_with_steps(logits_fn, k, x, y, s), static_argnums=1)
+
+    def sample(key, settings):  # one sampler at a time, so that progress can be shown between them
+        out = jax.block_until_ready(run(key, settings))
+        if on_sample is not None:
+            on_sample()
+        return out
+
+    figures = jax.device_get(compare_samplers(logits_fn, jax.random.PRNGKey(seed), x, y, reference, candidate, sample))
     return {
         "reference": dataclasses.asdict(reference),
         "candidate": dataclasses.asdict(candidate),

@@ -294,10 +294,56 @@ def matching_normalization(found, normalize, dataset: str, source: str):
     return found
 
 
-def load_model(path: str, model_name: str, dataset: str, normalize=None, width: Optional[int] = None):
-    """(model_fns, state) of a PyTorch state_dict file as a patjax network (`load_arrays`)."""
-    models.check_model(model_name)
-    data.check_dataset(dataset)
+def read_metadata(path: str) -> dict[str, str]:
+    """The metadata a .safetensors file holds (`export` writes the network, its width and dataset
+    there); {} for a .pt/.pth file, which has none."""
+    if _check_suffix(path, (SAFETENSORS, *PICKLED)) != SAFETENSORS:
+        return {}
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file")
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as error:
+        raise UserError(f"{path} is not a readable safetensors file ({one_line(error)[:160]})") from None
+
+
+def network(path: str, model_name: Optional[str] = None, dataset: Optional[str] = None, width: Optional[int] = None):
+    """(model_name, dataset, width) of the network a state_dict file holds: each one given, else
+    the file's metadata (`read_metadata`), else (for dataset and width) the default; a given one
+    that the metadata contradicts is a one-line UserError, since loading the weights of one network
+    into another either fails or, worse, fits with another meaning."""
+    meta = read_metadata(path)  # only names patjax knows are read as its own (other tools write metadata too)
+    recorded = {
+        "model": meta.get("model") if meta.get("model") in models.MODELS else None,
+        "dataset": meta.get("dataset") if meta.get("dataset") in data.NUM_CLASSES else None,
+        "width": int(meta["width"]) if meta.get("width", "").isdigit() else None,
+    }
+    given = {"model": model_name, "dataset": dataset, "width": width}
+    for key, value in given.items():
+        if value is not None and recorded[key] is not None and value != recorded[key]:
+            raise UserError(f"{path} holds a {key} {recorded[key]!r} (its metadata), not {value!r}")
+    model_name = model_name or recorded["model"]
+    if model_name is None:
+        raise UserError(f"{path} does not name its network (no metadata): pass the model ({', '.join(models.MODELS)})")
+    return model_name, dataset or recorded["dataset"] or "cifar10", width if width is not None else recorded["width"]
+
+
+def load_model(
+    path: str,
+    model_name: Optional[str],
+    dataset: Optional[str] = None,
+    normalize: Optional[str] = None,
+    width: Optional[int] = None,
+):
+    """(model_fns, state) of a PyTorch state_dict file as a patjax network, ready for
+    `patjax.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
+    model_name, dataset, width: see `network` (None: the file's metadata). normalize: see
+    `matching_normalization`. width: the stem width of the networks in `models.TAKES_WIDTH`
+    (default 64, the paper's and the references')."""
+    if model_name is not None:
+        models.check_model(model_name)
+    model_name, dataset, width = network(path, model_name, dataset, width)
     return load_arrays(read_state_dict(path), model_name, dataset, normalize, width, source=path)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import time
 from typing import Optional
 
@@ -25,7 +26,7 @@ from absl import logging
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from patjax import checkpoints, data, files, methods, sharding
+from patjax import checkpoints, data, download, files, methods, sharding
 from patjax import config as config_lib
 from patjax import state as state_lib
 from patjax import workdir as workdir_lib
@@ -341,6 +342,39 @@ def _refuse_non_finite(summary: dict, first: int, last: int, manager: ocp.Checkp
         f"training stopped: {what} at {steps}; "
         + (f"the newest checkpoint, step {kept}, precedes them" if kept is not None else "no checkpoint was saved")
     )
+
+
+def closing_message(settings: config_lib.TrainSettings, workdir: str, step: int) -> str:
+    """What training says last (`main.py`): where the model of `step` is, its clean accuracy on
+    which test images (the training log's check at that step), and the command to run next."""
+    total = settings.total_steps()
+    where = os.path.join(workdir, "checkpoints", str(step))
+    lines = [
+        f"trained {settings.method.name} to step {step} of {total}: {where}"
+        if step >= total
+        else f"stopped at step {step} of {total} (checkpoint {where}); run the same command again to resume"
+    ]
+    accuracy, path = None, os.path.join(workdir, METRICS_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                entry = json.loads(line) if line.endswith("\n") else {}
+                accuracy = entry.get("test_clean_accuracy") if entry.get("step") == step else accuracy
+    if accuracy is not None:
+        dataset = download.DISPLAY_NAMES[settings.dataset]
+        k = settings.log_test_examples
+        images = f"the whole {dataset} test split" if k <= 0 else f"the first {k} {dataset} test images"
+        lines.append(
+            f"clean accuracy {100 * accuracy:.1f} % on {images} (the training log's check; {METRICS_FILE}), "
+            f"not an evaluation"
+        )
+    ev = settings.evaluation
+    images = "all" if ev.num_examples == config_lib.WHOLE_SPLIT else f"the first {ev.num_examples}"
+    lines.append(
+        f"{'next' if step >= total else 'then'}: python -m patjax.evaluate --workdir={shlex.quote(workdir)}   "
+        f"({', '.join(ev.evaluators)} on {images} test images, with intervals)"
+    )
+    return "\n".join(lines)
 
 
 def _summarize(step_metrics: list) -> dict:

@@ -73,6 +73,9 @@ def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir)
     assert result["settings"]["init"] == "clean" and result["settings"]["steps"] == 12
     assert len(result["curves"]["energy"]) == 13 and result["curves"]["mean_abs_delta"][0] == 0.0
     assert "the chain stays within 1.1 x of it from step" in proc.stdout
+    # Progress on stderr: every step of the two passes over the chains, then the three samplers compared.
+    assert "4 images x 2 chains, 2 passes: 100%" in proc.stderr and " 24/24 " in proc.stderr, proc.stderr[-2000:]
+    assert "compare samplers: reference, floor, candidate: 100%" in proc.stderr and " 3/3 " in proc.stderr
     # The compared sampler runs to its own cap (no chain's drift is below 1e-12), the reference to --steps.
     comparison = result["sampler_comparison"]
     assert comparison["candidate_steps_max"] == 3 and comparison["candidate_steps_mean"] == 3

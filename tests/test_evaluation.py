@@ -5,6 +5,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -506,30 +507,74 @@ def test_prob_acc_is_strict_at_the_threshold():
         assert figs["clean_correct"]["prob_acc"][q]["value"] == pytest.approx((above - 1) / 7)
 
 
-def test_an_evaluation_that_would_drop_evaluators_is_refused_unless_overwrite(tmp_path, monkeypatch):
+def eval_files_bytes(eval_dir):
+    return {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))}
+
+
+def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_stays_byte_identical(
+    tmp_path, monkeypatch
+):
     cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     evaluation.compare([workdir], None)  # draws eval/pr_vs_eps.png
     eval_dir = os.path.join(workdir, "eval")
-    before = {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))}
+    before = eval_files_bytes(eval_dir)
     assert "pr_vs_eps.png" in before
-    # The command line's default: a clean-only run would lose the PR figures -> refused, untouched.
-    with pytest.raises(UserError, match=r"holds pr, which this evaluation \(clean\) would replace"):
-        evaluation.evaluate_workdir(
-            workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=False
-        )
-    assert {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))} == before
-    # The same evaluators (or more) may replace it; so may --overwrite, which also removes the
-    # plot drawn from the replaced PR figures.
+    # The command line's default (overwrite=False): another number of images, seed or N, or
+    # fewer evaluators, would replace the first evaluation's figures -> refused, files untouched.
+    refused = [
+        ({"num_examples": 6, "evaluators": "clean,pr"}, "num_examples 5 there, 6 now"),
+        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"seed": 1}}, "seed 0 there, 1 now"),
+        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr_samples": 7}}, "pr_samples 6 there, 7 now"),
+        ({"num_examples": 5, "evaluators": "clean"}, "evaluators clean,pr there, clean now, dropping pr"),
+    ]
+    for kwargs, message in refused:
+        with pytest.raises(UserError) as error:
+            evaluation.evaluate_workdir(workdir, batch_size=5, progress=False, overwrite=False, **kwargs)
+        assert message in str(error.value) and "--overwrite" in str(error.value), kwargs
+        assert "\n" not in str(error.value)
+        assert eval_files_bytes(eval_dir) == before, kwargs
+    # The same settings (another batch size changes no figure), or more evaluators beside the
+    # same ones, may replace it: its figures come back identical.
     evaluation.evaluate_workdir(
-        workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr", overwrite=False
+        workdir, num_examples=5, batch_size=2, progress=False, evaluators="clean,pr", overwrite=False
     )
     evaluation.evaluate_workdir(
-        workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean", overwrite=True
+        workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pgd20,pr", overwrite=False
+    )
+    again = json.loads(before["results.json"])
+    assert eval_files.load_results(workdir)[0]["pr"] == again["pr"]
+    # --overwrite replaces it (and removes the plot drawn from the replaced figures).
+    evaluation.evaluate_workdir(
+        workdir, num_examples=6, batch_size=5, progress=False, evaluators="clean", overwrite=True
     )
     assert sorted(os.listdir(eval_dir)) == ["per_image.npz", "results.json"]
-    assert eval_files.load_results(workdir)[0]["settings"]["evaluators"] == ["clean"]
+    settings = eval_files.load_results(workdir)[0]["settings"]
+    assert settings["evaluators"] == ["clean"] and settings["num_examples"] == 6
+
+
+def test_the_command_line_refuses_to_replace_an_evaluation_made_otherwise_in_one_line(tmp_path):
+    a = str(tmp_path / "a")
+    dummy_checkpoint(a)  # step 1
+    # An evaluation of step 1 on the first 7 images with seed 0, as an older results.json records it
+    # (the settings it lacks are not compared; its figures do not matter here); the check happens
+    # before the (placeholder) checkpoint is restored.
+    os.makedirs(os.path.join(a, "eval"))
+    made = {"num_examples": 7, "step": 1, "seed": 0, "evaluators": ["clean", "pgd20", "pr"]}
+    files.write_json(eval_files.results_path(a), {"figures": {}, "settings": made})
+    before = eval_files_bytes(os.path.join(a, "eval"))
+    out = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--num_examples=5"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "num_examples 7 there, 5 now" in lines[0] and "--overwrite" in lines[0], lines
+    assert eval_files_bytes(os.path.join(a, "eval")) == before
 
 
 def test_default_pr_pass_takes_at_most_10000_images_a_forward():
@@ -540,3 +585,95 @@ def test_default_pr_pass_takes_at_most_10000_images_a_forward():
     ev = cfg.eval
     assert len(ev.pr_epsilons) * ev.batch_size * ev.pr_chunk_size <= 10_000
     assert inspect.signature(api.evaluate).parameters["batch_size"].default == ev.batch_size
+
+
+def hand_made_results(correct, pr_correct, pr_all, bound, attacks):
+    """A results.json as a user reads it, with the figures written out by hand (PR at eps 0.1 and 0.2)."""
+    fig = lambda v: {"value": v, "interval": [v - 0.01, v + 0.01], "n": 100}
+    level = lambda j: {
+        "clean_correct": dict(fig(pr_correct[j]), n=correct),
+        "all": fig(pr_all[j]),
+        "lower_bound": fig(bound[j]),
+    }
+    return {
+        "figures": {
+            "clean_accuracy": fig(correct / 100),
+            "pgd20": fig(0.2),
+            "cw20": fig(0.18),
+            **(
+                {"aa": dict(fig(0.15), after={"apgd-ce": fig(0.16)}, masking={"masking_signs": []})}
+                if "aa" in attacks
+                else {}
+            ),
+            "worst_case": dict(fig(0.14), attacks=attacks),
+            "pr": {"uniform": {"0.1": level(0), "0.2": level(1)}},
+        },
+        "pr_protocol": evaluation.protocol_text("uniform", 100),
+        "settings": {
+            "num_examples": 100,
+            "num_clean_correct": correct,
+            "dataset": "cifar10",
+            "pr_distribution": "uniform",
+            "pr_distributions": ["uniform"],
+            "pr_samples": 100,
+            "seed": 0,
+            "confidence": 0.95,
+        },
+    }
+
+
+def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_worst_attack():
+    from patjax import report
+
+    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (-1.5454, 0.25), ["pgd20", "cw20", "aa"])
+    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.125, -0.001), ["pgd20", "cw20"])
+    text = report.comparison(["A", "B"], [a, b])
+    lines = text.splitlines()
+    assert lines[0] == (
+        "Images: the first 100 CIFAR-10 test images; accuracies and attacks over all 100 of them; PR(eps) over "
+        "the images each run classifies correctly (A 40, B 55) unless a table says all images."
+    )
+    # The last table: the worst case names its attacks per run; a bound <= 0 is vacuous, a
+    # positive one printed as a percentage.
+    header = next(i for i, line in enumerate(lines) if "worst of" in line)
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[header : header + 3]]
+    assert cells[0] == [
+        "run",
+        "APGD-CE %",
+        "APGD-DLR %",
+        "AutoAttack %",
+        "worst %",
+        "worst of",
+        "LB(0.1) %",
+        "LB(0.2) %",
+    ]
+    assert cells[1] == ["A", "-", "-", "15.00 [14.00, 16.00]", "14.00 [13.00, 15.00]", "PGD, CW, AutoAttack"] + [
+        "≤ 0 (vacuous)",
+        "25.00 [24.00, 26.00]",
+    ]
+    assert cells[2] == ["B", "-", "-", "-", "14.00 [13.00, 15.00]", "PGD, CW", "12.50 [11.50, 13.50]", "≤ 0 (vacuous)"]
+    assert "-154.54" not in text
+
+
+def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
+    from patjax import plots
+
+    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
+    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])
+    fig = plots.plot_pr(["A", "B"], [a, b])
+    (ax,) = fig.axes
+    # The lines are PR over each run's clean-correct images (the tables' headline), in percent.
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [95, 90])
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), [90, 80])
+    assert ax.get_title() == "uniform noise (the Table-1 protocol), N=100 per image"
+    assert ax.get_ylabel() == "PR % over clean-correct images\n(95 % bootstrap interval)"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["A (over 40 images)", "B (over 55 images)"]
+    assert fig._suptitle.get_text() == (
+        "First 100 CIFAR-10 test images;\nPR over the images each run classifies correctly"
+    )
+    fig = plots.plot_pr(["A", "B"], [a, b], over="all")
+    (ax,) = fig.axes
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [38, 36])
+    assert ax.get_title() == "uniform noise, N=100 per image"  # not the Table-1 protocol's estimand
+    assert ax.get_ylabel().startswith("PR % over all images")
+    assert fig._suptitle.get_text().endswith("PR over all images")

@@ -4,6 +4,7 @@ logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported 
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
 the key. (tests/test_models.py checks the parameter counts against the references'.)"""
 
+import json
 import os
 import subprocess
 import sys
@@ -133,8 +134,11 @@ def test_a_narrower_resnet_loads_with_its_width_named(tmp_path):
         torch_weights.load_model(file, "resnet18", "cifar10")
     _, state = torch_weights.load_model(file, "resnet18", "cifar10", width=16)
     assert state.params["Dense_0"]["kernel"].shape == params["Dense_0"]["kernel"].shape
+    small = str(tmp_path / "small.safetensors")
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    torch_weights.export(small, "small_cnn", params, batch_stats, normalize=CIFAR10)
     with pytest.raises(UserError, match="width is taken by"):
-        torch_weights.load_model(file, "small_cnn", "cifar10", width=16)
+        torch_weights.load_model(small, "small_cnn", "cifar10", width=16)
 
 
 def test_an_unknown_network_is_one_line_before_the_file_is_read(tmp_path):
@@ -151,8 +155,8 @@ def test_export_into_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
 
 def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path):
     params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
-    file = str(tmp_path / "small.safetensors")
-    torch_weights.export(file, "small_cnn", params, batch_stats, normalize=CIFAR10)
+    file = str(tmp_path / "small.safetensors")  # written by another tool: no metadata names the network
+    torch_weights.write_state_dict(file, torch_weights.to_state_dict("small_cnn", params, batch_stats, CIFAR10))
     run = subprocess.run(
         [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}", "--model=resnet18"],
         capture_output=True,
@@ -162,6 +166,40 @@ def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path)
     )
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().count("\n") == 0 and "does not fit resnet18" in run.stderr, run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"error: {file} does not name its network (no metadata): pass the model " + (
+        f"({', '.join(models.MODELS)})"
+    )
+
+
+def test_an_exported_file_evaluates_without_model_from_its_metadata(tmp_path, data_dir):
+    """The metadata `patjax.export` writes names the network, its width and dataset: no --model
+    needed, and a --model that contradicts it is refused in one line before the weights are read."""
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("resnet18", width=4))
+    file = str(tmp_path / "narrow.safetensors")
+    torch_weights.export(
+        file, "resnet18", params, batch_stats, CIFAR10, metadata={"dataset": "cifar10", "num_classes": 10, "width": 4}
+    )
+    assert torch_weights.network(file) == ("resnet18", "cifar10", 4)
+    command = [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}", "--evaluators=clean"]
+    run = subprocess.run(command + ["--num_examples=4", "--batch_size=4"], capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    results = json.load(open(tmp_path / "narrow" / "eval" / "results.json"))
+    assert results["model"]["model"] == "resnet18" and results["model"]["width"] == 4
+    assert results["settings"]["num_examples"] == 4
+    for flag, message in (
+        ("--model=wrn28_10", "holds a model 'resnet18' (its metadata), not 'wrn28_10'"),
+        ("--model_width=8", "holds a width 4 (its metadata), not 8"),
+    ):
+        run = subprocess.run(command + [flag], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert run.returncode == 2 and run.stderr.strip() == f"error: {file} {message}", run.stderr
 
 
 def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
@@ -224,3 +262,23 @@ def test_export_replaces_a_file_only_with_overwrite_and_names_the_model_it_holds
         metadata = f.metadata()
     assert metadata["model"] == "small_cnn" and metadata["step"] == str(checkpoints.require_checkpoint(workdir))
     assert sorted(os.listdir(tmp_path)) == ["model.pt", "model.safetensors"]  # no temporary file left
+
+
+def test_an_exported_file_records_the_run_portably_and_no_local_path(tmp_path):
+    workdir = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0")
+    out = str(tmp_path / "pgd.safetensors")
+    command = [sys.executable, "-m", "patjax.export", f"--workdir={workdir}", f"--out={out}"]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, run.stderr
+    with safe_open(out, framework="numpy") as f:
+        metadata = f.metadata()
+    assert metadata == {
+        "model": "small_cnn",
+        "dataset": "cifar10",
+        "num_classes": "10",
+        "width": "",
+        "step": "800",
+        "run": "pgd_s0",
+        "method": "pgd",
+        "seed": "0",
+    }

@@ -215,3 +215,35 @@ def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp
     os.symlink(data_dir, link)
     state = train_run(tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
     assert int(state.step) == 3
+
+
+def test_training_ends_saying_where_the_model_is_its_accuracy_on_which_images_and_what_to_run_next(tmp_path, data_dir):
+    workdir = tmp_path / "run"
+    tiny = ["batch_size=8", "num_train_steps=2", "langevin.steps=2", "log_every_steps=2", "log_test_examples=16"]
+    tiny += ["checkpoint_every_steps=2", "progress_bar=False", "eval.num_examples=16", f"data_dir={data_dir}"]
+    proc = run_cli(
+        "main.py", "--config=configs/quickstart.py", f"--workdir={workdir}", *[f"--config.{o}" for o in tiny]
+    )
+    assert proc.returncode == 0, proc.stderr
+    logged = json.loads(open(workdir / "metrics.jsonl").readline())["test_clean_accuracy"]
+    assert proc.stdout.splitlines()[-3:] == [
+        f"trained pat to step 2 of 2: {workdir / 'checkpoints' / '2'}",
+        f"clean accuracy {100 * logged:.1f} % on the first 16 CIFAR-10 test images (the training log's check; "
+        "metrics.jsonl), not an evaluation",
+        f"next: python -m patjax.evaluate --workdir={workdir}   (clean, pgd20, pr on the first 16 test images, "
+        "with intervals)",
+    ]
+    assert os.path.isdir(workdir / "checkpoints" / "2")
+    # Stopped before the end (a preempted job), it says how to resume.
+    from patjax import config
+
+    sys.path.insert(0, str(REPO / "configs"))
+    import quickstart
+
+    cfg = quickstart.get_config()
+    cfg.num_train_steps = 4
+    message = train.closing_message(config.train_settings(cfg), str(workdir), 2)
+    assert message.splitlines()[0] == (
+        f"stopped at step 2 of 4 (checkpoint {workdir / 'checkpoints' / '2'}); run the same command again to resume"
+    )
+    assert message.splitlines()[-1].startswith(f"then: python -m patjax.evaluate --workdir={workdir}")

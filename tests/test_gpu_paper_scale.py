@@ -147,11 +147,12 @@ def test_the_dry_run_lays_the_data_down_runs_the_main_job_and_a_suite_and_brings
     assert done.returncode == 0, done.stderr
     # The main job: 2 "epochs" of 2 steps, evaluated; each window's seconds from metrics.jsonl by hand.
     timings = json.loads((out / "timings.json").read_text())
-    main_job = next(t for t in timings if t["step"] == "main job")
+    main_job = next(t for t in timings if t["step"] == "main job: train")
     metrics = [json.loads(line) for line in (back / "main_job" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [2, 4] and main_job["steps"] == 4
     assert [w["seconds"] for w in main_job["windows"]] == [round(2 * 32 / m["images_per_s"], 2) for m in metrics]
     assert json.loads((back / "main_job" / "eval" / "results.json").read_text())["settings"]["num_examples"] == 16
+    assert set(next(t for t in timings if t["step"] == "main job: evaluate")["evaluators_s"]) >= {"clean", "pgd20"}
     # The suite's run: its final model comes back byte for byte, its checkpoints do not.
     run = back / "smoke_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
     final = json.loads((run / "suite_run.json").read_text())["step"]

@@ -171,6 +171,21 @@ def test_ratio_interval_against_a_hand_bootstrap():
     assert (lo, hi) == pytest.approx((np.quantile(stats, 0.05), np.quantile(stats, 0.95)))
 
 
+def assert_appendix_e_optimizer_for_30_epochs(settings):
+    """SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256 (195 steps per
+    epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27; PGD-10 in 8/255."""
+    o = settings.optimizer
+    assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay, settings.batch_size) == (
+        0.01,
+        0.9,
+        True,
+        5e-4,
+        256,
+    )
+    assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
+    assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+
+
 def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     """Appendix E by hand: SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256
     (195 steps per epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27."""
@@ -179,16 +194,7 @@ def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     assert [(r.method, r.seed) for r in runs] == [(m, s) for s in (0, 1) for m in ("clean", "pgd", "pat")]
     for run in runs:
         settings = config_lib.train_settings(run.config)
-        o = settings.optimizer
-        assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay, settings.batch_size) == (
-            0.01,
-            0.9,
-            True,
-            5e-4,
-            256,
-        )
-        assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
-        assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+        assert_appendix_e_optimizer_for_30_epochs(settings)
         if run.method == "pat":
             sampler = settings.method.langevin
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
@@ -209,21 +215,12 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
     ]
     for run in runs:
         settings = config_lib.train_settings(run.config)
-        o = settings.optimizer
         assert (run.config.dataset, settings.model.name, settings.model.compute_dtype) == (
             "cifar10",
             "resnet18",
             "float32",
         )
-        assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay, settings.batch_size) == (
-            0.01,
-            0.9,
-            True,
-            5e-4,
-            256,
-        )
-        assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
-        assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+        assert_appendix_e_optimizer_for_30_epochs(settings)
         if run.method == "pat":
             sampler = settings.method.langevin
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)

@@ -127,6 +127,15 @@ def test_the_dry_run_lays_the_data_down_runs_the_main_job_and_a_suite_and_brings
     checked), then main.py + patjax.evaluate and a suite run (the small CNN, a few steps), whose
     results come back in pieces that `collect` checks and unpacks."""
     stage, out = tmp_path / "stage", tmp_path / "out"
+    # A file damaged between staging and laying down is refused with one line.
+    done = script("--stage", str(stage), "stage", "--data", "1", "--data_src", str(CIFAR), "--no_check")
+    assert done.returncode == 0, done.stderr
+    damaged = stage / "carry" / "data" / "data_batch_2.bin"
+    content = bytearray(damaged.read_bytes())
+    content[-1] ^= 1
+    damaged.write_bytes(bytes(content))
+    done = script("--stage", str(stage), "device", "setup", "--out", str(out), "--dry_run")
+    assert done.returncode == 1 and "data_batch_2.bin" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     for part in (1, 2, 3):
         done = script("--stage", str(stage), "stage", "--data", str(part), "--data_src", str(CIFAR), "--no_check")
         assert done.returncode == 0, done.stderr

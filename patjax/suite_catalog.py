@@ -7,6 +7,8 @@
   Table-1 PR protocol, with learning curves for the comparison at matched clean accuracy.
 - `convergence_cpu`: PAT against PGD near convergence (30 epochs, the paper's optimizer),
   carried across machines in git.
+- `table1_gpu`: PAT against PGD-10 on ResNet-18 for 30 epochs (the paper's optimizer), one
+  GPU, prepared by benchmarks/gpu_paper_scale.py.
 - `ablation_cpu`: a fraction of an epoch with T = 5, kept as an example of an unconverged sampler.
 - `smoke_cpu`: seconds per run, for tests and for trying out workers.
 
@@ -30,6 +32,10 @@ from patjax.suites import Group, Suite, Sweep, SweepPoint, set_field
 # suite's evaluation does not change with them.
 TABLE1_PR_DISTRIBUTIONS = ("uniform", "gaussian", "pdis")
 TABLE1_EVAL = {"pr_distribution": "uniform", "pr_distributions": TABLE1_PR_DISTRIBUTIONS, "cw_kappa": 2.0}
+# A suite's evaluations under it (every run on the same noise: seed 0), and its learning curves'
+# (the headline law alone).
+TABLE1_SUITE_EVAL = {**TABLE1_EVAL, "seed": 0}
+TABLE1_CURVE_EVAL = {**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0}
 # stationary_cpu and ablation_cpu are evaluated with Gaussian noise only and CW's kappa = 50, the
 # settings their committed evaluations hold, so that the runner does not find those stale and redo them.
 GAUSSIAN_ONLY = {"pr_distribution": "gaussian", "pr_distributions": ("gaussian",), "cw_kappa": 50.0}
@@ -279,7 +285,7 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
         num_eval_examples=STATIONARY_EVAL_EXAMPLES,
         eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={**TABLE1_EVAL, "seed": 0},
+        eval_overrides=TABLE1_SUITE_EVAL,
         curve_every_steps=TABLE1_CURVE_EVERY_STEPS,
         curve_evaluators=("clean", "pr"),
         curve_methods=("pgd", "pat"),
@@ -287,7 +293,7 @@ def table1_cpu_suite(data_dir: Optional[str]) -> Suite:
             (("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "pgd")),
             (("pat_clean_start_T20", "pat"), ("cifar10_small_cnn", "pgd")),
         ),
-        curve_eval_overrides={**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0},
+        curve_eval_overrides=TABLE1_CURVE_EVAL,
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
             f"training: {STATIONARY_TRAIN_STEPS} steps of batch {CPU_BATCH_SIZE} "
@@ -353,10 +359,10 @@ def convergence_cpu_suite(data_dir: Optional[str]) -> Suite:
         num_eval_examples=STATIONARY_EVAL_EXAMPLES,
         eval_batch_size=250,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={**TABLE1_EVAL, "seed": 0},
+        eval_overrides=TABLE1_SUITE_EVAL,
         curve_every_steps=curve_every,
         curve_evaluators=("clean", "pgd20", "pr"),
-        curve_eval_overrides={**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0},
+        curve_eval_overrides=TABLE1_CURVE_EVAL,
         matched=((("cifar10_small_cnn", "pat"), ("cifar10_small_cnn", "pgd")),),
         scaled_down=(
             "model: small CNN (3 conv stages 32/64/128) instead of ResNet-18 / WRN-50-2",
@@ -370,6 +376,70 @@ def convergence_cpu_suite(data_dir: Optional[str]) -> Suite:
             f"and p_dis beside; learning curves (clean, PGD-20, uniform PR) every {CONVERGENCE_CURVE_EVERY_EPOCHS} "
             "epochs",
             "seeds: 2 per method",
+        ),
+    )
+
+
+# The Table-1 GPU suite (table1_gpu_suite): convergence_cpu's comparison at the paper's scale,
+# ResNet-18, sized to the measured H100 rates (docs/reproduction.md has the arithmetic).
+TABLE1_GPU_EPOCHS = 30
+TABLE1_GPU_CURVE_EVERY_EPOCHS = 5
+TABLE1_GPU_EVAL_EXAMPLES = 10_000  # the whole CIFAR-10 test split
+
+
+def table1_gpu_suite(data_dir: Optional[str]) -> Suite:
+    """PGD-10 and PAT (the cheaper sampler) on ResNet-18 for 30 epochs with the paper's optimizer
+    (SGD, Nesterov 0.9, weight decay 5e-4, lr 0.01, batch 256, x0.1 at 75 % and 90 % of the run),
+    seed 0, evaluated on the 10,000 test images under the Table-1 protocol, with learning curves
+    (clean, uniform PR) every 5 epochs (docs/reproduction.md). A GPU suite: one run of it takes
+    minutes on an H100 and days on a CPU."""
+    cfg = config_lib.default_config()  # Appendix E: ResNet-18, batch 256, SGD, lr 0.01, MultiStepLR shape
+    cfg.dataset = "cifar10"
+    cfg.model = "resnet18"
+    cfg.data_dir = data_dir
+    cfg.num_epochs = TABLE1_GPU_EPOCHS
+    for key, value in TABLE1_EVAL.items():
+        cfg.eval[key] = value
+    cfg.eval.num_examples = TABLE1_GPU_EVAL_EXAMPLES
+    curve_every = TABLE1_GPU_CURVE_EVERY_EPOCHS * CONVERGENCE_STEPS_PER_EPOCH
+    # A checkpoint at every curve point, each kept until its model is (the run's end, a stop at
+    # --max_minutes, or `runner.handover`), and one more for a stop's own checkpoint.
+    cfg.checkpoint_every_steps = curve_every
+    cfg.max_checkpoints_to_keep = TABLE1_GPU_EPOCHS // TABLE1_GPU_CURVE_EVERY_EPOCHS + 1
+    cfg.log_every_steps = CONVERGENCE_STEPS_PER_EPOCH  # each epoch: clean accuracy on the 10,000 test images
+    cfg.log_test_examples = TABLE1_GPU_EVAL_EXAMPLES
+    cfg.progress_bar = False
+    group = Group(
+        "cifar10_resnet18",
+        cfg,
+        methods=("pgd", "pat"),
+        seeds=(0,),
+        method_overrides={"pat": STATIONARY_CHEAP_SAMPLER},
+    )
+    return Suite(
+        name="table1_gpu",
+        description="PAT against PGD-10 at the paper's model scale under the Table-1 PR protocol (ResNet-18, "
+        "30 epochs of CIFAR-10 with the paper's optimizer and schedule shape, one GPU)",
+        groups=(group,),
+        num_eval_examples=TABLE1_GPU_EVAL_EXAMPLES,
+        eval_batch_size=500,
+        evaluators=("clean", "pgd20", "cw20", "pr"),
+        eval_overrides=TABLE1_SUITE_EVAL,
+        curve_every_steps=curve_every,
+        curve_evaluators=("clean", "pr"),
+        curve_eval_overrides=TABLE1_CURVE_EVAL,
+        curve_methods=("pgd", "pat"),
+        matched=((("cifar10_resnet18", "pat"), ("cifar10_resnet18", "pgd")),),
+        scaled_down=(
+            f"training: {TABLE1_GPU_EPOCHS} epochs instead of 100, with Appendix E's optimizer, batch 256, lr 0.01 "
+            "and MultiStepLR shape (x0.1 at 75 % and 90 % of the run: epochs 22 and 27)",
+            "PAT: the cheaper sampler (start at x, T <= 20, tolerance 3e-4: docs/sampler_convergence.md) "
+            "instead of Algorithm 1's uniform start with T = 100",
+            "PGD: the paper's 10 steps of alpha 2/255 in the 8/255 L-inf ball",
+            "evaluation: the 10,000 CIFAR-10 test images; PGD-20, CW-20; PR under the Table-1 protocol (uniform "
+            "noise, N = 100, eps 0.1/0.12/0.15/0.2, clean-correct images), Gaussian and p_dis beside; learning "
+            f"curves (clean, uniform PR) every {TABLE1_GPU_CURVE_EVERY_EPOCHS} epochs",
+            "seeds: 1 per method",
         ),
     )
 
@@ -395,7 +465,7 @@ def paper_full_suite(data_dir: Optional[str]) -> Suite:
         num_eval_examples=-1,
         eval_batch_size=500,
         evaluators=("clean", "pgd20", "cw20", "pr"),
-        eval_overrides={**TABLE1_EVAL, "seed": 0},
+        eval_overrides=TABLE1_SUITE_EVAL,
         scaled_down=(),
     )
 
@@ -407,6 +477,7 @@ SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "paper_full": paper_full_suite,
     "smoke_cpu": smoke_cpu_suite,
     "convergence_cpu": convergence_cpu_suite,
+    "table1_gpu": table1_gpu_suite,
 }
 
 

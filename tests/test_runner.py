@@ -176,6 +176,21 @@ def test_ratio_interval_against_a_hand_bootstrap():
     assert (lo, hi) == pytest.approx((np.quantile(stats, 0.05), np.quantile(stats, 0.95)))
 
 
+def assert_appendix_e_optimizer_for_30_epochs(settings):
+    """SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256 (195 steps per
+    epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27; PGD-10 in 8/255."""
+    o = settings.optimizer
+    assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay, settings.batch_size) == (
+        0.01,
+        0.9,
+        True,
+        5e-4,
+        256,
+    )
+    assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
+    assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+
+
 def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     """Appendix E by hand: SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256
     (195 steps per epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27."""
@@ -184,22 +199,51 @@ def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     assert [(r.method, r.seed) for r in runs] == [(m, s) for s in (0, 1) for m in ("clean", "pgd", "pat")]
     for run in runs:
         settings = config_lib.train_settings(run.config)
-        o = settings.optimizer
-        assert (o.learning_rate, o.momentum, o.nesterov, o.weight_decay, settings.batch_size) == (
-            0.01,
-            0.9,
-            True,
-            5e-4,
-            256,
-        )
-        assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
-        assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+        assert_appendix_e_optimizer_for_30_epochs(settings)
         if run.method == "pat":
             sampler = settings.method.langevin
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
     # A learning-curve point every 3 epochs, each checkpoint kept until its model is.
     assert runner._curve_steps(suite, runs[1], 30 * 195) == [3 * 195 * k for k in range(1, 10)]
     assert runs[0].config.max_checkpoints_to_keep >= 9
+
+
+def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the_whole_test_split():
+    """table1_gpu by hand: ResNet-18 on CIFAR-10, Appendix E's optimizer and batch (195 steps per
+    epoch), x0.1 after epochs 22 and 27 of 30; PGD-10 then PAT with the cheaper sampler, seed 0;
+    the 10,000 test images under the Table-1 protocol; curves (clean, uniform PR) every 5 epochs."""
+    suite = suite_catalog.get_suite("table1_gpu", None)
+    runs = suites.plan(suite)
+    assert [(r.group, r.method, r.seed) for r in runs] == [
+        ("cifar10_resnet18", "pgd", 0),
+        ("cifar10_resnet18", "pat", 0),
+    ]
+    for run in runs:
+        settings = config_lib.train_settings(run.config)
+        assert (run.config.dataset, settings.model.name, settings.model.compute_dtype) == (
+            "cifar10",
+            "resnet18",
+            "float32",
+        )
+        assert_appendix_e_optimizer_for_30_epochs(settings)
+        if run.method == "pat":
+            sampler = settings.method.langevin
+            assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
+        # Every curve step has a checkpoint, and all of them fit in the manager's window at once.
+        assert runner._curve_steps(suite, run, 30 * 195) == [5 * 195 * k for k in range(1, 6)]
+        assert (5 * 195) % run.config.checkpoint_every_steps == 0 and run.config.max_checkpoints_to_keep >= 6
+    assert suite.num_eval_examples == 10_000 and suite.keep_models
+    assert list(suite.evaluators) == ["clean", "pgd20", "cw20", "pr"]
+    assert suite.pr_distribution == "uniform" and set(suite.eval_overrides["pr_distributions"]) == {
+        "uniform",
+        "gaussian",
+        "pdis",
+    }
+    assert suite.eval_overrides["cw_kappa"] == 2.0 and set(suite.curve_methods) == {"pgd", "pat"}
+    assert list(suite.curve_evaluators) == ["clean", "pr"] and suite.curve_eval_overrides["pr_distributions"] == (
+        "uniform",
+    )
+    assert list(suite.matched) == [(("cifar10_resnet18", "pat"), ("cifar10_resnet18", "pgd"))]
 
 
 def test_plans_and_bad_input():

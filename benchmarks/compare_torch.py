@@ -36,8 +36,13 @@ REFERENCE = os.environ.get("PATJAX_TORCH_REFERENCE", os.path.join(HERE, "torch_p
 
 
 def run_json(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """The last line of the command's output as JSON; None (the error's last lines printed) if it
+    fails: an arm that cannot run here (an XLA flag this build lacks, say) leaves the rest."""
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        print(f"arm failed (exit {run.returncode}): {' '.join(cmd)}\n" + "\n".join(run.stderr.splitlines()[-5:]))
+        return None
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def split_variant(variant: str):
@@ -128,7 +133,11 @@ def main():
     runs = {name: [] for name in arms}
     for r in range(a.rounds):
         for name, cmd in arms.items():
+            if r and len(runs[name]) < r:
+                continue  # failed in an earlier round
             result = run_json(cmd)
+            if result is None:
+                continue
             runs[name].append(result)
             extra = f" compile {result['compile_s']:.1f}s" if "compile_s" in result else ""
             extra += f" first step {result['first_step_s']:.1f}s" if "first_step_s" in result else ""
@@ -136,6 +145,10 @@ def main():
                 f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra} (load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
+    runs = {name: rs for name, rs in runs.items() if len(rs) == a.rounds}
+    if baseline not in runs:
+        raise SystemExit(f"the baseline arm {baseline!r} failed")
+    arms = {name: cmd for name, cmd in arms.items() if name in runs}
     medians = {name: statistics.median(x["images_per_s"] for x in rs) for name, rs in runs.items()}
     print(
         f"\n{a.model} batch {a.batch} T={a.langevin_steps}, {a.rounds} alternating rounds "

@@ -58,7 +58,6 @@ for stage in $STAGES; do
         --patjax-variant="XLA_FLAGS='--xla_gpu_autotune_level=0'" \
         --patjax-variant="XLA_FLAGS='--xla_gpu_triton_gemm_any=true'" \
         --patjax-variant="--conv-input-grad reordered" \
-        --patjax-variant="JAX_DEFAULT_MATMUL_PRECISION=bfloat16" \
         --peak-gflops "$PEAK_TF32" --json
       ;;
     peer_cudagraphs)

@@ -15,8 +15,12 @@ with images_per_s -- and one patjax arm per --patjax-variant (extra flags for
 epoch_throughput.py; default: none), e.g.
 --patjax-variant=--conv-input-grad=reordered --patjax-variant=--conv-input-grad=autodiff
 measures the convolution input-gradient switch against the same peer runs. A variant may
-start with environment assignments (--patjax-variant='PJRT_NPROC=2 --cpu-devices 2'). With
---no-peer only the patjax arms run, and ratios are to the first one.
+start with environment assignments (--patjax-variant='PJRT_NPROC=2 --cpu-devices 2'). Peer
+arms likewise: one per --peer-variant (extra flags for the peer script; default: none, the
+eager peer), e.g. --peer-variant= --peer-variant='--compile --channels-last' runs the eager
+and the compiled peer (torch_pat_peer.py's `Execution`) in the same rounds; their warm-up
+steps (--peer-warmup, default 2) absorb torch.compile's compilation. With --no-peer only the
+patjax arms run, and ratios are to the first one.
 """
 
 import argparse
@@ -32,8 +36,20 @@ REFERENCE = os.environ.get("PATJAX_TORCH_REFERENCE", os.path.join(HERE, "torch_p
 
 
 def run_json(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """The last line of the command's output as JSON; None (the error's last lines printed) if it
+    fails: an arm that cannot run here (an XLA flag this build lacks, say) leaves the rest."""
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        print(f"arm failed (exit {run.returncode}): {' '.join(cmd)}\n" + "\n".join(run.stderr.splitlines()[-5:]))
+        return None
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def split_variant(variant: str):
+    """(environment assignments, flags) of a --patjax-variant / --peer-variant string."""
+    tokens = shlex.split(variant)
+    env = [t for t in tokens if "=" in t and not t.startswith("-")]
+    return env, [t for t in tokens if t not in env]
 
 
 def main():
@@ -50,6 +66,13 @@ def main():
         default=None,
         help="extra flags for epoch_throughput.py; repeat for several patjax arms",
     )
+    p.add_argument(
+        "--peer-variant",
+        action="append",
+        default=None,
+        help="extra flags for the peer script (e.g. '--compile --channels-last'); repeat for several peer arms",
+    )
+    p.add_argument("--peer-warmup", type=int, default=2, help="the peers' untimed steps (compilation)")
     p.add_argument(
         "--peer-threads",
         type=int,
@@ -76,13 +99,16 @@ def main():
         peer = [sys.executable, REFERENCE, "--width", str(a.width), *common]
     else:
         peer = [sys.executable, os.path.join(HERE, "torch_small_cnn_peer.py"), *common]
-    arms = {} if a.no_peer else {"torch": peer}
+    if not os.environ.get("PATJAX_TORCH_REFERENCE"):
+        peer += ["--warmup", str(a.peer_warmup)]
+    arms = {}
+    for v in [] if a.no_peer else a.peer_variant or [""]:
+        env, flags = split_variant(v)
+        arms[f"torch {v}".strip()] = (["env", *env] if env else []) + peer + flags
     for n in [] if a.no_peer else a.peer_threads or []:
         arms[f"torch --threads {n}"] = peer + ["--threads", str(n)]
     for v in variants:
-        tokens = shlex.split(v)
-        env = [t for t in tokens if "=" in t and not t.startswith("-")]
-        flags = [t for t in tokens if t not in env]
+        env, flags = split_variant(v)
         arms[f"patjax {v}".strip()] = (["env", *env] if env else []) + [
             sys.executable,
             os.path.join(HERE, "epoch_throughput.py"),
@@ -99,18 +125,30 @@ def main():
     baseline = next(iter(arms))
     if a.cpus:
         ncpus = sum(len(range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1)) for r in a.cpus.split(","))
-        arms = {name: (cmd + ["--threads", str(ncpus)] if name == "torch" else cmd) for name, cmd in arms.items()}
+        arms = {
+            name: (cmd + ["--threads", str(ncpus)] if name.startswith("torch") and "--threads" not in name else cmd)
+            for name, cmd in arms.items()
+        }
         arms = {name: ["taskset", "-c", a.cpus, *cmd] for name, cmd in arms.items()}
     runs = {name: [] for name in arms}
     for r in range(a.rounds):
         for name, cmd in arms.items():
+            if r and len(runs[name]) < r:
+                continue  # failed in an earlier round
             result = run_json(cmd)
+            if result is None:
+                continue
             runs[name].append(result)
             extra = f" compile {result['compile_s']:.1f}s" if "compile_s" in result else ""
+            extra += f" first step {result['first_step_s']:.1f}s" if "first_step_s" in result else ""
             print(
                 f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra} (load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
+    runs = {name: rs for name, rs in runs.items() if len(rs) == a.rounds}
+    if baseline not in runs:
+        raise SystemExit(f"the baseline arm {baseline!r} failed")
+    arms = {name: cmd for name, cmd in arms.items() if name in runs}
     medians = {name: statistics.median(x["images_per_s"] for x in rs) for name, rs in runs.items()}
     print(
         f"\n{a.model} batch {a.batch} T={a.langevin_steps}, {a.rounds} alternating rounds "
@@ -118,10 +156,24 @@ def main():
         + (f", pinned to CPUs {a.cpus}" if a.cpus else "")
         + f"; load average at the end {os.getloadavg()[0]:.2f}"
     )
+    # Each arm against every peer arm (the baseline first): the ratio of medians, and the
+    # spread of the ratios within rounds (both arms of a round ran minutes apart at most).
+    references = [baseline] + [n for n in medians if n.startswith("torch") and n != baseline]
+    round_ratios = {
+        name: {
+            ref: [x["images_per_s"] / y["images_per_s"] for x, y in zip(runs[name], runs[ref])]
+            for ref in references
+            if ref != name
+        }
+        for name in arms
+    }
     for name, m in medians.items():
         print(
-            f"  {name:>40}: median {m:8.2f} img/s   ratio to {baseline} {m / medians[baseline]:.2f}"
-            + "".join(f", to {peer} {m / medians[peer]:.2f}" for peer in medians if peer.startswith("torch "))
+            f"  {name:>40}: median {m:8.2f} img/s"
+            + "".join(
+                f"; to {ref} {m / medians[ref]:.2f} (rounds {min(r):.2f}-{max(r):.2f})"
+                for ref, r in round_ratios[name].items()
+            )
         )
     if a.json:
         print(
@@ -134,6 +186,7 @@ def main():
                     "load_average": os.getloadavg(),
                     "medians": medians,
                     "ratios": {n: m / medians[baseline] for n, m in medians.items()},
+                    "round_ratios": round_ratios,
                     "runs": runs,
                 }
             )

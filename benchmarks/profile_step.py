@@ -26,7 +26,17 @@ machine). Times are per device and per step
 (the trace's total divided by the device count): with N devices each runs the same program
 on its share of the batch at the same time.
 
-CPU only in its grouping (on a GPU the trace has kernel names, not HLO op names).
+On a GPU the trace's device plane holds kernels; each carries the HLO op that launched it
+(its `hlo_op` statistic; failing that, the kernel name that XLA derives from the op's name),
+and is grouped the same way: convolutions are cuDNN custom calls (direction from the call
+target, FLOPs counted on the forward convolution they belong to), then matmuls
+(cuBLAS/Triton), layout transposes/copies, reductions, elementwise fusions, memcpy/memset.
+Also reported there: the device's busy time against the traced step's wall time (the rest is
+the host: launches, the sampler loop's per-iteration condition), and whether each
+convolution kernel is a tensor-core kernel by its name (xmma/wgmma/hmma/cutlass/tensorop).
+
+  python benchmarks/profile_step.py --model resnet18 --batch 256 --langevin-steps 100 \
+      --compute-dtype bfloat16 --trace-dir DIR --out summary.json
 """
 
 from __future__ import annotations
@@ -52,7 +62,10 @@ def parse_args(argv=None):
     p.add_argument("--langevin-steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--cpu-devices", type=int, default=0, help="as in epoch_throughput.py")
-    p.add_argument("--top", type=int, default=12, help="also list the N slowest convolutions")
+    p.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--top", type=int, default=12, help="also list the N slowest convolutions and ops")
+    p.add_argument("--trace-dir", default="", help="keep the trace here (default: a temporary directory)")
+    p.add_argument("--out", default="", help="also write the summary as JSON to this file")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of tables")
     return p.parse_args(argv)
 
@@ -113,13 +126,9 @@ def _valid_taps(
     )
 
 
-def convolution_info(line: str, lines):
-    """FLOPs, direction and op_name of the convolution on `line`."""
-    out = [int(d) for d in re.search(r"= \w+\[([\d,]*)\]", line).group(1).split(",") if d]
-    operands = [
-        o.strip().split(" ")[-1].lstrip("%") for o in re.search(r"convolution\(([^)]*)\)", line).group(1).split(",")
-    ]
-    lhs, kernel = _shape_of(operands[0], lines), _shape_of(operands[-1], lines)
+def _conv_flops(line: str, lhs, kernel, out) -> int:
+    """2 x the multiply-adds of the convolution `line` describes (window, dim_labels) on input
+    `lhs`, kernel `kernel` and output `out` shapes, taps on padding or dilation zeros excluded."""
     lhs_labels, rhs_labels, out_labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", line).groups()
     spatial = sorted(c for c in out_labels if c.isdigit())
     size = _window_attr(line, "size", [1] * len(spatial))
@@ -139,7 +148,27 @@ def convolution_info(line: str, lines):
             lhs_dilation[i],
             rhs_dilation[i],
         )
-    flops = 2 * out[out_labels.index("b")] * out[out_labels.index("f")] * kernel[rhs_labels.index("i")] * taps
+    return 2 * out[out_labels.index("b")] * out[out_labels.index("f")] * kernel[rhs_labels.index("i")] * taps
+
+
+def _operands(line: str, opcode: str) -> list[str]:
+    return [o.strip().split(" ")[-1].lstrip("%") for o in re.search(opcode + r"\(([^)]*)\)", line).group(1).split(",")]
+
+
+def _result_shape(line: str) -> list[int]:
+    """The result's dimensions (the first element's, for a tuple result)."""
+    return [int(d) for d in re.search(r"= \(?\w+\[([\d,]*)\]", line).group(1).split(",") if d]
+
+
+def convolution_info(line: str, lines):
+    """FLOPs, direction and op_name of the convolution on `line`."""
+    out = _result_shape(line)
+    operands = _operands(line, "convolution")
+    lhs, kernel = _shape_of(operands[0], lines), _shape_of(operands[-1], lines)
+    flops = _conv_flops(line, lhs, kernel, out)
+    out_labels = re.search(r"dim_labels=\w+_\w+->(\w+)", line).group(1)
+    spatial = sorted(c for c in out_labels if c.isdigit())
+    size = _window_attr(line, "size", [1] * len(spatial))
     op_name = re.search(r'op_name="([^"]*)"', line)
     op_name = op_name.group(1) if op_name else ""
     out_spatial = [out[out_labels.index(axis)] for axis in spatial]
@@ -154,11 +183,34 @@ def convolution_info(line: str, lines):
     return flops, direction, op_name
 
 
-def _prod(xs):
-    r = 1
-    for x in xs:
-        r *= x
-    return r
+CUDNN_CONV = re.compile(r'custom_call_target="__cudnn\$conv(\w*)"')
+
+
+def cudnn_convolution_info(line: str, lines):
+    """FLOPs and direction of a cuDNN convolution custom call. Its window and dim_labels are
+    those of the forward convolution (input X, kernel W, output Y); the call computes Y from
+    (X, W), dX from (dY, W) or dW from (X, dY), each with the forward convolution's
+    multiply-adds, which are counted here."""
+    target = CUDNN_CONV.search(line).group(1)
+    result = _result_shape(line)
+    a, b = (_shape_of(o, lines) for o in _operands(line, "custom-call")[:2])
+    if target.startswith("BackwardInput"):
+        direction, (x, w, y) = "input-grad", (result, b, a)
+    elif target.startswith("BackwardFilter"):
+        direction, (x, w, y) = "weight-grad", (a, result, b)
+    else:
+        direction, (x, w, y) = "forward", (a, b, result)
+    return _conv_flops(line, x, w, y), direction
+
+
+COLLECTIVES = (
+    "all-reduce",
+    "all-reduce-start",
+    "all-reduce-done",
+    "all-gather",
+    "reduce-scatter",
+    "collective-permute",
+)
 
 
 def classify(name: str, instructions, computations):
@@ -172,31 +224,185 @@ def classify(name: str, instructions, computations):
     called = re.search(r"calls=%([\w.\-]+)", line)
     body = computations.get(called.group(1), []) if called else []
     conv_lines = [l for l in ([line] if ins["opcode"] == "convolution" else body) if "convolution(" in l]
+    root = next((l for l in body if l.lstrip().startswith("ROOT ")), "")
     flops = 0
-    if conv_lines:
+    if CUDNN_CONV.search(line):
+        flops, direction = cudnn_convolution_info(line, computations[ins["computation"]])
+        kind = f"conv {direction} (cudnn)"
+    elif conv_lines:
         flops, direction, conv_op_name = convolution_info(conv_lines[0], body or computations[ins["computation"]])
         op_name = op_name or conv_op_name
         path = "library" if "__ynn_fusion" in line or "__onednn" in line or "__xnn" in line else "generic"
         kind = f"conv {direction} ({path})"
-    elif ins["opcode"] in (
-        "all-reduce",
-        "all-reduce-start",
-        "all-reduce-done",
-        "all-gather",
-        "reduce-scatter",
-        "collective-permute",
-    ):
+    elif ins["opcode"] in COLLECTIVES:
         kind = "collective (all-reduce)"
-    elif "transpose" in name or ins["opcode"] in ("transpose", "copy"):
+    elif "__cublas" in line or ins["opcode"] == "dot" or any(" dot(" in l for l in body):
+        kind = "matmul"
+    elif "transpose" in name or ins["opcode"] in ("transpose", "copy") or re.search(r" (transpose|copy)\(", root):
         kind = "layout transpose/copy"
     elif ins["opcode"] == "fusion":
-        kind = "elementwise/reduce fusion"
+        kind = (
+            "reduction fusion" if any(" reduce(" in l or " reduce-window(" in l for l in body) else "elementwise fusion"
+        )
     elif ins["opcode"] == "while":
         return None  # its body's ops are counted themselves
     else:
         kind = "other: " + ins["opcode"]
     phase = "sampler" if "/while/body/" in op_name else "update"
     return phase, kind, flops
+
+
+def op_class(kind: str) -> str:
+    """The broad class of a kind: conv, matmul, layout, elementwise, reduction, collective,
+    memcpy, other."""
+    for prefix, cls in (
+        ("conv", "conv"),
+        ("matmul", "matmul"),
+        ("layout", "layout"),
+        ("elementwise", "elementwise"),
+        ("reduction", "reduction"),
+        ("collective", "collective"),
+        ("memcpy", "memcpy"),
+    ):
+        if kind.startswith(prefix):
+            return cls
+    return "other"
+
+
+# Tensor-core kernels by name: cuDNN/cuBLAS's xmma (sm80_/sm90_xmma_*), Hopper's wgmma/gmma,
+# hmma, CUTLASS, and the *tensorop* kernels; the others (implicit_convolve_sgemm, winograd,
+# fft) run on the CUDA cores.
+TENSOR_CORE_KERNEL = re.compile(r"xmma|wgmma|gmma|hmma|cutlass|tensorop|s16816|s1688", re.IGNORECASE)
+DERIVED_LINES = ("XLA Ops", "XLA Modules", "Steps", "Framework", "Source", "TensorFlow", "XLA TraceMe", "Launch")
+
+
+def trace_events(data):
+    """(HLO op name or None, kernel name or None, start ns, duration ns) of every traced op:
+    kernels on a GPU's streams when the trace has a GPU, else XLA:CPU's ops on the host's
+    threads (named by their HLO op)."""
+    gpus = [plane for plane in data.planes if plane.name.startswith("/device:GPU")]
+    if not gpus:
+        for plane in data.planes:
+            if plane.name.startswith("/host:CPU"):
+                for line in plane.lines:
+                    for event in line.events:
+                        yield event.name, None, event.start_ns, event.duration_ns
+        return
+    for plane in gpus:
+        for line in plane.lines:
+            if line.name.startswith(DERIVED_LINES):  # spans derived from the kernels, not kernels
+                continue
+            for event in line.events:
+                yield dict(event.stats).get("hlo_op"), event.name, event.start_ns, event.duration_ns
+
+
+def busy_ns(intervals) -> float:
+    """Length of the union of (start, duration) intervals."""
+    total, end = 0.0, float("-inf")
+    for start, duration in sorted(intervals):
+        stop = start + duration
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def summarize(events, instructions, computations, devices: int, top: int) -> dict:
+    """Groups, classes, top ops, slowest convolutions and (GPU) tensor-core use of the traced
+    ops, per device and per traced step."""
+    events = list(events)
+    gpu = any(kernel is not None for _, kernel, _, _ in events)
+    by_kernel = {re.sub(r"[.\-]", "_", n): n for n in instructions}  # XLA names kernels after ops
+    ops = collections.defaultdict(
+        lambda: {"ns": 0.0, "kernels": collections.Counter(), "ns_by_kernel": collections.Counter()}
+    )
+    for op, kernel, _, ns in events:
+        op = op or by_kernel.get(kernel or "")
+        c = classify(op, instructions, computations) if op else None
+        if c is None:
+            if not gpu:
+                continue  # host events that are no HLO op (the Python thread, the runtime)
+            low = (kernel or "").lower()
+            kind = "memcpy/memset" if "memcpy" in low or "memset" in low else "other: unattributed kernel"
+            op, c = f"[{kernel}]", ("unattributed", kind, 0)
+        ops[op]["class"] = c
+        ops[op]["ns"] += ns
+        ops[op]["kernels"][kernel] += 1
+        ops[op]["ns_by_kernel"][kernel] += ns
+    groups = collections.defaultdict(lambda: {"ms": 0.0, "gflop": 0.0})
+    rows_ops, convolutions, conv_kernels = [], [], collections.defaultdict(lambda: [0.0, 0])
+    for name, o in ops.items():
+        phase, kind, flops = o["class"]
+        calls = max(o["kernels"].values())  # each call launches each of its kernels once
+        g = groups[(phase, kind)]
+        g["ms"] += o["ns"] / 1e6 / devices
+        g["gflop"] += flops * calls / 1e9 / devices
+        kernel = o["ns_by_kernel"].most_common(1)[0][0]
+        rows_ops.append(
+            {
+                "op": name,
+                "phase": phase,
+                "kind": kind,
+                "calls": calls,
+                "ms": o["ns"] / 1e6 / devices,
+                "gflops_per_s": round(flops * calls / o["ns"], 1) if flops and o["ns"] else None,
+                "kernel": kernel,
+            }
+        )
+        if flops:
+            convolutions.append(
+                {
+                    "op": name,
+                    "phase": phase,
+                    "kind": kind,
+                    "calls": calls,
+                    "ms_per_call": round(o["ns"] / 1e6 / calls, 3),
+                    "gflops_per_s": round(flops * calls / o["ns"], 1),
+                    "shape": instructions[name]["shape"] if name in instructions else [],
+                }
+            )
+        if gpu and op_class(kind) == "conv":
+            for k, ns in o["ns_by_kernel"].items():
+                conv_kernels[k][0] += ns / 1e6
+                conv_kernels[k][1] += o["kernels"][k]
+    total_ms = sum(g["ms"] for g in groups.values())
+    rows = []
+    for (phase, kind), g in sorted(groups.items(), key=lambda kv: -kv[1]["ms"]):
+        rows.append(
+            {
+                "phase": phase,
+                "kind": kind,
+                "ms_per_device": round(g["ms"], 3),
+                "share": round(g["ms"] / total_ms, 4),
+                "gflop_per_device": round(g["gflop"], 6),
+                "gflops_per_s": round(g["gflop"] / (g["ms"] / 1e3), 1) if g["gflop"] else None,
+            }
+        )
+    classes = collections.Counter()
+    for r in rows:
+        classes[op_class(r["kind"])] += r["ms_per_device"]
+    rows_ops.sort(key=lambda r: -r["ms"])
+    for r in rows_ops:
+        r["share"], r["ms"] = round(r["ms"] / total_ms, 4), round(r["ms"], 3)
+    convolutions.sort(key=lambda r: -r["ms_per_call"] * r["calls"])
+    result = {
+        "op_ms_per_device": round(total_ms, 3),
+        "class_shares": {k: round(v / total_ms, 4) for k, v in classes.most_common()},
+        "groups": rows,
+        "top_ops": rows_ops[:top],
+        "slowest_convolutions": convolutions[:top],
+    }
+    if gpu:
+        on_tc = sum(ms for k, (ms, _) in conv_kernels.items() if TENSOR_CORE_KERNEL.search(k or ""))
+        conv_ms = sum(ms for ms, _ in conv_kernels.values())
+        result["device_busy_ms"] = round(busy_ns((start, ns) for _, _, start, ns in events) / 1e6, 3)
+        result["kernels"] = len(events)
+        result["conv_share_on_tensor_core_kernels"] = round(on_tc / conv_ms, 4) if conv_ms else None
+        result["conv_kernels"] = [
+            {"kernel": k, "ms": round(ms, 3), "calls": n, "tensor_core": bool(TENSOR_CORE_KERNEL.search(k or ""))}
+            for k, (ms, n) in sorted(conv_kernels.items(), key=lambda kv: -kv[1][0])[:top]
+        ]
+    return result
 
 
 def profile(args) -> dict:
@@ -221,6 +427,8 @@ def profile(args) -> dict:
             str(args.batch),
             "--langevin-steps",
             str(args.langevin_steps),
+            "--compute-dtype",
+            args.compute_dtype,
         ]
     )
     step, state, images, labels, permutation = epoch_throughput.build(bench_args, args.langevin_steps)
@@ -231,72 +439,33 @@ def profile(args) -> dict:
     for _ in range(args.warmup):
         state, metrics = compiled(state, images, labels, permutation)
         jax.block_until_ready((state, metrics))
-    with tempfile.TemporaryDirectory() as trace_dir:
+    with tempfile.TemporaryDirectory() as scratch:
+        trace_dir = args.trace_dir or scratch
         jax.profiler.start_trace(trace_dir)
         t0 = time.perf_counter()
         state, metrics = compiled(state, images, labels, permutation)
         jax.block_until_ready((state, metrics))
         step_s = time.perf_counter() - t0
         jax.profiler.stop_trace()
-        (trace_file,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+        trace_file = max(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
         data = ProfileData.from_file(trace_file)
-    durations, counts = collections.Counter(), collections.Counter()
-    for plane in data.planes:
-        if not plane.name.startswith("/host:CPU"):
-            continue
-        for line in plane.lines:
-            for event in line.events:
-                durations[event.name] += event.duration_ns
-                counts[event.name] += 1
     devices = int(state.step.sharding.num_devices)
-    groups = collections.defaultdict(lambda: {"ms": 0.0, "gflop": 0.0})
-    convolutions = []
-    for name, ns in durations.items():
-        c = classify(name, instructions, computations)
-        if c is None:
-            continue
-        phase, kind, flops = c
-        g = groups[(phase, kind)]
-        g["ms"] += ns / 1e6 / devices
-        g["gflop"] += flops * counts[name] / 1e9 / devices
-        if flops:
-            convolutions.append(
-                {
-                    "op": name,
-                    "phase": phase,
-                    "kind": kind,
-                    "calls": counts[name],
-                    "ms_per_call": round(ns / 1e6 / counts[name], 3),
-                    "gflops_per_s": round(flops / (ns / counts[name]), 1),
-                    "shape": instructions[name]["shape"],
-                }
-            )
-    total_ms = sum(g["ms"] for g in groups.values())
-    rows = []
-    for (phase, kind), g in sorted(groups.items(), key=lambda kv: -kv[1]["ms"]):
-        rows.append(
-            {
-                "phase": phase,
-                "kind": kind,
-                "ms_per_device": round(g["ms"], 1),
-                "share": round(g["ms"] / total_ms, 4),
-                "gflop_per_device": round(g["gflop"], 4),
-                "gflops_per_s": round(g["gflop"] / (g["ms"] / 1e3), 1) if g["gflop"] else None,
-            }
-        )
-    convolutions.sort(key=lambda r: -r["ms_per_call"] * r["calls"])
+    device = jax.devices()[0]
     return {
         "model": args.model,
         "batch": args.batch,
         "langevin_steps": args.langevin_steps,
+        "compute_dtype": args.compute_dtype,
+        "backend": jax.default_backend(),
+        "device": device.device_kind,
+        "jax": jax.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "devices": devices,
         "traced_step_s": round(step_s, 3),
-        "op_ms_per_device": round(total_ms, 1),
         # XLA's cost analysis of the step (a while body counted once: exact at T = 1), per
-        # device, to check the convolution FLOP accounting above against.
+        # device, to check the convolution FLOP accounting above against (none on a GPU).
         "xla_cost_analysis_gflop_per_device": round(xla_gflop / devices, 4),
-        "groups": rows,
-        "slowest_convolutions": convolutions[: args.top],
+        **summarize(trace_events(data), instructions, computations, devices, args.top),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
@@ -304,6 +473,9 @@ def profile(args) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     result = profile(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
     if args.json:
         print(json.dumps(result))
         return
@@ -316,6 +488,19 @@ def main(argv=None):
     for r in result["groups"]:
         rate = "" if r["gflops_per_s"] is None else f"{r['gflops_per_s']:.1f}"
         print(f"{r['phase']:8} {r['kind']:32} {r['ms_per_device']:10.1f} {r['share']:7.1%} {rate:>22}")
+    print("\nshare of op time by class: " + ", ".join(f"{k} {v:.1%}" for k, v in result["class_shares"].items()))
+    if "device_busy_ms" in result:
+        print(
+            f"device busy {result['device_busy_ms']} ms of the traced step's {1e3 * result['traced_step_s']:.1f} ms "
+            f"({result['kernels']} kernels); convolution time on tensor-core kernels: "
+            f"{result['conv_share_on_tensor_core_kernels']}"
+        )
+        for r in result["conv_kernels"]:
+            print(f"  {r['ms']:9.2f} ms {r['calls']:6d} calls  tensor core {r['tensor_core']!s:5}  {r['kernel'][:100]}")
+    print("\ntop ops:")
+    for r in result["top_ops"]:
+        rate = "" if r["gflops_per_s"] is None else f"{r['gflops_per_s']:.1f} GFLOP/s"
+        print(f"  {r['op'][:40]:40} {r['phase']:8} {r['kind']:30} {r['calls']:5d} calls {r['share']:7.1%} {rate}")
     if result["slowest_convolutions"]:
         print("\nslowest convolutions (all calls, all devices):")
         for r in result["slowest_convolutions"]:

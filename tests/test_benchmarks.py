@@ -31,7 +31,7 @@ def test_valid_taps_hand_counts():
     assert taps(8, 1, 8, 1, 0, 1, 1) == 8
 
 
-def test_profile_step_convolution_flops_match_xla_cost_analysis():
+def test_profile_step_convolution_flops_match_xla_cost_analysis(tmp_path):
     # At T = 1 XLA's cost analysis (which counts a while body once) is the whole step's FLOPs;
     # the profiler's per-convolution FLOPs must account for nearly all of it (the rest is
     # elementwise work and the dense layer) and never exceed it.
@@ -49,6 +49,8 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis():
             "--warmup",
             "1",
             "--json",
+            "--out",
+            str(tmp_path / "summary.json"),
         ],
         capture_output=True,
         text=True,
@@ -57,7 +59,13 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis():
         timeout=300,
     ).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["devices"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text()) == result
+    assert result["devices"] == 1 and result["backend"] == "cpu"
+    # The CPU trace runs through the same summary as a GPU trace: shares of the op time by class
+    # add up to 1, top ops come slowest first.
+    assert abs(sum(result["class_shares"].values()) - 1) < 1e-3 and result["class_shares"]["conv"] > 0
+    shares = [r["share"] for r in result["top_ops"]]
+    assert shares == sorted(shares, reverse=True) and len(shares) == 12
     groups = {(g["phase"], g["kind"]): g for g in result["groups"]}
     conv_gflop = sum(g["gflop_per_device"] for g in result["groups"])
     total = result["xla_cost_analysis_gflop_per_device"]
@@ -120,3 +128,92 @@ def test_gpu_convolutions_counts_cudnn_calls_of_an_optimized_hlo():
         "__cudnn$convBackwardFilter": 1,
         "__cublas$gemm": 1,
     }
+
+
+# A GPU step's optimized HLO, cut to what the profile reads: a cuDNN forward convolution in the
+# sampler's loop, its weight gradient in the update, an elementwise and a transpose fusion.
+GPU_HLO = """\
+%fused_add (param_0: f32[2,8,8,4]) -> f32[2,8,8,4] {
+  %param_0 = f32[2,8,8,4]{3,2,1,0} parameter(0)
+  ROOT %add.1 = f32[2,8,8,4]{3,2,1,0} add(%param_0, %param_0)
+}
+
+%fused_transpose (param_0.1: f32[2,8,8,4]) -> f32[2,4,8,8] {
+  %param_0.1 = f32[2,8,8,4]{3,2,1,0} parameter(0)
+  ROOT %transpose.2 = f32[2,4,8,8]{3,2,1,0} transpose(%param_0.1), dimensions={0,3,1,2}
+}
+
+ENTRY %main (p0: f32[2,8,8,3], p1: f32[3,3,3,4]) -> f32[2,4,8,8] {
+  %p0 = f32[2,8,8,3]{3,2,1,0} parameter(0)
+  %p1 = f32[3,3,3,4]{3,2,1,0} parameter(1)
+  %cudnn-conv.1 = (f32[2,8,8,4]{3,2,1,0}, u8[0]{0}) custom-call(%p0, %p1), window={size=3x3 pad=1_1x1_1}, \
+dim_labels=b01f_01io->b01f, custom_call_target="__cudnn$convForward", \
+metadata={op_name="jit(train_step)/while/body/Conv_0/conv_general_dilated"}
+  %gte.1 = f32[2,8,8,4]{3,2,1,0} get-tuple-element(%cudnn-conv.1), index=0
+  %cudnn-conv.2 = (f32[3,3,3,4]{3,2,1,0}, u8[0]{0}) custom-call(%p0, %gte.1), window={size=3x3 pad=1_1x1_1}, \
+dim_labels=b01f_01io->b01f, custom_call_target="__cudnn$convBackwardFilter", \
+metadata={op_name="jit(train_step)/transpose(jvp(ResNet18))/Conv_0/conv_general_dilated"}
+  %loop_add_fusion.3 = f32[2,8,8,4]{3,2,1,0} fusion(%gte.1), kind=kLoop, calls=%fused_add
+  ROOT %transpose_fusion.4 = f32[2,4,8,8]{3,2,1,0} fusion(%loop_add_fusion.3), kind=kInput, calls=%fused_transpose
+}
+"""
+
+
+def _gpu_trace():
+    """A GPU trace as the profiler writes one (XSpace text form): kernels on two streams, each
+    naming its HLO op (one leaves it out: the name must be derived from the kernel's), and a
+    derived 'XLA Ops' line that repeats them and must not be counted."""
+    from jax.profiler import ProfileData
+
+    kernels = {1: "sm90_xmma_fprop_implicit_gemm_tf32f32", 2: "cudnn::detail::implicit_convolve_sgemm"}
+    kernels.update({3: "loop_add_fusion_3", 4: "transpose_fusion_4", 5: "MemcpyD2H"})
+    ops = {11: "cudnn-conv.1", 12: "cudnn-conv.2", 14: "transpose_fusion.4"}
+
+    def event(kernel, start_ns, ns, op=None):
+        stat = f"stats {{ metadata_id: 100 ref_value: {op} }}" if op else ""
+        return f"events {{ metadata_id: {kernel} offset_ps: {start_ns * 1000} duration_ps: {ns * 1000} {stat} }}"
+
+    stream = [
+        event(1, 0, 4000, 11),
+        event(1, 5000, 4000, 11),  # the sampler's convolution, twice (two loop iterations)
+        event(2, 10000, 2000, 12),
+        event(3, 12000, 1000),  # no hlo_op statistic
+        event(4, 13000, 1000, 14),
+    ]
+    copies = [event(5, 3000, 2000)]  # overlaps the first convolution by 1000 ns
+    derived = [event(1, 0, 9000, 11)]
+    metadata = "".join(f'event_metadata {{ key: {k} value {{ id: {k} name: "{n}" }} }}' for k, n in kernels.items())
+    metadata += 'stat_metadata { key: 100 value { id: 100 name: "hlo_op" } }'
+    metadata += "".join(f'stat_metadata {{ key: {k} value {{ id: {k} name: "{n}" }} }}' for k, n in ops.items())
+    lines = [("Stream #7(Compute)", stream), ("Stream #9(MemcpyD2H)", copies), ("XLA Ops", derived)]
+    text = 'planes { id: 1 name: "/device:GPU:0" '
+    for i, (name, events) in enumerate(lines):
+        text += f'lines {{ id: {i + 1} name: "{name}" timestamp_ns: 0 {" ".join(events)} }} '
+    return ProfileData.from_text_proto(text + metadata + " }")
+
+
+def test_profile_step_reads_a_gpu_trace():
+    module = _load_profile_step()
+    instructions, computations = module.parse_hlo(GPU_HLO)
+    result = module.summarize(module.trace_events(_gpu_trace()), instructions, computations, 1, 10)
+    groups = {(g["phase"], g["kind"]): g for g in result["groups"]}
+    # Forward 3x3 convolution, padding 1, 8x8 -> 8x8, 2 images, 3 -> 4 channels: 22 real taps per
+    # axis (2 + 3 * 6 + 2), so 2 * 2 * 4 * 3 * 22 * 22 FLOPs; the weight gradient has the same.
+    flops = 2 * 2 * 4 * 3 * 22 * 22
+    forward = groups[("sampler", "conv forward (cudnn)")]
+    assert forward["ms_per_device"] == 0.008 and forward["gflop_per_device"] == round(2 * flops / 1e9, 6)
+    assert forward["gflops_per_s"] == round(2 * flops / 1e9 / 8e-6, 1)
+    weight_grad = groups[("update", "conv weight-grad (cudnn)")]
+    assert weight_grad["gflop_per_device"] == round(flops / 1e9, 6) and weight_grad["ms_per_device"] == 0.002
+    assert groups[("update", "elementwise fusion")]["ms_per_device"] == 0.001  # named from its kernel
+    assert groups[("update", "layout transpose/copy")]["ms_per_device"] == 0.001
+    assert groups[("unattributed", "memcpy/memset")]["ms_per_device"] == 0.002
+    assert result["op_ms_per_device"] == round((8000 + 2000 + 1000 + 1000 + 2000) / 1e6, 3)
+    shares = result["class_shares"]
+    assert shares["conv"] == round(10000 / 14000, 4) and shares["memcpy"] == round(2000 / 14000, 4)
+    # The xmma kernel is a tensor-core kernel, implicit_convolve_sgemm is not: 8 of 10 us.
+    assert result["conv_share_on_tensor_core_kernels"] == 0.8
+    assert [k["tensor_core"] for k in result["conv_kernels"]] == [True, False]
+    # Busy: 0-4000 and the copy to 5000, 5000-9000, 10000-14000.
+    assert result["device_busy_ms"] == round((9000 + 4000) / 1e6, 3) and result["kernels"] == 6
+    assert result["top_ops"][0]["op"] == "cudnn-conv.1" and result["top_ops"][0]["calls"] == 2

@@ -1,14 +1,19 @@
-"""The PyTorch peer (benchmarks/torch_pat_peer.py) computes patjax's PAT step.
+"""The PyTorch peers (benchmarks/torch_pat_peer.py) compute patjax's PAT step.
 
-A second implementation of Algorithm 2, written from the paper in eager PyTorch, is given
-patjax's weights (small CNN, and ResNet-18 at width 4), the same clean batch and the same
-sampler randomness (patjax's own start, and the noise its keys draw), and must agree with
-patjax to 1e-5 on the logits and training-mode BatchNorm statistics, the sampler's samples
-after T = 3 steps, the SNIS-weighted loss, and the loss, parameters and BatchNorm running
-statistics after one and then a second full `train.train_step` (the measured agreement is in
-benchmarks/README.md).
+A second implementation of Algorithm 2, written from the paper in PyTorch, is given patjax's
+weights (small CNN, and ResNet-18 at width 4), the same clean batch and the same sampler
+randomness (patjax's own start, and the noise its keys draw), and must agree with patjax to
+1e-5 on the logits and training-mode BatchNorm statistics, the sampler's samples after T = 3
+steps, the SNIS-weighted loss, and the loss, parameters and BatchNorm running statistics after
+one and then a second full `train.train_step` (the measured agreement is in
+benchmarks/README.md). The sampler and the two steps are checked for both ways the peer runs:
+eager, and compiled (torch.compile of the sampler step, the update and the optimizer step,
+channels-last; a `reference` check: minutes of compilation on a cold cache). In bf16 (autocast
+against patjax's compute_dtype=bfloat16) the compiled peer's weighted loss is checked at bf16's
+tolerance.
 """
 
+import dataclasses
 import importlib.util
 import sys
 
@@ -29,6 +34,7 @@ from patjax import state as state_lib  # noqa: E402
 BATCH, STEPS = 8, 3
 RESNET_WIDTH = 4  # ResNet-18 with stage widths 4/8/16/32: the same graph, test-sized
 TOL = 1e-5
+BF16_TOL = 2e-2  # a few units of bf16's 2**-8 relative rounding on a loss of about 2
 
 
 def load_peer():
@@ -40,6 +46,10 @@ def load_peer():
 
 
 peer = load_peer()
+EXECUTIONS = {"eager": peer.Execution(), "compiled": peer.Execution(compile=True, channels_last=True)}
+# torch.compile's first compilation of these graphs (Inductor, C++ through gcc) takes 1-2.5 min
+# a test on 2 loaded cores, seconds once its cache holds them: a `reference` cross-check.
+EXECUTION_PARAMS = ["eager", pytest.param("compiled", marks=pytest.mark.reference)]
 
 
 def tiny_config(model):
@@ -175,9 +185,6 @@ def setup(request):
     permutation = jnp.arange(BATCH)
     net = peer.create_model(cfg.model, num_classes=10, width=RESNET_WIDTH)
     load_patjax_weights(net, state.params, state.batch_stats)
-    optimizer = peer.make_optimizer(
-        net, lr=float(cfg.learning_rate), momentum=float(cfg.momentum), weight_decay=float(cfg.weight_decay)
-    )
     return dict(
         cfg=cfg,
         settings=settings,
@@ -190,12 +197,24 @@ def setup(request):
         permutation=permutation,
         steps_per_epoch=steps_per_epoch,
         net=net,
-        optimizer=optimizer,
     )
 
 
 def first_batch(s):
     return step_inputs(s["state"], s["images"], s["labels"], s["permutation"], s["cfg"], s["steps_per_epoch"])
+
+
+def fresh_peer(s, execution, state=None):
+    """A peer on a new copy of the (given, else the fixture's) state's weights, with its own
+    optimizer: the steps it takes leave the fixture's network alone."""
+    state = state or s["state"]
+    cfg = s["cfg"]
+    net = peer.create_model(cfg.model, num_classes=10, width=RESNET_WIDTH)
+    load_patjax_weights(net, state.params, state.batch_stats)
+    optimizer = peer.make_optimizer(
+        net, lr=float(cfg.learning_rate), momentum=float(cfg.momentum), weight_decay=float(cfg.weight_decay)
+    )
+    return peer.Peer(net, optimizer, settings_of(cfg), beta=float(cfg.pat.beta), execution=execution)
 
 
 def test_weights_copy_round_trips(setup):
@@ -236,8 +255,9 @@ def test_sampler_start_reproduces_patjax_draw(setup):
     np.testing.assert_array_equal(start, chain.start)
 
 
-def test_sampler_samples_match_after_three_steps(setup):
-    s, net = setup, setup["net"]
+@pytest.mark.parametrize("execution", EXECUTION_PARAMS)
+def test_sampler_samples_match_after_three_steps(setup, execution):
+    s = setup
     x, y, key = first_batch(s)
     state = s["state"]
     x_adv, steps = methods.langevin_adversarial_batch(
@@ -245,12 +265,11 @@ def test_sampler_samples_match_after_three_steps(setup):
     )
     assert np.all(np.asarray(steps) == STEPS)
     start, noise = sampler_noise(key, x, STEPS)
-    torch_adv = peer.langevin_chain(
-        net, nchw(x), torch_labels(y), nchw(start), [nchw(z) for z in noise], settings_of(s["cfg"])
-    )
+    sampler = fresh_peer(s, EXECUTIONS[execution])
+    torch_adv = sampler.chain(nchw(x), torch_labels(y), nchw(start), [nchw(z) for z in noise])
     assert float(np.max(np.abs(np.asarray(x_adv) - np.asarray(start)))) > 0.1  # the chain moved
     np.testing.assert_allclose(nhwc(torch_adv), x_adv, rtol=0, atol=TOL)
-    assert max_tree_diff(as_patjax_trees(net)[1], state.batch_stats) == 0  # inference mode: no update
+    assert max_tree_diff(as_patjax_trees(sampler.model)[1], state.batch_stats) == 0  # inference mode: no update
 
 
 def test_snis_weighted_loss_matches(setup):
@@ -273,10 +292,11 @@ def test_snis_weighted_loss_matches(setup):
     np.testing.assert_allclose(float(weights.max()), float(metrics["snis_weight_max"]), rtol=0, atol=TOL)
 
 
-def test_two_train_steps_give_equal_parameters_and_statistics(setup):
+@pytest.mark.parametrize("execution", EXECUTION_PARAMS)
+def test_two_train_steps_give_equal_parameters_and_statistics(setup, execution):
     """patjax's compiled train step against the peer's pat_step_from, twice in a row (the second
     step uses the momentum buffer of the first): loss, parameters, running statistics."""
-    s, net, optimizer = setup, setup["net"], setup["optimizer"]
+    s = setup
     step_fn = train.make_train_step(
         methods.make_method(s["settings"].method),
         s["model_fns"],
@@ -286,22 +306,14 @@ def test_two_train_steps_give_equal_parameters_and_statistics(setup):
         s["settings"].batch_size,
     )
     state = jax.tree.map(jnp.copy, s["state"])
+    stepper = fresh_peer(s, EXECUTIONS[execution])
     for _ in range(2):
         x, y, key = step_inputs(state, s["images"], s["labels"], s["permutation"], s["cfg"], s["steps_per_epoch"])
         start, noise = sampler_noise(key, x, STEPS)
         before = jax.device_get(state.params)
         state, metrics = step_fn(state, s["images"], s["labels"], s["permutation"])
-        torch_loss = peer.pat_step_from(
-            net,
-            optimizer,
-            nchw(x),
-            torch_labels(y),
-            nchw(start),
-            [nchw(z) for z in noise],
-            settings_of(s["cfg"]),
-            beta=float(s["cfg"].pat.beta),
-        )
-        params, stats = as_patjax_trees(net)
+        torch_loss = stepper.step_from(nchw(x), torch_labels(y), nchw(start), [nchw(z) for z in noise])
+        params, stats = as_patjax_trees(stepper.model)
         np.testing.assert_allclose(float(torch_loss), float(metrics["loss"]), rtol=0, atol=TOL)
         assert max_tree_diff(params, state.params) < TOL
         assert max_tree_diff(stats, state.batch_stats) < TOL
@@ -310,3 +322,24 @@ def test_two_train_steps_give_equal_parameters_and_statistics(setup):
         torch_moved = jax.tree.map(lambda a, b: a - np.asarray(b), params, before)
         assert max_tree_diff(torch_moved, moved) < TOL
         assert max(float(np.max(np.abs(m))) for m in jax.tree.leaves(moved)) > 1e-3
+
+
+@pytest.mark.reference
+def test_compiled_bf16_weighted_loss_matches_patjax_bf16(setup):
+    """Autocast to bf16 in the compiled peer against patjax's compute_dtype=bfloat16: the same
+    weights on patjax's own bf16 sample give the same SNIS-weighted loss to bf16's tolerance,
+    and a loss that differs from the float32 peer's on that sample (the autocast took effect)."""
+    s = setup
+    x, y, key = first_batch(s)
+    state = s["state"]
+    bf16_model = dataclasses.replace(s["settings"].model, compute_dtype="bfloat16")
+    bf16_fns, _ = state_lib.create_train_state(bf16_model, s["settings"].seed, s["tx"])
+    x_adv, _ = methods.langevin_adversarial_batch(
+        state.params, bf16_fns, state.batch_stats, x, y, key, s["settings"].method
+    )
+    loss, _ = methods.pat(state.params, bf16_fns, state.batch_stats, x, y, key, s["settings"].method)
+    bf16 = peer.Execution(compile=True, channels_last=True, compute_dtype="bfloat16")
+    torch_bf16 = float(fresh_peer(s, bf16).update(nchw(x_adv), torch_labels(y)))
+    torch_fp32 = float(fresh_peer(s, EXECUTIONS["eager"]).update(nchw(x_adv), torch_labels(y)))
+    np.testing.assert_allclose(torch_bf16, float(loss), rtol=0, atol=BF16_TOL)
+    assert abs(torch_bf16 - torch_fp32) > TOL

@@ -87,8 +87,10 @@ def offline(monkeypatch, tmp_path):
     return tmp_path / "data"
 
 
-def write_test_split(offline, dataset, images, labels):
-    """Writes `dataset`'s test split alone into the offline data folder."""
+def write_test_split(offline, dataset, images, labels, records_per_file):
+    """Writes `dataset`'s test split alone into the offline data folder, a synthetic file of
+    len(labels) records that the loader is told to expect."""
+    records_per_file(len(labels))
     folder = offline / download.ARCHIVES[dataset][3]
     folder.mkdir(parents=True)
     coarse = [0] * len(labels) if dataset == "cifar100" else None
@@ -96,9 +98,9 @@ def write_test_split(offline, dataset, images, labels):
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
-def test_a_folder_with_the_test_split_alone_serves_an_evaluation_and_not_a_training(offline, dataset):
+def test_a_folder_with_the_test_split_alone_serves_an_evaluation_and_not_a_training(offline, dataset, records_per_file):
     images = np.random.default_rng(1).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
-    write_test_split(offline, dataset, images, [3, 1, 4, 1, 5])
+    write_test_split(offline, dataset, images, [3, 1, 4, 1, 5], records_per_file)
     assert data.find_data_dir(dataset, "test") == str(offline)
     split = data.load_split(dataset, "test", None)  # found, and read without a download
     np.testing.assert_array_equal(split.images, images)
@@ -109,12 +111,12 @@ def test_a_folder_with_the_test_split_alone_serves_an_evaluation_and_not_a_train
         data.load_split(dataset, "train", None)
 
 
-def test_cifar100_with_the_test_split_alone_evaluates_offline(offline, tmp_path):
+def test_cifar100_with_the_test_split_alone_evaluates_offline(offline, tmp_path, records_per_file):
     """`python -m patjax.evaluate --torch_checkpoint` (`api.evaluate_torch_checkpoint`) of a
     CIFAR-100 network with no data_dir: the test split alone, found in PATJAX_DATA_DIR."""
     rng = np.random.default_rng(2)
     images, labels = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8), [7, 99, 0, 42, 7, 13]
-    write_test_split(offline, "cifar100", images, labels)
+    write_test_split(offline, "cifar100", images, labels, records_per_file)
     model = models.create_model("small_cnn", "cifar100", 100, normalize=models.NO_NORMALIZATION)
     params, batch_stats = models.init_variables(model, jax.random.PRNGKey(0))
     weights = str(tmp_path / "net.safetensors")

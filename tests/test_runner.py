@@ -414,13 +414,16 @@ def race_suite(data_dir):
 # of step 2 (of 4), holding the run's claim and lock, until the file argv[1]/go appears (it
 # creates argv[1]/paused when it waits); with argv[2] == "when_paused" (a handover), it starts
 # once argv[1]/paused appears, its imports done meanwhile.
+RACE_RECORDS = 16
 RACE = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 import orbax.checkpoint as ocp
-from patjax import experiments, suite_catalog
+from patjax import data, experiments, suite_catalog
 from test_runner import race_suite
 signals, role = sys.argv.pop(1), sys.argv.pop(1)
+# The folder holds the first {records} records of each file (`head_of_cifar10`).
+data.OFFICIAL_RECORDS = {{d: dict.fromkeys(names, {records}) for d, names in data.OFFICIAL_RECORDS.items()}}
 suite_catalog.SUITES["race"] = race_suite
 save = ocp.CheckpointManager.save
 
@@ -442,11 +445,14 @@ else:
             sys.exit("the worker never paused")
         time.sleep(0.05)
 experiments.cli()
-""".format(tests=str(REPO / "tests"))
+""".format(tests=str(REPO / "tests"), records=RACE_RECORDS)
 
 
-def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undisturbed(tmp_path, data_dir):
-    data_dir = head_of_cifar10(data_dir, str(tmp_path / "data"))
+def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undisturbed(
+    tmp_path, data_dir, records_per_file
+):
+    data_dir = head_of_cifar10(data_dir, str(tmp_path / "data"), RACE_RECORDS)
+    records_per_file(RACE_RECORDS)
     suite = race_suite(data_dir)
     run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("clean", 0))
     raced, alone, signals = (str(tmp_path / name) for name in ("raced", "alone", "signals"))

@@ -540,7 +540,8 @@ class Device:
         steps = epochs * (DRY_MAIN_JOB_STEPS if self.dry_run else STEPS_PER_EPOCH)
         train = [sys.executable, "main.py", f"--config={MAIN_JOB_CONFIG}", f"--workdir={workdir}"]
         train += [f"--config.data_dir={self.data}", "--config.progress_bar=False", f"--stop_after_steps={steps}"]
-        evaluate = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}"]
+        # --overwrite: a rerun on a warm machine resumes the training, so its evaluation is of a later step.
+        evaluate = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--overwrite"]
         with self.packed("main_job", workdir, None):
             wall, _ = self.run("main job: train", train + (DRY_MAIN_JOB if self.dry_run else []), 540)
             windows = _windows(workdir)

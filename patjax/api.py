@@ -37,6 +37,8 @@ from patjax.errors import UserError, one_line
 
 Model = Union[Callable[[Any], Any], tuple]
 
+OUT_DIR_REMEDY = "wait for it to finish, or use another --out_dir"
+
 
 def _inputs_and_train(fn, what: str) -> bool:
     """Whether `fn` (a logits function or a module's __call__) takes `train`, read off its
@@ -210,12 +212,13 @@ def evaluate_torch_checkpoint(
             "normalize": normalization,
         }
     }
-    with sharding.writer_lock(out_dir, "an evaluation"):  # out_dir/eval/ is written as a run's eval/ is
+    # out_dir/eval/ is written as a run's eval/ is.
+    with sharding.writer_lock(out_dir, "an evaluation", remedy=OUT_DIR_REMEDY):
         return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)
 
 
 def evaluate_robustbench(
-    name, model_dir, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None, overwrite=False
+    name, model_dir, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None, overwrite=True
 ) -> dict:
     """A RobustBench CIFAR-10 Linf zoo entry (`zoo.load_model`: its checkpoint in model_dir,
     fetched there if missing) evaluated as a PyTorch checkpoint is; results in out_dir/eval/."""
@@ -233,5 +236,5 @@ def evaluate_robustbench(
             "normalize": zoo_entry.normalize or "none",
         }
     }
-    with sharding.writer_lock(out_dir, "an evaluation"):
+    with sharding.writer_lock(out_dir, "an evaluation", remedy=OUT_DIR_REMEDY):
         return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)

@@ -93,7 +93,9 @@ def evaluate_robustbench(spec, num_examples, overrides):
             f"--robustbench names the network and its normalization itself: it takes no --workdir, "
             f"--torch_checkpoint{', ' + ', '.join(given) if given else ''}"
         )
+    cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
     out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(FLAGS.robustbench, FLAGS.robustbench_dir))[0]
+    cli_lib.output_folder("out_dir", out_dir)
     results = api.evaluate_robustbench(
         FLAGS.robustbench,
         FLAGS.robustbench_dir,
@@ -118,7 +120,7 @@ def main(argv):
     if FLAGS.torch_checkpoint:
         return evaluate_torch_checkpoint(spec, num_examples, overrides)
     if not FLAGS.workdir:
-        raise UserError("--workdir (or --torch_checkpoint) is required")
+        raise UserError("--workdir, --torch_checkpoint or --robustbench is required")
     for workdir in FLAGS.workdir:
         cli_lib.existing_folder("workdir", workdir)
     if FLAGS.plot:
@@ -202,7 +204,9 @@ def define_flags():
         "RobustBench's), dataset or a dataset name; default: the file's mu and sigma.",
     )
     flags.DEFINE_string(
-        "out_dir", None, "With --torch_checkpoint or --robustbench: where eval/ goes (default: FILE without suffix)."
+        "out_dir",
+        None,
+        "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix).",
     )
     flags.DEFINE_string(
         "robustbench",

@@ -393,7 +393,7 @@ def table1_gpu_suite(data_dir: Optional[str]) -> Suite:
     seed 0, evaluated on the 10,000 test images under the Table-1 protocol, with learning curves
     (clean, uniform PR) every 5 epochs (docs/reproduction.md). A GPU suite: one run of it takes
     minutes on an H100 and days on a CPU."""
-    cfg = config_lib.default_config()  # Appendix E: ResNet-18, batch 256, SGD, lr 0.01, MultiStepLR shape
+    cfg = config_lib.default_config()  # Appendix E's optimizer, batch 256 and schedule shape
     cfg.dataset = "cifar10"
     cfg.model = "resnet18"
     cfg.data_dir = data_dir

@@ -60,7 +60,7 @@ def model_flops(model_name: str, width: int, batch: int) -> tuple[float, float]:
     import jax
     import jax.numpy as jnp
 
-    from patjax import models
+    from patjax.compute import models
 
     model = models.create_model(model_name, "cifar10", 10, **({"width": width} if model_name != "small_cnn" else {}))
     params, batch_stats = models.init_variables(model, jax.random.PRNGKey(0))
@@ -96,7 +96,7 @@ def evaluations(s, fractions) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax import config
+    from patjax.run import config
 
     s = config.evaluation_settings(config.default_config()).evals
     f, g = model_flops(args.model, args.width, args.batch)

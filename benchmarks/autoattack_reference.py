@@ -34,7 +34,7 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
-from patjax.errors import UserError  # noqa: E402
+from patjax.core.errors import UserError  # noqa: E402
 
 
 def load_peer():
@@ -63,7 +63,7 @@ def parse_args(argv=None):
 
 
 def run_patjax(settings, model_fns, state, split):
-    from patjax import evaluation
+    from patjax.run import evaluation
 
     per_image = {}
     results = evaluation.evaluate_state(
@@ -153,13 +153,14 @@ def predict(torch_model, x, batch_size):
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax import cli, data
+    from patjax.compute import data
+    from patjax.core import cli
 
     cli.use_cpu_cores_as_devices()
     import jax
     import torch
 
-    from patjax import workdir as workdir_lib
+    from patjax.run import workdir as workdir_lib
 
     peer = load_peer()
     run, model_fns, state = workdir_lib.restore(args.workdir)

@@ -24,13 +24,13 @@ import subprocess
 import sys
 import tempfile
 
-from patjax.errors import UserError
+from patjax.core.errors import UserError
 
 RESUME = """
 import json, os, sys
 import jax
 from patjax import checkpoints, cli, train, workdir
-from patjax.errors import UserError
+from patjax.core.errors import UserError
 
 def resume(run, target):
     start = checkpoints.latest_step(run)
@@ -83,7 +83,7 @@ def main(argv=None):
     relative = os.path.relpath(os.path.abspath(args.run), root)
     if relative.startswith(".."):
         sys.exit(f"error: --run must be a run directory inside the repository {root}, got {args.run!r}")
-    from patjax import workdir
+    from patjax.run import workdir
 
     with tempfile.TemporaryDirectory() as tmp:
         clone = os.path.join(tmp, "clone")

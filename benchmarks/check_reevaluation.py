@@ -26,8 +26,8 @@ import shutil
 import sys
 import tempfile
 
-from patjax import files
-from patjax.errors import UserError
+from patjax.core import files
+from patjax.core.errors import UserError
 
 SETTINGS = (
     "pr_distribution",
@@ -73,7 +73,8 @@ def main(argv=None):
     p.add_argument("--evaluators", default="clean,pgd20,cw20,pr")
     p.add_argument("--laws", default=None, help="PR laws to recompute (default: the headline law)")
     args = p.parse_args(argv)
-    from patjax import cli, evaluation
+    from patjax.core import cli
+    from patjax.run import evaluation
 
     cli.use_cpu_cores_as_devices()
     old = files.read_json(os.path.join(args.run, "eval", "results.json"), "evaluate the run again")

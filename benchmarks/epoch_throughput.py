@@ -29,7 +29,7 @@ EPOCH_IMAGES = 50_000
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="pat", help="a name in patjax.methods.METHODS")
+    p.add_argument("--method", default="pat", help="a name in patjax.compute.methods.METHODS")
     p.add_argument("--model", default="resnet18", help="resnet18 | small_cnn | wrn50_2")
     p.add_argument("--width", type=int, default=64, help="ResNet/WRN stem width (ignored by small_cnn)")
     p.add_argument("--batch", type=int, default=32)
@@ -50,7 +50,7 @@ def parse_args(argv=None):
         "--conv-input-grad",
         default="auto",
         choices=("auto", "reordered", "autodiff"),
-        help="patjax.ops convolution input gradient (auto: reordered kernel on CPU only)",
+        help="patjax.compute.ops convolution input gradient (auto: reordered kernel on CPU only)",
     )
     p.add_argument(
         "--cpu-devices",
@@ -74,8 +74,9 @@ def build(args, langevin_steps):
     """(jitted step, state, images, labels, permutation) for the benchmark config."""
     import numpy as np
 
-    from patjax import config as config_lib
-    from patjax import sharding, train
+    from patjax.core import sharding
+    from patjax.run import config as config_lib
+    from patjax.run import train
 
     cfg = config_lib.default_config()
     cfg.method = args.method
@@ -124,7 +125,7 @@ def peak_memory_bytes(compiled) -> dict:
 def run(args) -> dict:
     import jax
 
-    from patjax import ops
+    from patjax.compute import ops
 
     ops.set_conv_input_grad_mode(args.conv_input_grad)
     T = args.langevin_steps
@@ -206,7 +207,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
         os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
-    from patjax import cli
+    from patjax.core import cli
 
     cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     emit(run(args), args.json)

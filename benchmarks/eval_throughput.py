@@ -42,9 +42,10 @@ def run(args) -> dict:
     import jax
     import numpy as np
 
-    from patjax import api, evaluators, models
-    from patjax import config as config_lib
+    from patjax import api, evaluators
+    from patjax.compute import models
     from patjax.evaluators import common
+    from patjax.run import config as config_lib
 
     a, b = args.batches
     if not 0 < a < b:
@@ -99,7 +100,7 @@ def run(args) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax import cli
+    from patjax.core import cli
 
     cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     emit(run(args), args.json)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 
-from patjax import config as config_lib
-from patjax import data
-from patjax import state as state_lib
+from patjax.compute import data
 from patjax.evaluators import REGISTRY, common
+from patjax.run import config as config_lib
+from patjax.run import state as state_lib
 
 
 def main():

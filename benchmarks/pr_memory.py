@@ -26,16 +26,17 @@ def main(argv=None):
     p.add_argument("settings", nargs="+", metavar="BATCH:CHUNK")
     args = p.parse_args(argv)
 
-    from patjax import cli
+    from patjax.core import cli
 
     cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from patjax import api, models
-    from patjax import config as config_lib
+    from patjax import api
+    from patjax.compute import models
     from patjax.evaluators import pr
+    from patjax.run import config as config_lib
 
     module = models.create_model(args.model, "cifar10", 10)
     params, batch_stats = models.init_variables(module, jax.random.PRNGKey(0))

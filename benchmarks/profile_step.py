@@ -408,7 +408,7 @@ def summarize(events, instructions, computations, devices: int, top: int) -> dic
 def profile(args) -> dict:
     if args.cpu_devices:
         os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
-    from patjax import cli
+    from patjax.core import cli
 
     cli.use_cpu_cores_as_devices()
     import epoch_throughput

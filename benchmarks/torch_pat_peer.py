@@ -3,18 +3,18 @@
 
 Written from the paper's Algorithm 2 (Appendix A; the Langevin sampler is its Algorithm 1)
 and from patjax's conventions, so that, given the same weights, data and randomness, one
-step here computes what one `patjax.train.train_step` computes for method 'pat':
+step here computes what one `patjax.run.train.train_step` computes for method 'pat':
 
 - models take NCHW images in [0, 1] and normalize them per channel as their first operation
-  (patjax.models.Normalize); they are patjax_torch.models' small CNN and kuangliu CIFAR
-  ResNet-18 (the PyTorch definitions of patjax.models), weights copied by patjax.torch_weights;
+  (patjax.compute.models.Normalize); they are patjax_torch.models' small CNN and kuangliu CIFAR
+  ResNet-18 (the PyTorch definitions of patjax.compute.models), weights copied by patjax.run.torch_weights;
 - BatchNorm as Flax's: momentum 0.1 on the running statistics (Flax's 0.9 is the kept
   fraction), eps 1e-5, and the running variance updated with the *biased* batch variance
   (torch.nn.BatchNorm2d would use the unbiased one), the statistics taken in float32;
 - the sampler runs the model in inference mode (running statistics, no update), as
   patjax's default `langevin.bn_mode = 'inference'`;
 - SGD with Nesterov momentum and weight decay coupled into the gradient: torch.optim.SGD's
-  rule is patjax.state.make_optimizer's.
+  rule is patjax.run.state.make_optimizer's.
 
 Two ways to run the same step (`Execution`, the flags of the command line):
 
@@ -58,8 +58,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's packages
-from patjax import torch_weights  # noqa: E402
-from patjax.models import DATASET_STATS  # noqa: E402
+from patjax.compute.models import DATASET_STATS  # noqa: E402
+from patjax.run import torch_weights  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ class BatchNorm(nn.BatchNorm2d):
 
 
 def create_model(name: str, num_classes: int = 10, width: int = 64, dataset: str = "cifar10") -> nn.Module:
-    """patjax_torch.models' network (the PyTorch definitions of patjax.models) with this BatchNorm."""
+    """patjax_torch.models' network (the PyTorch definitions of patjax.compute.models) with this BatchNorm."""
     if name not in ("small_cnn", "resnet18"):
         raise ValueError(f"unknown model {name!r}; choose 'small_cnn' or 'resnet18'")
     kwargs = {} if name == "small_cnn" else {"width": width}
@@ -91,7 +91,7 @@ def create_model(name: str, num_classes: int = 10, width: int = 64, dataset: str
 
 
 def load_patjax_weights(model, params, batch_stats):
-    """Copies patjax parameters and BatchNorm statistics into the model (patjax.torch_weights'
+    """Copies patjax parameters and BatchNorm statistics into the model (patjax.run.torch_weights'
     names and layouts), keeping the model's own input normalization."""
     tensors = torch_weights.to_state_dict(model.patjax_name, params, batch_stats)
     own = {k: v for k, v in model.state_dict().items() if k in ("mu", "sigma")}
@@ -153,7 +153,7 @@ def logits(model: nn.Module, x, autocast_dtype=None):
 
 @dataclasses.dataclass(frozen=True)
 class LangevinSettings:
-    """T, eta, sigma, rho, c1, c2 (Appendix E defaults; names as patjax.samplers')."""
+    """T, eta, sigma, rho, c1, c2 (Appendix E defaults; names as patjax.compute.samplers')."""
 
     steps: int = 100
     step_size: float = 0.3

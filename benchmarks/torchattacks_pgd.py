@@ -27,9 +27,10 @@ import torchattacks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from patjax import api, data, models  # noqa: E402
-from patjax import workdir as workdir_lib  # noqa: E402
-from patjax.errors import UserError  # noqa: E402
+from patjax import api  # noqa: E402
+from patjax.compute import data, models  # noqa: E402
+from patjax.core.errors import UserError  # noqa: E402
+from patjax.run import workdir as workdir_lib  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
 
 

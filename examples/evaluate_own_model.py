@@ -14,7 +14,8 @@ import os
 from flax import traverse_util
 from safetensors.numpy import load_file
 
-from patjax import api, data, models
+from patjax import api
+from patjax.compute import data, models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEIGHTS = os.path.join(

@@ -11,11 +11,11 @@ traceable: the attacks differentiate it), or a Flax Linen module with its variab
 (`module.bind(variables)`); its __call__ takes the images and, optionally, `train` (then called
 with train=False: BatchNorm in inference mode). The settings are the default config's eval
 settings (docs/evaluation.md) with the keyword arguments replacing fields of `config.eval`. The
-results dict is `patjax.evaluation.evaluate_state`'s (what results.json holds) with the per-image
+results dict is `patjax.run.evaluation.evaluate_state`'s (what results.json holds) with the per-image
 arrays of per_image.npz under "per_image".
 
 `evaluate_torch_checkpoint` does the same for a PyTorch state_dict file of a network of
-`patjax.models` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files;
+`patjax.compute.models` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files;
 `evaluate_robustbench` for an entry of RobustBench's CIFAR-10 Linf zoo (`--robustbench=NAME`).
 """
 
@@ -30,10 +30,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from patjax import config as config_lib
-from patjax import data, evaluation, models, sharding, torch_weights, zoo
-from patjax import state as state_lib
-from patjax.errors import UserError, one_line
+from patjax.compute import data, models
+from patjax.core import sharding
+from patjax.core.errors import UserError, one_line
+from patjax.run import config as config_lib
+from patjax.run import evaluation, torch_weights, zoo
+from patjax.run import state as state_lib
 
 Model = Union[Callable[[Any], Any], tuple]
 

@@ -28,10 +28,12 @@ import os
 from absl import app, flags
 from tqdm import tqdm
 
-from patjax import cli as cli_lib
-from patjax import data, files, locks, plots, sampler_diagnostic
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.compute import data, sampler_diagnostic
+from patjax.core import cli as cli_lib
+from patjax.core import files, locks
+from patjax.core.errors import UserError
+from patjax.reporting import plots
+from patjax.run import workdir as workdir_lib
 
 
 def write(result: dict, out_dir: str, name: str = "sampler_diagnostic") -> str:

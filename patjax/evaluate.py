@@ -8,17 +8,17 @@
   python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
-`patjax.models` (named by --model, or by the metadata of a file `patjax.export` wrote) is
+`patjax.compute.models` (named by --model, or by the metadata of a file `patjax.export` wrote) is
 evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
-names and layouts of `patjax.torch_weights`) under the default config's eval settings;
+names and layouts of `patjax.run.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
 results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/). An entry of
 RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
-and normalization RobustBench gives it (`patjax.zoo`).
+and normalization RobustBench gives it (`patjax.run.zoo`).
 
 Checks every workdir (config, checkpoint, settings) first, then evaluates each one's newest
-checkpoint (`patjax.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then DIR/eval/results.json) and
-prints the comparison of all of them (`patjax.evaluation.compare`). The evaluators are those of
+checkpoint (`patjax.run.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then DIR/eval/results.json) and
+prints the comparison of all of them (`patjax.run.evaluation.compare`). The evaluators are those of
 `patjax.evaluators`; docs/evaluation.md describes the figures and their intervals.
 """
 
@@ -28,9 +28,13 @@ import os
 
 from absl import app, flags
 
-from patjax import api, eval_files, evaluation, evaluators, models, plots, report, sharding, zoo
-from patjax import cli as cli_lib
-from patjax.errors import UserError
+from patjax import api, evaluators
+from patjax.compute import models
+from patjax.core import cli as cli_lib
+from patjax.core import sharding
+from patjax.core.errors import UserError
+from patjax.reporting import plots, report
+from patjax.run import eval_files, evaluation, zoo
 
 FLAGS = flags.FLAGS
 

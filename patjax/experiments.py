@@ -8,8 +8,8 @@
   python -m patjax.experiments --suite=NAME --workdir=DIR --max_minutes=M  # stop with checkpoints after M min
   python -m patjax.experiments --suite=NAME --workdir=DIR --handover      # carry unfinished runs in git
 
-The suites are those of `patjax.suites`; `patjax.runner` runs them (workers, claims, resume:
-docs/cluster.md) and `patjax.suite_results` computes the tables' figures.
+The suites are those of `patjax.suites`; `patjax.suites.runner` runs them (workers, claims, resume:
+docs/cluster.md) and `patjax.suites.aggregate` computes the tables' figures.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import time
 import jax
 from absl import app, flags
 
-from patjax import cli as cli_lib
-from patjax import data, runner, suite_catalog, suite_outcomes, suites, workers
-from patjax.errors import UserError
+from patjax import suites
+from patjax.compute import data
+from patjax.core import cli as cli_lib
+from patjax.core.errors import UserError
+from patjax.suites import catalog, run_outcomes, runner, workers
 
 FLAGS = flags.FLAGS
 
@@ -41,7 +43,7 @@ def main(argv):
     if FLAGS.data_dir and FLAGS.data_dir != data.TFDS:
         cli_lib.existing_folder("data_dir", FLAGS.data_dir)
     data_dir = FLAGS.data_dir or data.find_data_dir()  # None: found or downloaded when a run loads it
-    suite = suite_catalog.get_suite(FLAGS.suite, data_dir)
+    suite = catalog.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
     runs = suites.plan(suite, groups, methods)
     num_workers, worker_index = workers.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
@@ -56,7 +58,7 @@ def main(argv):
             length = f"steps {c.num_train_steps}" if c.num_train_steps > 0 else f"{c.num_epochs} epochs"
             print(
                 f"  run {position + 1}/{len(runs)} {r.name}: {c.dataset} {c.model} batch {c.batch_size} "
-                f"{length} T={c.langevin.steps} -> {suite_outcomes.run_dir(FLAGS.workdir, r)}"
+                f"{length} T={c.langevin.steps} -> {run_outcomes.run_dir(FLAGS.workdir, r)}"
             )
         return
     if FLAGS.handover:
@@ -93,7 +95,7 @@ def main(argv):
 
 
 def define_flags():
-    flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(suite_catalog.SUITES)}.")
+    flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(catalog.SUITES)}.")
     flags.DEFINE_string("workdir", None, "Suite directory (runs/, results.md, results.json, pr_vs_eps.png).")
     flags.DEFINE_string(
         "data_dir",

@@ -4,14 +4,14 @@ RobustBench, torchattacks).
   python -m patjax.export --workdir=runs/pat_c10 --out=pat_c10.safetensors [--format=safetensors|pt] [--step=N]
       [--overwrite]
 
-Writes the run's newest model (or the kept model / checkpoint of --step; `patjax.workdir.restore`)
-under the reference PyTorch names and layouts (`patjax.torch_weights`), with the run's input
+Writes the run's newest model (or the kept model / checkpoint of --step; `patjax.run.workdir.restore`)
+under the reference PyTorch names and layouts (`patjax.run.torch_weights`), with the run's input
 normalization as the buffers mu and sigma. An existing --out is replaced only with --overwrite
 (the refusal names the model the file holds, from its metadata). Load it into the matching network of
 `patjax_torch.models` (the metadata of a .safetensors file names the network, its width and
 dataset, and the run: its name, method, seed and step, no path of this machine):
 
-  net = patjax_torch.models.create_model("resnet18", 10, normalize=patjax.models.DATASET_STATS["cifar10"])
+  net = patjax_torch.models.create_model("resnet18", 10, normalize=patjax.compute.models.DATASET_STATS["cifar10"])
   net.load_state_dict({k: torch.from_numpy(v) for k, v in safetensors.numpy.load_file(FILE).items()})
 """
 
@@ -22,10 +22,11 @@ import os
 import jax
 from absl import app, flags
 
-from patjax import cli as cli_lib
-from patjax import data, models, torch_weights
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.compute import data, models
+from patjax.core import cli as cli_lib
+from patjax.core.errors import UserError
+from patjax.run import torch_weights
+from patjax.run import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 

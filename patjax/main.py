@@ -8,7 +8,7 @@ checkout runs the same).
 --config is a config file (a `get_config()` module) or the name of a shipped one
 (`patjax.configs.NAMES`). CIFAR is read from --config.data_dir, else found ($PATJAX_DATA_DIR, a
 shared/data beside the checkout, the download cache) or downloaded on first use
-(patjax.data.resolve_data_dir). Running the same command again resumes from the latest
+(patjax.compute.data.resolve_data_dir). Running the same command again resumes from the latest
 checkpoint in --workdir.
 """
 
@@ -20,8 +20,10 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from patjax import cli as cli_lib
-from patjax import config, configs, sharding, train
+from patjax import configs
+from patjax.core import cli as cli_lib
+from patjax.core import sharding
+from patjax.run import config, train
 
 FLAGS = flags.FLAGS
 

@@ -5,7 +5,7 @@ import pathlib
 import jax
 import pytest
 
-from patjax import data
+from patjax.compute import data
 
 # Compile time dominates a CPU test suite; numerics are unchanged by skipping XLA's
 # heavier passes, which is all these tests look at.
@@ -33,7 +33,7 @@ def data_dir():
 def train_run(cfg, workdir, **kwargs):
     """What main.py does with a config: the typed settings built at the door, then training
     (`train.train_and_evaluate`)."""
-    from patjax import config, train
+    from patjax.run import config, train
 
     settings = config.train_settings(cfg)
     return train.train_and_evaluate(settings, workdir, **kwargs)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from patjax import attacks
+from patjax.compute import attacks
 
 
 def np_dlr(z, y):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from patjax import api, data
-from patjax.errors import UserError
+from patjax import api
+from patjax.compute import data
+from patjax.core.errors import UserError
 
 
 @pytest.fixture(scope="module")

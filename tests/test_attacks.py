@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import Linear, np_softmax
 
-from patjax import attacks
+from patjax.compute import attacks
 
 EPS = 0.1
 

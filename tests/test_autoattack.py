@@ -7,7 +7,8 @@ import pytest
 from scipy import stats
 from test_evaluation import evaluate, tiny_config, tiny_setup
 
-from patjax import data, report
+from patjax.compute import data
+from patjax.reporting import report
 
 EPS = 0.03
 

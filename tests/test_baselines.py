@@ -13,11 +13,11 @@ from conftest import train_run
 from helpers import Linear, np_cross_entropy, np_softmax
 from test_train import tiny_config
 
-from patjax import attacks, data, methods, models
-from patjax import config as config_lib
-from patjax.config import default_config, train_settings
-from patjax.errors import UserError
-from patjax.models import SmallCNN
+from patjax.compute import attacks, data, methods, models
+from patjax.compute.models import SmallCNN
+from patjax.core.errors import UserError
+from patjax.run import config as config_lib
+from patjax.run.config import default_config, train_settings
 
 K = 4
 

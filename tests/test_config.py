@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from patjax import config as config_lib
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.core.errors import UserError
+from patjax.run import config as config_lib
+from patjax.run import workdir as workdir_lib
 
 
 def write_config(tmp_path, saved) -> str:

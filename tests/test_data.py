@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from patjax import api, data, download, eval_files, models, torch_weights
-from patjax.errors import UserError
+from patjax import api
+from patjax.compute import data, download, models
+from patjax.core.errors import UserError
+from patjax.run import eval_files, torch_weights
 
 
 def write_binary(path, labels, images, coarse=None):

@@ -11,8 +11,8 @@ from conftest import REPO, train_run
 from test_samplers import linear_setup
 from test_train import tiny_config
 
-from patjax import sampler_diagnostic
-from patjax.samplers import LangevinSettings
+from patjax.compute import sampler_diagnostic
+from patjax.compute.samplers import LangevinSettings
 
 
 def test_curves_follow_the_closed_form_contraction():

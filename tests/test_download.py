@@ -1,4 +1,4 @@
-"""patjax.download against a real HTTP server on the loopback address: success, the failures a
+"""patjax.compute.download against a real HTTP server on the loopback address: success, the failures a
 network and an archive can produce, and what each leaves in the cache (nothing partial)."""
 
 import fcntl
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from conftest import train_run
 
-from patjax import data, download
-from patjax.errors import UserError
+from patjax.compute import data, download
+from patjax.core.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -465,7 +465,7 @@ def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_afte
     """The quickstart's path with no data_dir: nothing beside the checkout, nothing cached, so
     the first load downloads (here from the loopback server); the next run finds the cache."""
     records_per_file(3)  # synthetic archives: 3 records a file
-    from patjax import config as config_lib
+    from patjax.run import config as config_lib
 
     files, _ = synthetic("cifar10")
     # Enough training records for a batch: every data_batch gets 3, so 15 in all.

@@ -18,12 +18,16 @@ from conftest import REPO
 from helpers import Linear
 from scipy import stats
 
-from patjax import api, checkpoints, data, eval_files, evaluation, evaluators, files, suite_outcomes, suite_results
-from patjax import config as config_lib
-from patjax import stats as patjax_stats
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
-from patjax.models import ModelFns
+from patjax import api, evaluators
+from patjax.compute import data
+from patjax.compute import stats as patjax_stats
+from patjax.compute.models import ModelFns
+from patjax.core import files
+from patjax.core.errors import UserError
+from patjax.run import checkpoints, eval_files, evaluation
+from patjax.run import config as config_lib
+from patjax.run import workdir as workdir_lib
+from patjax.suites import aggregate, run_outcomes
 
 
 def tiny_setup(scale=1.0, num_images=7, model_seed=0):
@@ -369,9 +373,9 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     assert "[90 % intervals]" in text and "PR: Table-1 protocol" in text
 
     # One estimator per figure: the suite tables' mean over one seed, computed from the
-    # per-image outcomes by another path (suite_results.mean_figures), carries the same values
+    # per-image outcomes by another path (aggregate.mean_figures), carries the same values
     # and intervals as results.json.
-    outcome = suite_outcomes.RunOutcome(
+    outcome = run_outcomes.RunOutcome(
         run=None,
         correct=z["clean.correct"].astype(bool),
         robust={},
@@ -380,7 +384,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
         record={},
         train_s=None,
     )
-    table = suite_results.mean_figures([outcome], patjax_stats.bootstrap_indices(n, resamples, seed), conf)
+    table = aggregate.mean_figures([outcome], patjax_stats.bootstrap_indices(n, resamples, seed), conf)
     for key in (repr(e) for e in epsilons):
         fig = saved["figures"]["pr"]["uniform"][key]
         for subset, row in (("all", "pr_all"), ("clean_correct", "pr_clean_correct")):
@@ -623,7 +627,7 @@ def hand_made_results(correct, pr_correct, pr_all, bound, attacks):
 
 
 def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_worst_attack():
-    from patjax import report
+    from patjax.reporting import report
 
     a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (-1.5454, 0.25), ["pgd20", "cw20", "aa"])
     b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.125, -0.001), ["pgd20", "cw20"])
@@ -656,7 +660,7 @@ def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_
 
 
 def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
-    from patjax import plots
+    from patjax.reporting import plots
 
     a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
     b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])

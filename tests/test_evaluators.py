@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from test_evaluation import evaluate, tiny_config, tiny_setup
 
-from patjax import data, evaluators
-from patjax.errors import UserError
+from patjax import evaluators
+from patjax.compute import data
+from patjax.core.errors import UserError
 from patjax.evaluators import common
 
 

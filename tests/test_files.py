@@ -14,8 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from patjax import files, kept_models
-from patjax.errors import UserError
+from patjax.core import files
+from patjax.core.errors import UserError
+from patjax.run import kept_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,11 +16,12 @@ import pytest
 from conftest import REPO, find_data_dir, train_run
 from test_train import tiny_config
 
-from patjax import api, checkpoints
-from patjax import config as config_lib
-from patjax import state as state_lib
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax import api
+from patjax.core.errors import UserError
+from patjax.run import checkpoints
+from patjax.run import config as config_lib
+from patjax.run import state as state_lib
+from patjax.run import workdir as workdir_lib
 
 
 def tree_hash(root) -> str:
@@ -263,12 +264,12 @@ def test_the_documented_sentinels_are_accepted():
 
 # ---------------------------------------------------------------------------------------
 # Paths: every path flag of every command is checked for its kind before anything is read or
-# written (patjax.cli's existing_folder, existing_file, output_folder, output_file).
+# written (patjax.core.cli's existing_folder, existing_file, output_folder, output_file).
 
 
 def path_cases(tmp):
     """(command line, the start of its one error line): each entry point's path flags go through
-    patjax.cli's checks (their every case: the test below); tmp holds a file `f` and a folder `d`."""
+    patjax.core.cli's checks (their every case: the test below); tmp holds a file `f` and a folder `d`."""
     f, d, nowhere = tmp / "f", tmp / "d", tmp / "nowhere"
     ev = ("-m", "patjax.evaluate")
     return [
@@ -303,7 +304,7 @@ def test_every_command_refuses_a_path_of_the_wrong_kind_in_one_line_and_writes_n
 
 
 def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
-    from patjax import cli
+    from patjax.core import cli
 
     f = tmp_path / "f"
     f.write_text("x")
@@ -335,10 +336,11 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
 
 
 def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
-    from patjax import runner, sampler_diagnostic, suite_catalog
+    from patjax.compute import sampler_diagnostic
+    from patjax.suites import catalog, runner
 
     with pytest.raises(UserError, match=r"^--max_runs must be an integer >= 1, got 0$"):
-        runner.run_suite(suite_catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=0)
+        runner.run_suite(catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=0)
     assert os.listdir(tmp_path) == []  # refused before the suite folder is made
     with pytest.raises(UserError, match=r"^seed must be an integer in \[0, 4294967294\], got -1$"):
         sampler_diagnostic.check_settings(8, 2, 10, "uniform", seed=-1)

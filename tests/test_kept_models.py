@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from patjax import checkpoints, kept_models
-from patjax import config as config_lib
-from patjax import state as state_lib
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.core.errors import UserError
+from patjax.run import checkpoints, kept_models
+from patjax.run import config as config_lib
+from patjax.run import state as state_lib
+from patjax.run import workdir as workdir_lib
 
 
 def small_cnn_state(seed=0):

@@ -6,10 +6,10 @@ import numpy as np
 import optax
 from helpers import Linear, np_cross_entropy, np_softmax
 
-from patjax import config as config_lib
-from patjax import methods, models
-from patjax.config import default_config
-from patjax.samplers import langevin_sample
+from patjax.compute import methods, models
+from patjax.compute.samplers import langevin_sample
+from patjax.run import config as config_lib
+from patjax.run.config import default_config
 
 
 def setup(batch=6, k=4):
@@ -103,7 +103,7 @@ def test_no_gradient_flows_through_the_sampler():
 
 
 def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
-    from patjax.models import SmallCNN
+    from patjax.compute.models import SmallCNN
 
     model = SmallCNN(num_classes=3, mean=(0.5,) * 3, std=(0.25,) * 3, widths=(4,))
     x = jax.random.uniform(jax.random.PRNGKey(0), (8, 8, 8, 3))

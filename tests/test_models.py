@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from patjax import models
-from patjax.errors import UserError
+from patjax.compute import models
+from patjax.core.errors import UserError
 
 
 def count(params):

@@ -90,7 +90,7 @@ def leaves_of(result, prefix):
 
 def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cpu_processes(tmp_path, data_dir):
     body = f"""
-        from patjax.errors import UserError
+        from patjax.core.errors import UserError
         cfg = tiny_config(data_dir={data_dir!r}, method="alp")
         try:
             train_run(cfg, {str(tmp_path / "alp")!r})

@@ -1,4 +1,4 @@
-"""patjax.ops (the one convolution and max-pool of every model) and compute_dtype=bfloat16.
+"""patjax.compute.ops (the one convolution and max-pool of every model) and compute_dtype=bfloat16.
 
 The convolution's custom VJP (input gradient through a reordered kernel copy) is checked
 against JAX's own autodiff of `lax.conv_general_dilated`, an independent derivation, for
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from patjax import models, ops, samplers
-from patjax.errors import UserError
+from patjax.compute import models, ops, samplers
+from patjax.core.errors import UserError
 
 
 @pytest.fixture
@@ -149,9 +149,9 @@ def test_bf16_sampler_stays_close_to_fp32():
 
 
 def test_bf16_update_keeps_float32_parameters_and_gradients():
-    from patjax import config as config_lib
-    from patjax import methods
-    from patjax import state as state_lib
+    from patjax.compute import methods
+    from patjax.run import config as config_lib
+    from patjax.run import state as state_lib
 
     cfg = config_lib.default_config()
     cfg.langevin.steps = 2

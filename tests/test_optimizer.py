@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 import numpy as np
 
-from patjax import config as config_lib
-from patjax import state as state_lib
-from patjax.config import default_config
+from patjax.run import config as config_lib
+from patjax.run import state as state_lib
+from patjax.run.config import default_config
 
 
 def optimizer_settings(cfg) -> state_lib.OptimizerSettings:

@@ -13,8 +13,9 @@ import pytest
 import setuptools
 from conftest import REPO
 
-from patjax import config, configs
+from patjax import configs
 from patjax import main as main_lib
+from patjax.run import config
 
 # tomllib from Python 3.11; before, pytest itself depends on tomli, the same parser.
 tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from patjax import robustness
-from patjax import stats as patjax_stats
+from patjax.compute import robustness
+from patjax.compute import stats as patjax_stats
 
 SHAPE = (4, 4, 3)
 

@@ -18,30 +18,20 @@ import pytest
 from conftest import REPO
 from safetensors.numpy import load_file
 
-from patjax import config as config_lib
-from patjax import (
-    download,
-    eval_files,
-    kept_models,
-    locks,
-    methods,
-    plots,
-    runner,
-    suite_catalog,
-    suite_outcomes,
-    suite_report,
-    suite_results,
-    suites,
-    train,
-    workers,
-)
-from patjax import stats as patjax_stats
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax import suites
+from patjax.compute import download, methods
+from patjax.compute import stats as patjax_stats
+from patjax.core import locks
+from patjax.core.errors import UserError
+from patjax.reporting import plots
+from patjax.run import config as config_lib
+from patjax.run import eval_files, kept_models, train
+from patjax.run import workdir as workdir_lib
+from patjax.suites import aggregate, catalog, results_md, run_outcomes, runner, workers
 
 
 def tiny_suite(data_dir, seeds=(0, 1)):
-    cfg = suite_catalog.ablation_cpu_suite(data_dir).groups[0].base_config
+    cfg = catalog.ablation_cpu_suite(data_dir).groups[0].base_config
     cfg.batch_size = 8
     cfg.num_train_steps = 2
     cfg.langevin.steps = 1
@@ -194,7 +184,7 @@ def assert_appendix_e_optimizer_for_30_epochs(settings):
 def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     """Appendix E by hand: SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256
     (195 steps per epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27."""
-    suite = suite_catalog.get_suite("convergence_cpu", None)
+    suite = catalog.get_suite("convergence_cpu", None)
     runs = suites.plan(suite)
     assert [(r.method, r.seed) for r in runs] == [(m, s) for s in (0, 1) for m in ("clean", "pgd", "pat")]
     for run in runs:
@@ -212,7 +202,7 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
     """table1_gpu by hand: ResNet-18 on CIFAR-10, Appendix E's optimizer and batch (195 steps per
     epoch), x0.1 after epochs 22 and 27 of 30; PGD-10 then PAT with the cheaper sampler, seed 0;
     the 10,000 test images under the Table-1 protocol; curves (clean, uniform PR) every 5 epochs."""
-    suite = suite_catalog.get_suite("table1_gpu", None)
+    suite = catalog.get_suite("table1_gpu", None)
     runs = suites.plan(suite)
     assert [(r.group, r.method, r.seed) for r in runs] == [
         ("cifar10_resnet18", "pgd", 0),
@@ -247,18 +237,18 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
 
 
 def test_plans_and_bad_input():
-    full = suites.plan(suite_catalog.get_suite("paper_full", None))
+    full = suites.plan(catalog.get_suite("paper_full", None))
     assert len(full) == 4 * len(methods.METHOD_ORDER)
     first = full[0].config
     assert (first.model, first.dataset, first.langevin.steps, first.num_epochs) == ("resnet18", "cifar10", 100, 100)
     assert {r.group for r in full} == {"cifar10_resnet18", "cifar10_wrn50_2", "cifar100_resnet18", "cifar100_wrn50_2"}
-    cpu = suites.plan(suite_catalog.get_suite("ablation_cpu", "/data"))
+    cpu = suites.plan(catalog.get_suite("ablation_cpu", "/data"))
     assert {r.method for r in cpu} >= {"clean", "pgd", "pgd_cor", "pat_wos", "pat"}
     assert {r.seed for r in cpu} == {0, 1}
     with pytest.raises(UserError, match="unknown suite"):
-        suite_catalog.get_suite("nope", None)
+        catalog.get_suite("nope", None)
     with pytest.raises(UserError, match="no group"):
-        suites.plan(suite_catalog.get_suite("paper_full", None), groups=["cifar10_vgg"])
+        suites.plan(catalog.get_suite("paper_full", None), groups=["cifar10_vgg"])
     result = subprocess.run(
         [sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
         cwd=REPO,
@@ -404,7 +394,7 @@ def head_of_cifar10(data_dir, folder, records=16):
 def race_suite(data_dir):
     """smoke_cpu with the tiniest training (of a `head_of_cifar10` folder): batches of 8, the
     training log's test accuracy on 16 images (its runs' evaluation is not used)."""
-    suite = suite_catalog.smoke_cpu_suite(data_dir)
+    suite = catalog.smoke_cpu_suite(data_dir)
     cfg = copy.deepcopy(suite.groups[0].base_config)
     cfg.batch_size, cfg.log_test_examples, cfg.eval.batch_size = 8, 16, 16
     return dataclasses.replace(suite, name="race", groups=(dataclasses.replace(suite.groups[0], base_config=cfg),))
@@ -419,12 +409,12 @@ RACE = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 import orbax.checkpoint as ocp
-from patjax import data, experiments, suite_catalog
+from patjax import data, experiments, catalog
 from test_runner import race_suite
 signals, role = sys.argv.pop(1), sys.argv.pop(1)
 # The folder holds the first {records} records of each file (`head_of_cifar10`).
 data.OFFICIAL_RECORDS = {{d: dict.fromkeys(names, {records}) for d, names in data.OFFICIAL_RECORDS.items()}}
-suite_catalog.SUITES["race"] = race_suite
+catalog.SUITES["race"] = race_suite
 save = ocp.CheckpointManager.save
 
 def save_then_wait(self, step, *args, **kwargs):
@@ -460,7 +450,7 @@ def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undi
     one_run = ("--methods=clean", "--max_runs=1", "--only=train", "--compilation_cache=False")
     paused = worker(raced, data_dir, *one_run, suite="race", command=("-c", RACE, signals, "paused_at_step_2"))
     handover = worker(raced, data_dir, "--handover", suite="race", command=("-c", RACE, signals, "when_paused"))
-    directory = suite_outcomes.run_dir(raced, run)
+    directory = run_outcomes.run_dir(raced, run)
     try:
         # The same run trained undisturbed, here meanwhile (one device, as the worker has).
         undisturbed = train.train_and_evaluate(config_lib.train_settings(run.config), alone)
@@ -495,8 +485,8 @@ def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undi
 
 def test_a_handover_is_refused_while_a_trainer_holds_a_runs_workdir_and_changes_nothing(tmp_path, data_dir):
     """A trainer started by hand on a run's directory holds its lock, not its claim."""
-    suite = suite_catalog.smoke_cpu_suite(data_dir)
-    first, second = (suite_outcomes.run_dir(str(tmp_path), r) for r in suites.plan(suite)[:2])
+    suite = catalog.smoke_cpu_suite(data_dir)
+    first, second = (run_outcomes.run_dir(str(tmp_path), r) for r in suites.plan(suite)[:2])
     for directory in (first, second):
         os.makedirs(os.path.join(directory, "checkpoints", "2"))
     with locks.exclusive(second, "a trainer"):
@@ -532,7 +522,7 @@ def dry_run(*args, env=None):
 
 
 def test_static_partition_flags_slurm_and_bad_values():
-    runs = suites.plan(suite_catalog.get_suite("ablation_cpu", None))
+    runs = suites.plan(catalog.get_suite("ablation_cpu", None))
     assert len(runs) == 10
     shares = [workers.partition(runs, 3, i) for i in range(3)]
     assert [[p for p, _ in share] for share in shares] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
@@ -576,9 +566,7 @@ def test_static_partition_flags_slurm_and_bad_values():
         with pytest.raises(UserError, match=message):
             workers.worker_slot(num_workers, worker_index, environ={})
     with pytest.raises(UserError, match="worker index 3"):
-        runner.run_suite(
-            suite_catalog.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3
-        )
+        runner.run_suite(catalog.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3)
     assert not os.path.exists("/nonexistent/suite")
 
 
@@ -616,7 +604,7 @@ def _synthetic_outcome(run, correct, pgd_robust, counts, samples, settings):
             }
         },
     }
-    return suite_outcomes.RunOutcome(
+    return run_outcomes.RunOutcome(
         run=run,
         correct=correct,
         robust={"pgd20": pgd_robust},
@@ -631,7 +619,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     n, samples = 400, 10
     settings = _synthetic_settings(n, samples, bootstrap_resamples=300, confidence=0.9)
     rng = np.random.default_rng(0)
-    cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
+    cfg = catalog.smoke_cpu_suite(None).groups[0].base_config
     groups = (
         suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),
         suites.Group("T5", cfg, methods=("pat",), seeds=(0,)),
@@ -669,7 +657,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
             dict(settings),
         )
     outcomes["T9/pat_s0"] = None  # not run yet
-    got = suite_results.build(suite, "/unused", outcomes, [])["sweeps"][0]
+    got = aggregate.build(suite, "/unused", outcomes, [])["sweeps"][0]
 
     assert [p["label"] for p in got["points"]] == ["T = 5", "T = 9", "T = 2"]
     assert [p["status"] for p in got["points"]] == ["done", "pending", "done"]
@@ -689,7 +677,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
         a.pr_counts["gaussian"][a.correct, 1].mean() / samples
     )
 
-    md = suite_report.markdown(suite_results.build(suite, "/unused", outcomes, []))
+    md = results_md.markdown(aggregate.build(suite, "/unused", outcomes, []))
     assert "## Sweep: T" in md and "| T = 9 | T9/pat_s0 (pending) |" in md
     assert "| T = 5 | T5/pat_s0 | 1.0 |" in md  # 60 s of training
     figure = plots.plot_sweep(got)  # its error bars say the confidence the evaluations were set to
@@ -698,13 +686,13 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     # Points evaluated on other images or noise cannot be paired: refused, not reported.
     outcomes["T5/pat_s0"].results["settings"]["seed"] = 1
     with pytest.raises(UserError, match="not comparable"):
-        suite_results.build(suite, "/unused", outcomes, [])
+        aggregate.build(suite, "/unused", outcomes, [])
     # A sweep naming a run its suite does not plan is a definition error.
     bad = dataclasses.replace(
         suite, sweeps=(dataclasses.replace(sweep, baselines=(suites.SweepPoint("CW", "main", "clean"),)),)
     )
     with pytest.raises(ValueError, match="main/clean_s0"):
-        suite_results.build(bad, "/unused", outcomes, [])
+        aggregate.build(bad, "/unused", outcomes, [])
 
 
 def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_counts(tmp_path):
@@ -715,7 +703,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
         n, samples, bootstrap_resamples=200, pr_distributions=["gaussian"], evaluators=["clean", "pgd20", "pr"]
     )
     rng = np.random.default_rng(1)
-    cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
+    cfg = catalog.smoke_cpu_suite(None).groups[0].base_config
     suite = suites.Suite(
         name="s",
         description="",
@@ -739,7 +727,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
             points.append((step, correct, robust, counts))
         step, correct, robust, counts = points[0]
         eval_files.write_results(
-            suite_outcomes.run_dir(workdir, run),
+            run_outcomes.run_dir(workdir, run),
             {"settings": {**settings, "step": step}, "figures": {}},
             {"clean.correct": correct, "pgd20.robust": robust, "pr_gaussian.counts": counts},
             step=step,
@@ -751,9 +739,9 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
             + [f"{100 * k[c, j].mean() / samples:.1f}" for j in range(2)]
             for s, c, r, k in points
         ]
-    report = suite_results.build(suite, workdir, outcomes, [])
+    report = aggregate.build(suite, workdir, outcomes, [])
     assert [p["step"] for p in report["curves"]["main/pat_s0"]] == [1, 2]
-    md = suite_report.markdown(report)
+    md = results_md.markdown(report)
     table = md.split("### Learning curves (clean accuracy, PGD-20 and PR over clean-correct images)")[1]
     assert "| run | step | Acc. % | PGD-20 % | PR(·, 0.1) % | PR(·, 0.2) % |" in table
     rows = [line.strip("| ").split(" | ") for line in table.strip().splitlines()[2:]]
@@ -762,30 +750,30 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     # Curve points attacked with another PGD, or not attacked: no PGD-20 column (the final
     # evaluation's alone would be one point of another curve), the rest unchanged.
     for run in suites.plan(suite):
-        directory = suite_outcomes.run_dir(workdir, run)
+        directory = run_outcomes.run_dir(workdir, run)
         results, per_image = eval_files.load_results(directory, 1)
         results["settings"]["attack_steps"] = 10
         eval_files.write_results(directory, results, {k: v for k, v in per_image.items() if "meta." not in k}, step=1)
-    md = suite_report.markdown(suite_results.build(suite, workdir, outcomes, []))
+    md = results_md.markdown(aggregate.build(suite, workdir, outcomes, []))
     table = md.split("### Learning curves (clean accuracy and PR over clean-correct images)")[1]
     rows = [line.strip("| ").split(" | ") for line in table.strip().splitlines()[2:]]
     assert rows == [row[:3] + row[4:] for row in hand["main/pgd_s0"] + hand["main/pat_s0"]]
 
 
 def test_runs_table_shows_how_far_a_pending_run_trained_from_its_log(tmp_path):
-    cfg = suite_catalog.smoke_cpu_suite(None).groups[0].base_config
+    cfg = catalog.smoke_cpu_suite(None).groups[0].base_config
     group = suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,))
     suite = suites.Suite(
         "s", "", (group,), num_eval_examples=8, eval_batch_size=8, evaluators=("clean",), eval_overrides={}
     )
     pgd, pat = suites.plan(suite)
-    directory = suite_outcomes.run_dir(str(tmp_path), pgd)
+    directory = run_outcomes.run_dir(str(tmp_path), pgd)
     os.makedirs(directory)
     lines = [{"step": 4, "images_per_s": 2.0 * cfg.batch_size, "window_steps": 4}]
     lines.append({"step": 10, "images_per_s": 0.5 * cfg.batch_size, "window_steps": 6})
     with open(os.path.join(directory, train.METRICS_FILE), "w") as f:
         f.write("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 1')  # a line being written
-    md = suite_report.markdown(suite_results.build(suite, str(tmp_path), {pgd.name: None, pat.name: None}, []))
+    md = results_md.markdown(aggregate.build(suite, str(tmp_path), {pgd.name: None, pat.name: None}, []))
     # 4 steps at 2 batches/s and 6 at half a batch per second: 14 s, 0.2 min.
     assert f"| {pgd.name} | pending | 10 | 0.2 |  |" in md
     assert f"| {pat.name} | pending |  |  |  |" in md
@@ -813,7 +801,7 @@ def test_learning_curve_plot_keeps_methods_and_seeds_apart():
 
 
 def test_every_defined_sweep_names_runs_of_its_suite():
-    for name, make in suite_catalog.SUITES.items():
+    for name, make in catalog.SUITES.items():
         suite = make(None)
         planned = {r.name for r in suites.plan(suite)}
         for sweep in suite.sweeps:
@@ -838,7 +826,7 @@ class Clock:
 
 def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir, monkeypatch):
     # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
-    suite = suite_catalog.smoke_cpu_suite(data_dir)
+    suite = catalog.smoke_cpu_suite(data_dir)
     run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("pat", 0))
     straight = str(tmp_path / "straight")
     runner.run_suite(suite, straight, methods=["pat"], max_runs=1, stream=io.StringIO())
@@ -856,9 +844,9 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     log = io.StringIO()
     runner.run_suite(suite, here, methods=["pat"], stream=log, stop_at=3.0)
     monkeypatch.undo()
-    directory = suite_outcomes.run_dir(here, run)
+    directory = run_outcomes.run_dir(here, run)
     assert "stopped at step 3 with a checkpoint" in log.getvalue()
-    assert suite_outcomes.read_record(directory)["step"] == 3 and not os.path.isdir(os.path.join(directory, "eval"))
+    assert run_outcomes.read_record(directory)["step"] == 3 and not os.path.isdir(os.path.join(directory, "eval"))
     # The stop's checkpoint may push the curve step's out of the manager's window: its model is kept.
     assert kept_models.steps(directory) == [2]
     log = io.StringIO()
@@ -877,15 +865,15 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     monkeypatch.undo()
     assert "resuming from its latest checkpoint" in log.getvalue()
     assert "its evaluation is left for the next invocation (its time is up)" in log.getvalue()
-    assert not os.path.isdir(os.path.join(suite_outcomes.run_dir(clone, run), "eval"))
-    assert len(suite_outcomes.read_record(suite_outcomes.run_dir(clone, run))["train_segments_s"]) == 2
+    assert not os.path.isdir(os.path.join(run_outcomes.run_dir(clone, run), "eval"))
+    assert len(run_outcomes.read_record(run_outcomes.run_dir(clone, run))["train_segments_s"]) == 2
     # Evaluated by a worker whose time passes during the final evaluation: the curve point is
     # left for the next invocation, and the run keeps its checkpoint until it is evaluated.
     monkeypatch.setattr(runner, "time", Clock(itertools.chain([-1e6], itertools.repeat(1e12))))
     log = io.StringIO()
     runner.run_suite(suite, clone, methods=["pat"], stream=log, only="evaluate", stop_at=1e10)
     monkeypatch.undo()
-    directory = suite_outcomes.run_dir(clone, run)
+    directory = run_outcomes.run_dir(clone, run)
     assert "curve points from step 2 on are left for the next invocation" in log.getvalue()
     assert os.path.isfile(os.path.join(directory, "eval", "results.json"))
     assert eval_files.curve_steps(directory) == [] and os.path.isdir(os.path.join(directory, "checkpoints"))
@@ -893,9 +881,9 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     assert eval_files.curve_steps(directory) == [2]
 
     for name in ("straight", "clone"):
-        d = suite_outcomes.run_dir(str(tmp_path / name), run)
+        d = run_outcomes.run_dir(str(tmp_path / name), run)
         assert kept_models.steps(d) == [2, 4] and not os.path.exists(os.path.join(d, "checkpoints"))
-    a, b = (suite_outcomes.run_dir(str(tmp_path / name), run) for name in ("straight", "clone"))
+    a, b = (run_outcomes.run_dir(str(tmp_path / name), run) for name in ("straight", "clone"))
     for step in (2, 4):
         ta, tb = load_file(kept_models.path(a, step)), load_file(kept_models.path(b, step))
         assert set(ta) == set(tb)

@@ -21,7 +21,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from patjax import methods
+from patjax.compute import methods
 
 pytestmark = pytest.mark.stress
 

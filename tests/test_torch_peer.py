@@ -27,9 +27,10 @@ import jax.numpy as jnp  # noqa: E402
 from conftest import REPO  # noqa: E402
 from flax import traverse_util  # noqa: E402
 
-from patjax import config as config_lib  # noqa: E402
-from patjax import data, methods, models, samplers, torch_weights, train  # noqa: E402
-from patjax import state as state_lib  # noqa: E402
+from patjax.compute import data, methods, models, samplers  # noqa: E402
+from patjax.run import config as config_lib  # noqa: E402
+from patjax.run import state as state_lib  # noqa: E402
+from patjax.run import torch_weights, train  # noqa: E402
 
 BATCH, STEPS = 8, 3
 RESNET_WIDTH = 4  # ResNet-18 with stage widths 4/8/16/32: the same graph, test-sized

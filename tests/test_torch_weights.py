@@ -1,4 +1,4 @@
-"""PyTorch weights in and out (patjax.torch_weights, patjax_torch.models): for every network, a
+"""PyTorch weights in and out (patjax.run.torch_weights, patjax_torch.models): for every network, a
 PyTorch model with trained-looking BatchNorm statistics gives, once loaded into patjax, the
 logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported back load
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
@@ -16,9 +16,10 @@ from conftest import REPO
 from helpers import torch_logits, trained_looking
 from safetensors import safe_open
 
-from patjax import checkpoints, data, models, torch_weights
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.compute import data, models
+from patjax.core.errors import UserError
+from patjax.run import checkpoints, torch_weights
+from patjax.run import workdir as workdir_lib
 
 CIFAR10 = models.DATASET_STATS["cifar10"]
 

@@ -11,9 +11,10 @@ import pytest
 import tensorflow_datasets as tfds
 from conftest import REPO, train_run
 
-from patjax import data, evaluation, train
+from patjax.compute import data
 from patjax.configs import quickstart
-from patjax.errors import UserError
+from patjax.core.errors import UserError
+from patjax.run import evaluation, train
 
 
 def tiny_config(**overrides):
@@ -235,7 +236,7 @@ def test_training_ends_saying_where_the_model_is_its_accuracy_on_which_images_an
     ]
     assert os.path.isdir(workdir / "checkpoints" / "2")
     # Stopped before the end (a preempted job), it says how to resume.
-    from patjax import config
+    from patjax.run import config
 
     sys.path.insert(0, str(REPO / "configs"))
     import quickstart

@@ -16,9 +16,9 @@ import pytest
 from conftest import REPO, train_run
 from test_train import tiny_config
 
-from patjax import evaluation
-from patjax import workdir as workdir_lib
-from patjax.errors import UserError
+from patjax.core.errors import UserError
+from patjax.run import evaluation
+from patjax.run import workdir as workdir_lib
 
 # As conftest.py does in-process: compile time dominates these runs, numerics are unchanged.
 FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}

@@ -1,4 +1,4 @@
-"""RobustBench's CIFAR-10 Linf zoo in patjax (patjax.zoo). For each network patjax covers,
+"""RobustBench's CIFAR-10 Linf zoo in patjax (patjax.run.zoo). For each network patjax covers,
 RobustBench's own definition (tests/robustbench_reference.py, copied from the robustbench wheel)
 with random weights and trained-looking BatchNorm statistics is saved as that entry's checkpoint
 is laid out (the state_dict in {"state_dict": ...} with `module.` prefixes, under "last", with
@@ -18,8 +18,9 @@ import pytest
 from conftest import REPO
 from helpers import torch_logits, trained_looking
 
-from patjax import data, models, zoo
-from patjax.errors import UserError
+from patjax.compute import data, models
+from patjax.core.errors import UserError
+from patjax.run import zoo
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ patjax-train --config=pat_cifar10 --workdir=runs/pat_c10
 patjax-train --config=pat_cifar10 --config.model=wrn50_2 --workdir=runs/pat_c10_wrn
 """
 
-from patjax.config import default_config
+from patjax.run.config import default_config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """PAT on CIFAR-100 with the paper's settings (Appendix E): ResNet-18, T = 100, 100 epochs."""
 
-from patjax.config import default_config
+from patjax.run.config import default_config
 
 
 def get_config():

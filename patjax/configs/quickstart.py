@@ -4,7 +4,7 @@ few Langevin steps, a few hundred steps.
 patjax-train --config=quickstart --workdir=runs/quickstart
 """
 
-from patjax.config import default_config
+from patjax.run.config import default_config
 
 
 def get_config():

@@ -1,4 +1,6 @@
-"""The evaluators, one module each behind one interface (`common.Evaluator`), and their registry.
+"""Layer 2, the evaluators: arrays and settings in, figures out, one module each behind
+`common.Evaluator`, and their registry. Imports `compute` and `core`.
+
 
 REGISTRY is the only list of evaluator names; ALIASES name groups of them; an evaluator's
 `worst_case` flag puts it in the worst case over attacks. Adding an evaluator: a module with
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from patjax.errors import UserError
+from patjax.core.errors import UserError
 from patjax.evaluators import apgd, attack, autoattack, clean, common, pr
 
 # Canonical order: the order of the passes and of results.json's figures.

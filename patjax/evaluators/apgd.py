@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from patjax import attacks
+from patjax.compute import attacks
 from patjax.evaluators import common
 
 # attacks.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded

@@ -11,7 +11,7 @@ import functools
 
 import jax.numpy as jnp
 
-from patjax import attacks
+from patjax.compute import attacks
 from patjax.evaluators import common
 
 

@@ -6,7 +6,7 @@ Square (5,000 queries, 1 restart), in that order, each run only on the images st
 the ones before it (the cost stays near one attack's); an image is robust if it is classified
 correctly at x and no attack fools it. Every attack is compiled and batch-sharded like the
 other evaluators: APGD (`attacks.apgd`, whose one departure is its docstring's), FAB-T
-(`patjax.fab`) and Square (`patjax.square`) each list how they differ from the reference. The
+(`patjax.compute.fab`) and Square (`patjax.compute.square`) each list how they differ from the reference. The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
 index (`common.per_example`), so a figure does not depend on the batch size or which images
 an earlier attack left.
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import binomtest
 
-from patjax import attacks, data, fab, square
+from patjax.compute import attacks, data, fab, square
 from patjax.evaluators import common
 
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax import data
+from patjax.compute import data
 from patjax.evaluators import common
 
 

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from patjax import data, robustness, sharding, stats
-from patjax.errors import UserError, integer
+from patjax.compute import data, robustness, stats
+from patjax.core import sharding
+from patjax.core.errors import UserError, integer
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from patjax import data, robustness, stats
+from patjax.compute import data, robustness, stats
 from patjax.evaluators import common
 
 

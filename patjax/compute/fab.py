@@ -1,0 +1,269 @@
+"""Targeted L-inf FAB attack (FAB-T) as run by standard AutoAttack.
+
+Croce & Hein, "Minimally distorted adversarial examples with a fast adaptive boundary attack"
+(ICML 2020), following fra31/auto-attack autoattack/fab_base.py (FABAttack.attack_single_run,
+FABAttack.perturb with targeted=True), fab_pt.py (get_diff_logits_grads_batch_targeted) and
+fab_projections.py (projection_linf), with AutoAttack's 'standard' settings: n_restarts=1,
+n_iter=100, n_target_classes=9, alpha_max=0.1, eta=1.05, beta=0.9.
+
+One run against target t (`fab_targeted`), from x^(0) = x (or a random start), for n_iter steps:
+  1. linearize f_t - f_y at x^(i):  pi_i = {z : w.z = b},  w = grad(f_t - f_y)(x^(i)),
+     b = w.x^(i) - (f_t - f_y)(x^(i));
+  2. d1 = P(x^(i)) - x^(i), d2 = P(x) - x, P the minimal-L-inf projection onto pi_i ∩ [0,1]^d
+     (`projection_linf`);
+  3. alpha = min(max(a1 / (a1 + a2), 0), alpha_max), a1 = max(|d1|_inf, 1e-8), a2 = max(|d2|_inf, 1e-8);
+  4. x^(i+1) = clip((x^(i) + eta d1)(1 - alpha) + (x + eta d2) alpha, 0, 1)   (biased step, extrapolated);
+  5. if argmax f(x^(i+1)) != y: keep x^(i+1) if |x^(i+1) - x|_inf is the smallest so far, then
+     x^(i+1) <- x + beta (x^(i+1) - x)   (backward step).
+The attack succeeds on misclassification (any class other than y, as the reference's `is_adv`),
+not only on reaching t. A run returns its smallest adversarial whatever its norm; it fooled the
+model within eps when argmax f(x_adv) != y and |x_adv - x|_inf <= eps (perturb's acc_curr).
+
+`fab_t` is perturb(targeted=True): for k = 2, ..., n_target_classes + 1 the target is
+argsort(f(x))[-k], the k-th highest logit at the clean point (for a correctly classified point,
+the (k-1)-th highest logit other than y), and each run attacks only the points still robust,
+so every image keeps its first success within eps (x itself if none). With n_restarts = 1 the
+run starts at x: the random start of the reference (x + 0.5 eps t / |t|_inf, t ~ U(-1, 1)^d,
+clipped) is used only for restarts 2, 3, ... (`use_rand_start=(counter > 0)`), so eps matters
+only through that radius and the success test. AutoAttack's FAB has no final search between x
+and the adversarial found (the original fra31/fab-attack code has an optional one,
+`linear_approximation_search`, off by default); neither has this module.
+
+Differences from the reference:
+  - compiled loops: every run iterates over the whole batch and its results are masked, rather
+    than re-indexing the points left to attack: images misclassified at x are run but returned
+    as x (norm 0, fooled); in `fab_t`, images already fooled are run with later targets and
+    their results discarded; the loop over targets stops once no image is left robust;
+  - RNG: jax.random keys (one per (target, restart) run, split from `key`, used only by random
+    starts) instead of torch.manual_seed(seed); with n_restarts = 1 no randomness is used;
+  - `norm`: the reference's res2 (1e10 where none) is reported as inf where no adversarial
+    was found; `fab_t` also reports, for images left robust, the smallest norm of the
+    adversarials found beyond eps (the reference discards them and returns x);
+  - sorting: jnp.argsort is stable, torch.sort/argsort are not; only ties (equal logits at x,
+    equal box distances in the projection) can be ordered differently;
+  - float32 unless x is float64 (the reference casts x to float32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from patjax.compute.logits import LogitsFn
+
+
+class FabResult(NamedTuple):
+    x_adv: jax.Array  # (B, ...) see fab_targeted / fab_t; x itself where nothing is returned
+    norm: jax.Array  # (B,) |x_adv - x|_inf of the smallest adversarial found; inf if none; 0 if x is misclassified
+    fooled: jax.Array  # (B,) bool: argmax f(x_adv) != y and |x_adv - x|_inf <= eps
+
+
+def projection_linf(points: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+    """d minimizing |d|_inf s.t. w.(points + d) = b and points + d in [0, 1]^n, per row.
+
+    points, w: (B, n); b: (B,). Exact (fab_projections.py: projection_linf). Orient the plane so
+    that c = w.t - b >= 0; moving each coordinate towards the face decreasing w.z (to 0 where
+    w_i > 0, to 1 where w_i < 0) by at most lambda gives
+        g(lambda) = w.delta(lambda) = -sum_i |w_i| min(lambda, p_i),  p_i the distance to that face,
+    decreasing and piecewise linear; the answer is the smallest lambda with g(lambda) = -c. With
+    the p_i sorted, a bisection over the breakpoints finds the linear piece, solved in closed
+    form. If even the full move (every coordinate at its face) does not reach the plane, that
+    full move is returned (the box point closest to the plane's side). Coordinates with
+    w_i = 0 do not move.
+    """
+    t = points
+    n = t.shape[1]
+    sign = jnp.where(jnp.sum(w * t, axis=1) - b >= 0, 1.0, -1.0).astype(t.dtype)
+    w = w * sign[:, None]
+    b = b * sign
+    nonzero = (w != 0).astype(t.dtype)
+    a = (w < 0).astype(t.dtype)  # face per coordinate: 1 where w_i < 0, else 0
+    d = (a - t) * nonzero  # the full move to those faces
+    p = a - t * (2 * a - 1)  # p_i = |a_i - t_i|
+    order = jnp.argsort(p, axis=1)  # ascending p
+    descending = order[:, ::-1]
+    b = b - jnp.sum(w * t, axis=1)  # target value of w.d: -c <= 0
+    b0 = jnp.sum(w * d, axis=1)  # g(max p): the full move
+    ws = jnp.take_along_axis(w, descending, axis=1)
+    s = jnp.cumsum(jnp.abs(ws), axis=1)  # s_j = sum of |w| over the j+1 largest p
+    sb = jnp.cumsum(-ws * jnp.take_along_axis(d, descending, axis=1), axis=1) + b0[:, None]
+    p_desc = jnp.take_along_axis(p, descending, axis=1)
+    # g at lambda = p_(j) (the j-th largest p) is sb_j - s_j p_(j).
+    b2 = sb[:, -1] - s[:, -1] * p_desc[:, -1]
+    small = b - b2 > 0  # lambda <= min p: no coordinate reaches its face
+    middle = (b - b0 > 0) & ~small  # lambda between two breakpoints
+
+    def bisect(_, bounds):
+        lb, ub = bounds
+        mid = jnp.floor((lb + ub) / 2)
+        j = mid.astype(jnp.int32)[:, None]
+        g = (
+            jnp.take_along_axis(sb, j, axis=1)
+            - jnp.take_along_axis(s, j, axis=1) * jnp.take_along_axis(p_desc, j, axis=1)
+        )[:, 0]
+        c = b - g > 0
+        return jnp.where(c, mid, lb), jnp.where(c, ub, mid)
+
+    lb0 = jnp.zeros(b.shape, t.dtype)
+    lb, _ = jax.lax.fori_loop(
+        0, math.ceil(math.log2(n)) if n > 1 else 0, bisect, (lb0, jnp.full(b.shape, n - 1, t.dtype))
+    )
+    lb = lb.astype(jnp.int32)[:, None]
+
+    lambda_small = jnp.maximum((b - sb[:, -1]) / (-s[:, -1]), 0.0)[:, None]
+    d_small = (2 * a - 1) * lambda_small
+    lambda_mid = jnp.maximum(
+        (b[:, None] - jnp.take_along_axis(sb, lb, axis=1)) / (-jnp.take_along_axis(s, lb, axis=1)), 0.0
+    )
+    d_mid = jnp.minimum(lambda_mid, d) * a + jnp.maximum(-lambda_mid, d) * (1 - a)
+    d = jnp.where(small[:, None], d_small, jnp.where(middle[:, None], d_mid, d))
+    return d * nonzero
+
+
+def _linf(z: jax.Array) -> jax.Array:
+    return jnp.max(jnp.abs(z.reshape(z.shape[0], -1)), axis=1)
+
+
+def fab_targeted(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    target: jax.Array,
+    *,
+    eps: float,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+    random_start: bool | jax.Array = False,
+) -> FabResult:
+    """One targeted FAB run (attack_single_run(is_targeted=True)) on images x in [0, 1]^(NHWC).
+
+    target: (B,) the class whose boundary with y is linearized. random_start (may be traced):
+    start at clip(x + 0.5 eps t / |t|_inf), t ~ U(-1, 1)^d from `key`, else at x.
+    Returns x_adv: the adversarial of smallest L-inf norm among the iterates (any norm; x where
+    none was found or x is misclassified); norm: its norm (inf if none, 0 if x misclassified);
+    fooled: argmax f(x_adv) != y and norm <= eps.
+    """
+    batch = x.shape[0]
+    bshape = (batch,) + (1,) * (x.ndim - 1)
+    flat = lambda z: z.reshape(batch, -1)
+    correct = jnp.argmax(logits_fn(x), axis=-1) == y
+
+    r = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
+    start = jnp.clip(x + eps * r / _linf(r).reshape(bshape) * 0.5, 0.0, 1.0)
+    x1 = jnp.where(random_start, start, x)
+
+    def diff_and_grad(z):
+        """f_t - f_y and its input gradient (gradient of the sum over the batch)."""
+
+        def total(z):
+            logits = logits_fn(z)
+            diff = (
+                jnp.take_along_axis(logits, target[:, None], axis=-1) - jnp.take_along_axis(logits, y[:, None], axis=-1)
+            )[:, 0]
+            return jnp.sum(diff), diff
+
+        grad, diff = jax.grad(total, has_aux=True)(z)
+        return diff, grad
+
+    def body(_, state):
+        x1, adv, res = state
+        df, dg = diff_and_grad(x1)
+        w = flat(dg)
+        b = -df + jnp.sum(w * flat(x1), axis=1)
+        d3 = projection_linf(jnp.concatenate([flat(x1), flat(x)]), jnp.concatenate([w, w]), jnp.concatenate([b, b]))
+        d1, d2 = d3[:batch].reshape(x.shape), d3[batch:].reshape(x.shape)
+        a0 = jnp.maximum(jnp.max(jnp.abs(d3), axis=1), 1e-8)
+        a1, a2 = a0[:batch], a0[batch:]
+        alpha = jnp.minimum(jnp.maximum(a1 / (a1 + a2), 0.0), alpha_max).reshape(bshape)
+        x1 = jnp.clip((x1 + eta * d1) * (1 - alpha) + (x + eta * d2) * alpha, 0.0, 1.0)
+        is_adv = jnp.argmax(logits_fn(x1), axis=-1) != y
+        t = _linf(x1 - x)
+        better = is_adv & (t < res)
+        adv = jnp.where(better.reshape(bshape), x1, adv)
+        res = jnp.where(better, t, res)
+        x1 = jnp.where(is_adv.reshape(bshape), x + (x1 - x) * beta, x1)
+        return x1, adv, res
+
+    res0 = jnp.full((batch,), jnp.inf, x.dtype)
+    _, adv, res = jax.lax.fori_loop(0, n_iter, body, (x1, x, res0))
+    x_adv = jnp.where((correct & jnp.isfinite(res)).reshape(bshape), adv, x)
+    norm = jnp.where(correct, res, 0.0)
+    fooled = (jnp.argmax(logits_fn(x_adv), axis=-1) != y) & (_linf(x_adv - x) <= eps)
+    return FabResult(jax.lax.stop_gradient(x_adv), jax.lax.stop_gradient(norm), fooled)
+
+
+def fab_target_classes(logits: jax.Array, n_target_classes: int = 9) -> jax.Array:
+    """(n_target_classes, B): row k - 2 is argsort(logits)[:, -k], k = 2, ..., n_target_classes + 1
+    (fab_base.py: output.sort(dim=-1)[1][:, -self.target_class])."""
+    if n_target_classes + 1 > logits.shape[-1]:
+        raise ValueError(
+            f"FAB-T with {n_target_classes} target classes needs at least "
+            f"{n_target_classes + 1} classes, got {logits.shape[-1]}"
+        )
+    order = jnp.argsort(logits, axis=-1)
+    return order[:, ::-1][:, 1 : n_target_classes + 1].T
+
+
+def fab_t(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps: float,
+    n_target_classes: int = 9,
+    n_restarts: int = 1,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+) -> FabResult:
+    """AutoAttack's FAB-T (FABAttack.perturb with targeted=True; 'standard': n_restarts = 1).
+
+    For each target rank k = 2, ..., n_target_classes + 1 and restart r (random start for r > 0),
+    one `fab_targeted` run on the images still robust; an image's first success within eps is
+    kept. Returns x_adv: that success, x for robust images and images misclassified at x;
+    norm: |x_adv - x|_inf where fooled (0 if x is misclassified), else the smallest norm of an
+    adversarial found beyond eps (inf if none); fooled: not robust (clean errors included).
+    """
+    batch = x.shape[0]
+    bshape = (batch,) + (1,) * (x.ndim - 1)
+    logits = logits_fn(x)
+    targets = fab_target_classes(logits, n_target_classes)
+    robust0 = jnp.argmax(logits, axis=-1) == y
+    n_runs = n_target_classes * n_restarts
+    keys = jax.random.split(key, n_runs)
+
+    def cond(state):
+        i, robust, _, _ = state
+        return (i < n_runs) & jnp.any(robust)
+
+    def body(state):
+        i, robust, adv, norm = state
+        run = fab_targeted(
+            logits_fn,
+            keys[i],
+            x,
+            y,
+            targets[i // n_restarts],
+            eps=eps,
+            n_iter=n_iter,
+            alpha_max=alpha_max,
+            eta=eta,
+            beta=beta,
+            random_start=i % n_restarts > 0,
+        )
+        newly = robust & run.fooled
+        adv = jnp.where(newly.reshape(bshape), run.x_adv, adv)
+        norm = jnp.where(newly, run.norm, jnp.where(robust, jnp.minimum(norm, run.norm), norm))
+        return i + 1, robust & ~run.fooled, adv, norm
+
+    norm0 = jnp.where(robust0, jnp.inf, 0.0).astype(x.dtype)
+    _, robust, adv, norm = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), robust0, x, norm0))
+    return FabResult(jax.lax.stop_gradient(adv), jax.lax.stop_gradient(norm), ~robust)

@@ -1,0 +1,189 @@
+"""Tables from evaluations' results dicts (eval/results.json: several runs side by side, paired
+differences) and the cells every table shares (a figure with its interval, a signed difference,
+a markdown table, a method's label); a suite's results.md is `patjax.suites.results_md`, the figures
+drawn from the same dicts `patjax.reporting.plots`.
+
+Nothing here reads a workdir or computes a figure: every value and interval shown was computed
+by `patjax.run.evaluation`, `patjax.suites.aggregate` or `patjax.suites.learning_curves`; this module only lays
+them out, in the paper's order and names.
+"""
+
+from __future__ import annotations
+
+from patjax import evaluators
+from patjax.compute import download
+from patjax.compute.methods import DISPLAY_NAMES
+from patjax.evaluators.common import headline_first
+
+
+def pct(fig, digits=1) -> str:
+    """'value [low, high]' in percent; '-' for a missing figure."""
+    if not fig or fig.get("value") is None:
+        return "-"
+    lo, hi = fig["interval"]
+    return f"{100 * fig['value']:.{digits}f} [{100 * lo:.{digits}f}, {100 * hi:.{digits}f}]"
+
+
+def signed(fig, digits=2) -> str:
+    """The same with signs, for differences in percentage points."""
+    if not fig or fig.get("value") is None:
+        return "-"
+    lo, hi = fig["interval"]
+    return f"{100 * fig['value']:+.{digits}f} [{100 * lo:+.{digits}f}, {100 * hi:+.{digits}f}]"
+
+
+VACUOUS = "≤ 0 (vacuous)"
+
+
+def bound_cell(fig, digits=1) -> str:
+    """A lower bound on a probability: `pct`, or VACUOUS where its value is at most 0, since a
+    probability is at least 0 anyway (results.json keeps the value)."""
+    if fig and fig.get("value") is not None and fig["value"] <= 0:
+        return VACUOUS
+    return pct(fig, digits)
+
+
+def text_table(header, rows) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def md_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def confidence_pct(settings) -> str:
+    return f"{100 * float(settings.get('confidence', 0.95)):g} %"  # 0.95 -> "95 %", 0.9 -> "90 %"
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluated runs side by side (python -m patjax.evaluate with several workdirs).
+
+
+def images_sentence(names, results_list) -> str:
+    """Which images every figure of `comparison` is over, in words."""
+    s = results_list[0]["settings"]
+    n = s["num_examples"]
+    dataset = download.DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
+    text = f"Images: the first {n} {dataset} test images; accuracies and attacks over all {n} of them"
+    if any("pr" in r.get("figures", {}) for r in results_list):
+        counts = ", ".join(f"{name} {r['settings'].get('num_clean_correct')}" for name, r in zip(names, results_list))
+        text += f"; PR(eps) over the images each run classifies correctly ({counts}) unless a table says all images"
+    return text + "."
+
+
+def comparison(names, results_list) -> str:
+    """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run and
+    PR under the headline protocol; then PR under every other law evaluated (over the same
+    clean-correct images) and over all images; then APGD, the worst case (with the attacks it is
+    the worst of) and the Theorem 2 bound. The first line says which images each figure is over."""
+    first = results_list[0]
+    s = first["settings"]
+    dist = s["pr_distribution"]
+    laws = headline_first(dist, s.get("pr_distributions", ()))
+    tables = [images_sentence(names, results_list), ""]
+    pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
+    eps_keys = list(pr_of(first, dist))
+    rows = []
+    for name, r in zip(names, results_list):
+        f = r.get("figures", {})
+        rows.append(
+            [name, pct(f.get("clean_accuracy"), 2)]
+            + [pct(f.get(a), 2) for a in evaluators.TABLE_ATTACKS]
+            + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys]
+        )
+    tables += [
+        text_table(
+            ["run", "Acc %"]
+            + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS]
+            + [f"PR({e}) %" for e in eps_keys],
+            rows,
+        ),
+    ]
+    tables += [f"PR: {first.get('pr_protocol', dist)}", ""] if eps_keys else [""]
+    for d in laws:
+        levels = list(pr_of(first, d))
+        if not levels:
+            continue
+        subsets = (
+            (("clean_correct", "clean-correct images"), ("all", "all images"))
+            if d != dist
+            else (("all", "all images"),)
+        )
+        for subset, words in subsets:
+            rows = [
+                [name] + [pct(pr_of(r, d).get(e, {}).get(subset), 2) for e in levels]
+                for name, r in zip(names, results_list)
+            ]
+            tables += [text_table([f"{d}, {words}"] + [f"PR({e}) %" for e in levels], rows), ""]
+    extra = []
+    for name, r in zip(names, results_list):
+        f = r.get("figures", {})
+        worst = f.get("worst_case")
+        extra.append(
+            [name]
+            + [pct(f.get(a), 2) for a in evaluators.OTHER_ATTACKS]
+            + [pct(worst, 2), ", ".join(evaluators.REGISTRY[a].label for a in (worst or {}).get("attacks", ())) or "-"]
+            + [bound_cell(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
+        )
+    note = (
+        f"(N={s['pr_samples']}, seed {s['seed']}; [{confidence_pct(s)} intervals]: Clopper-Pearson for "
+        f"accuracies, bootstrap over images for PR; worst = robust to every attack of its row's 'worst of'; "
+        f"LB = Theorem 2 lower bound 1 - E[f]/log 2 over all images, {dist} noise, '{VACUOUS}' where it is "
+        f"at most 0 and says nothing (results.json keeps its value))"
+    )
+    tables += [
+        text_table(
+            ["run"]
+            + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.OTHER_ATTACKS]
+            + ["worst %", "worst of"]
+            + [f"LB({e}) %" for e in eps_keys],
+            extra,
+        ),
+        note,
+    ]
+    for name, r in zip(names, results_list):  # AutoAttack: each attack's share, the masking checks
+        aa = r.get("figures", {}).get("aa")
+        if aa:
+            after = ", ".join(f"{k} {pct(v, 2)}" for k, v in aa["after"].items())
+            signs = "; ".join(aa["masking"]["masking_signs"]) or "none"
+            tables.append(
+                f"{name}: AutoAttack on {aa['n']} images [{confidence_pct(s)} Clopper-Pearson intervals]: clean % "
+                f"{pct(aa.get('clean_accuracy'), 2)}, robust % after {after}; signs of gradient masking: {signs}"
+            )
+    return "\n".join(tables)
+
+
+ESTIMAND_WORDS = {
+    "clean_correct": "each run over its own clean-correct images (Table 1)",
+    "both_correct": "images both runs classify correctly",
+    "all": "all images",
+}
+
+
+def differences(diffs, dist) -> str:
+    """Paired PR differences of `evaluation.paired_differences` under `dist`, one table per estimand."""
+    if not diffs:
+        return ""
+    eps_keys = list(diffs[0]["distributions"].get(dist, {}))
+    out = []
+    for estimand, words in ESTIMAND_WORDS.items():
+        header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({e}) pp" for e in eps_keys]
+        rows = [
+            [row["run"]] + [signed(row["distributions"].get(dist, {}).get(e, {}).get(estimand)) for e in eps_keys]
+            for row in diffs
+        ]
+        out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
+    return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
+
+
+# ---------------------------------------------------------------------------------------
+# Labels shared by a suite's markdown and its figures.
+
+
+def method_label(method, g):
+    seeds = g["methods"][method]["seeds"]
+    return f"{DISPLAY_NAMES.get(method, method)} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"

@@ -1,0 +1,450 @@
+"""The default configuration (paper, Appendix E) and its validation.
+
+Config files in configs/ start from `default_config()` and override fields; every field
+can also be overridden on the command line with --config.KEY=VALUE.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import numbers
+import os
+from typing import Optional
+
+import ml_collections
+
+from patjax import evaluators as evaluators_lib
+from patjax.compute import attacks, data, methods, robustness, samplers
+from patjax.core.errors import UserError, integer
+from patjax.evaluators import common as evaluators_common
+from patjax.run import state
+
+# Fields a resumed run may change: they change how long the run is, what it logs and where
+# the data are read from (the dataset itself is `dataset`), not what a given step computes.
+# The learning-rate milestones follow the run's length; a resume that would move one the run
+# has passed is refused (workdir.check_resume_compatible).
+RESUMABLE_FIELDS = (
+    "num_epochs",
+    "num_train_steps",
+    "lr_decay_fractions",
+    "checkpoint_every_steps",
+    "log_every_steps",
+    "log_test_examples",
+    "max_checkpoints_to_keep",
+    "progress_bar",
+    "eval",
+    "data_dir",
+)
+
+
+def default_config() -> ml_collections.ConfigDict:
+    cfg = ml_collections.ConfigDict()
+    cfg.dataset = "cifar10"  # 'cifar10' | 'cifar100'
+    # A directory with the official binary archives extracted; None: found or downloaded
+    # (data.resolve_data_dir); 'tfds': tensorflow-datasets.
+    cfg.data_dir = ml_collections.config_dict.placeholder(str)
+    cfg.model = "resnet18"  # a name of patjax.compute.models.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
+    cfg.model_width = 64  # stem width of resnet18, preact_resnet18, wrn50_2 (64 in the paper); WRN-d-k fix theirs
+    cfg.method = "pat"
+    cfg.compute_dtype = "float32"
+
+    # Appendix E: SGD, Nesterov momentum 0.9, weight decay 5e-4 coupled into the gradient as in
+    # PyTorch's SGD, lr 0.01 x0.1 at epochs 75 and 90 of 100, batch 256.
+    cfg.batch_size = 256
+    cfg.num_epochs = 100
+    cfg.num_train_steps = -1  # > 0 overrides num_epochs; -1 (state.USE_EPOCHS): num_epochs sets the length
+    cfg.learning_rate = 0.01
+    cfg.momentum = 0.9
+    cfg.nesterov = True
+    cfg.weight_decay = 5e-4
+    # MultiStepLR milestones as fractions of the whole run: 0.75 and 0.9 of 100 epochs are
+    # epochs 75 and 90; a shortened run keeps the same shape.
+    cfg.lr_decay_fractions = (0.75, 0.9)
+    cfg.lr_decay_factor = 0.1
+    cfg.seed = 0
+
+    # Algorithm 1 / Appendix E.
+    cfg.langevin = ml_collections.ConfigDict()
+    cfg.langevin.steps = 100  # T
+    cfg.langevin.step_size = 0.3  # eta
+    cfg.langevin.noise_scale = 0.001  # sigma
+    cfg.langevin.grad_clip = 1.0  # rho
+    cfg.langevin.c1 = 0.3
+    cfg.langevin.c2 = 0.42
+    cfg.langevin.bn_mode = "inference"  # BatchNorm inside the sampler: 'inference' | 'train'
+    # Opt-in departures from Algorithm 1 that make the sampler cheaper (samplers.LangevinSettings):
+    # 'uniform' (the paper) | 'clean' (start at x); tolerance > 0 ends each chain once its
+    # mean per-pixel drift falls below it (T is then the maximum). `python -m patjax.diagnose`
+    # measures where the chain settles.
+    cfg.langevin.init = "uniform"
+    cfg.langevin.tolerance = 0.0
+
+    cfg.pat = ml_collections.ConfigDict()
+    cfg.pat.beta = 0.001  # SNIS smoothing factor (Eq. 2, Sec. 5.4); 0 is PAT(WOS)
+
+    # Baselines (docs/baselines.md). Inner attack shared by fgsm, pgd, alp, clp, trades, mart,
+    # atpr, pgd_cor, fgsm_cor: Appendix E, "10-step attack, L-inf <= 8/255"; alpha = 2/255 as
+    # MadryLab/cifar10_challenge and AT-PR (TRADES and MART use their own step sizes below).
+    cfg.attack = ml_collections.ConfigDict()
+    cfg.attack.epsilon = 8 / 255
+    cfg.attack.step_size = 2 / 255
+    cfg.attack.steps = 10
+    # BatchNorm during the attack: 'auto' = the baseline's reference code (batch statistics for
+    # fgsm/pgd/alp/clp/atpr and the COR variants, running statistics for trades/mart);
+    # 'inference' | 'train' force one mode for all. Never updates the running statistics.
+    cfg.attack.bn_mode = "auto"
+    cfg.fgsm = ml_collections.ConfigDict()
+    cfg.fgsm.random_start = False  # True: gradient at x + U(-eps, eps) as AT-PR's fgsm_loss
+    cfg.trades = ml_collections.ConfigDict()
+    cfg.trades.beta = 6.0  # yaodongyu/TRADES train_trades_cifar10.py
+    cfg.trades.step_size = 0.007  # ditto (AT-PR's reimplementation uses 2/255)
+    cfg.trades.init_noise = 0.001  # start x + 0.001 * N(0, 1)
+    cfg.mart = ml_collections.ConfigDict()
+    cfg.mart.beta = -1.0  # < 0: 5 for resnet18 (MART train_resnet.py), 6 otherwise
+    cfg.mart.step_size = 0.007  # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
+    cfg.mart.init_noise = 0.001
+    cfg.alp = ml_collections.ConfigDict()
+    cfg.alp.weight = 0.01  # wellzline/AT-PR ALP: CE(adv) + 0.01 mean ||z_adv - z||_2
+    cfg.clp = ml_collections.ConfigDict()
+    cfg.clp.weight = 0.3  # wellzline/AT-PR CLP: CE(clean) + 0.3 mean ||z_adv - z||_2
+    cfg.atpr = ml_collections.ConfigDict()  # wellzline/AT-PR attack_algorithms.py PR, pick_best_ae
+    cfg.atpr.num_candidates = 10  # the standard PGD + 9 randomized PGDs
+    cfg.atpr.eps_spread = 0.02  # eps' ~ U(eps - 0.02, eps)
+    cfg.atpr.step_size_spread = 0.003  # alpha' ~ U(alpha - 0.003, alpha + 0.003)
+    cfg.atpr.steps_below = 2  # steps' ~ randint(steps - 2, steps + 10), inclusive
+    cfg.atpr.steps_above = 10
+    cfg.atpr.refine_max_iters = 40  # cap of the refinement loop
+    cfg.atpr.refine_stop_fraction = 0.1  # refine while > 10% of the batch is misclassified
+
+    cfg.checkpoint_every_steps = -1  # <= 0: every epoch
+    cfg.max_checkpoints_to_keep = 3
+    cfg.log_every_steps = -1  # <= 0: every epoch
+    # Test images each log measures clean accuracy on (the first N); <= 0: the whole test split.
+    # A smoke test's run is a few steps, and 10,000 images would cost it more than its training.
+    cfg.log_test_examples = -1
+    cfg.progress_bar = True
+
+    # Evaluation defaults used by `python -m patjax.evaluate` (flags override them).
+    cfg.eval = ml_collections.ConfigDict()
+    cfg.eval.batch_size = 500
+    cfg.eval.num_examples = -1  # -1: the whole test split
+    cfg.eval.pr_epsilons = (0.1, 0.12, 0.15, 0.2)
+    cfg.eval.pr_samples = 100  # N perturbations per image
+    # The law of the headline PR (results.json's `pr`, over clean-correct images):
+    # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
+    # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1].
+    cfg.eval.pr_distribution = "uniform"
+    # Perturbations per image evaluated at once: one forward pass takes len(pr_epsilons) x batch x
+    # chunk images (4 x 500 x 5 = 10,000 at the defaults), which bounds the PR pass's memory
+    # (docs/evaluation.md); the counts do not depend on it.
+    cfg.eval.pr_chunk_size = 5
+    cfg.eval.seed = 0
+    # Evaluators (`--evaluators` overrides): names of patjax.evaluators.REGISTRY or its aliases
+    # ('apgd', 'all'). A workdir's config without these fields gets these defaults (`upgrade`).
+    cfg.eval.evaluators = ("all",)
+    cfg.eval.attack_eps = 8 / 255  # PGD-20 / CW-20 / APGD budget (Appendix E)
+    cfg.eval.attack_step_size = 2 / 255  # PGD-20 / CW-20 alpha
+    cfg.eval.attack_steps = 20
+    # CW-inf margin loss confidence: 2 as the AT-PR code's evaluate.py (cw_loss(..., margin=2)), the
+    # closest public source of the Table-1 protocol; the paper does not state it.
+    cfg.eval.cw_kappa = 2.0
+    cfg.eval.apgd_steps = 100
+    cfg.eval.apgd_rho = 0.75
+    # AutoAttack ('aa', standard version): APGD-CE and APGD-T use apgd_steps and apgd_rho; the
+    # reference's 9 target classes, FAB-T's 100 iterations and Square's 5,000 queries; the
+    # gradient-masking check runs APGD-CE again at these multiples of attack_eps.
+    cfg.eval.aa_target_classes = 9
+    cfg.eval.aa_fab_steps = 100
+    cfg.eval.aa_square_queries = 5000
+    cfg.eval.aa_masking_eps_factors = (2.0, 4.0, 8.0, 16.0)
+    # PR is computed for every distribution listed ('pdis' = the paper's p_dis with c1 below) and
+    # always for pr_distribution, whose figure is the top-level `pr` of results.json.
+    cfg.eval.pr_distributions = ("uniform", "gaussian", "pdis")
+    cfg.eval.pdis_c1 = -1.0  # <= 0: langevin.c1; p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d
+    cfg.eval.entropic_lambda = -1.0  # < 0: langevin.c2 - pat.beta (Proposition 10)
+    cfg.eval.prob_acc_q = (0.2, 0.1, 0.05, 0.01)
+    cfg.eval.confidence = 0.95
+    cfg.eval.bootstrap_resamples = 2000
+    return cfg
+
+
+def upgrade(saved: dict) -> ml_collections.ConfigDict:
+    """A config read from a workdir, completed with `default_config()`'s: a field missing from the
+    saved config reads as its default, so every field's default is what runs saved without that
+    field computed. The one place a workdir's config is completed."""
+
+    def merge(base: dict, over: dict) -> dict:
+        return {
+            **base,
+            **{
+                k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                for k, v in over.items()
+            },
+        }
+
+    return ml_collections.ConfigDict(merge(default_config().to_dict(), saved))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """A run's training settings, typed and checked once from its config (`train_settings`).
+    The functions of this module are the one place a config is turned into settings; below
+    the command lines and the suite runner nothing else reads it."""
+
+    model: state.ModelSettings
+    optimizer: state.OptimizerSettings  # SGD, MultiStepLR and the run's length
+    method: methods.MethodSettings
+    data_dir: Optional[str]  # absolute, so that evaluate may run from another directory
+    batch_size: int
+    seed: int
+    checkpoint_every_steps: int  # <= 0: every epoch
+    max_checkpoints_to_keep: int
+    log_every_steps: int  # <= 0: every epoch
+    log_test_examples: int  # <= 0: the whole test split
+    progress_bar: bool
+    evaluation: "EvaluationSettings"  # how the run is evaluated (its config's `eval` block)
+    # The config as config.json holds it: what a resume is checked against, and every command's
+    # record of the run.
+    record: dict = dataclasses.field(compare=False, repr=False)
+
+    def __post_init__(self):
+        # The every-epoch and whole-split sentinels (<= 0) of the other counts are their whole
+        # negative range, so only these have values without a meaning.
+        for name, minimum, maximum in (
+            ("batch_size", 1, None),
+            ("seed", 0, evaluators_common.SEED_LIMIT - 1),  # PRNGKey keeps 32 bits
+            ("max_checkpoints_to_keep", 1, None),
+        ):
+            object.__setattr__(self, name, integer(name, getattr(self, name), minimum, maximum))
+
+    @property
+    def dataset(self) -> str:
+        return self.model.dataset
+
+    def steps_per_epoch(self) -> int:
+        """Batches in an epoch of the official training split (the last partial batch is dropped)."""
+        return data.NUM_TRAIN[self.dataset] // self.batch_size
+
+    def total_steps(self) -> int:
+        """The run's length in steps: num_train_steps, else num_epochs epochs."""
+        return self.optimizer.total_steps(self.steps_per_epoch())
+
+
+def model_settings(cfg) -> state.ModelSettings:
+    return state.ModelSettings(
+        name=str(cfg.model), dataset=str(cfg.dataset), width=int(cfg.model_width), compute_dtype=str(cfg.compute_dtype)
+    )
+
+
+def optimizer_settings(cfg) -> state.OptimizerSettings:
+    return state.OptimizerSettings(
+        learning_rate=float(cfg.learning_rate),
+        momentum=float(cfg.momentum),
+        nesterov=bool(cfg.nesterov),
+        weight_decay=float(cfg.weight_decay),
+        decay_fractions=tuple(float(f) for f in cfg.lr_decay_fractions),
+        decay_factor=float(cfg.lr_decay_factor),
+        num_epochs=int(cfg.num_epochs),
+        num_train_steps=int(cfg.num_train_steps),
+    )
+
+
+def langevin_settings(langevin) -> samplers.LangevinSettings:
+    """Algorithm 1's settings from the config's `langevin` block."""
+    return samplers.LangevinSettings(
+        steps=int(langevin.steps),
+        step_size=float(langevin.step_size),
+        noise_scale=float(langevin.noise_scale),
+        grad_clip=float(langevin.grad_clip),
+        c1=float(langevin.c1),
+        c2=float(langevin.c2),
+        init=str(langevin.init),
+        tolerance=float(langevin.tolerance),
+    )
+
+
+def method_settings(cfg) -> methods.MethodSettings:
+    """The method's settings: cfg.method and its blocks pat, langevin, attack, fgsm, trades, mart,
+    alp, clp, atpr (cfg.model for MART's default beta)."""
+    a = cfg.attack
+    name = str(cfg.method)
+    bn_mode = str(a.bn_mode)
+    if bn_mode == "auto" and name in methods.REFERENCE_ATTACK_BN_MODE:
+        bn_mode = methods.REFERENCE_ATTACK_BN_MODE[name]
+    # mart.beta < 0: the reference's, 5 for ResNet-18 (MART train_resnet.py, AT-PR mart_loss),
+    # 6 otherwise (MART train_wideresnet.py, mart.py's default).
+    mart_beta = float(cfg.mart.beta) if cfg.mart.beta >= 0 else (5.0 if cfg.model == "resnet18" else 6.0)
+    p = cfg.atpr
+    return methods.MethodSettings(
+        name=name,
+        beta=float(cfg.pat.beta),
+        langevin=langevin_settings(cfg.langevin),
+        langevin_bn_mode=str(cfg.langevin.bn_mode),
+        attack_eps=float(a.epsilon),
+        attack_step_size=float(a.step_size),
+        attack_steps=int(a.steps),
+        attack_bn_mode=bn_mode,
+        fgsm_random_start=bool(cfg.fgsm.random_start),
+        trades_beta=float(cfg.trades.beta),
+        trades_step_size=float(cfg.trades.step_size),
+        trades_init_noise=float(cfg.trades.init_noise),
+        mart_beta=mart_beta,
+        mart_step_size=float(cfg.mart.step_size),
+        mart_init_noise=float(cfg.mart.init_noise),
+        alp_weight=float(cfg.alp.weight),
+        clp_weight=float(cfg.clp.weight),
+        atpr=attacks.AtprSettings(
+            eps=float(a.epsilon),
+            step_size=float(a.step_size),
+            steps=int(a.steps),
+            num_candidates=int(p.num_candidates),
+            eps_spread=float(p.eps_spread),
+            step_size_spread=float(p.step_size_spread),
+            steps_below=int(p.steps_below),
+            steps_above=int(p.steps_above),
+            refine_max_iters=int(p.refine_max_iters),
+            refine_stop_fraction=float(p.refine_stop_fraction),
+        ),
+    )
+
+
+def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
+    """The typed settings of a run, or a one-line UserError for a config that would fail later
+    or silently compute something else. Each field is checked by the settings it belongs to."""
+    _check_finite(cfg.to_dict())
+    record = json.loads(cfg.to_json())
+    record["data_dir"] = _absolute_data_dir(record.get("data_dir"))
+    return TrainSettings(
+        model=model_settings(cfg),
+        optimizer=optimizer_settings(cfg),
+        method=method_settings(cfg),
+        data_dir=record["data_dir"],
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        checkpoint_every_steps=int(cfg.checkpoint_every_steps),
+        max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+        log_every_steps=int(cfg.log_every_steps),
+        log_test_examples=int(cfg.log_test_examples),
+        progress_bar=bool(cfg.progress_bar),
+        # A run's evaluation settings are checked when it starts, not after its training.
+        evaluation=evaluation_settings(cfg),
+        record=record,
+    )
+
+
+WHOLE_SPLIT = -1  # eval.num_examples meaning every image of the test split
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSettings:
+    """What an evaluation reads, typed and checked once from a config (`evaluation_settings`):
+    the test split, the evaluators, how many images and the evaluators' own settings."""
+
+    dataset: str
+    data_dir: Optional[str]
+    evaluators: tuple  # names of the registry, in its order (`evaluators.parse`)
+    num_examples: int  # the first images of the split; WHOLE_SPLIT: all of them
+    batch_size: int
+    evals: evaluators_common.EvalSettings
+
+    def __post_init__(self):
+        object.__setattr__(self, "batch_size", integer("batch_size", self.batch_size, 1))
+        # 0 is refused rather than read as "all": a full evaluation takes hours on a CPU.
+        n = self.num_examples
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or (n < 1 and n != WHOLE_SPLIT):
+            raise UserError(
+                f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test split, got {n!r}"
+            )
+        object.__setattr__(self, "num_examples", int(n))
+
+
+def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict]) -> ml_collections.ConfigDict:
+    """A copy of cfg with fields of its `eval` block replaced (e.g. {'pr_samples': 20}); an
+    unknown field is refused."""
+    if not overrides:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        if key not in cfg.eval:
+            raise UserError(f"unknown eval setting {key!r}")
+        cfg.eval[key] = value
+    return cfg
+
+
+def evaluation_settings(
+    cfg: ml_collections.ConfigDict,
+    overrides: Optional[dict] = None,
+    *,
+    evaluators=None,
+    num_examples=None,
+    batch_size=None,
+) -> EvaluationSettings:
+    """The typed settings of an evaluation of a run with config cfg: its `eval` block with
+    `overrides` replacing fields, and evaluators, num_examples and batch_size where given (the
+    command line's flags). The one place the `eval` block is read; its sampler's c1, c2 and
+    PAT's beta set p_dis and the entropic lambda by default."""
+    cfg = with_eval_overrides(cfg, overrides)
+    _check_finite(cfg.eval.to_dict(), "eval.")
+    ev = cfg.eval
+    distributions = evaluators_common.headline_first(ev.pr_distribution, ev.pr_distributions)
+    c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
+    lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
+    evals = evaluators_common.EvalSettings(
+        pr_distributions=tuple(str(d) for d in distributions),
+        pr_epsilons=tuple(float(e) for e in ev.pr_epsilons),
+        pr_samples=ev.pr_samples,
+        pr_chunk_size=ev.pr_chunk_size,
+        pdis_c1=c1,
+        pdis_sigma=robustness.pdis_sigma(c1) if c1 > 0 else float("nan"),
+        entropic_lambda=max(lam, 0.0),
+        attack_eps=float(ev.attack_eps),
+        attack_step_size=float(ev.attack_step_size),
+        attack_steps=ev.attack_steps,
+        cw_kappa=float(ev.cw_kappa),
+        apgd_steps=ev.apgd_steps,
+        apgd_rho=float(ev.apgd_rho),
+        aa_target_classes=ev.aa_target_classes,
+        aa_fab_steps=ev.aa_fab_steps,
+        aa_square_queries=ev.aa_square_queries,
+        aa_masking_eps_factors=tuple(float(f) for f in ev.aa_masking_eps_factors),
+        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q),
+        confidence=float(ev.confidence),
+        bootstrap_resamples=ev.bootstrap_resamples,
+        seed=ev.seed,
+    )
+    return EvaluationSettings(
+        dataset=str(cfg.dataset),
+        data_dir=_absolute_data_dir(cfg.data_dir),
+        evaluators=evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators),
+        num_examples=ev.num_examples if num_examples is None else num_examples,
+        batch_size=ev.batch_size if batch_size is None else batch_size,
+        evals=evals,
+    )
+
+
+def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, **kwargs) -> EvaluationSettings:
+    """`evaluation_settings` of the default config on `dataset`: a model no run trained."""
+    cfg = default_config()
+    cfg.dataset = dataset
+    return evaluation_settings(cfg, overrides, **kwargs)
+
+
+def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:
+    """Absolute, so that a command run from another directory reads the same data."""
+    return os.path.abspath(data_dir) if data_dir and data_dir != data.TFDS else data_dir
+
+
+def _check_finite(settings: dict, prefix: str = "") -> None:
+    """Every number in the config is finite: inf or nan in a step size, weight or epsilon
+    would train or evaluate without complaint and give a meaningless number."""
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _check_finite(value, f"{name}.")
+            continue
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UserError(f"{name} must be a finite number, got {value!r}")

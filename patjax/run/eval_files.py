@@ -1,0 +1,201 @@
+"""An evaluation's files in a run's workdir: eval/per_image.npz, then eval/results.json (and
+curve/step_N/ for a learning curve's points), their identity, and the check that two
+evaluations share their images and noise. The rest of a workdir is `patjax.run.workdir`."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+
+from patjax.compute import robustness
+from patjax.core.errors import UserError
+from patjax.core.files import atomic, read_json, write_json
+
+# Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
+# checked against results.json's settings wherever the two are paired (`check_per_image`).
+META_PREFIX = "meta."
+IDENTITY_FIELDS = (
+    "step",
+    "seed",
+    "num_examples",
+    "pr_samples",
+    "pr_epsilons",
+    "pr_distributions",
+    "evaluators",
+    "dataset",
+)
+# Settings two evaluations must share for their per-image outcomes to be paired image by image
+# on the same perturbations (common random numbers), with the definitions of the distributions.
+COMMON_RANDOM_NUMBER_FIELDS = (
+    "num_examples",
+    "pr_samples",
+    "seed",
+    "pr_epsilons",
+    "dataset",
+    "pdis_c1",
+    *robustness.DEFINITIONS,
+)
+
+
+def identity(settings: dict) -> dict:
+    """The per_image.npz entries that tie it to the results.json of its evaluation."""
+    return {META_PREFIX + k: np.asarray(settings[k]) for k in IDENTITY_FIELDS}
+
+
+def check_per_image(results: dict, per_image: dict, where: str) -> None:
+    """Raises UserError unless `per_image` (per_image.npz) was written by the evaluation that
+    wrote `results` (results.json): a kill between the two writes, or a copied file, would
+    otherwise pair one evaluation's figures with another's per-image outcomes.
+
+    Files without a stored identity are checked on their number of images only.
+    """
+    if not per_image:
+        return
+    settings = results.get("settings", {})
+    if META_PREFIX + "step" not in per_image:
+        n = len(per_image.get("image_index", ()))
+        if n != settings.get("num_examples"):
+            raise UserError(
+                f"{where}: per_image.npz holds {n} images but results.json "
+                f"{settings.get('num_examples')}; re-run the evaluation"
+            )
+        return
+    differing = []
+    for k in IDENTITY_FIELDS:
+        stored = np.asarray(per_image.get(META_PREFIX + k))
+        expected = np.asarray(settings.get(k))
+        if stored.shape != expected.shape or not np.array_equal(stored, expected):
+            differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
+    if differing:
+        raise UserError(
+            f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); re-run the evaluation"
+        )
+
+
+# Settings that change no figure (randomness is keyed by image and sample, `evaluators.common`,
+# so batch, chunk and device counts only reorder float sums) or that are outcomes: an evaluation
+# differing from the previous one only in these reproduces its figures.
+INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr_chunk_size", "devices")
+# Lists an evaluation may extend: every figure of the previous one is made again, with more beside it.
+EXTENSIBLE_FIELDS = ("evaluators", "pr_distributions")
+
+
+def _listed(values) -> str:
+    return ",".join(map(str, values)) or "none"
+
+
+def lost_settings(previous: dict, planned: dict) -> list[str]:
+    """How an evaluation with `planned` settings (results.json's "settings" as it would write them)
+    departs from the `previous` one's: a changed setting, or an evaluator or law it drops. Settings
+    `previous` does not record (files written before they existed) are not compared."""
+    differing = []
+    for key, new in planned.items():
+        if key in INCIDENTAL_FIELDS or key not in previous:
+            continue
+        old = previous[key]
+        if key in EXTENSIBLE_FIELDS:
+            dropped = [v for v in old or () if v not in new]
+            if dropped:
+                differing.append(f"{key} {_listed(old)} there, {_listed(new)} now, dropping {_listed(dropped)}")
+        elif old != new:
+            differing.append(f"{key} {old!r} there, {new!r} now")
+    return differing
+
+
+def check_replaceable(directory: str, planned: dict, record: Optional[dict] = None, step: Optional[int] = None) -> None:
+    """Raises UserError if eval/ (curve/step_N/ with a step) holds an evaluation that one with
+    `planned` settings (and `record`'s entries, e.g. the evaluated file) would replace with other
+    figures: results are never replaced without a word. The same settings, or more evaluators or
+    laws beside the same ones, may replace it (its figures come back identical)."""
+    previous = read_results(directory, step)
+    if previous is None:
+        return
+    differing = lost_settings(previous.get("settings", {}), planned)
+    differing += [
+        f"{k} {previous.get(k)!r} there, {v!r} now" for k, v in (record or {}).items() if previous.get(k) != v
+    ]
+    if differing:
+        raise UserError(
+            f"{results_path(directory, step)} holds an evaluation made otherwise ({'; '.join(differing)}), which "
+            f"this one would replace: move {eval_dir(directory, step)} aside to keep it, or pass --overwrite to "
+            f"replace it"
+        )
+
+
+def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    """Raises UserError unless two evaluations' settings (results.json's `settings`) put them on
+    common random numbers: the same images, perturbations and distribution definitions."""
+    differing = [k for k in COMMON_RANDOM_NUMBER_FIELDS if a.get(k) != b.get(k)]
+    if differing:
+        raise UserError(
+            f"{name_a!r} and {name_b!r} were evaluated with different settings "
+            f"({', '.join(differing)}): not comparable on common random numbers"
+        )
+
+
+def eval_dir(workdir: str, step: Optional[int] = None) -> str:
+    """eval/ (the evaluation of the newest model), or curve/step_N/ (that of the kept model of step N)."""
+    return os.path.join(workdir, "eval") if step is None else os.path.join(workdir, "curve", f"step_{int(step):06d}")
+
+
+def curve_steps(workdir: str) -> list[int]:
+    """The steps with an evaluation in curve/, ascending."""
+    directory = os.path.join(workdir, "curve")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return sorted(int(n[len("step_") :]) for n in names if n.startswith("step_") and n[len("step_") :].isdigit())
+
+
+def results_path(workdir: str, step: Optional[int] = None) -> str:
+    return os.path.join(eval_dir(workdir, step), "results.json")
+
+
+def plot_path(workdir: str) -> str:
+    return os.path.join(workdir, "eval", "pr_vs_eps.png")
+
+
+def per_image_path(workdir: str, step: Optional[int] = None) -> str:
+    return os.path.join(eval_dir(workdir, step), "per_image.npz")
+
+
+def has_evaluation(workdir: str, step: Optional[int] = None) -> bool:
+    """Whether both files of an evaluation exist (whether they belong together: `load_results`)."""
+    return os.path.isfile(results_path(workdir, step)) and os.path.isfile(per_image_path(workdir, step))
+
+
+def write_results(workdir: str, results: dict, per_image: dict, step: Optional[int] = None) -> dict:
+    """Writes eval/per_image.npz, then eval/results.json, each atomically (temp file + rename).
+
+    results.json is the commit marker: a kill never leaves a new results.json beside an older
+    per_image.npz, and per_image.npz carries its evaluation's identity (`check_per_image`).
+    Returns the results as written (non-finite numbers as None).
+    """
+    os.makedirs(eval_dir(workdir, step), exist_ok=True)
+    entries = {**per_image, **identity(results["settings"])}
+    atomic(per_image_path(workdir, step), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
+    written = write_json(results_path(workdir, step), results)
+    stale_plot = plot_path(workdir)  # drawn from the previous results; the command line draws it anew
+    if step is None and os.path.isfile(stale_plot):
+        os.remove(stale_plot)
+    return written
+
+
+def read_results(workdir: str, step: Optional[int] = None) -> Optional[dict]:
+    """eval/results.json (curve/step_N/ with a step), or None if there is none; an unreadable
+    one is a UserError."""
+    return read_json(results_path(workdir, step), "move it away, or evaluate again with --overwrite")
+
+
+def load_results(workdir: str, step: Optional[int] = None):
+    """(results dict, per-image arrays) of the workdir's evaluation (of step `step`'s kept model),
+    checked to belong together."""
+    results = read_results(workdir, step)
+    if results is None:
+        raise UserError(
+            f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate --workdir={workdir}"
+        )
+    npz = per_image_path(workdir, step)
+    per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
+    check_per_image(results, per_image, workdir)
+    return results, per_image

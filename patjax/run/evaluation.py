@@ -1,0 +1,307 @@
+"""Evaluating trained runs: the chosen evaluators over the test split, their figures, the
+workdir's eval/ files, and the paired comparison of several evaluated runs.
+
+`evaluate_state` is the library call (a state and a split in, a results dict out);
+`evaluate_workdir` evaluates a workdir's newest checkpoint (or its kept model) and writes
+DIR/eval/per_image.npz (per-image outcomes and PR statistics, for paired comparisons) and then,
+last, DIR/eval/results.json (strict JSON; NaN/inf as null):
+  clean_accuracy      fraction of test images classified correctly
+  pr                  the headline PR: {"0.1": {value, interval, n}, ...}, the mean of per-image
+                      PR_i over the images the model classifies correctly, under
+                      eval.pr_distribution (default uniform: the Table-1 protocol, `PROTOCOL`)
+  pr_all_images       the same law's mean over every evaluated image (misclassified ones included)
+  pr_protocol         what `pr` is, in words
+  figures             every figure with its interval, method, number of images and settings;
+                      per distribution and level: all, clean_correct (with its own prob_acc,
+                      AT-PR's Prob.Acc), prob_acc, expected_loss, the lower bounds, entropic_risk
+  settings            seed, number of images, checkpoint step, every evaluator's settings
+  evaluator_wall_time_s, wall_time_s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+from patjax import evaluators as evaluators_lib
+from patjax.compute import data, robustness, stats
+from patjax.core import files, locks, sharding
+from patjax.evaluators import common
+from patjax.reporting import plots, report
+from patjax.run import checkpoints, eval_files
+from patjax.run import config as config_lib
+from patjax.run import workdir as workdir_lib
+
+# The paper's Table 1 reports PR above clean accuracy for every adversarially trained model, so
+# its PR is a mean over the images each model classifies correctly; the law is not stated and
+# is inferred from the AT-PR code's evaluate.py (docs/evaluation.md, "The Table-1 protocol").
+PROTOCOL = (
+    "Table-1 protocol: per image, the fraction of N samples uniform on [max(x - eps, 0), "
+    "min(x + eps, 1)] per pixel with s(x') < 0 (ties adversarial); the mean over the images the "
+    "model classifies correctly"
+)
+
+
+def evaluate_state(
+    settings: config_lib.EvaluationSettings,
+    model_fns,
+    state,
+    split: data.Split,
+    *,
+    progress: bool = True,
+    per_image_out: dict | None = None,
+) -> dict:
+    """settings.evaluators on the first settings.num_examples images of `split` (-1: all of them).
+
+    settings: `config.evaluation_settings`; its dataset (the split's) is recorded with the figures.
+    per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
+      evaluation's identity, `eval_files.identity`).
+    """
+    s, names, batch_size = settings.evals, settings.evaluators, settings.batch_size
+    n = num_images(settings, split)
+    chosen = [evaluators_lib.REGISTRY[name] for name in names]
+    if "clean" not in names and any(e.needs_clean for e in chosen):
+        chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
+    start_time = time.perf_counter()
+    per_image, walls, figures = {}, {}, {}
+    for evaluator in chosen:
+        for pass_name in evaluator.passes(s):
+            batch_fn = common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
+            subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
+            per_image[pass_name], walls[pass_name] = common.evaluate_pass(
+                batch_fn, state, split, n, batch_size, pass_name, progress, subset
+            )
+        if evaluator.combine:
+            per_image[evaluator.name] = evaluator.combine(per_image, s)
+    for evaluator in sorted(chosen, key=lambda e: evaluators_lib.NAMES.index(e.name)):
+        figures.update(evaluator.figures(per_image, s))
+    worst = evaluators_lib.worst_case(per_image, names, s)
+    if worst is not None:
+        figures["worst_case"] = worst
+    common.bootstrap_indices.cache_clear()
+
+    results = {}
+    if "clean" in per_image:
+        results["clean_accuracy"] = float(per_image["clean"]["correct"].mean())
+    if "pr" in names:
+        headline = figures["pr"][s.pr_distribution]
+        keep = ("value", "interval", "n")
+        results["pr"] = {k: {f: v["clean_correct"][f] for f in keep} for k, v in headline.items()}
+        results["pr_all_images"] = {k: {f: v["all"][f] for f in keep} for k, v in headline.items()}
+        results["pr_protocol"] = protocol_text(s.pr_distribution, s.pr_samples)
+    results["figures"] = figures
+    results["settings"] = settings_record(
+        settings,
+        n,
+        int(state.step),
+        num_clean_correct=int(per_image["clean"]["correct"].sum()) if "clean" in per_image else None,
+    )
+    results["evaluator_wall_time_s"] = {k: round(v, 2) for k, v in walls.items()}
+    results["wall_time_s"] = round(time.perf_counter() - start_time, 2)
+    if per_image_out is not None:
+        per_image_out.update(_flatten_per_image(per_image, s, n))
+    return results
+
+
+def num_images(settings: config_lib.EvaluationSettings, split: data.Split) -> int:
+    """How many images an evaluation takes: the first settings.num_examples of the split, or all."""
+    n = settings.num_examples
+    return len(split) if n == config_lib.WHOLE_SPLIT else min(n, len(split))
+
+
+def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, num_clean_correct=None) -> dict:
+    """results.json's "settings": what an evaluation of `n` images of the model of `step` was made with."""
+    s = settings.evals
+    return {
+        "num_examples": int(n),
+        "num_clean_correct": num_clean_correct,
+        "evaluators": list(settings.evaluators),
+        "pr_distribution": s.pr_distribution,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
+        **robustness.DEFINITIONS,
+        "dataset": settings.dataset,
+        "split": "test",
+        "batch_size": int(settings.batch_size),
+        # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
+        # count up to float summation order (tests/test_sharding.py).
+        "devices": int(sharding.make_mesh(settings.batch_size).size),
+        "step": int(step),
+    }
+
+
+def protocol_text(distribution: str, num_samples: int) -> str:
+    """What the headline `pr` of results.json is: the Table-1 protocol, or the same estimand
+    under another law."""
+    if distribution == "uniform":
+        return PROTOCOL.replace("N samples", f"N = {num_samples} samples")
+    return (
+        f"per image, the fraction of N = {num_samples} samples of {robustness.DEFINITIONS[distribution]} "
+        f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
+        f"protocol's uniform law)"
+    )
+
+
+def _flatten_per_image(per_image, s, n) -> dict:
+    flat = {"image_index": np.arange(n, dtype=np.int32)}
+    for name, out in per_image.items():
+        for k, v in out.items():
+            flat[f"{name}.{k}"] = v
+        if "counts" in out:  # per-image PR_i = counts / N and its Clopper-Pearson interval
+            flat[f"{name}.pr"] = out["counts"] / s.pr_samples
+            flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = stats.clopper_pearson(
+                out["counts"], s.pr_samples, s.confidence
+            )
+    return flat
+
+
+def check_workdir(
+    workdir: str,
+    num_examples=None,
+    batch_size=None,
+    evaluators=None,
+    overrides: dict | None = None,
+    overwrite: bool = True,
+    step: int | None = None,
+) -> config_lib.EvaluationSettings:
+    """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
+    checkpoint, the run's evaluation settings with the overrides and the arguments given; with
+    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step) was made as
+    this evaluation would be made, or with fewer evaluators or laws (`eval_files.check_replaceable`).
+    Returns the settings."""
+    settings = workdir_lib.evaluation_settings(
+        workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
+    )
+    newest = checkpoints.require_checkpoint(workdir)
+    if not overwrite and os.path.isfile(eval_files.results_path(workdir, step)):
+        split = data.load_split(settings.dataset, "test", settings.data_dir)
+        check_replaceable(settings, workdir, newest if step is None else step, split, step=step)
+    return settings
+
+
+def check_replaceable(settings, out_dir, model_step, split, record=None, step=None) -> None:
+    """`eval_files.check_replaceable` of out_dir's eval/ (curve/step_N/ with a step) against an
+    evaluation with `settings` of the model of `model_step` on `split`."""
+    planned = settings_record(settings, num_images(settings, split), model_step)
+    eval_files.check_replaceable(out_dir, planned, record, step)
+
+
+def evaluate_workdir(
+    workdir: str,
+    num_examples: int | None = None,
+    batch_size: int | None = None,
+    progress: bool = True,
+    evaluators=None,
+    overrides: dict | None = None,
+    overwrite: bool = True,
+    step: int | None = None,
+) -> dict:
+    """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
+    eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
+    as written (non-finite numbers as None). overwrite=False (the command line's default) refuses
+    to replace an evaluation made with other settings or more evaluators or laws.
+    step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
+    """
+    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite, step)
+    # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
+    with sharding.writer_lock(workdir, "an evaluation"):
+        _, model_fns, state = workdir_lib.restore(workdir, step=step)
+        return evaluate_and_write(settings, model_fns, state, workdir, progress, step, overwrite=overwrite)
+
+
+def evaluate_and_write(
+    settings: config_lib.EvaluationSettings,
+    model_fns,
+    state,
+    out_dir,
+    progress=True,
+    step=None,
+    record: dict | None = None,
+    overwrite: bool = True,
+) -> dict:
+    """`evaluate_state` on settings.dataset's test split, written to out_dir/eval/ (or
+    curve/step_N/) by process 0 with `record`'s entries added; returns the results as written.
+    overwrite=False: refuses, before evaluating, to replace an evaluation made otherwise
+    (`check_replaceable`; the model restored decides the step)."""
+    split = data.load_split(settings.dataset, "test", settings.data_dir)
+    if not overwrite:
+        check_replaceable(settings, out_dir, int(state.step), split, record, step)
+    per_image = {}
+    results = evaluate_state(
+        settings, model_fns, state, split, progress=progress and sharding.is_writer(), per_image_out=per_image
+    )
+    results.update(record or {})
+    if not sharding.is_writer():
+        return files.json_safe(results)
+    return eval_files.write_results(out_dir, results, per_image, step)
+
+
+def pairing(settings_list, names) -> tuple:
+    """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
+    `names` in errors) share when paired: one resampling of the same images for all of them, so
+    that a difference's interval reflects the images, not independent draws. Raises a UserError
+    unless they were evaluated on common random numbers (`eval_files.check_comparable`)."""
+    first = settings_list[0]
+    for settings, name in zip(settings_list[1:], names[1:]):
+        eval_files.check_comparable(first, settings, names[0], name)
+    indices = stats.bootstrap_indices(int(first["num_examples"]), int(first["bootstrap_resamples"]), int(first["seed"]))
+    return indices, float(first["confidence"])
+
+
+def paired_differences(workdirs, results_list, per_images) -> list:
+    """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`): same
+    images, same perturbations."""
+    names = [workdir_name(w) for w in workdirs]
+    base_res, base = results_list[0], per_images[0]
+    st = base_res["settings"]
+    indices, confidence = pairing([r["settings"] for r in results_list], workdirs)
+    out = []
+    for name, res, pi in zip(names[1:], results_list[1:], per_images[1:]):
+        row = {"run": name, "baseline": names[0], "distributions": {}}
+        for d in res["settings"]["pr_distributions"]:
+            key = f"pr_{d}.counts"
+            if key not in pi or key not in base or "clean.correct" not in pi or "clean.correct" not in base:
+                continue
+            row["distributions"][d] = {
+                level: stats.pr_difference(
+                    pi[key][:, j],
+                    pi["clean.correct"],
+                    base[key][:, j],
+                    base["clean.correct"],
+                    st["pr_samples"],
+                    indices,
+                    confidence,
+                )
+                for j, level in enumerate(res["figures"]["pr"][d])
+            }
+        out.append(row)
+    return out
+
+
+def workdir_name(workdir: str) -> str:
+    return os.path.basename(os.path.normpath(workdir))
+
+
+def compare(workdirs, plot_path=None, plot_over="clean_correct") -> str:
+    """Table, paired differences (against the first workdir) and PNG plot (PR over `plot_over`'s
+    images, `plots.plot_pr`) of evaluated workdirs; writes the plot and
+    PLOT_paired_differences.json, returns the text to print."""
+    loaded = [eval_files.load_results(w) for w in workdirs]
+    results_list = [r for r, _ in loaded]
+    names = [workdir_name(w) for w in workdirs]
+    text = report.comparison(names, results_list)
+    # The default plot is a file of the first run's eval/: written under its lock, as its evaluation is.
+    into_run = plot_path is None
+    plot_path = plot_path or eval_files.plot_path(workdirs[0])
+    with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
+        if any("pr" in r.get("figures", {}) for r in results_list):
+            plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)
+            text += f"\nplot: {plot_path}"
+        if len(workdirs) > 1:
+            diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
+            text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
+            files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
+    return text

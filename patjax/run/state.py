@@ -1,0 +1,131 @@
+"""The train state (one pytree that checkpoints whole), the model it belongs to, and the optimizer.
+
+The workdir that holds a run's config and checkpoints is `patjax.run.workdir`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from patjax.compute import data, models
+from patjax.compute.models import ModelFns
+from patjax.core.errors import UserError, integer
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    batch_stats: Any
+    opt_state: Any
+    rng: jax.Array  # raw uint32 key; the step key is fold_in(fold_in(rng, 1), step)
+
+
+DEFAULT_WIDTH = 64  # config.model_width's default: the ResNets' stem width in the paper
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Which network, for which data, in which precision (config: model, model_width, dataset,
+    compute_dtype)."""
+
+    name: str
+    dataset: str
+    width: int  # ResNet / WRN stem width (64 in the paper); the small CNN has none
+    compute_dtype: str = "float32"
+
+    def __post_init__(self):
+        data.check_dataset(self.dataset)
+        models.check_model(self.name)
+        integer("model_width", self.width, 1)
+        if self.name not in models.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
+            raise UserError(f"model {self.name!r} has its width in its name; model_width must stay {DEFAULT_WIDTH}")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise UserError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
+
+    def build(self):
+        kwargs = {"width": self.width} if self.name in models.TAKES_WIDTH else {}
+        dtype = jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
+        return models.create_model(self.name, self.dataset, data.NUM_CLASSES[self.dataset], dtype=dtype, **kwargs)
+
+
+USE_EPOCHS = -1  # num_train_steps meaning "num_epochs epochs"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """SGD and its MultiStepLR schedule over the run (Appendix E), and the run's length (config:
+    learning_rate, momentum, nesterov, weight_decay, lr_decay_fractions, lr_decay_factor,
+    num_epochs, num_train_steps)."""
+
+    learning_rate: float
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    decay_fractions: tuple
+    decay_factor: float
+    num_epochs: int
+    num_train_steps: int  # > 0 overrides num_epochs; USE_EPOCHS: num_epochs sets the length
+
+    def __post_init__(self):
+        by_epochs = self.num_train_steps == USE_EPOCHS and not isinstance(self.num_train_steps, bool)
+        if not by_epochs:  # any other count below 1 has no meaning
+            integer("num_train_steps", self.num_train_steps, 1, sentinel=f"{USE_EPOCHS} (num_epochs sets the length)")
+        # With num_train_steps set, num_epochs is not read (but recorded).
+        integer("num_epochs", self.num_epochs, 1 if by_epochs else 0)
+        if not self.learning_rate > 0:
+            raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.momentum < 1 or self.weight_decay < 0:
+            raise UserError(
+                f"momentum must be in [0, 1) and weight_decay >= 0, got {self.momentum}, {self.weight_decay}"
+            )
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        return self.num_train_steps if self.num_train_steps > 0 else self.num_epochs * steps_per_epoch
+
+    def lr_milestones(self, steps_per_epoch: int) -> list[int]:
+        """The steps at which MultiStepLR (Appendix E) multiplies the learning rate by the decay:
+        the given fractions of the run; with epoch-based runs on epoch boundaries (75 and 90 of 100)."""
+        if self.num_train_steps > 0:
+            return sorted(int(round(f * self.num_train_steps)) for f in self.decay_fractions)
+        return sorted(int(round(f * self.num_epochs)) * steps_per_epoch for f in self.decay_fractions)
+
+    def schedule(self, steps_per_epoch: int) -> optax.Schedule:
+        """MultiStepLR (Appendix E): lr x decay at each of `lr_milestones`."""
+        scales = {}
+        for b in self.lr_milestones(steps_per_epoch):  # coinciding milestones multiply, as in MultiStepLR
+            scales[b] = scales.get(b, 1.0) * self.decay_factor
+        return optax.piecewise_constant_schedule(self.learning_rate, scales)
+
+
+def make_optimizer(o: OptimizerSettings, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """PyTorch SGD(momentum, nesterov, weight_decay): g += wd*p; b = m*b + g; step = g + m*b."""
+    return optax.chain(
+        optax.add_decayed_weights(o.weight_decay),
+        optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
+    )
+
+
+def inference_state(params, batch_stats, step=0) -> TrainState:
+    """A state to evaluate, not to train: the model's variables at `step`, without optimizer
+    state or random key (a kept model, a PyTorch state_dict, a model handed to `patjax.api`)."""
+    return TrainState(
+        step=jnp.asarray(step, jnp.int32), params=params, batch_stats=batch_stats, opt_state=None, rng=None
+    )
+
+
+def create_train_state(model_settings: ModelSettings, seed: int, tx: optax.GradientTransformation):
+    """(ModelFns, TrainState) of the model, initialized from the seed."""
+    model = model_settings.build()
+    root = jax.random.PRNGKey(int(seed))
+    init_key, rng = jax.random.split(root)
+    params, batch_stats = models.init_variables(model, init_key)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats, opt_state=tx.init(params), rng=rng
+    )
+    return ModelFns(model.apply), state

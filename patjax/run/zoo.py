@@ -1,0 +1,131 @@
+"""RobustBench's CIFAR-10 L-infinity model zoo (`robustbench.model_zoo.cifar10.linf`, robustbench
+1.1.1): the entries whose networks patjax's models are, with the input normalization RobustBench's
+definition of each applies, read from the checkpoint file as RobustBench keeps it.
+
+RobustBench's `load_model(NAME, model_dir)` downloads the authors' checkpoint to
+MODEL_DIR/cifar10/Linf/NAME.pt and loads it into its definition of the network after taking the
+state_dict out of its container (`checkpoint["state_dict"]`; `["last"]` for
+Andriushchenko2020Understanding) and dropping the `module.` and `model.` prefixes of its keys.
+`load_model` here reads that same file the same way (`torch.load(weights_only=True)`), so a
+checkpoint already there needs neither the robustbench package nor a network; a missing one is
+fetched through the package when it is installed.
+
+The normalization is RobustBench's, not the file's: most entries take [0, 1] inputs as they are;
+Wong2020Fast and Chen2020Efficient register mu and sigma buffers in their classes (CIFAR-10
+statistics with sigma 0.2471, not patjax's 0.2470), which the checkpoints lack
+(RobustBench loads them with strict=False); Hendrycks2019Using computes 2x - 1, which is mean 0.5,
+std 0.5. Entries with other networks (DMWideResNet with Swish and its own normalization, WRN-28-4
+with per-image normalization, ResNet-50, WRN-34-15, WRN-70-16, ...) are not covered: patjax has no
+such network, and an entry is refused rather than loaded into a network that is not its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from patjax.core.errors import UserError, one_line
+from patjax.run import torch_weights
+
+DATASET = "cifar10"
+THREAT_MODEL = "Linf"
+DEFAULT_MODEL_DIR = "models"  # robustbench.utils.load_model's default model_dir ('./models')
+# The mu and sigma RobustBench's CIFAR-10 classes register (Wong2020FastNet, Chen2020EfficientNet).
+CIFAR10_BUFFERS = ((0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616))
+TWO_X_MINUS_ONE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # Hendrycks2019UsingNet: x -> 2x - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    model: str  # a network of patjax.compute.models
+    normalize: Optional[tuple] = None  # (mean, std) RobustBench's class applies; None: [0, 1] inputs
+    container: Optional[str] = None  # the checkpoint key RobustBench reads the state_dict from first
+
+
+_WRN28, _WRN34, _WRN34_20, _R18 = Entry("wrn28_10"), Entry("wrn34_10"), Entry("wrn34_20"), Entry("resnet18")
+# RobustBench's definition of each: WideResNet(depth, widen_factor[, sub_block1]) (TRADES'),
+# ResNet18 (kuangliu's), PreActResNet(PreActBlock, [2, 2, 2, 2]).
+ZOO = {
+    "Andriushchenko2020Understanding": Entry("preact_resnet18_v1", container="last"),
+    "Carmon2019Unlabeled": _WRN28,
+    "Sehwag2020Hydra": _WRN28,
+    "Wang2020Improving": _WRN28,
+    "Hendrycks2019Using": Entry("wrn28_10", TWO_X_MINUS_ONE),
+    "Rice2020Overfitting": Entry("wrn34_20", CIFAR10_BUFFERS),
+    "Zhang2019Theoretically": _WRN34,
+    "Huang2020Self": _WRN34,
+    "Wong2020Fast": Entry("preact_resnet18_v1", CIFAR10_BUFFERS),
+    "Zhang2019You": _WRN34,
+    "Zhang2020Attacks": _WRN34,
+    "Wu2020Adversarial_extra": _WRN28,
+    "Wu2020Adversarial": _WRN34,
+    "Sehwag2021Proxy": _WRN34,
+    "Sehwag2021Proxy_R18": _R18,
+    "Sitawarin2020Improving": _WRN34,
+    "Chen2020Efficient": Entry("wrn34_10", CIFAR10_BUFFERS),
+    "Cui2020Learnable_34_20": _WRN34_20,
+    "Cui2020Learnable_34_10": _WRN34,
+    "Zhang2020Geometry": _WRN28,
+    "Sridhar2021Robust": _WRN28,
+    "Addepalli2021Towards_RN18": _R18,
+    "Addepalli2021Towards_WRN34": _WRN34,
+    "Chen2021LTD_WRN34_10": _WRN34,
+    "Chen2021LTD_WRN34_20": _WRN34_20,
+    "Standard": _WRN28,
+    "Jia2022LAS-AT_34_10": _WRN34,
+    "Addepalli2022Efficient_RN18": _R18,
+    "Addepalli2022Efficient_WRN_34_10": _WRN34,
+    "Cui2023Decoupled_WRN-34-10": _WRN34,
+    "Chen2024Data_WRN_34_10": _WRN34,
+    "Chen2024Data_WRN_34_20": _WRN34_20,
+}
+
+
+def entry(name: str) -> Entry:
+    if name not in ZOO:
+        raise UserError(
+            f"{name!r} is not a RobustBench CIFAR-10 Linf entry whose network patjax has; "
+            f"these are: {', '.join(ZOO)} (docs/api.md)"
+        )
+    return ZOO[name]
+
+
+def checkpoint_path(name: str, model_dir: str = DEFAULT_MODEL_DIR) -> str:
+    """Where RobustBench keeps the entry's checkpoint."""
+    return os.path.join(model_dir, DATASET, THREAT_MODEL, f"{name}.pt")
+
+
+def fetch(name: str, model_dir: str = DEFAULT_MODEL_DIR) -> str:
+    """The entry's checkpoint file: the one already in model_dir, else downloaded there by the
+    robustbench package (its load_model), which needs the package and internet access."""
+    entry(name)
+    path = checkpoint_path(name, model_dir)
+    if os.path.isfile(path):
+        return path
+    try:
+        from robustbench.utils import load_model as robustbench_load  # optional: only to download
+    except ImportError:
+        raise UserError(
+            f"{path} does not exist; fetching {name} needs the robustbench package "
+            "(pip install robustbench) and internet access"
+        ) from None
+    try:
+        robustbench_load(name, model_dir=model_dir, dataset=DATASET, threat_model=THREAT_MODEL)
+    except Exception as error:  # downloads fail in many ways (HTTP, quota, disk)
+        raise UserError(f"robustbench could not fetch {name}: {one_line(error)[:200]}") from None
+    if not os.path.isfile(path):
+        raise UserError(f"robustbench fetched {name} but {path} does not exist")
+    return path
+
+
+def load_model(name: str, model_dir: str = DEFAULT_MODEL_DIR):
+    """(model_fns, state, path) of the zoo entry `name` as its patjax network, with RobustBench's
+    input normalization; a file that records its own mu and sigma must agree with it."""
+    zoo_entry = entry(name)
+    path = fetch(name, model_dir)
+    containers = ((zoo_entry.container,) if zoo_entry.container else ()) + torch_weights.CONTAINERS
+    tensors = torch_weights.read_state_dict(path, containers)
+    normalize = zoo_entry.normalize or (None, None)
+    model_fns, state = torch_weights.load_arrays(tensors, zoo_entry.model, DATASET, normalize, source=path)
+    return model_fns, state, path

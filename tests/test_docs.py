@@ -6,6 +6,7 @@ import pathlib
 import re
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+FOLDERS = ("", "core.", "compute.", "reporting.", "run.", "suites.")  # where a bare module name may live
 
 
 def map_rows():
@@ -48,11 +49,11 @@ def test_every_name_in_the_paper_to_code_map_exists():
             head = dotted.split(".")[0]
             if head in ("patjax", "config", "eval", "cfg"):
                 continue
-            try:  # `robustness.lower_bound`: a module of the package, then a name in it
-                owner = importlib.import_module(f"patjax.{head}")
+            owner = module  # `robustness.lower_bound`: a module of the package (in any folder), then a name in it
+            found = [f"patjax.{f}{head}" for f in FOLDERS if importlib.util.find_spec(f"patjax.{f}{head}".rstrip("."))]
+            if found:
+                owner = importlib.import_module(found[0])
                 dotted = dotted.split(".", 1)[1] if "." in dotted else None
-            except ImportError:
-                owner = module
             if owner is None or dotted is None:
                 continue
             registered = any(dotted in getattr(owner, r, {}) for r in ("MODELS", "METHODS", "REGISTRY"))

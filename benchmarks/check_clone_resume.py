@@ -29,7 +29,8 @@ from patjax.core.errors import UserError
 RESUME = """
 import json, os, sys
 import jax
-from patjax import checkpoints, cli, train, workdir
+from patjax.run import checkpoints, train, workdir
+from patjax.core import cli
 from patjax.core.errors import UserError
 
 def resume(run, target):

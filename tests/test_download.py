@@ -361,7 +361,7 @@ def test_two_processes_share_one_download(server, tmp_path, records_per_file):
     cache = tmp_path / "cache"
     cache.mkdir()
     code = (
-        "import sys; from patjax import download; "
+        "import sys; from patjax.compute import download; "
         "print(download.ensure_dataset('cifar10', sys.argv[1], url=sys.argv[2], md5=sys.argv[3], "
         "progress=False))"
     )

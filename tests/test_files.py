@@ -80,7 +80,7 @@ def test_a_damaged_invocation_log_is_one_line_from_the_suite_command(tmp_path):
 # writes the rest. argv: path, barrier folder, writers, its letter, replace (1/0).
 HALF_AND_WAIT = """
 import os, sys, time
-from patjax import files
+from patjax.core import files
 path, barrier, writers, me, replace = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
 content = (me * 1_000_000).encode()
 

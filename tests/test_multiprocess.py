@@ -19,14 +19,14 @@ WATCHDOG_S = 300
 
 PRELUDE = """
 import json, os, sys, numpy as np
-from patjax import cli
+from patjax.core import cli
 cli.initialize_distributed()
 cli.use_cpu_cores_as_devices()
 import jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
 from conftest import train_run
-from patjax import train, workdir as workdir_lib
+from patjax.run import train, workdir as workdir_lib
 out = {{}}
 
 def leaves(state):
@@ -97,7 +97,7 @@ def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cp
         except UserError as error:
             out["refused"] = "BatchNorm on batch statistics" in str(error)
         cfg.attack.bn_mode = "inference"
-        from patjax import config
+        from patjax.run import config
         train.check_collectives_pair_across_processes(config.train_settings(cfg).method)  # allowed
         """
     for result in launch(2, body, tmp_path, data_dir, "alp"):

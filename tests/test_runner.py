@@ -409,7 +409,9 @@ RACE = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 import orbax.checkpoint as ocp
-from patjax import data, experiments, catalog
+from patjax.compute import data
+from patjax import experiments
+from patjax.suites import catalog
 from test_runner import race_suite
 signals, role = sys.argv.pop(1), sys.argv.pop(1)
 # The folder holds the first {records} records of each file (`head_of_cifar10`).

@@ -20,7 +20,8 @@ import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
 from conftest import train_run
-from patjax import eval_files, evaluation, sharding, train, workdir as workdir_lib
+from patjax.run import eval_files, evaluation, train, workdir as workdir_lib
+from patjax.core import sharding
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=2, **{{"pat.beta": 2.0}})
 state = train_run(cfg, {workdir!r})
 assert jax.device_count() == {devices}, jax.devices()
@@ -70,7 +71,7 @@ import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
 from conftest import train_run
-from patjax import train
+from patjax.run import train
 assert jax.device_count() == 2, jax.devices()
 cfg = tiny_config(data_dir={data_dir!r}, num_train_steps=4)
 whole = train_run(cfg, {workdir!r} + "/whole")
@@ -98,7 +99,7 @@ def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
 PR_SCRIPT = r"""
 import re, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from patjax import models, robustness
+from patjax.compute import models, robustness
 model = models.create_model("small_cnn", "cifar10", 10, widths=(4,))
 variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)
 mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))

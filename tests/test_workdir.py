@@ -28,7 +28,7 @@ import json, sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config
 from conftest import train_run
-from patjax import evaluation, train, workdir as workdir_lib
+from patjax.run import evaluation, train, workdir as workdir_lib
 assert jax.device_count() == {devices}, jax.devices()
 out = {{}}
 
@@ -52,7 +52,7 @@ def run_on(devices, body, tmp_path, data_dir, name):
     env = dict(os.environ, PATJAX_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu", **FAST_COMPILE)
     env.pop("XLA_FLAGS", None)
     # cli.use_cpu_cores_as_devices is what every command line runs before JAX starts.
-    script = "from patjax import cli; cli.use_cpu_cores_as_devices()\n" + script
+    script = "from patjax.core import cli; cli.use_cpu_cores_as_devices()\n" + script
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
     )
@@ -172,7 +172,7 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_di
 
 HOLD_LOCK = """
 import sys, time
-from patjax import locks
+from patjax.core import locks
 with locks.exclusive(sys.argv[1], "a trainer"):
     print("held", flush=True)
     time.sleep(600)

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
-from helpers import torch_logits, trained_looking
+from helpers import cut_short, run_module, torch_logits, trained_looking
 from safetensors import safe_open
 
 from patjax.compute import data, models
@@ -225,13 +225,7 @@ def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
 
 
 def export_command(workdir, out, *flags):
-    return subprocess.run(
-        [sys.executable, "-m", "patjax.export", f"--workdir={workdir}", f"--out={out}", *flags],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    return run_module("patjax.export", f"--workdir={workdir}", f"--out={out}", *flags)
 
 
 def test_export_replaces_a_file_only_with_overwrite_and_names_the_model_it_holds(tmp_path):
@@ -283,3 +277,37 @@ def test_an_exported_file_records_the_run_portably_and_no_local_path(tmp_path):
         "method": "pgd",
         "seed": "0",
     }
+
+
+PGD_RUN = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0")
+OVERWRITE_REMEDY = "pass --overwrite to replace it, or choose another --out"
+
+
+def test_a_damaged_or_foreign_weights_file_is_one_line_wherever_it_is_read(tmp_path):
+    """One reader of a .safetensors file (`files.read_safetensors`): a file cut short gives the
+    same line through the library, `evaluate --torch_checkpoint` and `export --out` (kept models:
+    tests/test_kept_models.py), and a file without patjax metadata says so."""
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    damaged = str(tmp_path / "damaged.safetensors")
+    torch_weights.export(damaged, "small_cnn", params, batch_stats, CIFAR10)
+    reason = cut_short(damaged)
+    with open(damaged, "rb") as f:
+        before = f.read()
+    line = f"{damaged} is not a readable safetensors file ({reason})"
+    for read in (torch_weights.read_state_dict, torch_weights.read_metadata, torch_weights.network):
+        with pytest.raises(UserError) as error:
+            read(damaged)
+        assert str(error.value) == line, read
+    evaluated = run_module("patjax.evaluate", f"--torch_checkpoint={damaged}", "--evaluators=clean")
+    assert (evaluated.returncode, evaluated.stderr) == (2, f"error: {line}\n")
+    exported = export_command(PGD_RUN, damaged)
+    assert (exported.returncode, exported.stderr) == (2, f"error: {line}; {OVERWRITE_REMEDY}\n")
+    # A file another tool wrote, whose metadata does not name a patjax network.
+    foreign = str(tmp_path / "foreign.safetensors")
+    torch_weights.write_state_dict(foreign, torch_weights.to_state_dict("small_cnn", params, batch_stats))
+    exported = export_command(PGD_RUN, foreign)
+    expected = f"error: {foreign} exists (its metadata does not say which model it holds); {OVERWRITE_REMEDY}\n"
+    assert (exported.returncode, exported.stderr) == (2, expected)
+    with open(damaged, "rb") as f:
+        assert f.read() == before  # refused, not replaced
+    assert sorted(os.listdir(tmp_path)) == ["damaged.safetensors", "foreign.safetensors"]

@@ -4,8 +4,10 @@ logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported 
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
 the key. (tests/test_models.py checks the parameter counts against the references'.)"""
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,9 +18,11 @@ from conftest import REPO
 from helpers import cut_short, run_module, torch_logits, trained_looking
 from safetensors import safe_open
 
+from patjax import api
 from patjax.compute import data, models
+from patjax.core import files
 from patjax.core.errors import UserError
-from patjax.run import checkpoints, torch_weights
+from patjax.run import checkpoints, eval_files, torch_weights
 from patjax.run import workdir as workdir_lib
 
 CIFAR10 = models.DATASET_STATS["cifar10"]
@@ -311,3 +315,73 @@ def test_a_damaged_or_foreign_weights_file_is_one_line_wherever_it_is_read(tmp_p
     with open(damaged, "rb") as f:
         assert f.read() == before  # refused, not replaced
     assert sorted(os.listdir(tmp_path)) == ["damaged.safetensors", "foreign.safetensors"]
+
+
+def test_results_name_the_file_by_name_and_sha256_so_the_same_file_anywhere_is_the_same_evaluation(
+    tmp_path, monkeypatch, data_dir
+):
+    """results.json records the evaluated file portably (its name and sha256, no path of this
+    machine); an evaluation of the same bytes from another folder or under another name may
+    replace it, one of other weights under the same name is refused unless --overwrite. The
+    file's metadata is read once (`torch_weights.network`), then its arrays."""
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+    model = models.create_model("small_cnn", "cifar10", 10, normalize=models.NO_NORMALIZATION)
+    for folder, seed in (("a", 0), ("c", 1)):
+        params, batch_stats = models.init_variables(model, jax.random.PRNGKey(seed))
+        torch_weights.export(str(tmp_path / folder / "net.safetensors"), "small_cnn", params, batch_stats, CIFAR10)
+    first, other = str(tmp_path / "a" / "net.safetensors"), str(tmp_path / "c" / "net.safetensors")
+    shutil.copy(first, tmp_path / "b" / "net.safetensors")
+    shutil.copy(first, tmp_path / "b" / "renamed.safetensors")
+    digest = {f: hashlib.sha256(open(f, "rb").read()).hexdigest() for f in (first, other)}
+    assert digest[first] != digest[other]
+    out = str(tmp_path / "out")
+    reads = []
+    reader = files.read_safetensors
+    monkeypatch.setattr(
+        files, "read_safetensors", lambda path, arrays=True: reads.append(arrays) or reader(path, arrays)
+    )
+
+    def evaluate(path, overwrite=False):
+        return api.evaluate_torch_checkpoint(
+            path, None, None, None, out, evaluators=["clean"], num_examples=4, batch_size=4, overwrite=overwrite
+        )
+
+    evaluate(first)
+    assert reads == [False, True]  # the header for the network, then the arrays
+    results_file = eval_files.results_path(out)
+    with open(results_file) as f:
+        text = f.read()
+    assert json.loads(text)["model"] == {
+        "torch_checkpoint": "net.safetensors",
+        "sha256": digest[first],
+        "model": "small_cnn",
+        "width": None,
+        "normalize": "the file's mu and sigma",
+    }
+    assert str(tmp_path) not in text
+    for same in (tmp_path / "b" / "net.safetensors", tmp_path / "b" / "renamed.safetensors"):
+        assert evaluate(str(same))["model"]["sha256"] == digest[first]
+    with open(results_file, "rb") as f:
+        kept = f.read()
+    refused = run_module(
+        "patjax.evaluate", f"--torch_checkpoint={other}", f"--out_dir={out}", "--evaluators=clean", "--num_examples=4"
+    )
+    expected = (
+        f"error: {results_file} holds an evaluation made otherwise (model.sha256 {digest[first]!r} there, "
+        f"{digest[other]!r} now), which this one would replace: move {eval_files.eval_dir(out)} aside to keep "
+        "it, or pass --overwrite to replace it\n"
+    )
+    assert (refused.returncode, refused.stderr) == (2, expected)
+    with open(results_file, "rb") as f:
+        assert f.read() == kept
+    assert evaluate(other, overwrite=True)["model"]["sha256"] == digest[other]
+
+
+def test_a_previous_record_without_a_sha256_is_another_evaluation():
+    """results.json written with a path and no sha256 cannot show it holds the same file."""
+    previous = {"model": {"torch_checkpoint": "/elsewhere/net.safetensors", "model": "small_cnn"}, "settings": {}}
+    record = {"model": {"torch_checkpoint": "net.safetensors", "sha256": "ab", "model": "small_cnn"}}
+    assert eval_files.recorded_differences(previous, record) == ["model.sha256 None there, 'ab' now"]
+    assert eval_files.recorded_differences({"model": {**record["model"], "torch_checkpoint": "x.pt"}}, record) == []
+    assert eval_files.recorded_differences({}, {"robustbench": "A"}) == ["robustbench None there, 'A' now"]

@@ -1,11 +1,12 @@
 """Files that a reader (a person, another worker, a later command) sees whole or not at all:
 atomic writes, strict JSON (NaN and inf as null), JSON and safetensors reads whose damage is one
-line."""
+line, and a file's content hash."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -122,6 +123,15 @@ def read_safetensors(path: str, arrays: bool = True) -> tuple[dict[str, str], di
     except (SafetensorError, OSError, ValueError, TypeError) as error:  # TypeError: bfloat16 in numpy
         raise UserError(f"{path} is not a readable safetensors file ({one_line(error)[:160]})") from None
     return metadata, tensors
+
+
+def sha256(path: str) -> str:
+    """The hex sha256 of a file's bytes: what it holds, wherever it lies and whatever its name."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json(path: str, obj) -> Any:

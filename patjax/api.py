@@ -22,7 +22,6 @@ arrays of per_image.npz under "per_image".
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Mapping
 from typing import Any, Callable, Union
 
@@ -34,7 +33,7 @@ from patjax.compute import data, models
 from patjax.core import sharding
 from patjax.core.errors import UserError, one_line
 from patjax.run import config as config_lib
-from patjax.run import evaluation, torch_weights, zoo
+from patjax.run import eval_files, evaluation, torch_weights, zoo
 from patjax.run import state as state_lib
 
 Model = Union[Callable[[Any], Any], tuple]
@@ -194,21 +193,23 @@ def evaluate_torch_checkpoint(
     width=None,
     overwrite: bool = True,
 ) -> dict:
-    """A PyTorch state_dict file (`torch_weights.load_model`) evaluated as a run is, under the
+    """A PyTorch state_dict file (`torch_weights.load_arrays`) evaluated as a run is, under the
     default config's eval settings with `overrides`; results in out_dir/eval/. model_name, dataset
     and width may be None where the file's metadata names them (`torch_weights.network`). The
-    results record the file, the network and its input normalization under "model".
-    overwrite=False refuses to replace an evaluation of out_dir made otherwise."""
+    results record the file (`eval_files.checkpoint_record`), the network and its input
+    normalization under "model". overwrite=False refuses to replace an evaluation of out_dir made
+    otherwise, of another file (sha256) included."""
     model_name, dataset, width = torch_weights.network(path, model_name, dataset, width)
     # Every setting is checked before the weights are read.
     settings = config_lib.default_evaluation_settings(
         dataset, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
-    model_fns, state = torch_weights.load_model(path, model_name, dataset, normalize, width=width)
+    tensors = torch_weights.read_state_dict(path)
+    model_fns, state = torch_weights.load_arrays(tensors, model_name, dataset, normalize, width, source=path)
     normalization = normalize if normalize is not None else "the file's mu and sigma"
     record = {
         "model": {
-            "torch_checkpoint": os.path.abspath(path),
+            **eval_files.checkpoint_record(path),
             "model": model_name,
             "width": width,
             "normalize": normalization,
@@ -233,7 +234,7 @@ def evaluate_robustbench(
         "model": {
             "robustbench": name,
             "threat_model": zoo.THREAT_MODEL,
-            "torch_checkpoint": os.path.abspath(path),
+            **eval_files.checkpoint_record(path),
             "model": zoo_entry.model,
             "normalize": zoo_entry.normalize or "none",
         }

@@ -1,7 +1,15 @@
-"""Tiny models for tests, with closed-form gradients; PyTorch networks made to look trained."""
+"""Tiny models for tests, with closed-form gradients; PyTorch networks made to look trained;
+weights files cut short; a command line run as a user runs it."""
+
+import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import numpy as np
+import pytest
+from conftest import REPO
+from safetensors import SafetensorError, safe_open
 
 
 class Linear(nn.Module):
@@ -46,3 +54,20 @@ def trained_looking(torch, net, seed):
 def torch_logits(torch, net, x):
     with torch.no_grad():
         return net(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).numpy()
+
+
+def cut_short(path) -> str:
+    """Truncates the .safetensors file `path` to half its bytes (a copy interrupted); returns the
+    reason the safetensors library itself gives for refusing it."""
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(SafetensorError) as error:
+        safe_open(path, framework="numpy")
+    return str(error.value)
+
+
+def run_module(module, *flags, timeout=300):
+    """`python -m module flags...` from the repository root, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *flags], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )

@@ -9,6 +9,8 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
+from helpers import cut_short, run_module
+from safetensors.numpy import save_file
 
 from patjax.core.errors import UserError
 from patjax.run import checkpoints, kept_models
@@ -56,11 +58,10 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
     # A file cut short (a copy interrupted) and a file of the wrong step: one line each.
     with open(path, "rb") as f:
         whole = f.read()
-    with open(path, "wb") as f:
-        f.write(whole[: len(whole) // 2])
-    with pytest.raises(UserError, match="not a readable model file") as error:
+    reason = cut_short(path)
+    with pytest.raises(UserError) as error:
         kept_models.load(workdir, 800, state.params, state.batch_stats)
-    assert "\n" not in str(error.value)
+    assert str(error.value) == f"{path} is not a readable safetensors file ({reason})"
     os.rename(path, kept_models.path(workdir, 700))
     with open(kept_models.path(workdir, 700), "wb") as f:
         f.write(whole)
@@ -82,19 +83,21 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(UserError, match="no model of step 4"):
         workdir_lib.restore(workdir, step=4)
-    # The command line: a damaged kept model ends the evaluation in one line, not a traceback.
-    with open(kept_models.path(workdir, 5), "r+b") as f:
-        f.truncate(100)
-    out = subprocess.run(
-        [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean", "--num_examples=8"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "Traceback" not in out.stderr
-    assert "step_000005.safetensors is not a readable model file" in out.stderr
+    # The command lines that restore it: a damaged kept model ends them in the same one line
+    # (the one every reader of a weights file gives, tests/test_torch_weights.py), not a traceback.
+    file = kept_models.path(workdir, 5)
+    reason = cut_short(file)
+    expected = f"error: {file} is not a readable safetensors file ({reason})\n"
+    evaluated = run_module("patjax.evaluate", f"--workdir={workdir}", "--evaluators=clean", "--num_examples=8")
+    exported = run_module("patjax.export", f"--workdir={workdir}", f"--out={tmp_path / 'out.safetensors'}")
+    for out in (evaluated, exported):
+        assert (out.returncode, out.stderr) == (2, expected)
+    # A foreign file under a kept model's name (no patjax metadata): one line naming what it holds.
+    save_file({"w": np.zeros(3, np.float32)}, file, metadata={"format": "pt"})
+    exported = run_module("patjax.export", f"--workdir={workdir}", f"--out={tmp_path / 'out.safetensors'}")
+    expected = f"error: {file} is not a patjax model of step 5 (metadata {{'format': 'pt'}})\n"
+    assert (exported.returncode, exported.stderr) == (2, expected)
+    assert not os.path.exists(tmp_path / "out.safetensors")
 
 
 def test_a_damaged_config_json_is_one_line_on_evaluate(tmp_path):

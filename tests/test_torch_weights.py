@@ -4,8 +4,10 @@ logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported 
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
 the key. (tests/test_models.py checks the parameter counts against the references'.)"""
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,12 +15,14 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
-from helpers import torch_logits, trained_looking
+from helpers import cut_short, run_module, torch_logits, trained_looking
 from safetensors import safe_open
 
+from patjax import api
 from patjax.compute import data, models
+from patjax.core import files
 from patjax.core.errors import UserError
-from patjax.run import checkpoints, torch_weights
+from patjax.run import checkpoints, eval_files, torch_weights
 from patjax.run import workdir as workdir_lib
 
 CIFAR10 = models.DATASET_STATS["cifar10"]
@@ -225,13 +229,7 @@ def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
 
 
 def export_command(workdir, out, *flags):
-    return subprocess.run(
-        [sys.executable, "-m", "patjax.export", f"--workdir={workdir}", f"--out={out}", *flags],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    return run_module("patjax.export", f"--workdir={workdir}", f"--out={out}", *flags)
 
 
 def test_export_replaces_a_file_only_with_overwrite_and_names_the_model_it_holds(tmp_path):
@@ -283,3 +281,107 @@ def test_an_exported_file_records_the_run_portably_and_no_local_path(tmp_path):
         "method": "pgd",
         "seed": "0",
     }
+
+
+PGD_RUN = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0")
+OVERWRITE_REMEDY = "pass --overwrite to replace it, or choose another --out"
+
+
+def test_a_damaged_or_foreign_weights_file_is_one_line_wherever_it_is_read(tmp_path):
+    """One reader of a .safetensors file (`files.read_safetensors`): a file cut short gives the
+    same line through the library, `evaluate --torch_checkpoint` and `export --out` (kept models:
+    tests/test_kept_models.py), and a file without patjax metadata says so."""
+    params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
+    damaged = str(tmp_path / "damaged.safetensors")
+    torch_weights.export(damaged, "small_cnn", params, batch_stats, CIFAR10)
+    reason = cut_short(damaged)
+    with open(damaged, "rb") as f:
+        before = f.read()
+    line = f"{damaged} is not a readable safetensors file ({reason})"
+    for read in (torch_weights.read_state_dict, torch_weights.read_metadata, torch_weights.network):
+        with pytest.raises(UserError) as error:
+            read(damaged)
+        assert str(error.value) == line, read
+    evaluated = run_module("patjax.evaluate", f"--torch_checkpoint={damaged}", "--evaluators=clean")
+    assert (evaluated.returncode, evaluated.stderr) == (2, f"error: {line}\n")
+    exported = export_command(PGD_RUN, damaged)
+    assert (exported.returncode, exported.stderr) == (2, f"error: {line}; {OVERWRITE_REMEDY}\n")
+    # A file another tool wrote, whose metadata does not name a patjax network.
+    foreign = str(tmp_path / "foreign.safetensors")
+    torch_weights.write_state_dict(foreign, torch_weights.to_state_dict("small_cnn", params, batch_stats))
+    exported = export_command(PGD_RUN, foreign)
+    expected = f"error: {foreign} exists (its metadata does not say which model it holds); {OVERWRITE_REMEDY}\n"
+    assert (exported.returncode, exported.stderr) == (2, expected)
+    with open(damaged, "rb") as f:
+        assert f.read() == before  # refused, not replaced
+    assert sorted(os.listdir(tmp_path)) == ["damaged.safetensors", "foreign.safetensors"]
+
+
+def test_results_name_the_file_by_name_and_sha256_so_the_same_file_anywhere_is_the_same_evaluation(
+    tmp_path, monkeypatch, data_dir
+):
+    """results.json records the evaluated file portably (its name and sha256, no path of this
+    machine); an evaluation of the same bytes from another folder or under another name may
+    replace it, one of other weights under the same name is refused unless --overwrite. The
+    file's metadata is read once (`torch_weights.network`), then its arrays."""
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+    model = models.create_model("small_cnn", "cifar10", 10, normalize=models.NO_NORMALIZATION)
+    for folder, seed in (("a", 0), ("c", 1)):
+        params, batch_stats = models.init_variables(model, jax.random.PRNGKey(seed))
+        torch_weights.export(str(tmp_path / folder / "net.safetensors"), "small_cnn", params, batch_stats, CIFAR10)
+    first, other = str(tmp_path / "a" / "net.safetensors"), str(tmp_path / "c" / "net.safetensors")
+    shutil.copy(first, tmp_path / "b" / "net.safetensors")
+    shutil.copy(first, tmp_path / "b" / "renamed.safetensors")
+    digest = {f: hashlib.sha256(open(f, "rb").read()).hexdigest() for f in (first, other)}
+    assert digest[first] != digest[other]
+    out = str(tmp_path / "out")
+    reads = []
+    reader = files.read_safetensors
+    monkeypatch.setattr(
+        files, "read_safetensors", lambda path, arrays=True: reads.append(arrays) or reader(path, arrays)
+    )
+
+    def evaluate(path, overwrite=False):
+        return api.evaluate_torch_checkpoint(
+            path, None, None, None, out, evaluators=["clean"], num_examples=4, batch_size=4, overwrite=overwrite
+        )
+
+    evaluate(first)
+    assert reads == [False, True]  # the header for the network, then the arrays
+    results_file = eval_files.results_path(out)
+    with open(results_file) as f:
+        text = f.read()
+    assert json.loads(text)["model"] == {
+        "torch_checkpoint": "net.safetensors",
+        "sha256": digest[first],
+        "model": "small_cnn",
+        "width": None,
+        "normalize": "the file's mu and sigma",
+    }
+    assert str(tmp_path) not in text
+    for same in (tmp_path / "b" / "net.safetensors", tmp_path / "b" / "renamed.safetensors"):
+        assert evaluate(str(same))["model"]["sha256"] == digest[first]
+    with open(results_file, "rb") as f:
+        kept = f.read()
+    refused = run_module(
+        "patjax.evaluate", f"--torch_checkpoint={other}", f"--out_dir={out}", "--evaluators=clean", "--num_examples=4"
+    )
+    expected = (
+        f"error: {results_file} holds an evaluation made otherwise (model.sha256 {digest[first]!r} there, "
+        f"{digest[other]!r} now), which this one would replace: move {eval_files.eval_dir(out)} aside to keep "
+        "it, or pass --overwrite to replace it\n"
+    )
+    assert (refused.returncode, refused.stderr) == (2, expected)
+    with open(results_file, "rb") as f:
+        assert f.read() == kept
+    assert evaluate(other, overwrite=True)["model"]["sha256"] == digest[other]
+
+
+def test_a_previous_record_without_a_sha256_is_another_evaluation():
+    """results.json written with a path and no sha256 cannot show it holds the same file."""
+    previous = {"model": {"torch_checkpoint": "/elsewhere/net.safetensors", "model": "small_cnn"}, "settings": {}}
+    record = {"model": {"torch_checkpoint": "net.safetensors", "sha256": "ab", "model": "small_cnn"}}
+    assert eval_files.recorded_differences(previous, record) == ["model.sha256 None there, 'ab' now"]
+    assert eval_files.recorded_differences({"model": {**record["model"], "torch_checkpoint": "x.pt"}}, record) == []
+    assert eval_files.recorded_differences({}, {"robustbench": "A"}) == ["robustbench None there, 'A' now"]

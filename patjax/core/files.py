@@ -1,16 +1,19 @@
 """Files that a reader (a person, another worker, a later command) sees whole or not at all:
-atomic writes, strict JSON (NaN and inf as null), and JSON reads whose damage is one line."""
+atomic writes, strict JSON (NaN and inf as null), JSON and safetensors reads whose damage is one
+line, and a file's content hash."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import tempfile
 from typing import Any, Callable, Optional
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from patjax.core.errors import UserError, one_line
 
@@ -107,6 +110,28 @@ def read_json(path: str, remedy: str) -> Optional[dict]:
     if not isinstance(obj, dict):
         raise UserError(f"{path} is damaged (not a JSON object); {remedy}")
     return obj
+
+
+def read_safetensors(path: str, arrays: bool = True) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """(metadata, arrays) of a .safetensors file; arrays=False reads its header alone (arrays {}).
+    A file that is damaged (truncated, not safetensors, a dtype numpy lacks) or cannot be read is
+    one line naming it, the same wherever patjax reads such a file."""
+    try:
+        with safe_open(path, framework="numpy") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if arrays else {}
+    except (SafetensorError, OSError, ValueError, TypeError) as error:  # TypeError: bfloat16 in numpy
+        raise UserError(f"{path} is not a readable safetensors file ({one_line(error)[:160]})") from None
+    return metadata, tensors
+
+
+def sha256(path: str) -> str:
+    """The hex sha256 of a file's bytes: what it holds, wherever it lies and whatever its name."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json(path: str, obj) -> Any:

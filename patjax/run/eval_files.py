@@ -11,7 +11,7 @@ import numpy as np
 
 from patjax.compute import robustness
 from patjax.core.errors import UserError
-from patjax.core.files import atomic, read_json, write_json
+from patjax.core.files import atomic, read_json, sha256, write_json
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
@@ -82,6 +82,18 @@ INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr_chunk_size", "device
 EXTENSIBLE_FIELDS = ("evaluators", "pr_distributions")
 
 
+# An evaluated weights file as results.json records it: its name, to show, and its sha256, which
+# alone says which weights were evaluated. The same file moved, copied or renamed is the same
+# evaluation, and another file under the same name is not (`check_replaceable`).
+CHECKPOINT_NAME = "torch_checkpoint"
+
+
+def checkpoint_record(path: str) -> dict:
+    """What identifies the weights file `path` portably: its file name and its sha256 (no path of
+    this machine), for the "model" entry of results.json."""
+    return {CHECKPOINT_NAME: os.path.basename(path), "sha256": sha256(path)}
+
+
 def _listed(values) -> str:
     return ",".join(map(str, values)) or "none"
 
@@ -104,6 +116,25 @@ def lost_settings(previous: dict, planned: dict) -> list[str]:
     return differing
 
 
+def recorded_differences(previous: dict, record: dict) -> list[str]:
+    """How `record`'s entries (e.g. the evaluated file and network) depart from `previous` (a
+    results.json), entry by entry within a dict; a file's name is not compared, its sha256 is
+    (`checkpoint_record`)."""
+    differing = []
+    for key, new in record.items():
+        old = previous.get(key)
+        if isinstance(new, dict) and isinstance(old, dict):
+            fields = [*new, *(k for k in old if k not in new)]
+            differing += [
+                f"{key}.{k} {old.get(k)!r} there, {new.get(k)!r} now"
+                for k in fields
+                if k != CHECKPOINT_NAME and old.get(k) != new.get(k)
+            ]
+        elif old != new:
+            differing.append(f"{key} {old!r} there, {new!r} now")
+    return differing
+
+
 def check_replaceable(directory: str, planned: dict, record: Optional[dict] = None, step: Optional[int] = None) -> None:
     """Raises UserError if eval/ (curve/step_N/ with a step) holds an evaluation that one with
     `planned` settings (and `record`'s entries, e.g. the evaluated file) would replace with other
@@ -113,9 +144,7 @@ def check_replaceable(directory: str, planned: dict, record: Optional[dict] = No
     if previous is None:
         return
     differing = lost_settings(previous.get("settings", {}), planned)
-    differing += [
-        f"{k} {previous.get(k)!r} there, {v!r} now" for k, v in (record or {}).items() if previous.get(k) != v
-    ]
+    differing += recorded_differences(previous, record or {})
     if differing:
         raise UserError(
             f"{results_path(directory, step)} holds an evaluation made otherwise ({'; '.join(differing)}), which "

@@ -16,11 +16,10 @@ from typing import Any, Optional
 
 import numpy as np
 from flax import traverse_util
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from patjax.core import files
-from patjax.core.errors import UserError, one_line
+from patjax.core.errors import UserError
 
 MODELS_DIR = "models"
 FORMAT = "patjax-model-1"  # the metadata's format tag; a file without it is not one of ours
@@ -59,12 +58,7 @@ def load(workdir: str, step: int, abstract_params: Any, abstract_batch_stats: An
     else a one-line UserError naming the file (a damaged, truncated or foreign file never
     evaluates as if it were the run's model)."""
     file = path(workdir, step)
-    try:
-        with safe_open(file, framework="numpy") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise UserError(f"{file} is not a readable model file ({one_line(error)[:160]})") from None
+    metadata, tensors = files.read_safetensors(file)
     if metadata.get("format") != FORMAT or metadata.get("step") != str(int(step)):
         raise UserError(f"{file} is not a patjax model of step {step} (metadata {metadata})")
     out = []

@@ -27,8 +27,7 @@ from typing import Optional
 import jax
 import numpy as np
 from flax import traverse_util
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from patjax.compute import data, models
 from patjax.core import files
@@ -181,18 +180,20 @@ def _check_suffix(path: str, allowed) -> str:
     return suffix
 
 
-def read_state_dict(path: str, containers=CONTAINERS) -> dict[str, np.ndarray]:
-    """The arrays of a state_dict file: .safetensors with numpy alone; .pt/.pth with
-    torch.load(weights_only=True) (tensors and containers only, no code), also a checkpoint
-    dict that holds the state_dict under one of `containers`, looked into in turn."""
+def _existing(path: str) -> str:
+    """The suffix of a state_dict file to read, which must exist."""
     suffix = _check_suffix(path, (SAFETENSORS, *PICKLED))
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
-    if suffix == SAFETENSORS:
-        try:
-            return load_file(path)
-        except (SafetensorError, OSError, ValueError, TypeError) as error:  # TypeError: bfloat16 in numpy
-            raise UserError(f"{path} is not a readable safetensors file ({one_line(error)[:160]})") from None
+    return suffix
+
+
+def read_state_dict(path: str, containers=CONTAINERS) -> dict[str, np.ndarray]:
+    """The arrays of a state_dict file: .safetensors with numpy alone (`files.read_safetensors`);
+    .pt/.pth with torch.load(weights_only=True) (tensors and containers only, no code), also a
+    checkpoint dict that holds the state_dict under one of `containers`, looked into in turn."""
+    if _existing(path) == SAFETENSORS:
+        return files.read_safetensors(path)[1]
     try:
         import torch  # here, not at the top: torch is optional (the [bench] extra), needed for .pt files only
     except ImportError:
@@ -211,14 +212,11 @@ def read_state_dict(path: str, containers=CONTAINERS) -> dict[str, np.ndarray]:
 
 def _held_model(path: str) -> str:
     """Which model the weights file `path` holds, from its metadata (`export` writes the network,
-    dataset and step into a .safetensors file), or that it does not say."""
+    dataset and step into a .safetensors file), or that it does not say. A damaged .safetensors
+    file is `files.read_safetensors`' UserError."""
     if os.path.splitext(path)[1].lower() != SAFETENSORS:
         return "a .pt file, which does not record which model it holds"
-    try:
-        with safe_open(path, framework="numpy") as f:
-            metadata = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError):
-        return "not a readable safetensors file"
+    metadata, _ = files.read_safetensors(path, arrays=False)
     if "model" not in metadata:
         return "its metadata does not say which model it holds"
     # The model first, then by name: safetensors keeps the metadata unordered.
@@ -229,8 +227,14 @@ def _held_model(path: str) -> str:
 def check_can_write(path: str, overwrite: bool) -> None:
     """Refuses, in one line naming the model it holds, to replace an existing file unless
     `overwrite`: a file of weights may be another run's model."""
-    if not overwrite and os.path.lexists(path):
-        raise UserError(f"{path} exists ({_held_model(path)}); pass --overwrite to replace it, or choose another --out")
+    if overwrite or not os.path.lexists(path):
+        return
+    remedy = "pass --overwrite to replace it, or choose another --out"
+    try:
+        held = _held_model(path)
+    except UserError as error:  # a damaged file: the reader's line, which says the file is there
+        raise UserError(f"{error}; {remedy}") from None
+    raise UserError(f"{path} exists ({held}); {remedy}")
 
 
 def write_state_dict(
@@ -297,23 +301,20 @@ def matching_normalization(found, normalize, dataset: str, source: str):
 
 def read_metadata(path: str) -> dict[str, str]:
     """The metadata a .safetensors file holds (`export` writes the network, its width and dataset
-    there); {} for a .pt/.pth file, which has none."""
-    if _check_suffix(path, (SAFETENSORS, *PICKLED)) != SAFETENSORS:
+    there, `files.read_safetensors`); {} for a .pt/.pth file, which has none."""
+    if _existing(path) != SAFETENSORS:
         return {}
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: no such file")
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return dict(f.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as error:
-        raise UserError(f"{path} is not a readable safetensors file ({one_line(error)[:160]})") from None
+    return files.read_safetensors(path, arrays=False)[0]
 
 
 def network(path: str, model_name: Optional[str] = None, dataset: Optional[str] = None, width: Optional[int] = None):
     """(model_name, dataset, width) of the network a state_dict file holds: each one given, else
     the file's metadata (`read_metadata`), else (for dataset and width) the default; a given one
     that the metadata contradicts is a one-line UserError, since loading the weights of one network
-    into another either fails or, worse, fits with another meaning."""
+    into another either fails or, worse, fits with another meaning. A given model is checked
+    before the file is read."""
+    if model_name is not None:
+        models.check_model(model_name)
     meta = read_metadata(path)  # only names patjax knows are read as its own (other tools write metadata too)
     recorded = {
         "model": meta.get("model") if meta.get("model") in models.MODELS else None,
@@ -342,8 +343,6 @@ def load_model(
     model_name, dataset, width: see `network` (None: the file's metadata). normalize: see
     `matching_normalization`. width: the stem width of the networks in `models.TAKES_WIDTH`
     (default 64, the paper's and the references')."""
-    if model_name is not None:
-        models.check_model(model_name)
     model_name, dataset, width = network(path, model_name, dataset, width)
     return load_arrays(read_state_dict(path), model_name, dataset, normalize, width, source=path)
 

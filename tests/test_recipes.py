@@ -25,7 +25,7 @@ from patjax.core.errors import UserError
 from patjax.evaluators import common
 from patjax.reporting import report
 from patjax.run import config as config_lib
-from patjax.run import evaluation, torch_weights
+from patjax.run import evaluation, torch_weights, train
 
 # ---------------------------------------------------------------------------------------
 # A model: a module with (num_classes, mean, std, dtype) that normalizes its input first, and
@@ -130,6 +130,18 @@ def test_an_inner_attack_needs_its_reference_bn_mode():
     with pytest.raises(ValueError, match="REFERENCE_ATTACK_BN_MODE"):
         fns.attack_logits_fn({}, {}, "auto")
     assert config_lib.method_settings(tiny_config(method="pgd")).attack_bn_mode == "train"
+
+
+def test_a_new_sampler_method_in_langevin_methods_gets_the_multi_process_refusal(monkeypatch):
+    """Listed in LANGEVIN_METHODS, a new method that runs Algorithm 1 with batch statistics is
+    refused on several CPU processes, as pat is (docs/multiprocess.md); unlisted, it is not."""
+    monkeypatch.setitem(methods.METHODS, "pat_copy", methods.pat)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    settings = config_lib.train_settings(tiny_config(method="pat_copy", **{"langevin.bn_mode": "train"})).method
+    train.check_collectives_pair_across_processes(settings)
+    monkeypatch.setattr(methods, "LANGEVIN_METHODS", (*methods.LANGEVIN_METHODS, "pat_copy"))
+    with pytest.raises(UserError, match="pat_copy's sampler runs BatchNorm on batch statistics"):
+        train.check_collectives_pair_across_processes(settings)
 
 
 # ---------------------------------------------------------------------------------------

@@ -235,8 +235,9 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     assert abs(float(weighted) - float(loss_plain)) > 1e-4
 
 
-def test_registry_holds_exactly_the_twelve_methods_of_tables_1_and_2():
-    assert set(methods.METHODS) == {
+def test_the_registry_holds_the_twelve_methods_of_tables_1_and_2_in_the_papers_order():
+    assert set(methods.METHOD_ORDER) <= set(methods.METHODS)
+    assert set(methods.METHOD_ORDER) == {
         "clean",
         "fgsm",
         "pgd",
@@ -250,8 +251,10 @@ def test_registry_holds_exactly_the_twelve_methods_of_tables_1_and_2():
         "pgd_cor",
         "fgsm_cor",
     }
-    with_attack = set(methods.METHODS) - {"clean", "pat", "pat_wos"}
-    assert set(methods.REFERENCE_ATTACK_BN_MODE) == with_attack
+    assert set(methods.LANGEVIN_METHODS) == {"pat", "pat_wos"}
+    with_attack = set(methods.METHOD_ORDER) - {"clean", "pat", "pat_wos"}
+    assert set(methods.REFERENCE_ATTACK_BN_MODE) & set(methods.METHOD_ORDER) == with_attack
+    assert set(methods.REFERENCE_ATTACK_BN_MODE) <= set(methods.METHODS)
 
 
 @pytest.mark.parametrize(

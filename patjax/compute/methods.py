@@ -161,6 +161,11 @@ def pat_wos(params, model, batch_stats, x, y, key, s):
     return _langevin_update(params, model, batch_stats, x, y, key, s, 0.0)
 
 
+# The methods whose inner maximization is Algorithm 1's sampler (BatchNorm there:
+# `langevin_bn_mode`); those with an inner attack are the keys of `REFERENCE_ATTACK_BN_MODE`.
+LANGEVIN_METHODS = ("pat", "pat_wos")
+
+
 # ---------------------------------------------------------------------------------------
 # Baselines (docs/baselines.md). Shared settings: s.attack_*; per method: s.fgsm_*, s.trades_*,
 # s.mart_*, s.alp_weight, s.clp_weight, s.atpr.

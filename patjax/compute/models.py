@@ -84,6 +84,11 @@ class ModelFns:
         """x -> logits for attacks, the sampler and evaluation: detached parameters (they
         differentiate with respect to the input only), no statistics update; bn_mode one of
         `BN_MODES` ('train': batch statistics, running averages discarded)."""
+        if bn_mode not in BN_MODES:  # 'auto' is resolved per method (methods.REFERENCE_ATTACK_BN_MODE)
+            raise ValueError(
+                f"bn_mode must be one of {BN_MODES}, got {bn_mode!r}; a method with an inner attack "
+                f"resolves attack.bn_mode='auto' through its entry in methods.REFERENCE_ATTACK_BN_MODE"
+            )
         params = jax.lax.stop_gradient(params)
         batch_stats = jax.lax.stop_gradient(batch_stats)
         return {

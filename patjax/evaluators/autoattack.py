@@ -38,9 +38,9 @@ from patjax.evaluators import common
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order
 SQUARE_GAIN_TOLERANCE = 0.002  # checks.py: check_square_sr's alpha
 LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square"}
-# Keys: attack_key's streams 1-4 belong to pgd20, cw20, apgd_ce, apgd_dlr; AutoAttack's own are
-# fold_in(PRNGKey(seed), STREAM_BASE + k), independent of those.
-STREAM_BASE = 100
+# Keys: AutoAttack's own are fold_in(PRNGKey(seed), STREAM_BASE + k), past every stream of
+# `common.attack_key` (the other attack evaluators'), so independent of those.
+STREAM_BASE = common.MAX_STREAM + 1
 
 
 def _key(seed: int, stream: int):

@@ -169,10 +169,23 @@ def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable,
     return Evaluator(name, passes, make_batch_fn, figures, worst_case=True, label=label)
 
 
+# attack_key's streams: 1-4 are pgd20, cw20, apgd_ce, apgd_dlr; a new attack evaluator takes the
+# next free one below AutoAttack's own keys (`autoattack.STREAM_BASE`).
+SPLIT_STREAMS = 4
+MAX_STREAM = 99
+
+
 def attack_key(seed: int, stream: int):
-    """The random-start key of an attack: independent streams jax.random.split(PRNGKey(seed), 5)[1:]
-    (PR keys its noise by PRNGKey(seed) itself)."""
-    return jax.random.split(jax.random.PRNGKey(seed), 5)[stream]
+    """The random-start key of an attack, one independent stream each: streams 1-4 are
+    jax.random.split(PRNGKey(seed), 5)[1:], the later ones fold_in(PRNGKey(seed), stream) (PR keys
+    its noise by PRNGKey(seed) itself). A stream outside 1..MAX_STREAM is a ValueError, since
+    indexing past the split would silently hand out another attack's key."""
+    if not 1 <= stream <= MAX_STREAM:
+        raise ValueError(f"an attack's key stream must lie in 1..{MAX_STREAM}, got {stream}")
+    root = jax.random.PRNGKey(seed)
+    if stream <= SPLIT_STREAMS:
+        return jax.random.split(root, SPLIT_STREAMS + 1)[stream]
+    return jax.random.fold_in(root, stream)
 
 
 def per_example(attack, key, indices, x, y):

@@ -145,6 +145,7 @@ def comparison(names, results_list) -> str:
         ),
         note,
     ]
+    tables += other_figures(names, results_list)
     for name, r in zip(names, results_list):  # AutoAttack: each attack's share, the masking checks
         aa = r.get("figures", {}).get("aa")
         if aa:
@@ -155,6 +156,38 @@ def comparison(names, results_list) -> str:
                 f"{pct(aa.get('clean_accuracy'), 2)}, robust % after {after}; signs of gradient masking: {signs}"
             )
     return "\n".join(tables)
+
+
+# The figures `comparison` lays out in its own tables (PR and AutoAttack by their own layout).
+LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa")
+
+
+def plain(fig) -> str:
+    """'value [low, high]' as the numbers are (a figure that need not be a proportion)."""
+    if not fig or fig.get("value") is None:
+        return "-"
+    lo, hi = fig["interval"]
+    return f"{fig['value']:.4g} [{lo:.4g}, {hi:.4g}]"
+
+
+def other_figures(names, results_list) -> list:
+    """Lines for the figures no table of `comparison` lays out (an evaluator's that the layout
+    does not know): one row per run, the value and interval as they are, or where results.json
+    holds a figure that is not one value with its interval."""
+    known = set(LAID_OUT) | set(evaluators.WORST_CASE)
+    other = []
+    for r in results_list:
+        other += [k for k in r.get("figures", {}) if k not in known and k not in other]
+    cells = [k for k in other if all(_is_cell(r.get("figures", {}).get(k)) for r in results_list)]
+    lines = []
+    if cells:
+        rows = [[name] + [plain(r.get("figures", {}).get(k)) for k in cells] for name, r in zip(names, results_list)]
+        lines += ["", text_table(["run"] + cells, rows)]
+    return lines + [f"{k}: see figures.{k} in results.json" for k in other if k not in cells]
+
+
+def _is_cell(fig) -> bool:
+    return fig is None or (isinstance(fig, dict) and "value" in fig and "interval" in fig)
 
 
 ESTIMAND_WORDS = {

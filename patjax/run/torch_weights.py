@@ -88,6 +88,8 @@ def _mirrored_module(path: tuple) -> str:
     return ".".join(part.replace("_", ".") for part in path)
 
 
+# The networks with a PyTorch twin in patjax_torch/models.py (tests/test_torch_weights.py checks
+# that the two lists agree), each with its Flax path -> PyTorch module name map.
 MODULE_NAMES = {
     "small_cnn": _small_cnn_module,
     "resnet18": _resnet_module("linear", "shortcut", (2, 2, 2, 2)),
@@ -98,11 +100,17 @@ MODULE_NAMES = {
     "wrn34_10": _mirrored_module,
     "wrn34_20": _mirrored_module,
 }
-assert set(MODULE_NAMES) == set(models.MODELS), "every network needs its PyTorch names"
 
 
 def _leaves(model_name: str, abstract_params, abstract_batch_stats):
-    """[(torch key, collection, flax path, flax shape, to torch layout)] in the network's order."""
+    """[(torch key, collection, flax path, flax shape, to torch layout)] in the network's order;
+    a network of `models.MODELS` without an entry in `MODULE_NAMES` (no PyTorch twin) trains and
+    evaluates, and only reading or writing its state_dict is a one-line UserError."""
+    if model_name not in MODULE_NAMES:
+        raise UserError(
+            f"{model_name} has no PyTorch names (patjax.run.torch_weights.MODULE_NAMES): it cannot be "
+            f"read from or written as a PyTorch state_dict; networks that can: {', '.join(MODULE_NAMES)}"
+        )
     names = MODULE_NAMES[model_name]
     out = []
     for collection, tree in (("params", abstract_params), ("batch_stats", abstract_batch_stats)):

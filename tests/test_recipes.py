@@ -1,0 +1,260 @@
+"""The four recipes of docs/architecture.md ("Adding an attack, a method, an evaluator or a
+model"), each followed once: the recipe's module is written here, registered with its one
+registry line (patched for the test), and used through the public paths (training by
+`run.train`, `patjax.api.evaluate`, the printed comparison). Every figure is checked against a
+computation of its own in numpy or scipy."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import tensorflow_datasets as tfds
+from conftest import train_run
+from helpers import Linear, np_cross_entropy, np_softmax
+from scipy import stats as scipy_stats
+from test_train import tiny_config
+
+from patjax import api, evaluators
+from patjax.compute import data, methods, models
+from patjax.compute.logits import margin
+from patjax.core.errors import UserError
+from patjax.evaluators import common
+from patjax.reporting import report
+from patjax.run import config as config_lib
+from patjax.run import evaluation, torch_weights, train
+
+# ---------------------------------------------------------------------------------------
+# A model: a module with (num_classes, mean, std, dtype) that normalizes its input first, and
+# one line in models.MODELS. No PyTorch twin: training and evaluation work, export refuses.
+
+
+class LinearNet(nn.Module):
+    """logits = W normalize(x) + b, the recipe's minimal network."""
+
+    num_classes: int
+    mean: tuple | None
+    std: tuple | None
+    dtype: object = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = models._normalized(x, self.mean, self.std, self.dtype)
+        return nn.Dense(self.num_classes, dtype=self.dtype)(x.reshape(x.shape[0], -1))
+
+
+def test_a_new_model_trains_evaluates_and_refuses_export_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(models.MODELS, "linear_net", LinearNet)
+    workdir = str(tmp_path / "run")
+    cfg = tiny_config(model="linear_net", method="clean", data_dir=data.TFDS, num_train_steps=2)
+    with tfds.testing.mock_data(num_examples=16):
+        state = train_run(cfg, workdir)
+        results = evaluation.evaluate_workdir(workdir, evaluators="clean", progress=False)
+        split = data.load_split("cifar10", "test", data.TFDS)
+    assert int(state.step) == 2
+    # Clean accuracy by hand: numpy's affine map of the normalized images.
+    params = jax.device_get(state.params)["Dense_0"]
+    mean, std = models.DATASET_STATS["cifar10"]
+    x = (split.images[:16] / 255.0 - np.asarray(mean)) / np.asarray(std)
+    logits = x.reshape(16, -1) @ np.asarray(params["kernel"], np.float64) + np.asarray(params["bias"])
+    accuracy = np.mean(logits.argmax(1) == split.labels[:16])
+    assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(accuracy)
+    with pytest.raises(UserError, match="linear_net has no PyTorch names") as refused:
+        torch_weights.export(str(tmp_path / "w.safetensors"), "linear_net", state.params, {}, None)
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "w.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# A method: a loss function (params, model, batch_stats, x, y, key, s) in methods.py and one line
+# in METHODS; it reads its settings from `s` (here attack.epsilon, an existing field).
+
+
+def uniform_noise(params, model, batch_stats, x, y, key, s):
+    """Mean cross-entropy at x + U(-eps, eps) per pixel, clipped to [0, 1]: noise, no weights."""
+    noisy = jnp.clip(x + jax.random.uniform(key, x.shape, minval=-s.attack_eps, maxval=s.attack_eps), 0.0, 1.0)
+    logits, new_batch_stats = model.train(params, batch_stats, noisy)
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+    batch = y.shape[0]
+    metrics = {
+        "loss": loss,
+        "adv_accuracy": jnp.mean(jnp.argmax(logits, -1) == y),
+        "snis_weight_mean": jnp.float32(1 / batch),
+        "snis_weight_max": jnp.float32(1 / batch),
+        "noise_linf": jnp.max(jnp.abs(noisy - x)),
+    }
+    return loss, (new_batch_stats, metrics)
+
+
+def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeypatch, tmp_path):
+    monkeypatch.setitem(methods.METHODS, "uniform_noise", uniform_noise)
+    cfg = tiny_config(method="uniform_noise", data_dir=data.TFDS, num_train_steps=2, log_every_steps=1)
+    settings = config_lib.train_settings(cfg)
+    loss_fn = methods.make_method(settings.method)
+
+    model = Linear(num_classes=3)
+    x = jax.random.uniform(jax.random.PRNGKey(1), (5, 4, 4, 3))
+    y = jnp.array([0, 1, 2, 1, 0])
+    params = model.init(jax.random.PRNGKey(2), x)["params"]
+    key = jax.random.PRNGKey(3)
+    (loss, (_, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, models.ModelFns(model.apply), {}, x, y, key
+    )
+    # By hand: the same noise (jax's draw for this key), clipping, the linear logits, mean CE, and
+    # the closed-form gradient of mean CE for a linear map: X^T (softmax - onehot) / B.
+    eps = 8 / 255
+    noise = np.asarray(jax.random.uniform(key, x.shape, minval=-eps, maxval=eps), np.float64)
+    noisy = np.clip(np.asarray(x, np.float64) + noise, 0, 1).reshape(5, -1)
+    kernel, bias = (np.asarray(params["Dense_0"][k], np.float64) for k in ("kernel", "bias"))
+    logits = noisy @ kernel + bias
+    assert float(loss) == pytest.approx(np_cross_entropy(logits, np.asarray(y)).mean(), rel=1e-5)
+    onehot = np.eye(3)[np.asarray(y)]
+    np.testing.assert_allclose(grads["Dense_0"]["kernel"], noisy.T @ (np_softmax(logits) - onehot) / 5, atol=1e-6)
+    assert float(metrics["noise_linf"]) <= eps + 1e-7
+
+    with tfds.testing.mock_data(num_examples=16):
+        state = train_run(cfg, str(tmp_path / "run"))
+    assert int(state.step) == 2
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(np.isfinite(line["loss"]) and 0 < line["noise_linf"] <= eps + 1e-7 for line in lines)
+
+
+def test_an_inner_attack_needs_its_reference_bn_mode():
+    """attack.bn_mode='auto' reaches a method unresolved unless the method has an entry in
+    REFERENCE_ATTACK_BN_MODE; an attack's logits function then refuses it by name."""
+    fns = models.ModelFns(Linear(num_classes=3).apply)
+    with pytest.raises(ValueError, match="REFERENCE_ATTACK_BN_MODE"):
+        fns.attack_logits_fn({}, {}, "auto")
+    assert config_lib.method_settings(tiny_config(method="pgd")).attack_bn_mode == "train"
+
+
+def test_a_new_sampler_method_in_langevin_methods_gets_the_multi_process_refusal(monkeypatch):
+    """Listed in LANGEVIN_METHODS, a new method that runs Algorithm 1 with batch statistics is
+    refused on several CPU processes, as pat is (docs/multiprocess.md); unlisted, it is not."""
+    monkeypatch.setitem(methods.METHODS, "pat_copy", methods.pat)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    settings = config_lib.train_settings(tiny_config(method="pat_copy", **{"langevin.bn_mode": "train"})).method
+    train.check_collectives_pair_across_processes(settings)
+    monkeypatch.setattr(methods, "LANGEVIN_METHODS", (*methods.LANGEVIN_METHODS, "pat_copy"))
+    with pytest.raises(UserError, match="pat_copy's sampler runs BatchNorm on batch statistics"):
+        train.check_collectives_pair_across_processes(settings)
+
+
+# ---------------------------------------------------------------------------------------
+# An evaluator: a module with passes, a jitted per-batch function per pass and a figures
+# function (common.Evaluator), and one line in the tuple of evaluators/__init__.py's REGISTRY.
+
+
+def register(monkeypatch, evaluator):
+    """What one more line in REGISTRY's tuple gives: the registry and the names derived from it."""
+    registry = {**evaluators.REGISTRY, evaluator.name: evaluator}
+    monkeypatch.setattr(evaluators, "REGISTRY", registry)
+    monkeypatch.setattr(evaluators, "NAMES", tuple(registry))
+    worst = tuple(name for name, e in registry.items() if e.worst_case)
+    monkeypatch.setattr(evaluators, "WORST_CASE", worst)
+    monkeypatch.setattr(evaluators, "OTHER_ATTACKS", tuple(n for n in worst if n not in evaluators.TABLE_ATTACKS))
+
+
+def _top2_batch_fn(model_fns, s, pass_name):
+    def fn(params, batch_stats, images, labels, indices):
+        logits = model_fns.attack_logits_fn(params, batch_stats)(data.to_float(images))
+        second = jnp.sort(logits, axis=-1)[:, -2]
+        return {"hit": jnp.take_along_axis(logits, labels[:, None], -1)[:, 0] >= second}
+
+    return jax.jit(fn)
+
+
+TOP2 = common.Evaluator(
+    "top2",
+    passes=lambda s: ("top2",),
+    make_batch_fn=_top2_batch_fn,
+    figures=lambda per_image, s: {"top2_accuracy": common.proportion(per_image["top2"]["hit"], s.confidence)},
+)
+
+
+@pytest.fixture(scope="module")
+def linear_images():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 4, 4, 3), dtype=np.uint8)
+    labels = rng.integers(0, 5, 40)
+    return images, labels, rng.normal(size=(48, 5)), rng.normal(size=5)
+
+
+def test_a_new_evaluator_runs_through_the_api_and_prints_with_its_figure(monkeypatch, linear_images):
+    register(monkeypatch, TOP2)
+    images, labels, kernel, bias = linear_images
+    results = api.evaluate(
+        lambda x: x.reshape(x.shape[0], -1) @ kernel + bias, images, labels, evaluators="clean,top2", batch_size=16
+    )
+    logits = (images / 255.0).reshape(40, -1) @ kernel + bias
+    hits = int(np.sum((-logits).argsort(1)[:, :2] == labels[:, None]))
+    fig = results["figures"]["top2_accuracy"]
+    assert fig["value"] == pytest.approx(hits / 40) and fig["n"] == 40
+    exact = scipy_stats.binomtest(hits, 40).proportion_ci(0.95, method="exact")
+    np.testing.assert_allclose(fig["interval"], [exact.low, exact.high], atol=1e-9)
+    np.testing.assert_array_equal(results["per_image"]["top2.hit"].sum(), hits)
+    # The printed comparison shows a figure its layout does not know in a row of its own.
+    printed = report.comparison(["linear"], [results])
+    assert "top2_accuracy" in printed and f"{hits / 40:.4g} [{exact.low:.4g}, {exact.high:.4g}]" in printed
+
+
+# ---------------------------------------------------------------------------------------
+# An attack: a function (logits_fn, key, x, y, *, eps, ...) -> x_adv in compute/attacks.py, and
+# an evaluator for it from common.attack_evaluator with the next free key stream.
+
+
+def margin_sign_step(logits_fn, key, x, y, *, eps):
+    """One signed step of eps up the gradient of the paper's margin s(x) = max_{j!=y} z_j - z_y
+    (s >= 0: misclassified), clipped to [0, 1] (no random start: `key` is unused)."""
+    grad = jax.grad(lambda v: jnp.sum(margin(logits_fn(v), y)))(x)
+    return jnp.clip(x + eps * jnp.sign(grad), 0.0, 1.0)
+
+
+def _step_robust(logits_fn, key, indices, x, y, s):
+    attacked = lambda k, xi, yi: margin_sign_step(logits_fn, k, xi, yi, eps=s.attack_eps)
+    return jnp.argmax(logits_fn(common.per_example(attacked, key, indices, x, y)), -1) == y
+
+
+# Stream 5: the next after apgd_dlr's 4 (grep "stream=" in patjax/evaluators/).
+STEP = common.attack_evaluator(
+    "margin_step", "MarginStep", 5, _step_robust, lambda s: {"eps": s.attack_eps, "steps": 1}
+)
+
+
+def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_model(monkeypatch, linear_images):
+    register(monkeypatch, STEP)
+    images, labels, kernel, bias = linear_images
+    kernel, bias, labels = kernel[:, :2], bias[:2], labels % 2  # two classes: s(x) is affine
+    results = api.evaluate(
+        lambda x: x.reshape(x.shape[0], -1) @ kernel + bias,
+        images,
+        labels,
+        evaluators="clean,margin_step",
+        batch_size=16,
+        attack_eps=0.05,
+    )
+    # By hand: the margin's gradient is w_other - w_y, so the step moves every pixel by -eps times
+    # the sign of w_y - w_other, clipped; robust when the class is still y there.
+    x = (images / 255.0).reshape(40, -1)
+    direction = np.sign(kernel[:, labels] - kernel[:, 1 - labels]).T
+    adv_logits = np.clip(x - 0.05 * direction, 0, 1) @ kernel + bias
+    robust = adv_logits.argmax(1) == labels
+    correct = (x @ kernel + bias).argmax(1) == labels
+    assert 0 < robust.sum() < 40
+    fig = results["figures"]["margin_step"]
+    assert fig["value"] == pytest.approx(robust.mean()) and fig["settings"] == {"eps": 0.05, "steps": 1}
+    worst = results["figures"]["worst_case"]
+    assert worst["attacks"] == ["margin_step"] and worst["value"] == pytest.approx(np.mean(robust & correct))
+    assert "MarginStep %" in report.comparison(["linear"], [results])
+
+
+def test_attack_streams_past_the_split_are_new_keys_and_out_of_range_ones_are_refused():
+    keys = [np.asarray(jax.random.key_data(common.attack_key(0, k))).tolist() for k in range(1, 8)]
+    assert len({str(k) for k in keys}) == 7
+    for stream in (0, common.MAX_STREAM + 1):
+        with pytest.raises(ValueError, match="stream"):
+            common.attack_key(0, stream)

@@ -8,8 +8,9 @@
   python -m patjax.experiments --suite=NAME --workdir=DIR --max_minutes=M  # stop with checkpoints after M min
   python -m patjax.experiments --suite=NAME --workdir=DIR --handover      # carry unfinished runs in git
 
-The suites are those of `patjax.suites`; `patjax.suites.runner` runs them (workers, claims, resume:
-docs/cluster.md) and `patjax.suites.aggregate` computes the tables' figures.
+The suites are those of `patjax.suites.catalog`; `patjax.suites.runner` runs them (workers, claims,
+resume: docs/cluster.md), `patjax.suites.handover` carries unfinished runs in git and
+`patjax.suites.aggregate` computes the tables' figures.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from patjax import suites
 from patjax.compute import data
 from patjax.core import cli as cli_lib
 from patjax.core.errors import UserError
-from patjax.suites import catalog, run_outcomes, runner, workers
+from patjax.suites import catalog, handover, run_outcomes, runner, workers
 
 FLAGS = flags.FLAGS
 
@@ -62,7 +63,7 @@ def main(argv):
             )
         return
     if FLAGS.handover:
-        paths = runner.handover(suite, FLAGS.workdir)
+        paths = handover.handover(suite, FLAGS.workdir)
         print(f"{len(paths)} unfinished run(s) keep their newest checkpoint; commit them with the suite:")
         for path in paths:
             print(f"  git add -f {os.path.relpath(path)}")

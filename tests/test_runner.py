@@ -27,7 +27,7 @@ from patjax.reporting import plots
 from patjax.run import config as config_lib
 from patjax.run import eval_files, kept_models, train
 from patjax.run import workdir as workdir_lib
-from patjax.suites import aggregate, catalog, results_md, run_outcomes, runner, workers
+from patjax.suites import aggregate, catalog, handover, results_md, run_outcomes, run_status, runner, workers
 
 
 def tiny_suite(data_dir, seeds=(0, 1)):
@@ -194,7 +194,7 @@ def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
             sampler = settings.method.langevin
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
     # A learning-curve point every 3 epochs, each checkpoint kept until its model is.
-    assert runner._curve_steps(suite, runs[1], 30 * 195) == [3 * 195 * k for k in range(1, 10)]
+    assert run_status.curve_steps(suite, runs[1], 30 * 195) == [3 * 195 * k for k in range(1, 10)]
     assert runs[0].config.max_checkpoints_to_keep >= 9
 
 
@@ -220,7 +220,7 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
             sampler = settings.method.langevin
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
         # Every curve step has a checkpoint, and all of them fit in the manager's window at once.
-        assert runner._curve_steps(suite, run, 30 * 195) == [5 * 195 * k for k in range(1, 6)]
+        assert run_status.curve_steps(suite, run, 30 * 195) == [5 * 195 * k for k in range(1, 6)]
         assert (5 * 195) % run.config.checkpoint_every_steps == 0 and run.config.max_checkpoints_to_keep >= 6
     assert suite.num_eval_examples == 10_000 and suite.keep_models
     assert list(suite.evaluators) == ["clean", "pgd20", "cw20", "pr"]
@@ -451,22 +451,22 @@ def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undi
     os.makedirs(signals)
     one_run = ("--methods=clean", "--max_runs=1", "--only=train", "--compilation_cache=False")
     paused = worker(raced, data_dir, *one_run, suite="race", command=("-c", RACE, signals, "paused_at_step_2"))
-    handover = worker(raced, data_dir, "--handover", suite="race", command=("-c", RACE, signals, "when_paused"))
+    handing_over = worker(raced, data_dir, "--handover", suite="race", command=("-c", RACE, signals, "when_paused"))
     directory = run_outcomes.run_dir(raced, run)
     try:
         # The same run trained undisturbed, here meanwhile (one device, as the worker has).
         undisturbed = train.train_and_evaluate(config_lib.train_settings(run.config), alone)
-        out, err = handover.communicate(timeout=TIMEOUT_S)
-        assert handover.returncode == 2 and out == "", (out, err)
+        out, err = handing_over.communicate(timeout=TIMEOUT_S)
+        assert handing_over.returncode == 2 and out == "", (out, err)
         assert err.count("\n") == 1 and "Traceback" not in err, err
         assert err.startswith(f"error: {directory!r} is claimed by suite worker 0 of 1 (pid {paused.pid} "), err
         assert err.rstrip().endswith("wait for it to finish or stop it, then hand over again"), err
         with pytest.raises(UserError, match="is claimed by suite worker"):
-            runner.handover(suite, raced)
+            handover.handover(suite, raced)
         assert os.listdir(os.path.join(directory, "checkpoints")) == ["2"]  # nothing deleted
     finally:
         open(os.path.join(signals, "go"), "w").close()
-        handover.kill()
+        handing_over.kill()
     log = finish(paused)
     assert lines_about(log, run.name, "training 4 steps") and lines_about(log, run.name, "trained in"), log
     # No checkpoint lost, and the final state is bitwise that of the run trained alone.
@@ -479,7 +479,7 @@ def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undi
     for a, b in zip(*leaves):
         np.testing.assert_array_equal(a, b)
     # With the worker gone the handover goes ahead: a trained run keeps its final model.
-    assert runner.handover(suite, raced) == []
+    assert handover.handover(suite, raced) == []
     assert kept_models.steps(directory) == [4]
     kept = load_file(kept_models.path(directory, 4))
     np.testing.assert_array_equal(kept["params/Dense_0/kernel"], np.asarray(undisturbed.params["Dense_0"]["kernel"]))
@@ -493,12 +493,12 @@ def test_a_handover_is_refused_while_a_trainer_holds_a_runs_workdir_and_changes_
         os.makedirs(os.path.join(directory, "checkpoints", "2"))
     with locks.exclusive(second, "a trainer"):
         with pytest.raises(UserError) as error:
-            runner.handover(suite, str(tmp_path))
+            handover.handover(suite, str(tmp_path))
         message = str(error.value)
         assert message.startswith(f"{second!r} is in use by a trainer (pid {os.getpid()} ") and "\n" not in message
         assert message.endswith("wait for it to finish or stop it, then hand over again")
     # The first run, taken before the refusal, is free again, and nothing was removed.
-    with locks.lock(os.path.join(first, runner.CLAIM_FILE), "a test") as claim:
+    with locks.lock(os.path.join(first, workers.CLAIM_FILE), "a test") as claim:
         assert claim.held
     for directory in (first, second):
         assert os.listdir(os.path.join(directory, "checkpoints")) == ["2"]
@@ -854,7 +854,7 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
     log = io.StringIO()
     runner.run_suite(suite, here, methods=["pat"], stream=log, only="evaluate")  # unfinished: not evaluated
     assert "not trained yet" in log.getvalue() and not os.path.isdir(os.path.join(directory, "eval"))
-    paths = runner.handover(suite, here)
+    paths = handover.handover(suite, here)
     assert paths == [os.path.join(os.path.abspath(directory), "checkpoints", "3")]
     assert sorted(os.listdir(os.path.join(directory, "checkpoints"))) == ["3"]
     assert kept_models.steps(directory) == [2]  # the curve's step, kept before its checkpoint went

@@ -7,7 +7,8 @@ Each run lives in DIR/runs/GROUP/METHOD_sSEED (an ordinary workdir). For each ru
   an interrupted suite resumes inside the run it stopped in),
 - marks it trained (suite_run.json), evaluates it with `patjax.run.evaluation.evaluate_workdir` and
   the suite's evaluation settings (the same images and evaluation seed for every run: common
-  random numbers, so differences are paired image by image), reusing runs already evaluated,
+  random numbers, so differences are paired image by image), reusing runs already evaluated
+  (`patjax.suites.run_status` reads how far a run has come),
 - rewrites DIR/results.md, DIR/results.json and DIR/pr_vs_eps.png after every run (pending
   runs are listed as such), and prints one progress line per stage.
 
@@ -19,12 +20,11 @@ job array, several machines on a shared filesystem, several processes on one mac
 - static partition: --num_workers=K --worker_index=i (or the SLURM job array's) gives worker i
   the runs at positions p % K == i of the plan (`patjax.suites.workers`);
 - the report is rebuilt by one worker at a time (an flock on DIR/.report.lock).
-docs/cluster.md has the details.
+docs/cluster.md has the details; `patjax.suites.handover` carries unfinished runs in git.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import shutil
@@ -33,76 +33,15 @@ import sys
 import time
 from typing import Callable, Optional
 
-from patjax import evaluators
-from patjax.compute import robustness
 from patjax.core import files, locks, sharding
 from patjax.core import provenance as provenance_lib
 from patjax.core.errors import UserError, integer
 from patjax.reporting import plots
-from patjax.run import checkpoints, config, eval_files, evaluation, kept_models, train
+from patjax.run import config, evaluation, kept_models, train
 from patjax.run import workdir as workdir_lib
-from patjax.suites import Run, Suite, aggregate, plan, results_md
+from patjax.suites import Run, Suite, aggregate, plan, results_md, run_status
 from patjax.suites.run_outcomes import RECORD_FILE, load_outcome, read_record, run_dir
-from patjax.suites.workers import partition, worker_slot
-
-
-def _trained(run: Run, directory: str) -> Optional[dict]:
-    """The run's suite_run.json if it finished training with this config, else None."""
-    record = read_record(directory)
-    if record is None or record.get("step") != config.train_settings(run.config).total_steps():
-        return None
-    workdir_lib.check_resume_compatible(config.train_settings(run.config), directory)  # a changed suite is refused
-    return record
-
-
-def _eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -> bool:
-    """Whether eval/results.json (curve/step_N/ for a curve point) was written for this step with
-    the suite's settings, and per_image.npz by the same evaluation (a kill between the two writes
-    leaves a pair that does not match, an unreadable file is no evaluation: the run is then
-    evaluated again)."""
-    where = step if curve else None
-    if not eval_files.has_evaluation(directory, where):
-        return False
-    try:
-        results, _ = eval_files.load_results(directory, where)
-    except (UserError, OSError, ValueError):
-        return False
-    s = results.get("settings", {})
-    chosen, overrides = _evaluation_settings(suite, curve)
-    wanted = {"evaluators": list(evaluators.parse(list(chosen))), "step": step}
-    if suite.num_eval_examples > 0:
-        wanted["num_examples"] = suite.num_eval_examples
-    for key, value in overrides.items():
-        if key in s:
-            wanted[key] = list(value) if isinstance(value, (tuple, list)) else value
-    wanted.update(robustness.DEFINITIONS)  # results made under another definition are stale
-    return all(s.get(k) == v for k, v in wanted.items())
-
-
-def _evaluation_settings(suite: Suite, curve: bool) -> tuple:
-    """(evaluators, eval overrides) of the suite's final evaluation, or of its curve points; the
-    overrides always name the headline law, so that a run's config (whose law may differ from
-    the suite's) never decides it."""
-    chosen, overrides = (
-        (suite.curve_evaluators, suite.curve_eval_overrides) if curve else (suite.evaluators, suite.eval_overrides)
-    )
-    return chosen, {"pr_distribution": suite.pr_distribution, **overrides}
-
-
-def _curve_steps(suite: Suite, run: Run, final_step: int) -> list[int]:
-    """The steps of the run's learning-curve points before its final step (none if it has no curve)."""
-    if suite.curve_every_steps <= 0 or (suite.curve_methods and run.method not in suite.curve_methods):
-        return []
-    return list(range(suite.curve_every_steps, final_step, suite.curve_every_steps))
-
-
-def _models_and_curve_done(suite: Suite, run: Run, step: int, directory: str) -> bool:
-    """Whether the run's kept models (its final one; its curve points') and curve evaluations exist."""
-    if not suite.keep_models:
-        return True
-    curve = _curve_steps(suite, run, step)
-    kept = set(kept_models.steps(directory))
-    return step in kept and set(curve) <= kept and all(_eval_matches(suite, c, directory, curve=True) for c in curve)
+from patjax.suites.workers import CLAIM_FILE, partition, worker_slot
 
 
 class _Progress:
@@ -121,20 +60,8 @@ class _Progress:
         )
 
 
-CLAIM_FILE = ".claim"  # in each run's directory; held (flock) by the worker on the run
 REPORT_LOCK = ".report.lock"  # in the suite's directory; held while the report is rebuilt
 INVOCATIONS_FILE = "invocations.jsonl"  # in the suite's directory: one line per invocation
-
-
-def _finished(suite: Suite, run: Run, directory: str) -> bool:
-    """Whether the run was trained and evaluated with the suite's current settings, and its
-    models and curve points kept and evaluated."""
-    record = _trained(run, directory)
-    return (
-        record is not None
-        and _eval_matches(suite, record["step"], directory)
-        and _models_and_curve_done(suite, run, record["step"], directory)
-    )
 
 
 def run_suite(
@@ -165,7 +92,7 @@ def run_suite(
       evaluates (keeps models, evaluates curves) the runs already trained and leaves the others.
     stop_at: a wall-clock time (`time.time()`): a run in training then stops with a checkpoint
       (`train.train_and_evaluate`), its segment's time recorded, and the worker leaves; rerun
-      to resume, or `handover` to carry the run in git. No run, no evaluation and no curve
+      to resume, or `--handover` to carry the run in git. No run, no evaluation and no curve
       point's evaluation starts after it; one under way when it passes runs to its end (it
       cannot resume).
     Returns the suite's results (as written to DIR/results.json).
@@ -198,13 +125,13 @@ def run_suite(
         for position, run in todo:
             index = position + 1
             directory = run_dir(workdir, run)
-            if _finished(suite, run, directory):
+            if run_status.finished(suite, run, directory):
                 progress(index, run, "reused (trained and evaluated earlier)")
                 continue
-            if only == "train" and _trained(run, directory) is not None:
+            if only == "train" and run_status.trained(run, directory) is not None:
                 progress(index, run, "trained; its evaluation is left for a later invocation (--only=train)")
                 continue
-            if only == "evaluate" and _trained(run, directory) is None:
+            if only == "evaluate" and run_status.trained(run, directory) is None:
                 progress(index, run, "not trained yet; left for a later invocation (--only=evaluate)")
                 continue
             if max_runs is not None and worked >= max_runs:
@@ -221,7 +148,9 @@ def run_suite(
                     progress(index, run, f"skipped: claimed by {claim.holder}")
                     held_elsewhere.append((position, run))
                     continue
-                if _finished(suite, run, directory) or (only == "train" and _trained(run, directory)):
+                if run_status.finished(suite, run, directory) or (
+                    only == "train" and run_status.trained(run, directory)
+                ):
                     progress(index, run, "reused (finished by another worker)")
                     continue
                 worked += 1
@@ -286,7 +215,7 @@ def _train_and_evaluate(
     cfg = copy.deepcopy(run.config)
     cfg.progress_bar = bool(progress_bars)
     record_path = os.path.join(directory, RECORD_FILE)
-    record = _trained(run, directory)
+    record = run_status.trained(run, directory)
     settings = config.train_settings(cfg)
     final = settings.total_steps()
     if record is None:
@@ -316,7 +245,7 @@ def _train_and_evaluate(
             # curve steps reached so far are kept as models now, as `handover` keeps them.
             if suite.keep_models:
                 with _worker_writing(directory):
-                    workdir_lib.keep_models(directory, set(_curve_steps(suite, run, final)))
+                    workdir_lib.keep_models(directory, set(run_status.curve_steps(suite, run, final)))
             say(
                 f"stopped at step {record['step']} with a checkpoint after {train_wall / 60:.1f} min (its time "
                 f"is up); rerun to resume, or --handover to carry it in git"
@@ -328,7 +257,7 @@ def _train_and_evaluate(
         if stop_at is not None and time.time() >= stop_at:
             say("trained; its evaluation is left for the next invocation (its time is up)")
             return True
-    elif "eval_wall_s" in record and not _eval_matches(suite, int(record["step"]), directory):
+    elif "eval_wall_s" in record and not run_status.eval_matches(suite, int(record["step"]), directory):
         # A stale evaluation is about to be replaced: until the new one is complete, the run is
         # not evaluated (a report built meanwhile, by another worker, leaves it out).
         del record["eval_wall_s"]
@@ -336,13 +265,13 @@ def _train_and_evaluate(
     step = int(record["step"])
     if suite.keep_models:
         with _worker_writing(directory):
-            written = workdir_lib.keep_models(directory, set(_curve_steps(suite, run, step)) | {step})
+            written = workdir_lib.keep_models(directory, set(run_status.curve_steps(suite, run, step)) | {step})
         if written:
             say(f"kept the models of steps {', '.join(map(str, written))} in {kept_models.MODELS_DIR}/")
-    if not _eval_matches(suite, step, directory):
+    if not run_status.eval_matches(suite, step, directory):
         say(f"evaluating ({', '.join(suite.evaluators)})")
         t0 = time.perf_counter()
-        chosen, overrides = _evaluation_settings(suite, curve=False)
+        chosen, overrides = run_status.evaluation_settings(suite, curve=False)
         evaluation.evaluate_workdir(
             directory,
             num_examples=suite.num_eval_examples,
@@ -354,8 +283,8 @@ def _train_and_evaluate(
         record["eval_wall_s"] = round(time.perf_counter() - t0, 1)
         files.write_json(record_path, record)
         say(f"evaluated in {record['eval_wall_s'] / 60:.1f} min")
-    for curve_step in _curve_steps(suite, run, step):
-        if _eval_matches(suite, curve_step, directory, curve=True):
+    for curve_step in run_status.curve_steps(suite, run, step):
+        if run_status.eval_matches(suite, curve_step, directory, curve=True):
             continue
         if stop_at is not None and time.time() >= stop_at:
             # Each curve point is an evaluation of its own, kept when written: the ones left are
@@ -363,7 +292,7 @@ def _train_and_evaluate(
             say(f"curve points from step {curve_step} on are left for the next invocation (its time is up)")
             return True
         t0 = time.perf_counter()
-        chosen, overrides = _evaluation_settings(suite, curve=True)
+        chosen, overrides = run_status.evaluation_settings(suite, curve=True)
         evaluation.evaluate_workdir(
             directory,
             num_examples=suite.num_eval_examples,
@@ -374,7 +303,7 @@ def _train_and_evaluate(
             step=curve_step,
         )
         say(f"curve point at step {curve_step} evaluated in {(time.perf_counter() - t0) / 60:.1f} min")
-    if suite.keep_models and _models_and_curve_done(suite, run, step, directory):
+    if suite.keep_models and run_status.models_and_curve_done(suite, run, step, directory):
         # Its kept models are all a finished run needs; a checkpoint carried in git by `handover`
         # leaves the tree with it.
         with _worker_writing(directory):
@@ -388,52 +317,6 @@ def _worker_writing(directory: str):
     kept. The worker holds the run's claim throughout; the lock also keeps out a trainer, an
     evaluation or a diagnostic started on the run's directory by hand."""
     return sharding.writer_lock(directory, "a suite worker")
-
-
-@contextlib.contextmanager
-def _held_for_handover(directory: str):
-    """The run's claim and its workdir lock, as a worker that trains the run holds them; a
-    one-line UserError naming the holder if another process holds either."""
-    remedy = "wait for it to finish or stop it, then hand over again"
-    with locks.lock(os.path.join(directory, CLAIM_FILE), "a handover") as claim:
-        if not claim.held:
-            raise UserError(f"{directory!r} is claimed by {claim.holder}; {remedy}")
-        with locks.exclusive(directory, "a handover", remedy=remedy):
-            yield
-
-
-def handover(suite: Suite, workdir: str) -> list[str]:
-    """Prepares the suite's unfinished runs to be carried to another machine in git. A run that
-    has finished training keeps its final model and its curve steps' models
-    (`workdir.keep_models`), which is all its evaluation needs. A run still training keeps the
-    models of its curve steps so far and its newest checkpoint only, which it resumes from
-    bitwise. Returns those checkpoints' paths, which the suite's .gitignore leaves out:
-    `git add -f` them with the rest of the suite.
-
-    It first takes the claim and the workdir lock of every run with checkpoints, as a worker
-    training the run holds them, and keeps them until it is done: if a worker (or a trainer,
-    an evaluation) holds any of them, it refuses in one line before it changes anything."""
-    with contextlib.ExitStack() as held:
-        touched = []
-        for run in plan(suite):
-            directory = run_dir(workdir, run)
-            if os.path.isdir(os.path.join(directory, "checkpoints")):
-                held.enter_context(_held_for_handover(directory))
-                touched.append((run, directory))
-        paths = []
-        for run, directory in touched:
-            step = checkpoints.latest_step(directory)
-            if step is None:
-                continue
-            final = config.train_settings(run.config).total_steps()
-            curve = set(_curve_steps(suite, run, final))
-            if _trained(run, directory) is not None:
-                if suite.keep_models:
-                    workdir_lib.keep_models(directory, curve | {final})
-                continue
-            workdir_lib.keep_models(directory, curve)
-            paths.append(checkpoints.prune_checkpoints(directory, keep=step))
-        return paths
 
 
 def _record_invocation(workdir: str, entry: dict) -> None:

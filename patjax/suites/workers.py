@@ -1,6 +1,7 @@
 """Which runs of a suite's plan each worker takes: K workers (a SLURM job array, or
 --num_workers / --worker_index) share the plan by position, so that they need no coordinator;
-the run claims (runner.CLAIM_FILE) keep two workers off one run when the shares overlap."""
+the run claims (CLAIM_FILE, held by the runner) keep two workers off one run when the shares
+overlap."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Optional, Sequence
 
 from patjax.core.errors import UserError
 from patjax.suites import Run
+
+CLAIM_FILE = ".claim"  # in each run's directory; held (flock) by the worker on the run
 
 
 def worker_slot(num_workers: Optional[int] = None, worker_index: Optional[int] = None, environ=None) -> tuple[int, int]:

@@ -27,11 +27,21 @@ from patjax.reporting import plots
 from patjax.run import config as config_lib
 from patjax.run import eval_files, kept_models, train
 from patjax.run import workdir as workdir_lib
-from patjax.suites import aggregate, catalog, handover, results_md, run_outcomes, run_status, runner, workers
+from patjax.suites import (
+    aggregate,
+    catalog,
+    cpu_suites,
+    handover,
+    results_md,
+    run_outcomes,
+    run_status,
+    runner,
+    workers,
+)
 
 
 def tiny_suite(data_dir, seeds=(0, 1)):
-    cfg = catalog.ablation_cpu_suite(data_dir).groups[0].base_config
+    cfg = cpu_suites.ablation_cpu_suite(data_dir).groups[0].base_config
     cfg.batch_size = 8
     cfg.num_train_steps = 2
     cfg.langevin.steps = 1
@@ -394,7 +404,7 @@ def head_of_cifar10(data_dir, folder, records=16):
 def race_suite(data_dir):
     """smoke_cpu with the tiniest training (of a `head_of_cifar10` folder): batches of 8, the
     training log's test accuracy on 16 images (its runs' evaluation is not used)."""
-    suite = catalog.smoke_cpu_suite(data_dir)
+    suite = cpu_suites.smoke_cpu_suite(data_dir)
     cfg = copy.deepcopy(suite.groups[0].base_config)
     cfg.batch_size, cfg.log_test_examples, cfg.eval.batch_size = 8, 16, 16
     return dataclasses.replace(suite, name="race", groups=(dataclasses.replace(suite.groups[0], base_config=cfg),))
@@ -487,7 +497,7 @@ def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undi
 
 def test_a_handover_is_refused_while_a_trainer_holds_a_runs_workdir_and_changes_nothing(tmp_path, data_dir):
     """A trainer started by hand on a run's directory holds its lock, not its claim."""
-    suite = catalog.smoke_cpu_suite(data_dir)
+    suite = cpu_suites.smoke_cpu_suite(data_dir)
     first, second = (run_outcomes.run_dir(str(tmp_path), r) for r in suites.plan(suite)[:2])
     for directory in (first, second):
         os.makedirs(os.path.join(directory, "checkpoints", "2"))
@@ -621,7 +631,7 @@ def test_a_sweep_pairs_points_across_groups_with_its_baselines():
     n, samples = 400, 10
     settings = _synthetic_settings(n, samples, bootstrap_resamples=300, confidence=0.9)
     rng = np.random.default_rng(0)
-    cfg = catalog.smoke_cpu_suite(None).groups[0].base_config
+    cfg = cpu_suites.smoke_cpu_suite(None).groups[0].base_config
     groups = (
         suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,)),
         suites.Group("T5", cfg, methods=("pat",), seeds=(0,)),
@@ -705,7 +715,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
         n, samples, bootstrap_resamples=200, pr_distributions=["gaussian"], evaluators=["clean", "pgd20", "pr"]
     )
     rng = np.random.default_rng(1)
-    cfg = catalog.smoke_cpu_suite(None).groups[0].base_config
+    cfg = cpu_suites.smoke_cpu_suite(None).groups[0].base_config
     suite = suites.Suite(
         name="s",
         description="",
@@ -763,7 +773,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
 
 
 def test_runs_table_shows_how_far_a_pending_run_trained_from_its_log(tmp_path):
-    cfg = catalog.smoke_cpu_suite(None).groups[0].base_config
+    cfg = cpu_suites.smoke_cpu_suite(None).groups[0].base_config
     group = suites.Group("main", cfg, methods=("pgd", "pat"), seeds=(0,))
     suite = suites.Suite(
         "s", "", (group,), num_eval_examples=8, eval_batch_size=8, evaluators=("clean",), eval_overrides={}
@@ -828,7 +838,7 @@ class Clock:
 
 def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir, monkeypatch):
     # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
-    suite = catalog.smoke_cpu_suite(data_dir)
+    suite = cpu_suites.smoke_cpu_suite(data_dir)
     run = next(r for r in suites.plan(suite) if (r.method, r.seed) == ("pat", 0))
     straight = str(tmp_path / "straight")
     runner.run_suite(suite, straight, methods=["pat"], max_runs=1, stream=io.StringIO())

@@ -14,6 +14,14 @@ jax.config.update("jax_disable_most_optimizations", True)
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items):
+    """A stress or reference test is slow too, so that `-m "not slow"` (which replaces the
+    default `-m` of pyproject.toml) leaves them out as the default run does."""
+    for item in items:
+        if item.get_closest_marker("stress") or item.get_closest_marker("reference"):
+            item.add_marker(pytest.mark.slow)
+
+
 def find_data_dir():
     """data.find_data_dir(): ../shared/data (CIFAR in the official binary layout) or $PATJAX_DATA_DIR."""
     found = data.find_data_dir()

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from patjax.compute import attacks
 
@@ -63,6 +64,7 @@ def closed_form_robust(x, y, w, b, eps):
     return margin > eps * l1, np.abs(margin - eps * l1)
 
 
+@pytest.mark.slow
 def test_apgd_and_cw_reach_the_closed_form_worst_case_of_a_linear_classifier():
     eps = 0.05
     logits_fn, x, y, w, b = linear_problem()
@@ -89,6 +91,7 @@ def test_apgd_and_cw_reach_the_closed_form_worst_case_of_a_linear_classifier():
     np.testing.assert_array_equal(cw_robust[clear], robust[clear])
 
 
+@pytest.mark.slow
 def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
     rng = np.random.default_rng(1)
     n, d, h, k = 256, 48, 32, 3
@@ -283,6 +286,7 @@ def mlp_problem(seed=2, n=48, d=8, h=8, k=4, scale=6.0):
 APGD_EPS = 0.3
 
 
+@pytest.mark.slow
 def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts_included():
     p, x, y = mlp_problem()
     key = jax.random.PRNGKey(7)

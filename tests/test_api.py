@@ -20,6 +20,7 @@ def example():
     return runpy.run_path(str(REPO / "examples" / "evaluate_own_model.py"))
 
 
+@pytest.mark.slow
 def test_the_example_runs_and_its_clean_accuracy_is_the_argmax_of_the_logits(example, data_dir):
     results = example["main"](num_images=32)
     module = example["models"].create_model("small_cnn", "cifar10", num_classes=10)
@@ -94,6 +95,7 @@ def reference(tiny):
     return api.evaluate((Tiny(), variables), images, labels, evaluators="clean,pgd20", attack_steps=3, batch_size=6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["pair", "pair without train", "bound module", "logits function", "with train"])
 def test_every_kind_of_model_evaluates_with_the_figures_of_its_logits(tiny, reference, form):
     variables, images, labels = tiny

@@ -34,6 +34,7 @@ def assert_in_ball_and_box(x_adv, x, eps):
     assert np.all((x_adv >= 0.0) & (x_adv <= 1.0))
 
 
+@pytest.mark.slow
 def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
     logits_fn, x, y, _, _ = linear_setup()
     key = jax.random.PRNGKey(5)

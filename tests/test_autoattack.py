@@ -34,6 +34,7 @@ def evaluated():
     return state, split, results, per_image
 
 
+@pytest.mark.slow
 def test_autoattack_reaches_the_exact_robustness_of_a_linear_model(evaluated):
     state, split, results, per_image = evaluated
     W = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
@@ -79,6 +80,7 @@ def test_masking_checks_are_reported(evaluated):
     assert results["figures"]["aa"]["settings"]["square_queries"] == 300
 
 
+@pytest.mark.slow
 def test_figures_do_not_depend_on_the_batch(evaluated):
     """Each pass runs at the width of the images it attacks (common.pass_width), not the batch:
     one batch of all 40 images gives every image the same outcome as batches of 8."""

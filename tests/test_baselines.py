@@ -190,6 +190,7 @@ def cnn_setup():
         ("clp", "xax", "train"),  # AT-PR CLP: model(x), model(x_pgd), model(x)
     ],
 )
+@pytest.mark.slow
 def test_running_statistics_follow_the_references_passes(name, passes, attack_mode):
     """r_n = m^n r_0 + sum_i m^(n-i) (1 - m) s_i over the passes' batch statistics s_i."""
     model, x, y, params, stats = cnn_setup()
@@ -215,6 +216,7 @@ def test_running_statistics_follow_the_references_passes(name, passes, attack_mo
     jax.tree.map(lambda a, e: np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-6), new_stats, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cor,plain", [("pgd_cor", "pgd"), ("fgsm_cor", "fgsm")])
 def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     model, x, y, params, stats = cnn_setup()
@@ -267,6 +269,7 @@ def test_invalid_baseline_settings_are_refused(field, value):
         train_settings(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(methods.METHODS) - {"pat"}))  # pat: tests/test_train.py
 def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
     cfg = tiny_config(

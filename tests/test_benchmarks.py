@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
@@ -31,6 +32,7 @@ def test_valid_taps_hand_counts():
     assert taps(8, 1, 8, 1, 0, 1, 1) == 8
 
 
+@pytest.mark.slow
 def test_profile_step_convolution_flops_match_xla_cost_analysis(tmp_path):
     # At T = 1 XLA's cost analysis (which counts a while body once) is the whole step's FLOPs;
     # the profiler's per-convolution FLOPs must account for nearly all of it (the rest is

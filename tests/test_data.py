@@ -55,6 +55,7 @@ def test_missing_files_and_unknown_dataset_are_user_errors(tmp_path, data_dir):
         data.load_split("mnist", "train", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_real_cifar10_matches_published_statistics(data_dir):
     train = data.load_split("cifar10", "train", data_dir)
     test = data.load_split("cifar10", "test", data_dir)

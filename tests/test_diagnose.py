@@ -7,6 +7,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from conftest import REPO, train_run
 from test_samplers import linear_setup
 from test_train import tiny_config
@@ -45,6 +46,7 @@ def test_first_step_within_is_the_step_from_which_the_distance_stays_below():
     assert sampler_diagnostic.first_step_within(d, 0.01) is None  # only the last step itself
 
 
+@pytest.mark.slow
 def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir):
 
     workdir = str(tmp_path / "run")

@@ -459,6 +459,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     assert download.default_cache_dir() == str(tmp_path / "home" / ".cache" / "patjax" / "data")
 
 
+@pytest.mark.slow
 def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_after(
     server, tmp_path, monkeypatch, records_per_file
 ):

@@ -84,6 +84,7 @@ def figures_close(a, b, path=""):
         assert a == b, path
 
 
+@pytest.mark.slow
 def test_batch_size_and_chunk_size_change_no_figure():
     model_fns, state, split = tiny_setup()
     runs = []
@@ -186,6 +187,7 @@ def write_eval(workdir, scale, model_seed=0):
     return per_image
 
 
+@pytest.mark.slow
 def test_comparison_table_paired_differences_and_plot(tmp_path):
     a, b = str(tmp_path / "run_a"), str(tmp_path / "run_b")
     pa, pb = write_eval(a, 1.0), write_eval(b, 0.3, model_seed=5)
@@ -250,6 +252,7 @@ def test_paired_evaluations_share_one_resampling_of_their_images():
         evaluation.pairing([s, dict(s, seed=4)], ["a", "b"])
 
 
+@pytest.mark.slow
 def test_bad_evaluator_is_one_line_user_error(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "patjax.evaluate", f"--workdir={tmp_path}", "--evaluators=pgd7"],
@@ -392,6 +395,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             assert list(table[row][key]["interval"]) == fig[subset]["interval"], (key, subset)
 
 
+@pytest.mark.slow
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
     cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
@@ -447,6 +451,7 @@ def listing(root):
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
 
+@pytest.mark.slow
 def test_cli_checks_every_workdir_before_evaluating_any(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     dummy_checkpoint(a)
@@ -515,6 +520,7 @@ def eval_files_bytes(eval_dir):
     return {f: open(os.path.join(eval_dir, f), "rb").read() for f in sorted(os.listdir(eval_dir))}
 
 
+@pytest.mark.slow
 def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_stays_byte_identical(
     tmp_path, monkeypatch
 ):
@@ -558,6 +564,7 @@ def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_
     assert settings["evaluators"] == ["clean"] and settings["num_examples"] == 6
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_to_replace_an_evaluation_made_otherwise_in_one_line(tmp_path):
     a = str(tmp_path / "a")
     dummy_checkpoint(a)  # step 1

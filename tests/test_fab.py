@@ -48,6 +48,7 @@ def projection_instances(seed, rows, n):
     return x, w, np.sum(w * x, 1) + reach
 
 
+@pytest.mark.slow
 def test_projection_linf_is_the_exact_minimum_of_the_linear_program():
     binding = infeasible = 0
     with jax.enable_x64(True):
@@ -279,6 +280,7 @@ def mlp_problem(seed=3, n=24, h=16, k=10):
     return p, x, y
 
 
+@pytest.mark.slow
 def test_fab_t_equals_a_float64_transcription_of_auto_attack():
     p, x, y = mlp_problem()
     n = len(x)
@@ -328,6 +330,7 @@ def test_fab_t_equals_a_float64_transcription_of_auto_attack():
                 assert np.sum(first & ~np.asarray(one(key, jnp.asarray(x), jnp.asarray(y)).fooled)) >= 1
 
 
+@pytest.mark.slow
 def test_only_random_restarts_leave_a_critical_point_of_the_margin():
     # f_1 - f_0 = (sum(x - 1/2))^2 - 1/4, class 2 out of reach: at x = 1/2 the gradient is 0, so
     # FAB from x never moves; from a random start it reaches the boundary |sum(delta)| = 1/2,

@@ -55,6 +55,7 @@ def test_read_skips_blank_lines_and_names_a_damaged_one(tmp_path):
             files.read_json_lines(path, "fix it")
 
 
+@pytest.mark.slow
 def test_a_damaged_invocation_log_is_one_line_from_the_suite_command(tmp_path):
     """A suite's report reads DIR/invocations.jsonl: a damaged line there is an error of one line
     and exit 2 (no traceback), and the report files are left as they were."""

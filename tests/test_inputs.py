@@ -117,6 +117,7 @@ def nan_checkpoint_workdir(workdir):
     open(os.path.join(workdir, ".lock"), "w").close()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_nan_weights_evaluates_to_one_line_and_no_results(tmp_path):
     workdir = str(tmp_path / "run")
     nan_checkpoint_workdir(workdir)
@@ -130,6 +131,7 @@ def test_a_checkpoint_with_nan_weights_evaluates_to_one_line_and_no_results(tmp_
     assert tree_hash(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_training_that_reaches_a_nan_loss_stops_keeping_the_checkpoint_before_it(tmp_path):
     # A learning rate of 1e38 overflows the weights in the first update: step 1 is finite, step 2 not.
     workdir = str(tmp_path / "run")
@@ -167,6 +169,7 @@ RECORD = 3073  # bytes of a CIFAR-10 record: the label, then 3 x 32 x 32 pixels
         (10_000.5, "has 30,731,536 bytes (10,000.50 records of 3073)"),  # a record cut short
     ],
 )
+@pytest.mark.slow
 def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_written(tmp_path, records, shown):
     folder = tmp_path / "data" / "cifar-10-batches-bin"
     folder.mkdir(parents=True)
@@ -285,6 +288,7 @@ def path_cases(tmp):
     ]
 
 
+@pytest.mark.slow
 def test_every_command_refuses_a_path_of_the_wrong_kind_in_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "f").write_text("a file")
     (tmp_path / "d").mkdir()

@@ -29,6 +29,7 @@ def small_cnn_state(seed=0):
     return cfg, state
 
 
+@pytest.mark.slow
 def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_path):
     cfg, state = small_cnn_state()
     workdir = str(tmp_path)
@@ -69,6 +70,7 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
         kept_models.load(workdir, 700, state.params, state.batch_stats)
 
 
+@pytest.mark.slow
 def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_line(tmp_path):
     cfg, state = small_cnn_state(seed=3)
     workdir = str(tmp_path / "run")
@@ -100,6 +102,7 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
     assert not os.path.exists(tmp_path / "out.safetensors")
 
 
+@pytest.mark.slow
 def test_a_damaged_config_json_is_one_line_on_evaluate(tmp_path):
     cfg, state = small_cnn_state()
     workdir = str(tmp_path / "run")

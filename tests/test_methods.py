@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from helpers import Linear, np_cross_entropy, np_softmax
 
 from patjax.compute import methods, models
@@ -25,6 +26,7 @@ def per_example_losses(model, params, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": params}, x), y)
 
 
+@pytest.mark.slow
 def test_gradient_is_the_weighted_sum_of_per_example_gradients_with_detached_weights():
     model, x, y, params = setup()
     beta = 0.7
@@ -102,6 +104,7 @@ def test_no_gradient_flows_through_the_sampler():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grad, fixed)
 
 
+@pytest.mark.slow
 def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
     from patjax.compute.models import SmallCNN
 

@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 from conftest import REPO
 
 WATCHDOG_S = 300
@@ -88,6 +89,7 @@ def leaves_of(result, prefix):
     ]
 
 
+@pytest.mark.slow
 def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cpu_processes(tmp_path, data_dir):
     body = f"""
         from patjax.core.errors import UserError
@@ -105,6 +107,7 @@ def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cp
     assert not os.path.exists(tmp_path / "alp")  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(tmp_path, data_dir):
     two_dir, one_dir = str(tmp_path / "two"), str(tmp_path / "one")
     two = launch(

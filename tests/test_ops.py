@@ -117,6 +117,7 @@ def test_max_pool_gradient_with_ties_goes_to_the_first_maximum_as_reduce_window(
     assert np.count_nonzero(np.asarray(reference)) == weights.size  # one element per window
 
 
+@pytest.mark.slow
 def test_bf16_sampler_stays_close_to_fp32():
     """The same small CNN and parameters, computed in float32 and in bfloat16."""
     x = jax.random.uniform(jax.random.PRNGKey(0), (8, 16, 16, 3))
@@ -148,6 +149,7 @@ def test_bf16_sampler_stays_close_to_fp32():
     assert difference < 0.01 * moved  # ... and bf16 moved them (almost) the same way
 
 
+@pytest.mark.slow
 def test_bf16_update_keeps_float32_parameters_and_gradients():
     from patjax.compute import methods
     from patjax.run import config as config_lib

@@ -74,6 +74,7 @@ def test_config_names_a_shipped_config_unless_a_file_of_that_name_exists(tmp_pat
     assert main_lib.shipped_config(["x", "--config=quickstart"]) == ["x", "--config=quickstart"]
 
 
+@pytest.mark.slow
 def test_the_training_command_reads_a_shipped_config_by_name(tmp_path):
     """From a folder outside the checkout: the name loads the shipped file, whose fields the
     command line then checks (a bad override fails in one line, before any training)."""

@@ -131,6 +131,7 @@ def test_statistics_equal_an_independent_numpy_computation():
                 )
 
 
+@pytest.mark.slow
 def test_lower_bound_never_exceeds_pr_from_the_same_samples_and_entropic_risk_is_stable():
     rng = np.random.default_rng(3)
     w = rng.normal(size=(np.prod(SHAPE), 10)).astype(np.float32)

@@ -80,6 +80,7 @@ def load_counts(workdir, name):
     return z["pr_gaussian.counts"].astype(np.float64), z["clean.correct"].astype(bool)
 
 
+@pytest.mark.slow
 def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypatch):
     workdir = str(tmp_path / "suite")
     suite = tiny_suite(data_dir)
@@ -246,6 +247,7 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
     assert list(suite.matched) == [(("cifar10_resnet18", "pat"), ("cifar10_resnet18", "pgd"))]
 
 
+@pytest.mark.slow
 def test_plans_and_bad_input():
     full = suites.plan(catalog.get_suite("paper_full", None))
     assert len(full) == 4 * len(methods.METHOD_ORDER)
@@ -321,6 +323,7 @@ def lines_about(log, run, what):
     return [line for line in log.splitlines() if f" {run}: {what}" in line]
 
 
+@pytest.mark.slow
 def test_two_workers_share_a_suite_and_train_each_run_once(tmp_path, data_dir):
     workdir = str(tmp_path / "suite")
     procs = [worker(workdir, data_dir) for _ in range(2)]  # no partition: the claims alone share the work
@@ -359,6 +362,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_claim_held_by_a_live_process_is_skipped_and_a_dead_ones_is_taken(tmp_path, data_dir):
     workdir = str(tmp_path / "suite")
     run = "cifar10_small_cnn/clean_s0"
@@ -450,6 +454,7 @@ experiments.cli()
 """.format(tests=str(REPO / "tests"), records=RACE_RECORDS)
 
 
+@pytest.mark.slow
 def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undisturbed(
     tmp_path, data_dir, records_per_file
 ):
@@ -533,6 +538,7 @@ def dry_run(*args, env=None):
     )
 
 
+@pytest.mark.slow
 def test_static_partition_flags_slurm_and_bad_values():
     runs = suites.plan(catalog.get_suite("ablation_cpu", None))
     assert len(runs) == 10
@@ -836,6 +842,7 @@ class Clock:
         return getattr(time, name)
 
 
+@pytest.mark.slow
 def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir, monkeypatch):
     # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
     suite = cpu_suites.smoke_cpu_suite(data_dir)

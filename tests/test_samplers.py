@@ -138,6 +138,7 @@ def contraction_setup():
     return logits_fn, x, y, settings, 1 - 2 * 0.3 * 0.3
 
 
+@pytest.mark.slow
 def test_convergence_exit_freezes_each_chain_at_its_closed_form_step():
     logits_fn, x, y, settings, rate = contraction_setup()
     key = jax.random.PRNGKey(5)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import REPO
 
 SCRIPT = r"""
@@ -52,6 +53,7 @@ def run_training(tmp_path, data_dir, devices):
     return [loaded[k] for k in sorted(loaded.files, key=lambda k: int(k.split("_")[1]))]
 
 
+@pytest.mark.slow
 def test_two_device_data_parallel_step_and_evaluation_equal_single_device(tmp_path, data_dir):
     single = run_training(tmp_path, data_dir, 1)
     split = run_training(tmp_path, data_dir, 2)
@@ -85,6 +87,7 @@ assert not unequal, f"leaves differ after resume: {{unequal}}"
 """
 
 
+@pytest.mark.slow
 def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
     """Every command line splits the batch over one CPU device per core, so the README's
     'an interrupted run resumes to the same parameters, bitwise' must hold on two devices."""
@@ -112,6 +115,7 @@ print(len(re.findall(r"all-gather", hlo)), sorted(set(re.findall(r"f32\[(\d+),32
 """
 
 
+@pytest.mark.slow
 def test_pr_statistics_keeps_each_devices_images_on_that_device():
     # 8 images split over 2 devices, 2 levels x 3 samples per chunk: each device must run the
     # model on its own 4 x 2 x 3 = 24 perturbed images, with nothing gathered across devices

@@ -158,6 +158,7 @@ def test_export_into_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path):
     params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
     file = str(tmp_path / "small.safetensors")  # written by another tool: no metadata names the network
@@ -184,6 +185,7 @@ def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path)
     )
 
 
+@pytest.mark.slow
 def test_an_exported_file_evaluates_without_model_from_its_metadata(tmp_path, data_dir):
     """The metadata `patjax.export` writes names the network, its width and dataset: no --model
     needed, and a --model that contradicts it is refused in one line before the weights are read."""
@@ -232,6 +234,7 @@ def export_command(workdir, out, *flags):
     return run_module("patjax.export", f"--workdir={workdir}", f"--out={out}", *flags)
 
 
+@pytest.mark.slow
 def test_export_replaces_a_file_only_with_overwrite_and_names_the_model_it_holds(tmp_path):
     params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
     out = str(tmp_path / "model.safetensors")
@@ -263,6 +266,7 @@ def test_export_replaces_a_file_only_with_overwrite_and_names_the_model_it_holds
     assert sorted(os.listdir(tmp_path)) == ["model.pt", "model.safetensors"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_an_exported_file_records_the_run_portably_and_no_local_path(tmp_path):
     workdir = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0")
     out = str(tmp_path / "pgd.safetensors")

@@ -46,6 +46,7 @@ def assert_trees_equal(a, b):
     jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_path):
     workdir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=24):
@@ -85,6 +86,7 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
     assert saved["settings"]["pr_samples"] == 4 and saved["settings"]["num_examples"] == 16
 
 
+@pytest.mark.slow
 def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_dir):
     cfg = tiny_config(data_dir=data_dir)
     straight = train_run(cfg, str(tmp_path / "a"))
@@ -138,6 +140,7 @@ def test_training_time_is_summed_over_the_windows_of_every_sitting(tmp_path):
             train.logged_training(str(tmp_path), 256, in_progress=True)
 
 
+@pytest.mark.slow
 def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     cfg = tiny_config(data_dir=data_dir, num_train_steps=2)
     workdir = tmp_path / "run"
@@ -153,6 +156,7 @@ def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_config_is_refused_and_leaves_the_workdir(tmp_path, data_dir):
     workdir = str(tmp_path / "run")
     train_run(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
@@ -203,6 +207,7 @@ def test_evaluate_without_checkpoint_fails_cleanly(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp_path, data_dir, monkeypatch):
     # A relative --config.data_dir is saved absolute, so patjax.evaluate run from another
     # directory finds the data; data_dir may change on resume (the data moved), other fields not.
@@ -218,6 +223,7 @@ def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp
     assert int(state.step) == 3
 
 
+@pytest.mark.slow
 def test_training_ends_saying_where_the_model_is_its_accuracy_on_which_images_and_what_to_run_next(tmp_path, data_dir):
     workdir = tmp_path / "run"
     tiny = ["batch_size=8", "num_train_steps=2", "langevin.steps=2", "log_every_steps=2", "log_test_examples=16"]

@@ -114,6 +114,7 @@ def test_a_folder_with_the_test_split_alone_serves_an_evaluation_and_not_a_train
         data.load_split(dataset, "train", None)
 
 
+@pytest.mark.slow
 def test_cifar100_with_the_test_split_alone_evaluates_offline(offline, tmp_path, records_per_file):
     """`python -m patjax.evaluate --torch_checkpoint` (`api.evaluate_torch_checkpoint`) of a
     CIFAR-100 network with no data_dir: the test split alone, found in PATJAX_DATA_DIR."""

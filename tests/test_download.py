@@ -487,6 +487,7 @@ def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_afte
     assert server.requests == ["/cifar-10-binary.tar.gz"]  # not downloaded again
 
 
+@pytest.mark.slow
 def test_the_command_line_without_data_or_network_ends_in_one_line(server, tmp_path):
     """main.py from a checkout with no data beside it and an empty cache: the download it tries
     (a mirror on the loopback address serving an archive that is not the official one) fails,

@@ -122,6 +122,7 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_the_dry_run_lays_the_data_down_runs_the_main_job_and_a_suite_and_brings_their_results_back(tmp_path):
     """The device sequence on the CPU: three staged calls lay CIFAR-10 down (size and md5
     checked), then main.py + patjax.evaluate and a suite run (the small CNN, a few steps), whose

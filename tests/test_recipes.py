@@ -89,6 +89,7 @@ def uniform_noise(params, model, batch_stats, x, y, key, s):
     return loss, (new_batch_stats, metrics)
 
 
+@pytest.mark.slow
 def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeypatch, tmp_path):
     monkeypatch.setitem(methods.METHODS, "uniform_noise", uniform_noise)
     cfg = tiny_config(method="uniform_noise", data_dir=data.TFDS, num_train_steps=2, log_every_steps=1)

@@ -32,6 +32,8 @@ from patjax.run import config as config_lib  # noqa: E402
 from patjax.run import state as state_lib  # noqa: E402
 from patjax.run import torch_weights, train  # noqa: E402
 
+# Each test builds the PyTorch peer and runs it beside patjax, seconds apiece: the whole file is slow.
+pytestmark = pytest.mark.slow
 BATCH, STEPS = 8, 3
 RESNET_WIDTH = 4  # ResNet-18 with stage widths 4/8/16/32: the same graph, test-sized
 TOL = 1e-5

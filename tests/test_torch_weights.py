@@ -57,6 +57,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,width,normalize", CASES, ids=[c[0] for c in CASES])
 def test_torch_to_patjax_to_torch_gives_torch_logits(torch, images, tmp_path, name, width, normalize):
     from patjax_torch import models as torch_models
@@ -209,6 +210,7 @@ def test_an_exported_file_evaluates_without_model_from_its_metadata(tmp_path, da
         assert run.returncode == 2 and run.stderr.strip() == f"error: {file} {message}", run.stderr
 
 
+@pytest.mark.slow
 def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
     """A committed patjax-trained model, exported by the command line as .pt, in PyTorch."""
     from patjax_torch import models as torch_models
@@ -291,6 +293,7 @@ PGD_RUN = str(REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small
 OVERWRITE_REMEDY = "pass --overwrite to replace it, or choose another --out"
 
 
+@pytest.mark.slow
 def test_a_damaged_or_foreign_weights_file_is_one_line_wherever_it_is_read(tmp_path):
     """One reader of a .safetensors file (`files.read_safetensors`): a file cut short gives the
     same line through the library, `evaluate --torch_checkpoint` and `export --out` (kept models:
@@ -321,6 +324,7 @@ def test_a_damaged_or_foreign_weights_file_is_one_line_wherever_it_is_read(tmp_p
     assert sorted(os.listdir(tmp_path)) == ["damaged.safetensors", "foreign.safetensors"]
 
 
+@pytest.mark.slow
 def test_results_name_the_file_by_name_and_sha256_so_the_same_file_anywhere_is_the_same_evaluation(
     tmp_path, monkeypatch, data_dir
 ):

@@ -173,21 +173,33 @@ def run_cli(*args, cwd=REPO):
 
 @pytest.mark.parametrize(
     "override,message",
-    [
-        ("--config.model=resnet1000", "unknown model"),
-        ("--config.dataset=mnist", "unknown dataset"),
+    [  # two fast cases, one per place an error is raised (main, absl's config load); the rest slow
+        pytest.param("--config.model=resnet1000", "unknown model", marks=pytest.mark.slow),
+        pytest.param("--config.dataset=mnist", "unknown dataset", marks=pytest.mark.slow),
         ("--config.method=magic", "unknown method"),
-        ("--config.data_dir=/nonexistent", "lacks the cifar10 train split"),
+        pytest.param("--config.data_dir=/nonexistent", "lacks the cifar10 train split", marks=pytest.mark.slow),
         # Values that parse but make no sense to train with: refused in one line too.
-        ("--config.langevin.step_size=-0.3", "langevin.step_size"),
-        ("--config.learning_rate=-0.05", "learning_rate must be > 0"),
-        ("--config.eval.pr_epsilons=(-0.1,0.2)", "eval.pr_epsilons must be non-empty and non-negative"),
-        ("--stop_after_steps=-1", "stop_after_steps must be >= 1"),
-        ("--config.num_train_steps=-5", "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length)"),
+        pytest.param("--config.langevin.step_size=-0.3", "langevin.step_size", marks=pytest.mark.slow),
+        pytest.param("--config.learning_rate=-0.05", "learning_rate must be > 0", marks=pytest.mark.slow),
+        pytest.param(
+            "--config.eval.pr_epsilons=(-0.1,0.2)",
+            "eval.pr_epsilons must be non-empty and non-negative",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param("--stop_after_steps=-1", "stop_after_steps must be >= 1", marks=pytest.mark.slow),
+        pytest.param(
+            "--config.num_train_steps=-5",
+            "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length)",
+            marks=pytest.mark.slow,
+        ),
         # Errors raised while absl loads the config, before main runs: one line, not a traceback.
         ("--config.nonexistent_field=1", "nonexistent_field"),
-        ("--config.batch_size=abc", "invalid literal"),
-        ("--config=configs/no_such_config.py", "No such file or directory: 'configs/no_such_config.py'"),
+        pytest.param("--config.batch_size=abc", "invalid literal", marks=pytest.mark.slow),
+        pytest.param(
+            "--config=configs/no_such_config.py",
+            "No such file or directory: 'configs/no_such_config.py'",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_main_rejects_bad_input_with_one_line_and_nonzero_exit(tmp_path, override, message):
@@ -201,6 +213,7 @@ def test_main_rejects_bad_input_with_one_line_and_nonzero_exit(tmp_path, overrid
     assert not workdir.exists() or not (workdir / "config.json").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_evaluate_without_checkpoint_fails_cleanly(tmp_path):
     proc = run_cli("-m", "patjax.evaluate", f"--workdir={tmp_path}")
     assert proc.returncode == 2 and "not a patjax workdir" in proc.stderr

@@ -76,6 +76,7 @@ FULL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,build,layout", FULL, ids=[c[0] for c in FULL])
 def test_a_zoo_checkpoint_gives_pytorchs_logits(torch, reference, images, tmp_path, name, build, layout):
     check_logits(torch, build(reference), name, images, tmp_path, layout)
@@ -119,6 +120,7 @@ def test_an_entry_patjax_does_not_cover_or_cannot_fetch_is_one_line(tmp_path, mo
         zoo.load_model("Carmon2019Unlabeled", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_the_command_line_evaluates_an_entry_and_refuses_the_flags_the_entry_decides(
     torch, reference, data_dir, tmp_path
 ):

@@ -1,0 +1,94 @@
+"""Every command line runs its main path once on a tiny run, the four at once in their own
+processes: the fast tier's touch of each door. Each command's own test file runs it at length."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO, train_run
+from safetensors.numpy import load_file
+
+from patjax.compute import data
+from patjax.configs import quickstart
+from patjax.run import workdir as workdir_lib
+
+NUM_EXAMPLES = 16
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, data_dir):
+    cfg = quickstart.get_config()
+    cfg.data_dir, cfg.method = data_dir, "clean"  # the cheapest step to compile: the run is only a model to act on
+    cfg.batch_size, cfg.num_train_steps, cfg.langevin.steps = 8, 2, 2
+    cfg.checkpoint_every_steps = cfg.log_every_steps = 2
+    cfg.progress_bar = False
+    cfg.eval.num_examples, cfg.eval.batch_size = NUM_EXAMPLES, 8
+    workdir = str(tmp_path_factory.mktemp("tiny") / "run")
+    train_run(cfg, workdir)
+    return workdir
+
+
+def start(module, *flags):
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
+def test_evaluate_export_diagnose_and_experiments_each_do_their_job_on_a_tiny_run(tiny_run, tmp_path, data_dir):
+    exported, diagnosed, suite = tmp_path / "model.safetensors", tmp_path / "diagnose", tmp_path / "suite"
+    suite.mkdir()
+    procs = {
+        "evaluate": start(
+            "patjax.evaluate", f"--workdir={tiny_run}", f"--num_examples={NUM_EXAMPLES}", "--evaluators=clean"
+        ),
+        "export": start("patjax.export", f"--workdir={tiny_run}", f"--out={exported}"),
+        "diagnose": start(
+            "patjax.diagnose",
+            f"--workdir={tiny_run}",
+            "--num_examples=2",
+            "--steps=3",
+            "--chains=2",
+            f"--out={diagnosed}",
+            "--progress_bars=false",
+        ),
+        "experiments": start("patjax.experiments", "--suite=smoke_cpu", f"--workdir={suite}", "--report_only"),
+    }
+    out = {name: finish(proc) for name, proc in procs.items()}
+
+    # evaluate: the clean accuracy is numpy's argmax of the restored model's logits on the same images.
+    _, model_fns, state = workdir_lib.restore(tiny_run)
+    split = data.load_split("cifar10", "test", data_dir)
+    logits = np.asarray(model_fns.infer(state.params, state.batch_stats, data.to_float(split.images[:NUM_EXAMPLES])))
+    results = json.load(open(os.path.join(tiny_run, "eval", "results.json")))
+    assert results["clean_accuracy"] == np.mean(logits.argmax(-1) == split.labels[:NUM_EXAMPLES])
+
+    # export: every parameter and statistic of the restored state, the same numbers (the reference
+    # definitions' state_dict adds the input normalization, mu and sigma, and a num_batches_tracked
+    # counter per BatchNorm, which patjax's state does not hold).
+    arrays = {
+        k: v for k, v in load_file(exported).items() if k not in ("mu", "sigma") and "num_batches_tracked" not in k
+    }
+    leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves((state.params, state.batch_stats))]
+    assert sum(a.size for a in arrays.values()) == sum(a.size for a in leaves)
+    assert sorted(float(np.abs(a).sum()) for a in arrays.values()) == pytest.approx(
+        sorted(float(np.abs(a).sum()) for a in leaves), rel=1e-6
+    )
+
+    # diagnose: the chain's energy at its start and after each of the 3 steps.
+    report = json.load(open(diagnosed / "sampler_diagnostic_uniform.json"))
+    assert report["settings"]["steps"] == 3 and len(report["curves"]["energy"]) == 4
+
+    # experiments: the smoke suite's report before any run, 2 methods x 2 seeds all pending.
+    assert "wrote" in out["experiments"] and json.load(open(suite / "results.json"))["num_done"] == 0
+    pending = [line.split("|")[1].strip() for line in open(suite / "results.md") if "| pending |" in line]
+    assert pending == [f"cifar10_small_cnn/{m}_s{s}" for s in (0, 1) for m in ("clean", "pat")]

@@ -1,5 +1,5 @@
-"""Layer 5, experiment suites: their shape and plan of runs (here), the catalog, the runner and
-workers, the tables over seeds. Imports every folder below; the command lines import it.
+"""Layer 5, experiment suites: their plan of runs (here), catalog, runner, workers, tables over seeds.
+Imports `run`, `reporting`, `evaluators`, `compute` and `core`; the command lines import it.
 
 A suite is groups of runs; a group is one block of the paper's tables (a dataset x model)
 whose runs share one base config and differ only in `method` and `seed` (and the method's own

@@ -5,8 +5,10 @@ import importlib.util
 import pathlib
 import re
 
+from test_architecture import FOLDERS as LAYER_FOLDERS
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FOLDERS = ("", "core.", "compute.", "reporting.", "run.", "suites.")  # where a bare module name may live
+MODULE_PREFIXES = ("", *(f"{f}." for f in LAYER_FOLDERS))  # where a bare module name may live: the top, a layer folder
 
 
 def map_rows():
@@ -50,7 +52,11 @@ def test_every_name_in_the_paper_to_code_map_exists():
             if head in ("patjax", "config", "eval", "cfg"):
                 continue
             owner = module  # `robustness.lower_bound`: a module of the package (in any folder), then a name in it
-            found = [f"patjax.{f}{head}" for f in FOLDERS if importlib.util.find_spec(f"patjax.{f}{head}".rstrip("."))]
+            found = [
+                f"patjax.{f}{head}"
+                for f in MODULE_PREFIXES
+                if importlib.util.find_spec(f"patjax.{f}{head}".rstrip("."))
+            ]
             if found:
                 owner = importlib.import_module(found[0])
                 dotted = dotted.split(".", 1)[1] if "." in dotted else None

@@ -14,7 +14,7 @@ from conftest import REPO, train_run
 from patjax.compute import data
 from patjax.configs import quickstart
 from patjax.core.errors import UserError
-from patjax.run import evaluation, train
+from patjax.run import config, evaluation, train
 
 
 def tiny_config(**overrides):
@@ -255,11 +255,6 @@ def test_training_ends_saying_where_the_model_is_its_accuracy_on_which_images_an
     ]
     assert os.path.isdir(workdir / "checkpoints" / "2")
     # Stopped before the end (a preempted job), it says how to resume.
-    from patjax.run import config
-
-    sys.path.insert(0, str(REPO / "configs"))
-    import quickstart
-
     cfg = quickstart.get_config()
     cfg.num_train_steps = 4
     message = train.closing_message(config.train_settings(cfg), str(workdir), 2)
@@ -267,3 +262,16 @@ def test_training_ends_saying_where_the_model_is_its_accuracy_on_which_images_an
         f"stopped at step 2 of 4 (checkpoint {workdir / 'checkpoints' / '2'}); run the same command again to resume"
     )
     assert message.splitlines()[-1].startswith(f"then: python -m patjax.evaluate --workdir={workdir}")
+
+
+def test_a_damaged_training_log_costs_the_closing_message_its_accuracy_line_only(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2, "test_clean_accuracy": 0.5}\n{"step": 2, "test_clean\n')
+    cfg = quickstart.get_config()
+    cfg.num_train_steps = 2
+    lines = train.closing_message(config.train_settings(cfg), str(tmp_path), 2).splitlines()
+    assert lines[0] == f"trained pat to step 2 of 2: {tmp_path / 'checkpoints' / '2'}"
+    assert lines[1] == (
+        f"no clean accuracy to report: {tmp_path / 'metrics.jsonl'} line 2 is damaged (not a JSON object); "
+        "repair or remove that line"
+    )
+    assert lines[2].startswith(f"next: python -m patjax.evaluate --workdir={tmp_path}")

@@ -356,12 +356,12 @@ def closing_message(settings: config_lib.TrainSettings, workdir: str, step: int)
         if step >= total
         else f"stopped at step {step} of {total} (checkpoint {where}); run the same command again to resume"
     ]
-    accuracy, path = None, os.path.join(workdir, METRICS_FILE)
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                entry = json.loads(line) if line.endswith("\n") else {}
-                accuracy = entry.get("test_clean_accuracy") if entry.get("step") == step else accuracy
+    accuracy = None
+    try:  # the model is saved; a damaged log only loses this line of the message
+        for entry in files.read_json_lines(os.path.join(workdir, METRICS_FILE), "repair or remove that line"):
+            accuracy = entry.get("test_clean_accuracy") if entry.get("step") == step else accuracy
+    except UserError as error:
+        lines.append(f"no clean accuracy to report: {error}")
     if accuracy is not None:
         dataset = download.DISPLAY_NAMES[settings.dataset]
         k = settings.log_test_examples

@@ -205,7 +205,8 @@ def evaluate_workdir(
     to replace an evaluation made with other settings or more evaluators or laws.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
     """
-    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, overwrite, step)
+    # Whether eval/ may be replaced is decided once, under the lock, by evaluate_and_write.
+    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, True, step)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     with sharding.writer_lock(workdir, "an evaluation"):
         _, model_fns, state = workdir_lib.restore(workdir, step=step)

@@ -56,6 +56,7 @@ def main(argv):
         "method": settings.method.name,
         "seed": settings.seed,
     }
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)  # cli.output_file: may be created
     path = torch_weights.export(
         FLAGS.out,
         model.name,

@@ -45,7 +45,7 @@ def finish(proc):
 
 
 def test_evaluate_export_diagnose_and_experiments_each_do_their_job_on_a_tiny_run(tiny_run, tmp_path, data_dir):
-    exported, diagnosed, suite = tmp_path / "model.safetensors", tmp_path / "diagnose", tmp_path / "suite"
+    exported, diagnosed, suite = tmp_path / "new" / "model.safetensors", tmp_path / "diagnose", tmp_path / "suite"
     suite.mkdir()
     procs = {
         "evaluate": start(

@@ -297,7 +297,7 @@ def test_snis_weighted_loss_matches(setup):
 
 @pytest.mark.parametrize("execution", EXECUTION_PARAMS)
 def test_two_train_steps_give_equal_parameters_and_statistics(setup, execution):
-    """patjax's compiled train step against the peer's pat_step_from, twice in a row (the second
+    """patjax's compiled train step against the peer's Peer.step_from, twice in a row (the second
     step uses the momentum buffer of the first): loss, parameters, running statistics."""
     s = setup
     step_fn = train.make_train_step(

@@ -88,7 +88,7 @@ def _mirrored_module(path: tuple) -> str:
     return ".".join(part.replace("_", ".") for part in path)
 
 
-# The networks with a PyTorch twin in patjax_torch/models.py (tests/test_torch_weights.py checks
+# The networks with a PyTorch twin in patjax_torch/models.py (tests/test_registries.py checks
 # that the two lists agree), each with its Flax path -> PyTorch module name map.
 MODULE_NAMES = {
     "small_cnn": _small_cnn_module,

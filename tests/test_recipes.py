@@ -154,10 +154,8 @@ def register(monkeypatch, evaluator):
     """What one more line in REGISTRY's tuple gives: the registry and the names derived from it."""
     registry = {**evaluators.REGISTRY, evaluator.name: evaluator}
     monkeypatch.setattr(evaluators, "REGISTRY", registry)
-    monkeypatch.setattr(evaluators, "NAMES", tuple(registry))
-    worst = tuple(name for name, e in registry.items() if e.worst_case)
-    monkeypatch.setattr(evaluators, "WORST_CASE", worst)
-    monkeypatch.setattr(evaluators, "OTHER_ATTACKS", tuple(n for n in worst if n not in evaluators.TABLE_ATTACKS))
+    for name, value in evaluators.derived_names(registry).items():
+        monkeypatch.setattr(evaluators, name, value)
 
 
 def _top2_batch_fn(model_fns, s, pass_name):
@@ -187,6 +185,7 @@ def linear_images():
 
 def test_a_new_evaluator_runs_through_the_api_and_prints_with_its_figure(monkeypatch, linear_images):
     register(monkeypatch, TOP2)
+    assert evaluators.parse("all") == ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr", "top2")  # 'all' follows
     images, labels, kernel, bias = linear_images
     results = api.evaluate(
         lambda x: x.reshape(x.shape[0], -1) @ kernel + bias, images, labels, evaluators="clean,top2", batch_size=16

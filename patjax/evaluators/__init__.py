@@ -27,14 +27,27 @@ REGISTRY: dict[str, common.Evaluator] = {
         pr.EVALUATOR,
     )
 }
-NAMES = tuple(REGISTRY)
-# 'all' is every evaluator but AutoAttack, which costs about 20 APGD runs and is run when named.
-ALIASES = {"apgd": ("apgd_ce", "apgd_dlr"), "all": tuple(n for n in NAMES if n != "aa")}
-WORST_CASE = tuple(name for name, e in REGISTRY.items() if e.worst_case)
 # The worst-case columns of the paper's Tables 1-2 (PGD-20 and CW-20), which the suites compare;
 # the other attacks are reported beside them.
 TABLE_ATTACKS = ("pgd20", "cw20")
-OTHER_ATTACKS = tuple(name for name in WORST_CASE if name not in TABLE_ATTACKS)
+
+
+def derived_names(registry: dict) -> dict:
+    """What the registry's order and flags decide: NAMES, ALIASES, WORST_CASE and OTHER_ATTACKS."""
+    names = tuple(registry)
+    worst = tuple(name for name, e in registry.items() if e.worst_case)
+    return {
+        "NAMES": names,
+        # 'all' is every evaluator but AutoAttack, which costs about 20 APGD runs and is run when named.
+        "ALIASES": {"apgd": ("apgd_ce", "apgd_dlr"), "all": tuple(n for n in names if n != "aa")},
+        "WORST_CASE": worst,
+        "OTHER_ATTACKS": tuple(name for name in worst if name not in TABLE_ATTACKS),
+    }
+
+
+_DERIVED = derived_names(REGISTRY)
+NAMES, ALIASES = _DERIVED["NAMES"], _DERIVED["ALIASES"]
+WORST_CASE, OTHER_ATTACKS = _DERIVED["WORST_CASE"], _DERIVED["OTHER_ATTACKS"]
 
 
 def parse(spec) -> tuple:

@@ -11,22 +11,18 @@ import numpy as np
 import pytest
 from conftest import REPO, train_run
 from safetensors.numpy import load_file
+from test_train import tiny_config
 
 from patjax.compute import data
-from patjax.configs import quickstart
 from patjax.run import workdir as workdir_lib
 
-NUM_EXAMPLES = 16
+NUM_EXAMPLES = 16  # tiny_config's eval.num_examples
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, data_dir):
-    cfg = quickstart.get_config()
-    cfg.data_dir, cfg.method = data_dir, "clean"  # the cheapest step to compile: the run is only a model to act on
-    cfg.batch_size, cfg.num_train_steps, cfg.langevin.steps = 8, 2, 2
-    cfg.checkpoint_every_steps = cfg.log_every_steps = 2
-    cfg.progress_bar = False
-    cfg.eval.num_examples, cfg.eval.batch_size = NUM_EXAMPLES, 8
+    # clean: the cheapest step to compile; the run is only a model for the commands to act on.
+    cfg = tiny_config(data_dir=data_dir, method="clean", num_train_steps=2)
     workdir = str(tmp_path_factory.mktemp("tiny") / "run")
     train_run(cfg, workdir)
     return workdir

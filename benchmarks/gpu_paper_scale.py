@@ -128,7 +128,8 @@ RATES = {
 DRY_RATES = ["--model", "small_cnn", "--batch", "16", "--langevin-steps", "2", "--iters", "1"]
 # Left out of a result's tar: what resumes training or speeds compilation, not what it computed.
 SKIP_DIRS = {"checkpoints", "damaged_checkpoints", "jax_cache", "tensorboard"}
-SKIP_FILES = {".lock", ".claim", ".report.lock"}
+# and every hidden file: the locks (.lock, .claim, .report.lock) and a killed writer's temporary
+# file (.NAME.RANDOM.tmp, or .tmp.npz for an .npz: patjax.core.files.temporary_path).
 
 
 class Failure(Exception):
@@ -635,7 +636,7 @@ def _result_files(workdir: str, model_methods: list | None = None) -> list:
                 with open(record) as f:
                     final = f"step_{int(json.load(f)['step']):06d}.safetensors"
         for n in sorted(names):
-            if n in SKIP_FILES or n.endswith(".tmp"):
+            if n.startswith("."):
                 continue
             method = os.path.basename(os.path.dirname(folder)).rsplit("_s", 1)[0]
             if os.path.basename(folder) == "models" and (

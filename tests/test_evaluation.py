@@ -24,6 +24,7 @@ from patjax.compute import stats as patjax_stats
 from patjax.compute.models import ModelFns
 from patjax.core import files
 from patjax.core.errors import UserError
+from patjax.reporting import plots, report
 from patjax.run import checkpoints, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -634,7 +635,6 @@ def hand_made_results(correct, pr_correct, pr_all, bound, attacks):
 
 
 def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_worst_attack():
-    from patjax.reporting import report
 
     a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (-1.5454, 0.25), ["pgd20", "cw20", "aa"])
     b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.125, -0.001), ["pgd20", "cw20"])
@@ -667,7 +667,6 @@ def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_
 
 
 def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
-    from patjax.reporting import plots
 
     a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
     b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])

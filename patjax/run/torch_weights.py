@@ -220,11 +220,11 @@ def read_state_dict(path: str, containers=CONTAINERS) -> dict[str, np.ndarray]:
 
 def _held_model(path: str) -> str:
     """Which model the weights file `path` holds, from its metadata (`export` writes the network,
-    dataset and step into a .safetensors file), or that it does not say. A damaged .safetensors
-    file is `files.read_safetensors`' UserError."""
+    dataset and step into a .safetensors file, `read_metadata`), or that it does not say. A damaged
+    .safetensors file is `files.read_safetensors`' UserError."""
     if os.path.splitext(path)[1].lower() != SAFETENSORS:
         return "a .pt file, which does not record which model it holds"
-    metadata, _ = files.read_safetensors(path, arrays=False)
+    metadata = read_metadata(path)
     if "model" not in metadata:
         return "its metadata does not say which model it holds"
     # The model first, then by name: safetensors keeps the metadata unordered.

@@ -1,6 +1,10 @@
 # Shared by the GPU scripts (sourced; OUT set): the output folder, the environment, a fresh JAX
 # compilation cache, the machine's description in $OUT/env.txt, and `measure`.
 mkdir -p "$OUT"
+# Dense peaks of an H100 SXM (NVIDIA's datasheet): TF32 494.7, BF16 989.4 TFLOP/s. fp32 convolutions
+# run as TF32 on tensor cores in both JAX (default precision) and PyTorch (cudnn.allow_tf32).
+PEAK_TF32=${PEAK_TF32:-494700}
+PEAK_BF16=${PEAK_BF16:-989400}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # A fresh cache per run: repeated programs (the second patjax arm of compare_torch) load from it,
 # and each measurement's first compile_s is a true compile, not a load left by an earlier run.

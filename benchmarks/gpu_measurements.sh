@@ -21,10 +21,6 @@ T=${T:-100}
 EVAL_BATCH=${EVAL_BATCH:-500}
 PR_N=${PR_N:-100}
 ITERS=${ITERS:-4}
-# Dense peaks of an H100 SXM (NVIDIA's datasheet): TF32 494.7, BF16 989.4 TFLOP/s. fp32 convolutions
-# run as TF32 on tensor cores in both JAX (default precision) and PyTorch (cudnn.allow_tf32).
-PEAK_TF32=${PEAK_TF32:-494700}
-PEAK_BF16=${PEAK_BF16:-989400}
 . "$(dirname "$0")/gpu_common.sh"
 
 B=benchmarks

@@ -24,8 +24,6 @@ T=${T:-100}
 ITERS=${ITERS:-3}
 ROUNDS=${ROUNDS:-2}
 STAGES=${STAGES:-profile peer peer_bf16 flags}
-PEAK_TF32=${PEAK_TF32:-494700}
-PEAK_BF16=${PEAK_BF16:-989400}
 . "$(dirname "$0")/gpu_common.sh"
 
 B=benchmarks

@@ -176,7 +176,9 @@ MAX_STREAM = 99
 
 
 def attack_key(seed: int, stream: int):
-    """The random-start key of an attack, one independent stream each: streams 1-4 are
+    """The random-start key of an attack, a stream of its own each (not independent of PR's
+    noise: split(root, 5)[k] equals fold_in(root, k), PR's key of image k; that couples
+    different images only, so no mean is biased): streams 1-4 are
     jax.random.split(PRNGKey(seed), 5)[1:], the later ones fold_in(PRNGKey(seed), stream) (PR keys
     its noise by PRNGKey(seed) itself). A stream outside 1..MAX_STREAM is a ValueError, since
     indexing past the split would silently hand out another attack's key."""

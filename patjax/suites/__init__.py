@@ -5,7 +5,8 @@ A suite is groups of runs; a group is one block of the paper's tables (a dataset
 whose runs share one base config and differ only in `method` and `seed` (and the method's own
 settings, listed in the group). Every run of a suite is evaluated with the suite's evaluators
 on the same test images with the same evaluation seed (common random numbers). The suites
-themselves, which runs reproduce which table at which scale, are `patjax.suites.catalog`'s.
+themselves, which runs reproduce which table at which scale, are in `cpu_suites` and
+`gpu_suites`, named in `catalog.SUITES`.
 
 `patjax.suites.runner` runs a suite; `python -m patjax.experiments` is its command line.
 """

@@ -1,38 +1,43 @@
 #!/usr/bin/env python3
 """The paper-scale GPU run, prepared so that a GPU window is spent on no debugging.
 
-Here (the machine with the repository and the data), before each device call:
+Here (the machine with the repository and the data), before the window:
   python benchmarks/gpu_paper_scale.py travel untrack   # docs/results/ leaves the index: it does not travel
-  python benchmarks/gpu_paper_scale.py wheels           # the wheels the GPU machine lacks, into .gpu/carry/whl
-  python benchmarks/gpu_paper_scale.py stage --data 1   # CIFAR-10 files 1-2 (then 2: 3-4, 3: 5 + test) into .gpu/carry
-  python benchmarks/gpu_paper_scale.py travel check     # what the next call sends, against the 64 MiB limit
-On the device machine (a call with carry [".gpu/carry"]):
-  python3 benchmarks/gpu_paper_scale.py device setup [smoke] [rates] [main-job] [suite --methods=pgd]
+  python benchmarks/gpu_paper_scale.py wheels           # the wheels the GPU machine lacks, into .gpu/whl (once)
+  python benchmarks/gpu_paper_scale.py stage --data 1   # CIFAR-10 batches 1-3, encoded, and the wheels: .gpu/carry1
+  python benchmarks/gpu_paper_scale.py stage --data 2   # batches 4-5 and the test batch: .gpu/carry2
+On the device machine (call K carries [".gpu/carryK"]):
+  python3 benchmarks/gpu_paper_scale.py device setup smoke rates     # call 1
+  python3 benchmarks/gpu_paper_scale.py device setup pair             # call 2
+  (also: main-job [--epochs N], send --name NAME --first K)
 Here, after the calls:
   python benchmarks/gpu_paper_scale.py collect FILES_AT [FILES_AT ...]  # check the pieces' hashes, unpack
   python benchmarks/gpu_paper_scale.py travel retrack   # docs/results/ back in the index, the tree as before
 
 Why each piece (limits of the device tool, /work/.library/device/README.md):
 - What travels is the tracked and untracked-not-ignored tree plus the carried paths, 64 MiB in
-  all, and docs/results/ alone is about 55 MiB; two CIFAR-10 files are 58.6 MiB. `travel
-  untrack` takes docs/results/ out of this checkout's index (`git rm --cached`: no file on disk
-  and no commit is touched) and ignores it through a marked block appended to .gitignore;
-  `travel retrack` resets the index from HEAD and removes that block, and checks that the tree's
-  status is what it was. It refuses to start on staged changes or a docs/results/ that is not
-  clean, so the reset restores exactly what was there.
+  all, and docs/results/ alone is about 55 MiB. `travel untrack` takes docs/results/ out of this
+  checkout's index (`git rm --cached`: no file on disk and no commit is touched) and ignores it
+  through a marked block appended to .gitignore; `travel retrack` resets the index from HEAD and
+  removes that block, and checks that the tree's status is what it was. It refuses to start on
+  staged changes or a docs/results/ that is not clean, so the reset restores exactly what was there.
+- The six CIFAR-10 files are 175.8 MiB, three calls raw; encoded losslessly (`encode_cifar`) they
+  take two. Both calls' carried folders are staged before the window, so that the next call is
+  made at once: a machine left idle for 30 s is given back, with the data laid down on it.
 - Files written under ignored paths on the device machine stay there while it is held, but a
-  carried path is replaced by each call's copy: the data therefore travel in .gpu/carry/data and
-  `device setup` moves them to .gpu/data/, where three calls lay down the six files.
+  carried path is replaced by each call's copy: `device setup` therefore decodes the carried files
+  into .gpu/data/, checking each against the official file's size and md5 taken here.
 - What comes back is at most 8 files of 16 MiB, 64 MiB together, from $OUT: each result is one
-  tar, split into pieces of 15 MiB with their sha256 in a manifest (a ResNet-18 model is 44.7 MB:
-  three pieces); pieces that do not fit stay in .gpu/outbox/ for `device send --name NAME --first K`.
+  tar, split into pieces just under 16 MiB with their sha256 in a manifest (a ResNet-18 model is
+  44.7 MB: three pieces); pieces that do not fit stay in .gpu/outbox/ for `device send --name
+  NAME --first K`.
 
 --dry_run runs the same steps on the CPU with a tiny stand-in (the small CNN, a few steps, a few
-images; the suite smoke_cpu instead of table1_gpu), with --stage and --out as local folders
+images), with --stage and --out as local folders
 standing in for the device machine's .gpu/ (its data folder) and $OUT (tests/test_gpu_paper_scale.py).
 Run the steps here in the checkout the device tool sends (the session's own), not a helper's.
 Nothing here imports patjax: the device steps run patjax's own command lines (main.py,
-patjax.evaluate, patjax.experiments).
+patjax.export, patjax.evaluate) and benchmarks/epoch_throughput.py.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import lzma
 import os
 import platform
 import shutil
@@ -49,20 +55,17 @@ import sys
 import tarfile
 import time
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 TRAVEL_LIMIT = 64 * MIB  # the device tool's working tree, carried paths included
 OUT_FILES, OUT_BYTES = 8, 64 * MIB  # what comes back from $OUT
-PIECE_BYTES = 15 * MIB  # under the 16 MiB a file may have, with room for the tar's headers
+PIECE_BYTES = 16 * MIB - 64 * 1024  # under the 16 MiB a file from $OUT may have
 LOG_RESERVE = 2 * MIB  # $OUT room kept for log.txt and the JSON files
 PACK_S = 30  # a call's seconds kept for packing and copying the results into $OUT
-# A suite's evaluation under way when its --max_minutes passes runs to its end: a curve point
-# (clean and uniform PR on 10,000 images, about 30 s on an H100) then ends inside the call. A
-# final evaluation (about 1.8 min) that starts late is cut off by the call's budget and redone by
-# the next call; the results are packed either way (docs/reproduction.md has the figures).
-SUITE_EVAL_S = 60
 STAGE = ".gpu"  # ignored (.gitignore); everything this script writes lives under it
-CARRY = "carry"  # .gpu/carry: the one carried path
+CARRY = "carry"  # .gpu/carryK: what call K carries (the data of DATA_PARTS[K]; the wheels with the first)
 UNTRACKED = "docs/results"
 IGNORE_BLOCK = (
     "# gpu_paper_scale travel untrack: docs/results is out of the index until `travel retrack`\n/docs/results/\n"
@@ -78,13 +81,16 @@ CIFAR_SIZES = {
     "test_batch.bin": 30_730_000,
     "batches.meta.txt": None,  # the class names: any size
 }
-MD5_FILE = "md5.json"  # beside the data (STAGE/carry/ and STAGE/data/): {file: md5}
-# Two files of 29.3 MiB per call, beside the ~1 MiB tree and the wheels.
+MD5_FILE = "md5.json"  # beside the data (STAGE/carry*/ and STAGE/data/): {file: md5 of the official file}
+# Two calls carry the six files, each file losslessly encoded (`encode_cifar`: 61 % of its size,
+# 17.8 MiB), so that a call carries three beside the ~1 MiB tree; the raw files would take three.
 DATA_PARTS = {
-    1: ("data_batch_1.bin", "data_batch_2.bin"),
-    2: ("data_batch_3.bin", "data_batch_4.bin"),
-    3: ("data_batch_5.bin", "test_batch.bin", "batches.meta.txt"),
+    1: ("data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin"),
+    2: ("data_batch_4.bin", "data_batch_5.bin", "test_batch.bin", "batches.meta.txt"),
 }
+ENCODED = ".pjxz"  # an encoded CIFAR file: NAME.bin.pjxz
+ENCODING_MAGIC = b"PJXZ1\n"
+CIFAR_RECORD = 3073  # a label byte, then 32x32 red, green and blue planes
 # What the GPU machine's image lacks of pyproject.toml's dependencies (KINDS.md's package list;
 # tensorflow-datasets is read only with data_dir='tfds'). Pure-Python wheels, the versions here.
 WHEELS = ("ml-collections==1.1.0", "tensorboardX==2.6.5")
@@ -115,17 +121,61 @@ DRY_EVALUATE = [
     "--pr_chunk_size=4",
     "--pr_distributions=uniform",
 ]
-DRY_SUITE = ("smoke_cpu", ["--max_runs=1"])
-# The step rates that size table1_gpu's runs (docs/reproduction.md): PGD-10 and PAT with the
-# cheaper sampler, ResNet-18, batch 256, fp32, random data.
-RATES = {
-    "pgd10": ["--method", "pgd", "--model", "resnet18", "--batch", "256", "--iters", "4"],
-    "pat_cheaper_sampler": [
-        *("--method", "pat", "--model", "resnet18", "--batch", "256", "--iters", "4"),
+# The windows' two runs (docs/reproduction.md, "Table 1 at the paper's model scale"): ResNet-18,
+# batch 256, bf16 compute, PGD-10 and PAT with the cheaper sampler. Their step rates, on random
+# data, alone and both at once (two processes sharing the GPU), decide what the `pair` call runs.
+RATE_FLAGS = {
+    "pgd": ["--method", "pgd", "--model", "resnet18", "--batch", "256", "--compute-dtype", "bfloat16"],
+    "pat": [
+        *("--method", "pat", "--model", "resnet18", "--batch", "256", "--compute-dtype", "bfloat16"),
         *("--langevin-steps", "20", "--langevin-init", "clean"),
     ],
 }
-DRY_RATES = ["--model", "small_cnn", "--batch", "16", "--langevin-steps", "2", "--iters", "1"]
+# Timed steps: alone, and at once. Together, both processes load their programs from the
+# persistent cache the alone runs filled, so they start within a second or two; PAT's step is about
+# twice PGD-10's, so these counts keep both timing at once for most of their steps.
+RATE_ITERS = {"alone": 20, "together": {"pat": 150, "pgd": 300}}
+DRY_RATES = ["--model", "small_cnn", "--batch", "16", "--langevin-steps", "2"]
+DRY_RATE_ITERS = {"alone": 1, "together": {"pat": 2, "pgd": 2}}
+# Two processes on one GPU: each takes this share of its memory instead of XLA's default 75 %.
+SHARED_MEMORY_FRACTION = "0.45"
+
+# The pair: main.py with the paper's config and table1_gpu's settings as overrides (30 epochs,
+# the schedule's x0.1 at 75 % and 90 %, seed 0), both methods in bf16 compute, each model then
+# exported and evaluated in fp32 (`--torch_checkpoint`: the exported weights in the default fp32
+# model) on the 10,000 test images under the Table-1 protocol.
+PAIR_EPOCHS = 30
+PAIR_TRAIN = [
+    f"--config.num_epochs={PAIR_EPOCHS}",
+    "--config.seed=0",
+    "--config.compute_dtype=bfloat16",
+    "--config.progress_bar=False",
+    f"--config.log_every_steps={STEPS_PER_EPOCH}",  # clean accuracy on the 10,000 test images each epoch
+    "--config.log_test_examples=10000",
+    f"--config.checkpoint_every_steps={5 * STEPS_PER_EPOCH}",
+]
+PAIR_METHOD = {
+    "pat": ["--config.method=pat", "--config.langevin.init=clean", "--config.langevin.steps=20"]
+    + ["--config.langevin.tolerance=0.0003"],  # the cheaper sampler (protocols.CHEAP_SAMPLER)
+    "pgd": ["--config.method=pgd"],
+}
+DRY_PAIR_TRAIN = [
+    *("--config.model=small_cnn", "--config.batch_size=32", "--config.num_train_steps=4"),
+    *("--config.log_every_steps=2", "--config.log_test_examples=64", "--config.checkpoint_every_steps=2"),
+]
+DRY_PAIR_METHOD = {"pat": ["--config.langevin.steps=2"], "pgd": ["--config.attack.steps=2"]}
+PAIR_EVALUATE = ["--evaluators=clean,pgd20,cw20,pr", "--num_examples=10000", "--batch_size=500"]
+PAIR_EVALUATE += ["--pr_distribution=uniform", "--seed=0"]  # the Table-1 estimand; every model on the same noise
+DRY_PAIR_EVALUATE = ["--num_examples=16", "--batch_size=16", "--pr_samples=4", "--pr_chunk_size=4"]
+PAIR_LAWS = ("uniform", "gaussian", "pdis")
+# What the plan counts beside the measured step rates (projections from docs/performance.md's H100
+# figures: a PR law on 10,000 images at 4 eps and N = 100 took 23 s in fp32): per training process
+# its start, compilation, 30 clean accuracies on 10,000 images and 6 checkpoints; per model the
+# export, the evaluation's start, its compilation and the clean, PGD-20 and CW-20 passes; per law.
+TRAIN_FIXED_S = 75
+EVAL_FIXED_S = 60
+EVAL_LAW_S = 25
+PLAN_SPARE_S = 30  # beside PACK_S: the projections' error
 # Left out of a result's tar: what resumes training or speeds compilation, not what it computed.
 SKIP_DIRS = {"checkpoints", "damaged_checkpoints", "jax_cache", "tensorboard"}
 # and every hidden file: the locks (.lock, .claim, .report.lock) and a killed writer's temporary
@@ -148,8 +198,8 @@ def file_hash(path: str, algorithm: str = "sha256") -> str:
     return h.hexdigest()
 
 
-def pack(name: str, base: str, members: list, outbox: str) -> dict:
-    """Tars `members` (paths relative to `base`) as NAME/..., splits the tar into pieces of
+def pack(name: str, base: str, members: list, outbox: str, into: str | None = None) -> dict:
+    """Tars `members` (paths relative to `base`) as INTO/... (default NAME/...), splits the tar into pieces of
     PIECE_BYTES in outbox/NAME/ and writes its manifest there; returns the manifest."""
     folder = os.path.join(outbox, name)
     shutil.rmtree(folder, ignore_errors=True)
@@ -157,7 +207,7 @@ def pack(name: str, base: str, members: list, outbox: str) -> dict:
     tar_path = os.path.join(folder, f"{name}.tar")
     with tarfile.open(tar_path, "w") as tar:
         for member in sorted(members):
-            tar.add(os.path.join(base, member), arcname=f"{name}/{member}", recursive=False)
+            tar.add(os.path.join(base, member), arcname=f"{into or name}/{member}", recursive=False)
     pieces = []
     with open(tar_path, "rb") as f:
         for index in range(10_000):
@@ -170,6 +220,7 @@ def pack(name: str, base: str, members: list, outbox: str) -> dict:
             pieces.append({"file": piece, "bytes": len(block), "sha256": hashlib.sha256(block).hexdigest()})
     manifest = {
         "name": name,
+        "into": into or name,
         "tar_bytes": os.path.getsize(tar_path),
         "tar_sha256": file_hash(tar_path),
         "pieces": pieces,
@@ -191,6 +242,16 @@ def send(name: str, outbox: str, out: str, first: int = 0) -> list:
     with open(manifest_file) as f:
         manifest = json.load(f)
     os.makedirs(out, exist_ok=True)
+    present = os.listdir(out)
+    reserved = len({"log.txt", "env.json", "timings.json"} - set(present))
+    if len(present) + reserved + 2 > OUT_FILES:  # no room for the manifest and a piece
+        left = list(range(first, len(manifest["pieces"])))
+        print(
+            f"{name}: no room in $OUT; the next call brings it: "
+            f"python3 benchmarks/gpu_paper_scale.py device send --name {name} --first {first}",
+            flush=True,
+        )
+        return left
     shutil.copyfile(manifest_file, os.path.join(out, os.path.basename(manifest_file)))
     left = []
     for index, piece in enumerate(manifest["pieces"][first:], first):
@@ -213,7 +274,7 @@ def send(name: str, outbox: str, out: str, first: int = 0) -> list:
 
 def unpack(folders: list, into: str) -> list:
     """Every manifest found in `folders`: checks each piece's and the whole tar's sha256 and
-    extracts it into `into` (members under NAME/ only, regular files only); returns the names."""
+    extracts it into `into` (members under the manifest's folder only, regular files only); returns the names."""
     found = {}
     for folder in folders:
         for entry in sorted(os.listdir(folder)):
@@ -251,7 +312,12 @@ def unpack(folders: list, into: str) -> list:
                 members = tar.getmembers()
                 for m in members:
                     parts = m.name.split("/")
-                    if parts[0] != name or ".." in parts or m.name.startswith("/") or not (m.isfile() or m.isdir()):
+                    if (
+                        parts[0] != manifest.get("into", name)
+                        or ".." in parts
+                        or m.name.startswith("/")
+                        or not (m.isfile() or m.isdir())
+                    ):
                         raise Failure(f"{name}: unexpected tar member {m.name!r}")
                 # A suite's log of invocations spans machines: a later window's copy lacks the
                 # earlier windows' lines, so the two are merged rather than replaced.
@@ -271,7 +337,8 @@ def unpack(folders: list, into: str) -> list:
             if os.path.exists(joined):
                 os.remove(joined)
         done.append(name)
-        print(f"{name}: {len(manifest['pieces'])} piece(s), sha256 checked, {len(members)} entries -> {into}/{name}")
+        folder = manifest.get("into", name)
+        print(f"{name}: {len(manifest['pieces'])} piece(s), sha256 checked, {len(members)} entries -> {into}/{folder}")
     return done
 
 
@@ -286,28 +353,38 @@ def git(root: str, *args: str, check: bool = True) -> str:
     return result.stdout
 
 
+def carry_name(part: int) -> str:
+    return f"{CARRY}{part}"
+
+
 def travelling_bytes(root: str) -> tuple:
-    """(bytes of the tracked and untracked-not-ignored files, bytes under the carried path)."""
+    """(bytes of the tracked and untracked-not-ignored files, {carried folder: its bytes})."""
     listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
     tree = sum(os.path.getsize(os.path.join(root, p)) for p in listed if p and os.path.isfile(os.path.join(root, p)))
-    carry = 0
-    for folder, _, names in os.walk(os.path.join(root, STAGE, CARRY)):
-        carry += sum(os.path.getsize(os.path.join(folder, n)) for n in names)
-    return tree, carry
+    carried = {}
+    for part in DATA_PARTS:
+        top = os.path.join(root, STAGE, carry_name(part))
+        if os.path.isdir(top):
+            carried[carry_name(part)] = sum(
+                os.path.getsize(os.path.join(folder, n)) for folder, _, names in os.walk(top) for n in names
+            )
+    return tree, carried
 
 
 def travel_check(root: str) -> None:
-    tree, carry = travelling_bytes(root)
-    total = tree + carry
-    print(
-        f"travels: tree {tree / MIB:.1f} MiB + {STAGE}/{CARRY} {carry / MIB:.1f} MiB = {total / MIB:.1f} MiB "
-        f"(limit {TRAVEL_LIMIT / MIB:.0f} MiB)"
-    )
-    if total > TRAVEL_LIMIT:
-        raise Failure(
-            f"{total / MIB:.1f} MiB would travel, over the limit: `travel untrack` takes {UNTRACKED}/ "
-            "out, and `stage` carries two data files at a time"
+    """Each call carries one .gpu/carryK beside the tree: each pair must be under the limit."""
+    tree, carried = travelling_bytes(root)
+    for name, carry in sorted(carried.items()) or [("(nothing carried)", 0)]:
+        total = tree + carry
+        print(
+            f"travels with {STAGE}/{name}: tree {tree / MIB:.1f} MiB + {carry / MIB:.1f} MiB = {total / MIB:.1f} MiB "
+            f"(limit {TRAVEL_LIMIT / MIB:.0f} MiB)"
         )
+        if total > TRAVEL_LIMIT:
+            raise Failure(
+                f"{total / MIB:.1f} MiB would travel with {STAGE}/{name}, over the limit: `travel untrack` takes "
+                f"{UNTRACKED}/ out"
+            )
 
 
 def _status(root: str) -> str:
@@ -360,26 +437,85 @@ def default_data_source(root: str) -> str:
     raise Failure(f"no {CIFAR_DIR}/ in $PATJAX_DATA_DIR or ../shared/data: give --data_src")
 
 
-def stage_data(stage: str, part: int, source: str) -> None:
-    """Replaces STAGE/carry/data with the files of DATA_PARTS[part], their md5s in STAGE/carry/md5.json."""
-    folder = os.path.join(stage, CARRY, "data")
-    shutil.rmtree(folder, ignore_errors=True)
+def encode_cifar(raw: bytes, level: int = 9) -> bytes:
+    """A CIFAR binary file, losslessly smaller: within each record's planes every pixel is replaced
+    by its difference from its left neighbour (PNG's Sub filter), the red and blue differences by
+    their difference from the green one, all mod 256, then xz. Neighbouring pixels and the three
+    colours of a pixel are alike, so the residuals are mostly near 0 and compress well (61 % of the
+    file at level 9, 81 % at level 0; xz alone 76 %). No image library does this on raw planes."""
+    records = _records(raw)
+    planes = records[:, 1:].reshape(len(records), 3, 32, 32)
+    residual = planes.copy()
+    residual[..., 1:] = planes[..., 1:] - planes[..., :-1]  # uint8 arithmetic: mod 256
+    residual[:, 0] -= residual[:, 1]
+    residual[:, 2] -= residual[:, 1]
+    body = records[:, 0].tobytes() + residual.tobytes()
+    return ENCODING_MAGIC + lzma.compress(body, preset=level)
+
+
+def decode_cifar(blob: bytes) -> bytes:
+    """`encode_cifar`'s inverse."""
+    if not blob.startswith(ENCODING_MAGIC):
+        raise Failure("not a file encode_cifar wrote (no PJXZ1 header)")
+    try:
+        body = np.frombuffer(lzma.decompress(blob[len(ENCODING_MAGIC) :]), np.uint8)
+    except lzma.LZMAError as error:
+        raise Failure(f"the encoded file is damaged: {error}") from None
+    if body.size % CIFAR_RECORD:
+        raise Failure(f"the decoded file holds {body.size} bytes, not whole records of {CIFAR_RECORD}")
+    count = body.size // CIFAR_RECORD
+    residual = body[count:].reshape(count, 3, 32, 32).copy()
+    residual[:, 0] += residual[:, 1]
+    residual[:, 2] += residual[:, 1]
+    planes = np.cumsum(residual, axis=-1, dtype=np.uint8)  # undoes the Sub filter, mod 256
+    records = np.empty((count, CIFAR_RECORD), np.uint8)
+    records[:, 0] = body[:count]
+    records[:, 1:] = planes.reshape(count, -1)
+    return records.tobytes()
+
+
+def _records(raw: bytes) -> np.ndarray:
+    if len(raw) % CIFAR_RECORD:
+        raise Failure(f"{len(raw)} bytes are not whole CIFAR records of {CIFAR_RECORD}")
+    return np.frombuffer(raw, np.uint8).reshape(-1, CIFAR_RECORD)
+
+
+def stage_data(stage: str, part: int, source: str, level: int = 9) -> None:
+    """Replaces STAGE/carryK (K = part) with the files of DATA_PARTS[part], the CIFAR records
+    encoded (`encode_cifar`), the official files' md5s in STAGE/carryK/md5.json, and, with the
+    first part, the wheels (`wheels` downloads them once into STAGE/whl)."""
+    top = os.path.join(stage, carry_name(part))
+    shutil.rmtree(top, ignore_errors=True)
+    folder = os.path.join(top, "data")
     os.makedirs(folder)
     sums = {}
     for name in DATA_PARTS[part]:
-        shutil.copyfile(os.path.join(source, name), os.path.join(folder, name))
-        sums[name] = file_hash(os.path.join(folder, name), "md5")
-        check_cifar_file(os.path.join(folder, name), sums[name])
-    with open(os.path.join(stage, CARRY, MD5_FILE), "w") as f:
+        path = os.path.join(source, name)
+        sums[name] = file_hash(path, "md5")
+        check_cifar_file(path, sums[name])
+        if CIFAR_SIZES[name] is None:  # the class names: a few bytes, carried as they are
+            shutil.copyfile(path, os.path.join(folder, name))
+            continue
+        with open(path, "rb") as f:
+            raw = f.read()
+        blob = encode_cifar(raw, level)
+        if decode_cifar(blob) != raw:  # checked here, where the source is, before it travels
+            raise Failure(f"{name}: the encoding does not round-trip")
+        with open(os.path.join(folder, name + ENCODED), "wb") as f:
+            f.write(blob)
+    with open(os.path.join(top, MD5_FILE), "w") as f:
         json.dump(sums, f, indent=1)
-    print(f"staged {', '.join(DATA_PARTS[part])} in {folder}")
+    wheels = os.path.join(stage, "whl")
+    if part == 1 and os.path.isdir(wheels):
+        shutil.copytree(wheels, os.path.join(top, "whl"))
+    print(f"staged {', '.join(DATA_PARTS[part])} in {top}")
 
 
 def download_wheels(stage: str) -> None:
-    folder = os.path.join(stage, CARRY, "whl")
+    folder = os.path.join(stage, "whl")
     os.makedirs(folder, exist_ok=True)
     subprocess.run([sys.executable, *PIP_DOWNLOAD, "-d", folder, *WHEELS], check=True)
-    print(f"wheels in {folder}: {', '.join(sorted(os.listdir(folder)))}")
+    print(f"wheels in {folder} (`stage --data 1` carries them): {', '.join(sorted(os.listdir(folder)))}")
 
 
 def check_cifar_file(path: str, md5: str | None) -> None:
@@ -430,7 +566,7 @@ class Device:
         with open(self.timings_file, "w") as f:
             json.dump(timings, f, indent=1)
 
-    def run(self, label: str, command: list, limit_s: float) -> tuple:
+    def run(self, label: str, command: list, limit_s: float, env: dict | None = None) -> tuple:
         """Runs a command line in the repository root, its output streamed into log.txt (so that
         it comes back even if the device call is killed); returns (wall time, its output)."""
         limit_s = min(limit_s, self.seconds_left() - PACK_S)
@@ -441,7 +577,7 @@ class Device:
         start = time.perf_counter()
         try:
             result = subprocess.run(
-                command, cwd=self.root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, timeout=limit_s
+                command, cwd=self.root, env=env or self.env, stdout=self.log, stderr=subprocess.STDOUT, timeout=limit_s
             )
         except subprocess.TimeoutExpired:
             raise Failure(f"{label}: over its limit of {limit_s:.0f} s (log.txt)") from None
@@ -458,15 +594,20 @@ class Device:
     # The steps ------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Installs the carried wheels, lays down the carried data, records the machine."""
-        wheels = os.path.join(self.stage, CARRY, "whl")
-        found = sorted(n for n in os.listdir(wheels) if n.endswith(".whl")) if os.path.isdir(wheels) else []
+        """Installs the carried wheels, lays down the carried data (decoded, sizes and md5s
+        checked), records the machine."""
+        carried = sorted(n for n in os.listdir(self.stage) if n.startswith(CARRY)) if os.path.isdir(self.stage) else []
+        found = []
+        for name in carried:
+            wheels = os.path.join(self.stage, name, "whl")
+            if os.path.isdir(wheels):
+                found += [os.path.join(wheels, n) for n in sorted(os.listdir(wheels)) if n.endswith(".whl")]
         if found:
             self.run(
                 "wheels",
                 [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
                 + ["--no-cache-dir", "--upgrade", "--target", self.site]
-                + [os.path.join(wheels, n) for n in found],
+                + found,
                 300,
             )
         else:
@@ -477,15 +618,30 @@ class Device:
         if os.path.isfile(sums_file):
             with open(sums_file) as f:
                 sums = json.load(f)
-        carried = os.path.join(self.stage, CARRY, "data")
-        if os.path.isdir(carried):
-            with open(os.path.join(self.stage, CARRY, MD5_FILE)) as f:
+        os.makedirs(target, exist_ok=True)
+        for name in carried:
+            folder = os.path.join(self.stage, name, "data")
+            if not os.path.isdir(folder):
+                continue
+            with open(os.path.join(self.stage, name, MD5_FILE)) as f:
                 sums.update(json.load(f))
-            os.makedirs(target, exist_ok=True)
-            for name in sorted(os.listdir(carried)):
-                shutil.move(os.path.join(carried, name), os.path.join(target, name))
-            with open(sums_file, "w") as f:
-                json.dump(sums, f, indent=1)
+            for entry in sorted(os.listdir(folder)):
+                source = os.path.join(folder, entry)
+                if entry.endswith(ENCODED):
+                    with open(source, "rb") as f:
+                        blob = f.read()
+                    decoded = os.path.join(target, entry[: -len(ENCODED)])
+                    try:
+                        raw = decode_cifar(blob)
+                    except Failure as failure:
+                        raise Failure(f"{source}: {failure}") from None
+                    with open(decoded, "wb") as f:
+                        f.write(raw)
+                    os.remove(source)
+                else:
+                    shutil.move(source, os.path.join(target, entry))
+        with open(sums_file, "w") as f:
+            json.dump(sums, f, indent=1)
         present = sorted(n for n in CIFAR_SIZES if os.path.isfile(os.path.join(target, n)))
         for name in present:
             check_cifar_file(os.path.join(target, name), sums.get(name))
@@ -521,19 +677,95 @@ class Device:
         return env
 
     def smoke(self) -> None:
-        """One compiled PAT step of the small CNN on random data: JAX, the GPU and patjax's imports."""
-        command = [sys.executable, "benchmarks/epoch_throughput.py", "--model", "small_cnn", "--batch", "32"]
-        command += ["--langevin-steps", "2", "--iters", "1", "--no-flops", "--json"]
-        wall, output = self.run("smoke", command, 180)
+        """Two compiled steps of the pair's PAT (ResNet-18, batch 256, bf16, the cheaper sampler) on
+        random data: JAX, the GPU, patjax's imports and the bf16 program, in well under a minute;
+        its compilation is cached for `rates`."""
+        flags = ["--method", "pat", *DRY_RATES] if self.dry_run else RATE_FLAGS["pat"]
+        command = [sys.executable, "benchmarks/epoch_throughput.py", *flags, "--iters", "2", "--no-flops", "--json"]
+        wall, output = self.run("smoke", command, 180, self.cached_env())
         self.record({"step": "smoke", "wall_s": round(wall, 1), "result": _last_json_line(output)})
 
+    def cached_env(self, **extra) -> dict:
+        """The environment with JAX's persistent compilation cache under STAGE (a program compiled
+        by one benchmark process loads in the next)."""
+        cache = os.path.join(self.stage, "jax_cache")
+        return dict(self.env, JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
+
+    def rate_command(self, method: str, iters: int) -> list:
+        flags = ["--method", method, *DRY_RATES] if self.dry_run else RATE_FLAGS[method]
+        return [sys.executable, "benchmarks/epoch_throughput.py", *flags, "--iters", str(iters), "--no-flops", "--json"]
+
     def rates(self) -> None:
-        """The step time of table1_gpu's two runs (ResNet-18, batch 256, fp32, random data)."""
-        for name, flags in RATES.items():
-            flags = flags[:2] + DRY_RATES if self.dry_run else flags
-            command = [sys.executable, "benchmarks/epoch_throughput.py", *flags, "--no-flops", "--json"]
-            wall, output = self.run(f"rate {name}", command, 240)
-            self.record({"step": f"rate {name}", "wall_s": round(wall, 1), "result": _last_json_line(output)})
+        """Each pair method's step time alone, then both at once (two processes, each with its
+        share of the GPU's memory); written to STAGE/rates.json for `pair` and to timings.json."""
+        counts = DRY_RATE_ITERS if self.dry_run else RATE_ITERS
+        rates = {"alone": {}, "together": {}}
+        for method in RATE_FLAGS:
+            wall, output = self.run(
+                f"rate {method}", self.rate_command(method, counts["alone"]), 240, self.cached_env()
+            )
+            result = _last_json_line(output)
+            rates["alone"][method] = result["median_step_s"]
+            self.record({"step": f"rate {method}", "wall_s": round(wall, 1), "result": result})
+        commands = {m: self.rate_command(m, counts["together"][m]) for m in RATE_FLAGS}
+        env = self.cached_env(XLA_PYTHON_CLIENT_MEM_FRACTION=SHARED_MEMORY_FRACTION)
+        walls, outputs = self.run_together("rates together", commands, 240, env)
+        for method, output in outputs.items():
+            result = _last_json_line(output)
+            rates["together"][method] = result["median_step_s"]
+            self.record({"step": f"rate {method} together", "wall_s": round(walls[method], 1), "result": result})
+        with open(os.path.join(self.stage, "rates.json"), "w") as f:
+            json.dump(rates, f, indent=1)
+        self.say(f"rates (s/step): {json.dumps(rates)}")
+
+    def run_together(self, label: str, commands: dict, limit_s: float, env: dict) -> tuple:
+        """Runs named command lines at once, each into its own log under STAGE/logs/ (appended to
+        log.txt when all have ended); returns ({name: wall time}, {name: output}). A failure or a
+        time-out of one ends the others."""
+        limit_s = min(limit_s, self.seconds_left() - PACK_S)
+        if limit_s <= 0:
+            raise Failure(f"{label}: no time left in this call's budget (--budget_s)")
+        logs = os.path.join(self.stage, "logs")
+        os.makedirs(logs, exist_ok=True)
+        start, processes, walls = time.perf_counter(), {}, {}
+        for name, command in commands.items():
+            self.say(f"{label}, {name}: {' '.join(command)} (limit {limit_s:.0f} s)")
+            log = open(os.path.join(logs, f"{_safe(label)}_{name}.log"), "w")
+            processes[name] = (
+                subprocess.Popen(command, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT),
+                log,
+            )
+        failed = []
+        while len(walls) < len(processes):
+            time.sleep(0.2)
+            for name, (process, log) in processes.items():
+                if name not in walls and process.poll() is not None:
+                    walls[name] = time.perf_counter() - start
+                    log.close()
+                    if process.returncode:
+                        failed.append(f"{name} (exit {process.returncode})")
+            if failed or time.perf_counter() - start > limit_s:
+                for name, (process, log) in processes.items():
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+                        log.close()
+                        walls.setdefault(name, time.perf_counter() - start)
+                if not failed:
+                    failed.append(f"over the limit of {limit_s:.0f} s")
+                break
+        outputs = {}
+        for name in processes:
+            with open(os.path.join(logs, f"{_safe(label)}_{name}.log")) as f:
+                outputs[name] = f.read()
+            self.log.write(f"--- {label}, {name} ---\n{outputs[name]}")
+        self.log.flush()
+        self.say(f"{label}: " + ", ".join(f"{n} {w:.1f} s" for n, w in walls.items()))
+        if failed:
+            for name in processes:
+                print("\n".join(outputs[name].splitlines()[-8:]), flush=True)
+            raise Failure(f"{label}: {', '.join(failed)}; log.txt has the output")
+        return walls, outputs
 
     def main_job(self, epochs: int) -> None:
         """main.py with the paper's config for `epochs` epochs, then patjax.evaluate on it."""
@@ -543,7 +775,7 @@ class Device:
         train += [f"--config.data_dir={self.data}", "--config.progress_bar=False", f"--stop_after_steps={steps}"]
         # --overwrite: a rerun on a warm machine resumes the training, so its evaluation is of a later step.
         evaluate = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--overwrite"]
-        with self.packed("main_job", workdir, None):
+        with self.packed("main_job", workdir):
             wall, _ = self.run("main job: train", train + (DRY_MAIN_JOB if self.dry_run else []), 540)
             windows = _windows(workdir)
             steady = windows[1:]  # the first window holds the compilation
@@ -556,38 +788,127 @@ class Device:
                 per_evaluator = json.load(f).get("evaluator_wall_time_s")
             self.record({"step": "main job: evaluate", "process_wall_s": round(wall, 1), "evaluators_s": per_evaluator})
 
+    def plan_pair(self, methods: tuple) -> dict:
+        """The largest part of the pair that fits what is left of this call, from the measured
+        rates (STAGE/rates.json): both methods at once with every law, then with the Table-1 law
+        alone, then each method alone (in the order given) likewise. Refuses when none fits."""
+        rates_file = os.path.join(self.stage, "rates.json")
+        if not os.path.isfile(rates_file):
+            raise Failure("pair: no measured rates on this machine: run `device rates` first (same machine)")
+        with open(rates_file) as f:
+            rates = json.load(f)
+        steps = 4 if self.dry_run else PAIR_EPOCHS * STEPS_PER_EPOCH
+        candidates = [(methods, laws) for laws in (len(PAIR_LAWS), 1)] if len(methods) == 2 else []
+        candidates += [((m,), laws) for m in methods for laws in (len(PAIR_LAWS), 1)]
+        left = self.seconds_left()
+        for chosen, laws in candidates:
+            step_s = max(rates["together" if len(chosen) == 2 else "alone"][m] for m in chosen)
+            train_s = steps * step_s + TRAIN_FIXED_S
+            eval_s = len(chosen) * (EVAL_FIXED_S + laws * EVAL_LAW_S)
+            if train_s + eval_s + PACK_S + PLAN_SPARE_S <= left:
+                plan = {"methods": list(chosen), "laws": list(PAIR_LAWS[:laws]), "steps": steps, "step_s": step_s}
+                plan.update(train_s=round(train_s), eval_s=round(eval_s), seconds_left=round(left))
+                self.say(f"pair plan: {json.dumps(plan)}")
+                self.record({"step": "pair plan", **plan})
+                return plan
+            self.say(f"pair: {'+'.join(chosen)} with {laws} law(s) does not fit ({train_s + eval_s:.0f} s + packing)")
+        raise Failure(f"pair: nothing fits the {left:.0f} s left (rates {json.dumps(rates)})")
+
+    def pair(self, methods: tuple) -> None:
+        """What `plan_pair` chose: main.py trains each method (both at once when both), each final
+        model is exported and evaluated in fp32 on the test images, the two compared; then the
+        training workdirs' own evaluation (bf16, clean) if time is left. Packed as `pair` (the
+        results and the first method's model) and `pair_model_M` (the other's model)."""
+        plan = self.plan_pair(methods)
+        root = os.path.join(self.stage, "work", "pair")
+        workdirs = {m: os.path.join(root, f"{m}_s0") for m in plan["methods"]}
+        finals = {m: os.path.join(root, "final", f"{m}_s0.safetensors") for m in plan["methods"]}
+        fp32 = {m: os.path.join(root, "fp32", f"{m}_s0") for m in plan["methods"]}
+        train_flags = DRY_PAIR_TRAIN if self.dry_run else []
+        commands = {
+            m: [sys.executable, "main.py", f"--config={MAIN_JOB_CONFIG}", f"--workdir={workdirs[m]}"]
+            + [f"--config.data_dir={self.data}", *PAIR_TRAIN, *PAIR_METHOD[m], *train_flags]
+            + (DRY_PAIR_METHOD[m] if self.dry_run else [])
+            for m in plan["methods"]
+        }
+        env = dict(self.env, PATJAX_DATA_DIR=self.data)
+        if len(commands) > 1:
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = SHARED_MEMORY_FRACTION
+        evaluate = [*PAIR_EVALUATE, f"--pr_distributions={','.join(plan['laws'])}"]
+        evaluate += DRY_PAIR_EVALUATE if self.dry_run else []
+        try:
+            walls, _ = self.run_together("pair: train", commands, self.seconds_left() - PACK_S - plan["eval_s"], env)
+            for m in plan["methods"]:
+                windows = _windows(workdirs[m])
+                steady = [w["s_per_epoch"] for w in windows[1:]]  # the first window holds the compilation
+                mean = round(sum(steady) / len(steady), 2) if steady else None
+                self.record(
+                    {
+                        "step": f"pair: train {m}",
+                        "process_wall_s": round(walls[m], 1),
+                        "windows": windows,
+                        "s_per_epoch_after_compile": mean,
+                        "together": len(commands) > 1,
+                    }
+                )
+                self.say(f"pair: {m} trained in {walls[m]:.1f} s, s/epoch after the compilation {mean}")
+            for m in plan["methods"]:
+                os.makedirs(os.path.dirname(finals[m]), exist_ok=True)
+                export = [sys.executable, "-m", "patjax.export", f"--workdir={workdirs[m]}", f"--out={finals[m]}"]
+                self.run(f"pair: export {m}", export + ["--overwrite"], 120, env)
+            for m in plan["methods"]:
+                command = [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={finals[m]}"]
+                command += [f"--out_dir={fp32[m]}", "--overwrite", *evaluate]
+                wall, _ = self.run(f"pair: evaluate {m} (fp32)", command, 400, env)
+                with open(os.path.join(fp32[m], "eval", "results.json")) as f:
+                    per_evaluator = json.load(f).get("evaluator_wall_time_s")
+                self.record(
+                    {"step": f"pair: evaluate {m}", "process_wall_s": round(wall, 1), "evaluators_s": per_evaluator}
+                )
+            if len(plan["methods"]) == 2:
+                compare = [sys.executable, "-m", "patjax.evaluate", "--compare_only"]
+                compare += [f"--workdir={fp32[m]}" for m in plan["methods"]]
+                _, output = self.run("pair: compare", compare, 60, env)
+                with open(os.path.join(root, "compare.txt"), "w") as f:
+                    f.write(output)
+            for m in plan["methods"]:  # the main job's own evaluation path: its workdir, in its bf16
+                if self.seconds_left() - PACK_S < 60:
+                    self.say(f"pair: no time left for {m}'s workdir evaluation (bf16, clean)")
+                    continue
+                command = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdirs[m]}", "--overwrite"]
+                command += ["--evaluators=clean", "--num_examples=16" if self.dry_run else "--num_examples=10000"]
+                self.run(f"pair: evaluate {m}'s workdir (bf16, clean)", command, 60, env)
+        finally:
+            if os.path.isdir(root):
+                logs = os.path.join(self.stage, "logs")
+                if os.path.isdir(logs):
+                    shutil.copytree(logs, os.path.join(root, "logs"), dirs_exist_ok=True)
+                models = [os.path.relpath(finals[m], root) for m in plan["methods"]]
+                members = [f for f in _result_files(root) if f not in models[1:]]
+                manifest = pack("pair", root, members, self.outbox)
+                self.say(f"pair: packed {len(members)} files, {manifest['tar_bytes'] / MIB:.1f} MiB")
+                send("pair", self.outbox, self.out)
+                for m, model in zip(plan["methods"][1:], models[1:]):
+                    if os.path.isfile(os.path.join(root, model)):
+                        pack(f"pair_model_{m}", root, [model], self.outbox, into="pair")
+                        send(f"pair_model_{m}", self.outbox, self.out)
+
     @contextlib.contextmanager
-    def packed(self, name: str, workdir: str, model_methods: list | None):
+    def packed(self, name: str, workdir: str):
         """Packs the workdir's results for $OUT when the block ends, also when it failed: what a
         run wrote before it stopped comes back with the log."""
         try:
             yield
         finally:
             if os.path.isdir(workdir):
-                members = _result_files(workdir, model_methods)
+                members = _result_files(workdir)
                 manifest = pack(name, workdir, members, self.outbox)
                 self.say(f"{name}: packed {len(members)} files, {manifest['tar_bytes'] / MIB:.1f} MiB")
                 send(name, self.outbox, self.out)
 
-    def suite(self, name: str, methods: str | None, max_minutes: float | None) -> None:
-        """A suite's runs (python -m patjax.experiments) on the laid-down data; then its results,
-        with the final model of each run of `methods` (all: None) but no checkpoint or curve
-        model, packed for $OUT. Without max_minutes, training stops (with a checkpoint) early
-        enough for an evaluation under way to end inside the call (SUITE_EVAL_S)."""
-        suite, extra = DRY_SUITE if self.dry_run else (name, [])
-        if methods:
-            extra = [*extra, f"--methods={methods}"]
-        if max_minutes is None:
-            max_minutes = (self.seconds_left() - PACK_S - SUITE_EVAL_S) / 60
-        if max_minutes <= 0:
-            raise Failure(f"suite {suite}: no time left for training in this call's budget (--budget_s)")
-        workdir = os.path.join(self.stage, "work", suite)
-        command = [sys.executable, "-m", "patjax.experiments", f"--suite={suite}", f"--workdir={workdir}"]
-        command += [f"--data_dir={self.data}", "--progress_bars=false", f"--max_minutes={max_minutes:.2f}", *extra]
-        with self.packed(suite, workdir, methods.split(",") if methods else None):
-            wall, _ = self.run(f"suite {suite}", command, 600)
-            entry = {"step": f"suite {suite}", "args": extra, "max_minutes": round(max_minutes, 2)}
-            self.record({**entry, "wall_s": round(wall, 1)})
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in label)
 
 
 def _last_json_line(text: str):
@@ -622,28 +943,13 @@ def _windows(workdir: str) -> list:
     return windows
 
 
-def _result_files(workdir: str, model_methods: list | None = None) -> list:
-    """The files of a workdir (or a suite's) that a commit needs: everything but checkpoints,
-    caches, event files and locks, and of the kept models only the final one of each run whose
-    method is in `model_methods` (None: every run's; a suite's run lives in .../METHOD_sSEED)."""
+def _result_files(workdir: str) -> list:
+    """The files under a workdir that a commit needs: everything but checkpoints, caches, event
+    files and hidden files (the locks and a killed writer's temporary file)."""
     members = []
     for folder, dirs, names in os.walk(workdir):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        final = None
-        if os.path.basename(folder) == "models":
-            record = os.path.join(os.path.dirname(folder), "suite_run.json")
-            if os.path.isfile(record):
-                with open(record) as f:
-                    final = f"step_{int(json.load(f)['step']):06d}.safetensors"
-        for n in sorted(names):
-            if n.startswith("."):
-                continue
-            method = os.path.basename(os.path.dirname(folder)).rsplit("_s", 1)[0]
-            if os.path.basename(folder) == "models" and (
-                n != final or (model_methods is not None and method not in model_methods)
-            ):
-                continue
-            members.append(os.path.relpath(os.path.join(folder, n), workdir))
+        members += [os.path.relpath(os.path.join(folder, n), workdir) for n in sorted(names) if not n.startswith(".")]
     return members
 
 
@@ -659,24 +965,27 @@ def parse_args(argv=None):
     travel = sub.add_parser("travel", help="what travels to the device machine")
     travel.add_argument("action", choices=("check", "untrack", "retrack"))
     sub.add_parser("wheels", help=f"download {', '.join(WHEELS)} into STAGE/{CARRY}/whl")
-    stage = sub.add_parser("stage", help=f"CIFAR-10 files into STAGE/{CARRY}/data")
+    stage = sub.add_parser("stage", help=f"CIFAR-10 files, encoded, into STAGE/{CARRY}K (K = --data)")
     stage.add_argument("--data", type=int, required=True, choices=sorted(DATA_PARTS), help=f"{DATA_PARTS}")
     stage.add_argument("--data_src", default=None, help=f"the {CIFAR_DIR}/ folder (default: ../shared/data's)")
     stage.add_argument("--no_check", action="store_true", help="skip the travel check (a stage outside a checkout)")
+    stage.add_argument("--level", type=int, default=9, choices=range(10), help="xz preset (9: smallest; 0: fastest)")
     collect = sub.add_parser("collect", help="check and unpack the pieces brought back")
     collect.add_argument("folders", nargs="+", help="files_at folder(s) of the device calls")
     collect.add_argument("--into", default=None, help="where NAME/ is unpacked (default: ROOT/docs/results)")
     device = sub.add_parser("device", help="steps on the device machine (or their dry run here)")
-    device.add_argument("steps", nargs="+", choices=("setup", "smoke", "rates", "main-job", "suite", "send"))
+    device.add_argument("steps", nargs="+", choices=("setup", "smoke", "rates", "pair", "main-job", "send"))
     device.add_argument("--out", default=os.environ.get("OUT"), help="$OUT (default: the environment's)")
     device.add_argument("--dry_run", action="store_true", help="tiny stand-ins on the same path (CPU)")
     device.add_argument("--epochs", type=int, default=2, help="main job: epochs of the paper's config")
     device.add_argument(
         "--budget_s", type=float, default=570, help="this call's seconds (under its timeout_s): no step runs past them"
     )
-    device.add_argument("--suite", default="table1_gpu", help="suite: which (--dry_run: smoke_cpu)")
-    device.add_argument("--methods", default=None, help="suite: --methods of patjax.experiments")
-    device.add_argument("--max_minutes", type=float, default=None, help="suite: --max_minutes of patjax.experiments")
+    device.add_argument(
+        "--methods",
+        default=None,
+        help="pair: which of pat,pgd (default both, PAT first)",
+    )
     device.add_argument("--name", default=None, help="send: the packed result (main_job, table1_gpu)")
     device.add_argument("--first", type=int, default=0, help="send: the first piece to send")
     return p.parse_args(argv)
@@ -692,7 +1001,7 @@ def main(argv=None) -> int:
         elif args.command == "wheels":
             download_wheels(stage)
         elif args.command == "stage":
-            stage_data(stage, args.data, args.data_src or default_data_source(root))
+            stage_data(stage, args.data, args.data_src or default_data_source(root), args.level)
             if not args.no_check:
                 travel_check(root)
         elif args.command == "collect":
@@ -708,10 +1017,13 @@ def main(argv=None) -> int:
                     device.smoke()
                 elif step == "rates":
                     device.rates()
+                elif step == "pair":
+                    methods = tuple(args.methods.split(",")) if args.methods else tuple(PAIR_METHOD)
+                    if not methods or any(m not in PAIR_METHOD for m in methods) or len(set(methods)) != len(methods):
+                        raise Failure(f"pair takes --methods from {', '.join(PAIR_METHOD)}, got {args.methods!r}")
+                    device.pair(methods)
                 elif step == "main-job":
                     device.main_job(args.epochs)
-                elif step == "suite":
-                    device.suite(args.suite, args.methods, args.max_minutes)
                 else:
                     if not args.name:
                         raise Failure("send takes --name (and --first)")

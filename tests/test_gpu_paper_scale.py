@@ -122,55 +122,147 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def test_the_encoding_of_cifar_records_is_lossless_and_a_damaged_file_is_refused():
+    """Real records (a quarter of a test batch) survive encode/decode byte for byte; the residuals
+    are the hand-written filter's, and a cut encoded file is one Failure, not a wrong image."""
+    gps = load_script()
+    raw = (CIFAR / "test_batch.bin").read_bytes()[: 2500 * 3073]
+    blob = gps.encode_cifar(raw, level=0)
+    assert gps.decode_cifar(blob) == raw and len(blob) < 0.85 * len(raw)
+    # The first record's red plane, row 0: its first pixel, then left-neighbour differences
+    # minus the green plane's, mod 256, as the docstring says.
+    body = gps.lzma.decompress(blob[len(gps.ENCODING_MAGIC) :])
+    count = len(raw) // 3073
+    record = list(raw[1:3073])
+    red, green = record[0:32], record[1024:1056]
+    expected = [(red[0] - green[0]) % 256] + [
+        ((red[j] - red[j - 1]) - (green[j] - green[j - 1])) % 256 for j in range(1, 32)
+    ]
+    assert list(body[count : count + 32]) == expected
+    with pytest.raises(gps.Failure, match="damaged"):
+        gps.decode_cifar(blob[:-100])
+    with pytest.raises(gps.Failure, match="header"):
+        gps.decode_cifar(raw)
+
+
+def test_the_pair_plan_takes_the_largest_part_that_fits_the_measured_rates(tmp_path):
+    """plan_pair against the budget arithmetic written out by hand: 5,850 steps at the slower
+    step, the fixed costs, per-model evaluation with 3 laws or 1, packing and the spare."""
+    gps = load_script()
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    rates = {"alone": {"pat": 0.050, "pgd": 0.030}, "together": {"pat": 0.060, "pgd": 0.045}}
+    (stage / "rates.json").write_text(json.dumps(rates))
+
+    def plan(budget_s, methods=("pat", "pgd")):
+        device = gps.Device(str(REPO), str(stage), str(tmp_path / "out"), False, budget_s)
+        return device.plan_pair(methods)
+
+    fixed = 75 + 30 + 30  # TRAIN_FIXED_S + PACK_S + PLAN_SPARE_S
+    both_3_laws = 5850 * 0.060 + fixed + 2 * (60 + 3 * 25)  # 756 s
+    both_1_law = 5850 * 0.060 + fixed + 2 * (60 + 25)  # 656 s
+    pat_3_laws = 5850 * 0.050 + fixed + (60 + 3 * 25)  # 562.5 s
+    pat_1_law = 5850 * 0.050 + fixed + (60 + 25)  # 512.5 s
+    assert plan(both_3_laws + 2) == {**plan(both_3_laws + 2), "methods": ["pat", "pgd"], "laws": list(gps.PAIR_LAWS)}
+    assert plan(both_1_law + 2)["laws"] == ["uniform"] and plan(both_1_law + 2)["methods"] == ["pat", "pgd"]
+    assert plan(both_1_law - 2) == {**plan(both_1_law - 2), "methods": ["pat"], "laws": list(gps.PAIR_LAWS)}
+    assert plan(pat_3_laws - 2)["methods"] == ["pat"] and plan(pat_3_laws - 2)["laws"] == ["uniform"]
+    # PGD alone (the next window, when PAT came back): its own rate decides.
+    assert plan(5850 * 0.030 + fixed + 60 + 3 * 25 + 2, ("pgd",))["laws"] == list(gps.PAIR_LAWS)
+    # Below PAT's last option, PGD alone still fits (a window that brings the PGD run).
+    assert plan(pat_1_law - 2)["methods"] == ["pgd"]
+    pgd_1_law = 5850 * 0.030 + fixed + (60 + 25)  # 395.5 s
+    with pytest.raises(gps.Failure, match="nothing fits"):
+        plan(pgd_1_law - 2)
+
+
 @pytest.mark.slow
-def test_the_dry_run_lays_the_data_down_runs_the_main_job_and_a_suite_and_brings_their_results_back(tmp_path):
-    """The device sequence on the CPU: three staged calls lay CIFAR-10 down (size and md5
-    checked), then main.py + patjax.evaluate and a suite run (the small CNN, a few steps), whose
-    results come back in pieces that `collect` checks and unpacks."""
-    stage, out = tmp_path / "stage", tmp_path / "out"
-    # A file damaged between staging and laying down is refused with one line.
-    done = script("--stage", str(stage), "stage", "--data", "1", "--data_src", str(CIFAR), "--no_check")
+def test_the_dry_run_lays_the_data_down_and_runs_the_window_and_brings_its_results_back(tmp_path):
+    """The window's sequence on the CPU: two staged calls lay CIFAR-10 down (decoded, size and md5
+    checked), the smoke and the rates, then the pair (main.py for both methods at once, export,
+    fp32 evaluation, comparison) and the main job (the small CNN, a few steps), whose results
+    come back in pieces that `collect` checks and unpacks."""
+    stage, out, out2 = tmp_path / "stage", tmp_path / "out", tmp_path / "out2"
+    # A file damaged between staging and laying down is refused with one line naming it.
+    done = script("--stage", str(stage), "stage", "--data", "1", "--data_src", str(CIFAR), "--no_check", "--level", "0")
     assert done.returncode == 0, done.stderr
-    damaged = stage / "carry" / "data" / "data_batch_2.bin"
-    content = bytearray(damaged.read_bytes())
-    content[-1] ^= 1
-    damaged.write_bytes(bytes(content))
+    damaged = stage / "carry1" / "data" / "data_batch_2.bin.pjxz"
+    intact = damaged.read_bytes()
+    damaged.write_bytes(intact[:-1000])
     done = script("--stage", str(stage), "device", "setup", "--out", str(out), "--dry_run")
     assert done.returncode == 1 and "data_batch_2.bin" in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    for part in (1, 2, 3):
-        done = script("--stage", str(stage), "stage", "--data", str(part), "--data_src", str(CIFAR), "--no_check")
-        assert done.returncode == 0, done.stderr
-        # the staged files are those of this part only: a carried path is replaced by each call
-        assert len(os.listdir(stage / "carry" / "data")) == (3 if part == 3 else 2)
-        done = script("--stage", str(stage), "device", "setup", "--out", str(out), "--dry_run")
-        assert done.returncode == 0, done.stdout + done.stderr
+    damaged.write_bytes(intact)
+    for part in (1, 2):
+        if part == 2:
+            args = (
+                "--stage",
+                str(stage),
+                "stage",
+                "--data",
+                "2",
+                "--data_src",
+                str(CIFAR),
+                "--no_check",
+                "--level",
+                "0",
+            )
+            done = script(*args)
+            assert done.returncode == 0, done.stderr
+            assert sorted(os.listdir(stage / "carry2" / "data")) == [
+                "batches.meta.txt",
+                "data_batch_4.bin.pjxz",
+                "data_batch_5.bin.pjxz",
+                "test_batch.bin.pjxz",
+            ]
+        steps = ("setup", "smoke", "rates") if part == 1 else ("setup", "pair")
+        done = script(
+            "--stage",
+            str(stage),
+            "device",
+            *steps,
+            "--out",
+            str(out if part == 1 else out2),
+            "--dry_run",
+            "--budget_s",
+            "1500",
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     laid = stage / "data" / "cifar-10-batches-bin"
     assert sorted(os.listdir(laid)) == sorted(os.listdir(CIFAR))
     assert all(sha256(laid / n) == sha256(CIFAR / n) for n in os.listdir(CIFAR))
-    done = script(
-        *("--stage", str(stage), "device", "main-job", "suite", "--methods", "pat"),
-        *("--out", str(out), "--dry_run", "--budget_s", "1200"),
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    back = tmp_path / "back"
-    done = script("collect", str(out), "--into", str(back))
+    rates = json.loads((stage / "rates.json").read_text())
+    assert set(rates["alone"]) == set(rates["together"]) == {"pat", "pgd"}
+    # What does not fit call 2's $OUT (the second model) comes back with a `send` call.
+    assert len(os.listdir(out2)) <= 8
+    out3 = tmp_path / "out3"
+    args = ("device", "send", "main-job", "--name", "pair_model_pgd", "--epochs", "1", "--out", str(out3), "--dry_run")
+    done = script("--stage", str(stage), *args, "--budget_s", "600")
     assert done.returncode == 0, done.stderr
-    # The main job: 2 "epochs" of 2 steps, evaluated; each window's seconds from metrics.jsonl by hand.
-    timings = json.loads((out / "timings.json").read_text())
+    back = tmp_path / "back"
+    assert len(os.listdir(out3)) <= 8
+    done = script("collect", str(out2), str(out3), "--into", str(back))
+    assert done.returncode == 0, done.stderr
+    pair = back / "pair"
+    # Both runs trained 4 steps in bf16 with their own methods, on the same evaluation images and noise.
+    for method in ("pat", "pgd"):
+        config = json.loads((pair / f"{method}_s0" / "config.json").read_text())
+        assert (config["method"], config["compute_dtype"], config["seed"]) == (method, "bfloat16", 0)
+        metrics = [json.loads(line) for line in (pair / f"{method}_s0" / "metrics.jsonl").read_text().splitlines()]
+        assert metrics[-1]["step"] == 4
+        device_model = stage / "work" / "pair" / "final" / f"{method}_s0.safetensors"
+        assert sha256(pair / "final" / f"{method}_s0.safetensors") == sha256(device_model)
+        assert not (pair / f"{method}_s0" / "checkpoints").exists()
+    settings = [
+        json.loads((pair / "fp32" / f"{m}_s0" / "eval" / "results.json").read_text())["settings"]
+        for m in ("pat", "pgd")
+    ]
+    assert settings[0]["num_examples"] == settings[1]["num_examples"] == 16 and settings[0]["seed"] == 0
+    assert "pgd_s0" in (pair / "compare.txt").read_text()
+    # The main job: 1 "epoch" of 2 steps, evaluated; each window's seconds from metrics.jsonl by hand.
+    timings = json.loads((out3 / "timings.json").read_text())
     main_job = next(t for t in timings if t["step"] == "main job: train")
     metrics = [json.loads(line) for line in (back / "main_job" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [2, 4] and main_job["steps"] == 4
+    assert [m["step"] for m in metrics] == [2] and main_job["steps"] == 2
     assert [w["seconds"] for w in main_job["windows"]] == [round(2 * 32 / m["images_per_s"], 2) for m in metrics]
     assert json.loads((back / "main_job" / "eval" / "results.json").read_text())["settings"]["num_examples"] == 16
-    assert set(next(t for t in timings if t["step"] == "main job: evaluate")["evaluators_s"]) >= {"clean", "pgd20"}
-    # The suite's run: its final model comes back byte for byte, its checkpoints do not.
-    run = back / "smoke_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
-    final = json.loads((run / "suite_run.json").read_text())["step"]
-    model = f"step_{final:06d}.safetensors"
-    assert os.listdir(run / "models") == [model]
-    device_run = stage / "work" / "smoke_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
-    assert sha256(run / "models" / model) == sha256(device_run / "models" / model)
-    assert (run / "eval" / "per_image.npz").is_file() and (run / "curve").is_dir()
-    assert not (run / "checkpoints").exists()
     assert json.loads((out / "env.json").read_text())["versions"]["jax"]
-    assert len(os.listdir(out)) <= 8

@@ -8,6 +8,8 @@ x_adv in x's dtype, and the input gradient comes back through the model's input 
 float32). This script measures, with the same parameters, the same images and the same keys,
 how far the bf16 network moves what the comparison is made of:
 
+  --part dtypes   the dtypes of a bf16 run's state, gradients, chain and logits, and of every
+                  convolution in the sampler's energy gradient and in a PAT step (by the jaxpr).
   --part sampler  Algorithm 1's endpoints (`methods.langevin_adversarial_batch`, the function the
                   train step calls) under the paper's sampler (uniform start, T = 100) and the
                   cheaper one (start at x, T <= 20, tolerance 3e-4), and PGD-10's
@@ -24,6 +26,7 @@ how far the bf16 network moves what the comparison is made of:
 
 One JSON line per measurement on stdout (and appended to --out). Does not import torch.
 
+  python benchmarks/bf16_check.py --part dtypes --out docs/results/bf16_check/dtypes.jsonl
   python benchmarks/bf16_check.py --part sampler --out docs/results/bf16_check/sampler.jsonl
   python benchmarks/bf16_check.py --part eval --out docs/results/bf16_check/eval.jsonl
   python benchmarks/bf16_check.py --part train --train-root runs/bf16_check --out docs/results/bf16_check/train.jsonl

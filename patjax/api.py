@@ -27,11 +27,12 @@ from typing import Any, Callable, Union
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from patjax.compute import data, models
 from patjax.core import sharding
-from patjax.core.errors import UserError, one_line
+from patjax.core.errors import UserError, UserTypeError, one_line
 from patjax.run import config as config_lib
 from patjax.run import eval_files, evaluation, torch_weights, zoo
 from patjax.run import state as state_lib
@@ -100,7 +101,7 @@ def as_model(model: Model):
         params, batch_stats = {}, {}
         apply = _without_train_mode(lambda variables, x: model(x, train=False) if takes_train else model(x))
     else:
-        raise UserError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
+        raise UserTypeError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
     return models.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 
 
@@ -138,15 +139,21 @@ def check_classes(model_fns, state, split: data.Split) -> None:
     try:
         logits = jax.eval_shape(
             lambda x: model_fns.infer(state.params, state.batch_stats, x),
-            jax.ShapeDtypeStruct((1,) + split.images.shape[1:], np.float32),
+            jax.ShapeDtypeStruct((2,) + split.images.shape[1:], np.float32),
         )
     except Exception as error:  # the model's own error for inputs it cannot take (e.g. channels)
         raise UserError(
             f"the model cannot take images of shape (N, {', '.join(map(str, split.images.shape[1:]))}): "
             f"{type(error).__name__}: {one_line(error)[:300]}"
         ) from None
-    if len(logits.shape) != 2 or logits.shape[1] < 2:
-        raise UserError(f"the model must return (N, classes) logits with classes >= 2, got shape {logits.shape}")
+    # Traced at 2 images, so that a batch dimension the model drops or fixes shows.
+    if len(logits.shape) != 2 or logits.shape[0] != 2 or logits.shape[1] < 2:
+        raise UserError(
+            f"the model must return (N, classes) logits with classes >= 2, got shape {logits.shape} for N = 2 images"
+        )
+    if not jnp.issubdtype(logits.dtype, jnp.floating):
+        # Integer logits have no gradient for the attacks and tie at every margin PR counts.
+        raise UserTypeError(f"the model must return floating-point logits, got dtype {logits.dtype}")
     classes = logits.shape[1]
     if split.labels.max() >= classes:
         raise UserError(

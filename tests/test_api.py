@@ -137,3 +137,68 @@ class NeedsMore(nn.Module):
 def test_a_model_that_cannot_be_called_on_images_alone_is_refused_before_any_compile(model, message):
     with pytest.raises(UserError, match=message):
         api.as_model(model)
+
+
+# Python's conventions: the library's refusals are ValueErrors (TypeErrors for a wrong type), a
+# model's output is checked before any figure, numpy scalars are numbers.
+_RNG = np.random.default_rng(0)
+_IMAGES = _RNG.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+_LABELS = np.array([0, 1, 2, 3])
+_W = (_RNG.normal(size=(32 * 32 * 3, 10)) * 0.01).astype(np.float32)
+
+
+def _linear(x):
+    return x.reshape(x.shape[0], -1) @ _W
+
+
+@pytest.mark.parametrize(
+    "model, error, message",
+    [
+        (lambda x: _linear(x).astype(np.int32), TypeError, "floating-point logits"),
+        (lambda x: _linear(x)[:1], ValueError, "got shape \\(1, 10\\) for N = 2"),  # a batch dimension dropped
+        (lambda x: _linear(x)[:, :, None], ValueError, "got shape \\(2, 10, 1\\)"),
+        (42, TypeError, "model must be a logits function"),
+    ],
+    ids=["integer-logits", "fixed-batch", "3d-logits", "not-a-model"],
+)
+def test_a_model_with_outputs_of_the_wrong_shape_or_dtype_is_refused_as_python_would(model, error, message):
+    with pytest.raises(error, match=message) as raised:
+        api.evaluate(model, _IMAGES, _LABELS, evaluators="clean")
+    assert isinstance(raised.value, UserError) and "\n" not in str(raised.value)
+
+
+def test_settings_take_numpy_scalars_and_refuse_other_types_and_unknown_datasets():
+    # np.int64(2) and np.float32 where 2 and a float are asked: the same figures as the Python numbers.
+    numpy_args = api.evaluate(
+        _linear,
+        _IMAGES,
+        _LABELS,
+        evaluators="pr",
+        pr_samples=np.int64(2),
+        pr_chunk_size=np.int64(2),
+        pr_epsilons=(np.float32(0.1),),
+    )
+    python_args = api.evaluate(
+        _linear, _IMAGES, _LABELS, evaluators="pr", pr_samples=2, pr_chunk_size=2, pr_epsilons=(float(np.float32(0.1)),)
+    )
+    np.testing.assert_array_equal(
+        numpy_args["per_image"]["pr_uniform.counts"], python_args["per_image"]["pr_uniform.counts"]
+    )
+    with pytest.raises(TypeError, match="pr_samples must be of type int, got '4'") as raised:
+        api.evaluate(_linear, _IMAGES, _LABELS, evaluators="pr", pr_samples="4")
+    assert isinstance(raised.value, ValueError)  # a UserError all the same
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet'"):
+        api.evaluate(_linear, _IMAGES, _LABELS, evaluators="clean", dataset="imagenet")
+
+
+@pytest.mark.slow
+def test_autoattack_on_images_the_model_all_misclassifies_reports_zero_robust():
+    """Every image wrong at x: no attack has an image to run on, and the answer is 0 robust (the
+    reference AutoAttack's too), not a KeyError."""
+    always_class_0 = lambda x: _linear(x) * 0 + np.eye(10, dtype=np.float32)[0] * 10  # noqa: E731
+    results = api.evaluate(
+        always_class_0, _IMAGES, np.ones(4, int), evaluators="aa", apgd_steps=2, aa_fab_steps=2, aa_square_queries=4
+    )
+    aa = results["figures"]["aa"]
+    assert aa["value"] == 0.0 and aa["clean_accuracy"]["value"] == 0.0
+    assert aa["broken_by"]["misclassified"] == 4 and aa["broken_by"]["robust"] == 0

@@ -3,8 +3,14 @@
 import numbers
 
 
-class UserError(Exception):
-    """Bad input from the user (config, flags, data directory, workdir)."""
+class UserError(ValueError):
+    """Bad input from the user (config, flags, data directory, workdir, the API's arguments). A
+    ValueError, so that a caller of the library who catches the standard exception catches it."""
+
+
+class UserTypeError(UserError, TypeError):
+    """Bad input of the wrong type (a string where a number is asked): a TypeError too, as
+    Python's own conventions have it."""
 
 
 def one_line(error: BaseException) -> str:

@@ -291,7 +291,15 @@ def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=
     attacked = np.zeros(n, bool)
     attacked[chosen] = True
     if not outputs:
-        return {"attacked": attacked}, wall
+        # No image to run on (every image misclassified before an attack on the robust ones, say):
+        # the pass's outputs are zeros everywhere, shaped as one traced batch's, so that what
+        # reads them (the next stage's subset, the figures) finds every key.
+        images, labels, indices, _ = next(padded_batches(split, np.arange(1), width))
+        images, labels, indices = sharding.shard_batch(mesh, images, labels, indices)
+        shapes = dict(jax.eval_shape(batch_fn, params, batch_stats, images, labels, indices))
+        shapes.pop(NON_FINITE, None)
+        empty = jax.tree.map(lambda a: np.zeros((n,) + a.shape[1:], a.dtype), shapes)
+        return {**empty, "attacked": attacked}, wall
 
     def scatter(*parts):
         values = np.concatenate(parts)

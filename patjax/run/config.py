@@ -15,10 +15,11 @@ import os
 from typing import Optional
 
 import ml_collections
+import numpy as np
 
 from patjax import evaluators as evaluators_lib
 from patjax.compute import attacks, data, methods, robustness, samplers
-from patjax.core.errors import UserError, integer
+from patjax.core.errors import UserError, UserTypeError, integer
 from patjax.evaluators import common as evaluators_common
 from patjax.run import state
 
@@ -370,8 +371,23 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
     for key, value in overrides.items():
         if key not in cfg.eval:
             raise UserError(f"unknown eval setting {key!r}")
-        cfg.eval[key] = value
+        value = _python_scalars(value)
+        try:
+            cfg.eval[key] = value
+        except TypeError:  # ConfigDict keeps each field's type: a str where an int is, say
+            expected = type(cfg.eval[key]).__name__
+            raise UserTypeError(f"eval setting {key} must be of type {expected}, got {value!r}") from None
     return cfg
+
+
+def _python_scalars(value):
+    """numpy scalars (and sequences of them) as the Python numbers they hold, which ConfigDict's
+    typed fields take: a caller of the API may pass np.int64(100) where 100 is asked."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_python_scalars(v) for v in value)
+    return value
 
 
 def evaluation_settings(
@@ -387,6 +403,7 @@ def evaluation_settings(
     command line's flags). The one place the `eval` block is read; its sampler's c1, c2 and
     PAT's beta set p_dis and the entropic lambda by default."""
     cfg = with_eval_overrides(cfg, overrides)
+    data.check_dataset(str(cfg.dataset))
     _check_finite(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
     distributions = evaluators_common.headline_first(ev.pr_distribution, ev.pr_distributions)

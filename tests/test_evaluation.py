@@ -648,22 +648,20 @@ def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_
     # positive one printed as a percentage.
     header = next(i for i, line in enumerate(lines) if "worst of" in line)
     cells = [re.split(r"\s{2,}", line.strip()) for line in lines[header : header + 3]]
-    assert cells[0] == [
-        "run",
-        "APGD-CE %",
-        "APGD-DLR %",
-        "AutoAttack %",
-        "worst %",
-        "worst of",
-        "LB(0.1) %",
-        "LB(0.2) %",
-    ]
-    assert cells[1] == ["A", "-", "-", "15.00 [14.00, 16.00]", "14.00 [13.00, 15.00]", "PGD, CW, AutoAttack"] + [
+    # APGD was run by neither, so it has no column; AutoAttack by A alone, so B's cell is a dash.
+    assert cells[0] == ["run", "AutoAttack %", "worst %", "worst of", "LB(0.1) %", "LB(0.2) %"]
+    assert cells[1] == ["A", "15.00 [14.00, 16.00]", "14.00 [13.00, 15.00]", "PGD, CW, AutoAttack"] + [
         "≤ 0 (vacuous)",
         "25.00 [24.00, 26.00]",
     ]
-    assert cells[2] == ["B", "-", "-", "-", "14.00 [13.00, 15.00]", "PGD, CW", "12.50 [11.50, 13.50]", "≤ 0 (vacuous)"]
+    assert cells[2] == ["B", "-", "14.00 [13.00, 15.00]", "PGD, CW", "12.50 [11.50, 13.50]", "≤ 0 (vacuous)"]
     assert "-154.54" not in text
+    # Neither ran AutoAttack nor CW: no column names them.
+    for r in (a, b):
+        r["figures"].pop("aa", None)
+        r["figures"].pop("cw20")
+    text = report.comparison(["A", "B"], [a, b])
+    assert "AutoAttack %" not in text and "CW %" not in text and "PGD %" in text
 
 
 def test_the_pr_plot_shows_the_headline_estimand_and_says_so():

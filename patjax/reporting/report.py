@@ -87,18 +87,26 @@ def comparison(names, results_list) -> str:
     tables = [images_sentence(names, results_list), ""]
     pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
     eps_keys = list(pr_of(first, dist))
+    # An attack no run was evaluated with gets no column: a column of dashes reads as a failure.
+    evaluated = [
+        a
+        for a in evaluators.TABLE_ATTACKS + evaluators.OTHER_ATTACKS
+        if any(a in r.get("figures", {}) for r in results_list)
+    ]
+    table_attacks = [a for a in evaluators.TABLE_ATTACKS if a in evaluated]
+    other_attacks = [a for a in evaluators.OTHER_ATTACKS if a in evaluated]
     rows = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
         rows.append(
             [name, pct(f.get("clean_accuracy"), 2)]
-            + [pct(f.get(a), 2) for a in evaluators.TABLE_ATTACKS]
+            + [pct(f.get(a), 2) for a in table_attacks]
             + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys]
         )
     tables += [
         text_table(
             ["run", "Acc %"]
-            + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS]
+            + [f"{evaluators.REGISTRY[a].label} %" for a in table_attacks]
             + [f"PR({e}) %" for e in eps_keys],
             rows,
         ),
@@ -125,7 +133,7 @@ def comparison(names, results_list) -> str:
         worst = f.get("worst_case")
         extra.append(
             [name]
-            + [pct(f.get(a), 2) for a in evaluators.OTHER_ATTACKS]
+            + [pct(f.get(a), 2) for a in other_attacks]
             + [pct(worst, 2), ", ".join(evaluators.REGISTRY[a].label for a in (worst or {}).get("attacks", ())) or "-"]
             + [bound_cell(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
         )
@@ -138,7 +146,7 @@ def comparison(names, results_list) -> str:
     tables += [
         text_table(
             ["run"]
-            + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.OTHER_ATTACKS]
+            + [f"{evaluators.REGISTRY[a].label} %" for a in other_attacks]
             + ["worst %", "worst of"]
             + [f"LB({e}) %" for e in eps_keys],
             extra,

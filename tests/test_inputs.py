@@ -312,6 +312,8 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
 
     f = tmp_path / "f"
     f.write_text("x")
+    dangling = tmp_path / "link.json"
+    dangling.symlink_to(tmp_path / "gone" / "out.json")
     readonly = tmp_path / "ro"
     readonly.mkdir()
     readonly.chmod(0o500)
@@ -324,6 +326,13 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
         (cli.output_folder, f / "a" / "b", f"{f} is a file, so nothing can be made under it"),
         (cli.output_file, tmp_path, "is a folder; name the file to write"),
         (cli.output_file, f / "out.json", f"{f} is a file, so nothing can be made under it"),
+        # A link whose target is gone: writing would replace the link, not make its target.
+        (
+            cli.output_file,
+            dangling,
+            f"is a symbolic link to {tmp_path / 'gone' / 'out.json'}, which does not exist; remove the link or "
+            "name another file",
+        ),
     ]
     if os.geteuid() != 0:  # root writes anywhere
         checks.append((cli.output_folder, readonly / "new", f"cannot create it, {readonly} is not writable"))
@@ -336,7 +345,7 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
     assert cli.existing_file("flag", str(f)) == str(f)
     assert cli.output_folder("flag", str(tmp_path / "new" / "deeper"))
     assert cli.output_file("flag", str(tmp_path / "new" / "out.json"))
-    assert sorted(os.listdir(tmp_path)) == ["f", "ro"]  # the checks create nothing
+    assert sorted(os.listdir(tmp_path)) == ["f", "link.json", "ro"]  # the checks create nothing
 
 
 def test_command_line_counts_without_a_meaning_are_refused(tmp_path):

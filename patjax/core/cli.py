@@ -188,6 +188,11 @@ def output_file(flag: str, path: str) -> str:
     """A file the command writes: not a folder, in a folder that exists or can be created."""
     if os.path.isdir(path):
         raise UserError(f"--{flag}={path}: is a folder; name the file to write")
+    if os.path.islink(path) and not os.path.exists(path):  # writing would replace the link, not fill its target
+        raise UserError(
+            f"--{flag}={path}: is a symbolic link to {os.readlink(path)}, which does not exist; "
+            "remove the link or name another file"
+        )
     _creatable(flag, path, os.path.dirname(os.path.abspath(path)))
     return path
 

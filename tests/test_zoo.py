@@ -120,6 +120,33 @@ def test_an_entry_patjax_does_not_cover_or_cannot_fetch_is_one_line(tmp_path, mo
         zoo.load_model("Carmon2019Unlabeled", str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    "utils_source, shown",
+    [
+        (
+            "import a_dependency_robustbench_lacks\n",
+            "ModuleNotFoundError: No module named 'a_dependency_robustbench_lacks'",
+        ),
+        ("raise RuntimeError('built against another torch')\n", "RuntimeError: built against another torch"),
+    ],
+    ids=["its-dependency-missing", "its-import-fails"],
+)
+def test_an_installed_robustbench_that_cannot_be_imported_is_named_as_such(tmp_path, monkeypatch, utils_source, shown):
+    """The package is there but its own import fails: not 'install robustbench', and no traceback."""
+    package = tmp_path / "site" / "robustbench"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(utils_source)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in ("robustbench", "robustbench.utils"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(UserError) as error:
+        zoo.load_model("Carmon2019Unlabeled", str(tmp_path / "models"))
+    message = str(error.value)
+    assert "is installed but cannot be imported" in message and shown in message and "\n" not in message
+    assert "pip install robustbench" not in message
+
+
 @pytest.mark.slow
 def test_the_command_line_evaluates_an_entry_and_refuses_the_flags_the_entry_decides(
     torch, reference, data_dir, tmp_path

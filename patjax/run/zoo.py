@@ -105,11 +105,15 @@ def fetch(name: str, model_dir: str = DEFAULT_MODEL_DIR) -> str:
         return path
     try:
         from robustbench.utils import load_model as robustbench_load  # optional: only to download
-    except ImportError:
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "robustbench":
+            raise UserError(_broken_robustbench(path, error)) from None
         raise UserError(
             f"{path} does not exist; fetching {name} needs the robustbench package "
             "(pip install robustbench) and internet access"
         ) from None
+    except Exception as error:  # installed, but its own import fails (its dependencies are many and pinned)
+        raise UserError(_broken_robustbench(path, error)) from None
     try:
         robustbench_load(name, model_dir=model_dir, dataset=DATASET, threat_model=THREAT_MODEL)
     except Exception as error:  # downloads fail in many ways (HTTP, quota, disk)
@@ -117,6 +121,14 @@ def fetch(name: str, model_dir: str = DEFAULT_MODEL_DIR) -> str:
     if not os.path.isfile(path):
         raise UserError(f"robustbench fetched {name} but {path} does not exist")
     return path
+
+
+def _broken_robustbench(path: str, error: BaseException) -> str:
+    return (
+        f"{path} does not exist, and the robustbench package that would fetch it is installed but cannot be "
+        f"imported ({type(error).__name__}: {one_line(error)[:200]}); repair its installation, or put the "
+        "checkpoint file there"
+    )
 
 
 def load_model(name: str, model_dir: str = DEFAULT_MODEL_DIR):

@@ -256,6 +256,37 @@ def test_integer_settings_outside_their_documented_range_are_refused(field, valu
     assert str(error.value) == message
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("learning_rate", 1e39, "learning_rate must be > 0 and finite in float32, got 1e+39"),
+        ("learning_rate", 0.0, "learning_rate must be > 0 and finite in float32, got 0.0"),
+        (
+            "lr_decay_fractions",
+            (-0.5, 0.9),
+            "lr_decay_fractions must each be in (0, 1), fractions of the run (none: no decay), got (-0.5, 0.9)",
+        ),
+        (
+            "lr_decay_fractions",
+            (0.75, 1.5),
+            "lr_decay_fractions must each be in (0, 1), fractions of the run (none: no decay), got (0.75, 1.5)",
+        ),
+        ("lr_decay_factor", -0.1, "lr_decay_factor must be > 0 and finite in float32, got -0.1"),
+        ("lr_decay_factor", 0.0, "lr_decay_factor must be > 0 and finite in float32, got 0.0"),
+    ],
+)
+def test_schedule_settings_that_would_change_the_run_silently_or_overflow_float32_are_refused(field, value, message):
+    """A negative milestone fraction decays the rate before step 0, a milestone past the end never
+    fires, a negative factor flips the update's sign, 1e39 is infinite in the float32 step."""
+    cfg = config_lib.default_config()
+    cfg[field] = value
+    with pytest.raises(UserError) as error:
+        config_lib.train_settings(cfg)
+    assert str(error.value) == message
+    cfg[field] = config_lib.default_config()[field]
+    assert config_lib.train_settings(cfg).optimizer.decay_fractions == (0.75, 0.9)
+
+
 def test_the_documented_sentinels_are_accepted():
     cfg = config_lib.default_config()
     cfg.num_train_steps, cfg.checkpoint_every_steps, cfg.log_every_steps, cfg.log_test_examples = -1, 0, -1, -1

@@ -79,7 +79,9 @@ def as_model(model: Model):
     """(model_fns, state) for `evaluation.evaluate_state` from a logits function, a Flax module
     with its variables, or a bound Flax module (`module.bind(variables)`). Whether the module's
     __call__ takes `train` is read off its signature: the evaluation calls it with train=False
-    (BatchNorm's running statistics) if it does, with the images alone if it does not."""
+    (BatchNorm's running statistics) if it does, with the images alone if it does not. Variables
+    that hold a NaN or an infinity are a one-line UserError (`models.check_finite`); a logits
+    function's own weights are out of reach, and only its logits are checked."""
     if isinstance(model, nn.Module):
         if model.scope is None:
             raise UserError("a Flax module needs its variables: pass (module, variables) or module.bind(variables)")
@@ -92,6 +94,7 @@ def as_model(model: Model):
         if other:
             raise UserError(f"the variables may hold 'params' and 'batch_stats' only, not {other}")
         params, batch_stats = variables["params"], variables.get("batch_stats", {})
+        models.check_finite({"params": params, "batch_stats": batch_stats}, "the model passed with its variables")
         if _inputs_and_train(module.__call__, f"{type(module).__name__}.__call__"):
             apply = module.apply
         else:

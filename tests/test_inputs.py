@@ -100,15 +100,15 @@ def test_logits_finite_at_the_images_but_not_at_their_perturbations_are_refused_
     assert clean["figures"]["clean_accuracy"]["n"] == 6
 
 
-def nan_checkpoint_workdir(workdir):
-    """A workdir whose one checkpoint (step 1) is the small CNN with NaN weights, as a diverged
-    run leaves it; and the .lock every trained workdir has."""
+def nan_checkpoint_workdir(workdir, change=lambda params: jax.tree.map(lambda p: p * jnp.nan, params)):
+    """A workdir whose one checkpoint (step 1) is the small CNN with `change`d parameters (default:
+    NaN weights, as a diverged run leaves it); and the .lock every trained workdir has."""
     cfg = config_lib.default_config()
     cfg.model = "small_cnn"
     settings = config_lib.train_settings(cfg)
     tx = state_lib.make_optimizer(settings.optimizer, optax.constant_schedule(0.1))
     _, state = state_lib.create_train_state(settings.model, 0, tx)
-    state = state.replace(step=jnp.ones((), jnp.int32), params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+    state = state.replace(step=jnp.ones((), jnp.int32), params=change(state.params))
     workdir_lib.save_config(settings.record, workdir)
     manager = checkpoints.checkpoint_manager(workdir)
     manager.save(1, args=ocp.args.StandardSave(state))
@@ -125,10 +125,132 @@ def test_a_checkpoint_with_nan_weights_evaluates_to_one_line_and_no_results(tmp_
     proc = run_cli(
         "-m", "patjax.evaluate", f"--workdir={workdir}", "--num_examples=5", "--batch_size=5", "--evaluators=clean"
     )
+    # Refused where the model is restored, before the logits check of the evaluation would.
     assert one_error_line(proc) == (
-        "error: the model's logits are not finite on 5 of 5 images in the clean pass; no figure is computed from them"
+        f"error: the model of step 1 restored from {workdir} has non-finite values in params/BatchNorm_0/bias; "
+        "no figure or file is made from it"
     )
     assert tree_hash(tmp_path) == before
+
+
+def set_first(params, module, name, value):
+    """`params` with `value` at the first entry of `module`'s array `name`."""
+
+    def change(path, leaf):
+        names = [getattr(k, "key", None) for k in path]
+        return leaf.at[(0,) * leaf.ndim].set(value) if names[-2:] == [module, name] else leaf
+
+    return jax.tree_util.tree_map_with_path(change, params)
+
+
+def minus_inf_bias(params):
+    """The small CNN's params with -inf in the first channel's bias of its first BatchNorm. NaN
+    propagates through XLA's ReLU and max-pool, but -inf there becomes 0 after the ReLU: the
+    logits stay finite, and only a check of the weights themselves finds it."""
+    return set_first(params, "BatchNorm_0", "bias", -jnp.inf)
+
+
+def run_all(cases, cwd=REPO):
+    """[(command line, expected stderr line)]: every command at once (each spends its seconds
+    importing JAX), each refused with exactly its one line."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    procs = [
+        subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for args, _ in cases
+    ]
+    for proc, (args, message) in zip(procs, cases):
+        _, stderr = proc.communicate(timeout=300)
+        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+        assert one_error_line(done) == message, (args, done.stderr)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_with_infinite_weights_but_finite_logits_is_neither_evaluated_nor_exported(tmp_path):
+    workdir = str(tmp_path / "run")
+    nan_checkpoint_workdir(workdir, minus_inf_bias)
+    out = tmp_path / "model.safetensors"
+    before = tree_hash(tmp_path)
+    refused = (
+        f"error: the model of step 1 restored from {workdir} has non-finite values in params/BatchNorm_0/bias; "
+        "no figure or file is made from it"
+    )
+    evaluate = ("-m", "patjax.evaluate", f"--workdir={workdir}", "--num_examples=5", "--batch_size=5")
+    run_all(
+        [
+            ((*evaluate, "--evaluators=clean"), refused),
+            (("-m", "patjax.export", f"--workdir={workdir}", f"--out={out}"), refused),
+        ]
+    )
+    assert tree_hash(tmp_path) == before and not out.exists()
+
+
+@pytest.mark.slow
+def test_a_torch_checkpoint_with_a_non_finite_weight_or_normalization_is_refused_naming_it(tmp_path):
+    from patjax.compute import models
+    from patjax.run import torch_weights
+
+    net = models.create_model("small_cnn", "cifar10", 10)
+    params, batch_stats = jax.jit(lambda: models.init_variables(net, jax.random.PRNGKey(0)))()
+    stats = models.DATASET_STATS["cifar10"]
+    variants = {
+        "nan_weight": (set_first(params, "Conv_0", "kernel", jnp.nan), stats, "features.0.weight"),
+        "inf_bias": (minus_inf_bias(params), stats, "features.1.bias"),  # finite logits: the ReLU clips it
+        "inf_sigma": (params, (stats[0], (np.inf, 1.0, 1.0)), "sigma"),  # every image's red channel becomes 0
+    }
+    cases = []
+    for name, (weights, normalize, key) in variants.items():
+        file = tmp_path / f"{name}.safetensors"
+        torch_weights.export(str(file), "small_cnn", weights, batch_stats, normalize)
+        command = ("-m", "patjax.evaluate", f"--torch_checkpoint={file}", "--num_examples=5", "--evaluators=clean")
+        cases.append((command, f"error: {file} has non-finite values in {key}; no figure is computed from it"))
+    before = tree_hash(tmp_path)
+    run_all(cases)
+    assert tree_hash(tmp_path) == before
+
+
+def test_the_api_refuses_variables_with_a_non_finite_value_before_compiling(monkeypatch):
+    from patjax.compute import models
+
+    net = models.create_model("small_cnn", "cifar10", 10)
+    params, batch_stats = jax.jit(lambda: models.init_variables(net, jax.random.PRNGKey(0)))()
+    variables = {"params": minus_inf_bias(params), "batch_stats": batch_stats}
+    images, labels = images_and_labels(n=4, size=32)
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
+    message = (
+        "the model passed with its variables has non-finite values in params/BatchNorm_0/bias; "
+        "no figure is computed from it"
+    )
+    for model in ((net, variables), net.bind(variables)):
+        with pytest.raises(UserError) as error:
+            api.evaluate(model, images, labels, evaluators="clean")
+        assert str(error.value) == message
+    # An infinite BatchNorm variance: the channel is normalized to 0, the logits stay finite.
+    stats = set_first(batch_stats, "BatchNorm_0", "var", jnp.inf)
+    with pytest.raises(UserError, match=r"non-finite values in batch_stats/BatchNorm_0/var;"):
+        api.evaluate((net, {"params": params, "batch_stats": stats}), images, labels, evaluators="clean")
+
+
+@pytest.mark.slow
+def test_training_whose_update_overflows_keeps_no_checkpoint_of_the_overflowed_model(tmp_path):
+    # 1e39 is finite in Python and inf in float32: step 1's loss and gradient are finite, its
+    # update is not, and the checkpoint of step 1 would hold it.
+    workdir = str(tmp_path / "run")
+    cfg = tiny_config(
+        data_dir=find_data_dir(),
+        method="clean",
+        learning_rate=1e39,
+        num_train_steps=4,
+        checkpoint_every_steps=1,
+        log_every_steps=4,
+        log_test_examples=8,
+    )
+    with pytest.raises(UserError) as error:
+        train_run(cfg, workdir)
+    assert str(error.value) == (
+        "training stopped: the model after step 1 has non-finite values in params/BatchNorm_0/bias; "
+        "no checkpoint was saved"
+    )
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == []
 
 
 @pytest.mark.slow

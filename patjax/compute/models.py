@@ -52,6 +52,7 @@ from typing import Any, Callable, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from patjax.compute import ops
 from patjax.core.errors import UserError
@@ -392,3 +393,32 @@ def init_variables(model: nn.Module, key: jax.Array, image_shape=(32, 32, 3)):
     """Returns (params, batch_stats); batch_stats is {} for a model without BatchNorm."""
     variables = model.init(key, jnp.zeros((1, *image_shape), jnp.float32), train=False)
     return variables["params"], variables.get("batch_stats", {})
+
+
+@jax.jit
+def _finite_flags(leaves: list) -> jax.Array:
+    return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
+
+
+def check_finite(variables: Any, source: str, consequence: str = "no figure is computed from it") -> None:
+    """A one-line UserError, "{source} has non-finite values in {leaf}; {consequence}", naming the
+    first leaf of `variables` (a model's parameters and BatchNorm statistics, or any pytree of
+    arrays; its path joined with "/") that holds a NaN or an infinity. Run once where a model
+    enters or leaves: the logits check at evaluation does not replace it, since an infinity in a
+    BatchNorm bias or variance becomes finite logits after ReLU or normalization.
+
+    One pass and one transfer: numpy's over host arrays (a file just read); else one compiled
+    reduction on the arrays' devices whose per-leaf flags reach the host together, never a
+    synchronization per leaf and never the weights themselves."""
+    flat = jax.tree_util.tree_flatten_with_path(variables)[0]
+    if not flat:
+        return
+    paths, leaves = zip(*flat)
+    if all(isinstance(leaf, np.ndarray) for leaf in leaves):
+        flags = [bool(np.isfinite(leaf).all()) for leaf in leaves]
+    else:
+        flags = np.asarray(_finite_flags(list(leaves)))
+    for path, finite in zip(paths, flags):
+        if not finite:
+            name = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+            raise UserError(f"{source} has non-finite values in {name}; {consequence}")

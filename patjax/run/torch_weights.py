@@ -146,13 +146,15 @@ def to_state_dict(model_name: str, params, batch_stats, normalize=None) -> dict[
 def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract_batch_stats, source: str = "the file"):
     """(params, batch_stats, normalize) of a patjax network from a PyTorch state_dict: every key
     the network needs, in its shape; normalize is the (mean, std) of `mu` and `sigma`, or None if
-    the state_dict has none. A key missing, misshapen, not floating point or left over is a one-line
-    UserError naming it."""
+    the state_dict has none. A key missing, misshapen, not floating point or left over, or one the
+    network uses that holds a NaN or an infinity (`models.check_finite`), is a one-line UserError
+    naming it."""
     tensors = dict(state_dict)
     for prefix in WRAPPER_PREFIXES:
         if tensors and all(k.startswith(prefix) for k in tensors):
             tensors = {k[len(prefix) :]: v for k, v in tensors.items()}
     flat = {"params": {}, "batch_stats": {}}
+    read = {}  # what the network uses, under the file's names, for the finite check
     for key, collection, path, shape, axes in _leaves(model_name, abstract_params, abstract_batch_stats):
         value = tensors.pop(key, None)
         expected = tuple(shape[i] for i in axes) if axes else shape
@@ -164,13 +166,14 @@ def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract
                 f"{source} does not fit {model_name}: {key} is {value.dtype}{list(value.shape)}, "
                 f"expected float{list(expected)}"
             )
-        value = value.astype(np.float32)
+        read[key] = value = value.astype(np.float32)
         flat[collection][path] = np.ascontiguousarray(np.transpose(value, np.argsort(axes)) if axes else value)
     normalize = None
     if any(k in tensors for k in _NORMALIZATION_KEYS):
         if not all(k in tensors for k in _NORMALIZATION_KEYS):
             raise UserError(f"{source} has only one of mu and sigma (the input normalization)")
         mean, std = (np.asarray(tensors.pop(k), np.float64).reshape(-1) for k in _NORMALIZATION_KEYS)
+        read.update(mu=mean, sigma=std)  # an infinite sigma maps every image to the same finite logits
         if mean.shape != (3,) or std.shape != (3,) or not np.all(std > 0):
             raise UserError(f"{source}: mu and sigma must hold 3 values each, sigma > 0 (got {mean}, {std})")
         normalize = (tuple(mean.tolist()), tuple(std.tolist()))
@@ -178,6 +181,8 @@ def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract
     left = [k for k in tensors if not k.endswith(_IGNORED_SUFFIX) and not k.startswith(unused)]
     if left:
         raise UserError(f"{source} does not fit {model_name}: {left[0]} is not part of it ({len(left)} such key(s))")
+    # float32 values, as the network will use them: a float64 1e39 is refused as the inf it becomes.
+    models.check_finite(read, source)
     return traverse_util.unflatten_dict(flat["params"]), traverse_util.unflatten_dict(flat["batch_stats"]), normalize
 
 

@@ -26,7 +26,7 @@ from absl import logging
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from patjax.compute import data, download, methods
+from patjax.compute import data, download, methods, models
 from patjax.core import files, sharding
 from patjax.core.errors import UserError
 from patjax.evaluators import clean as clean_evaluator
@@ -313,6 +313,7 @@ def _train(
                 if checked != done:  # steps since the last log, checked before their state is saved
                     _refuse_non_finite(_summarize(pending), checked, done, manager)
                     checked = done
+                _refuse_non_finite_model(state, done, manager)
                 manager.save(done, args=ocp.args.StandardSave(state))
             if done == end:
                 break
@@ -331,8 +332,8 @@ def _refuse_non_finite(summary: dict, first: int, last: int, manager: ocp.Checkp
 
     The values are read where the loop already brings metrics to the host (each logging window)
     and once more before each checkpoint, never per step: a step's NaN is found at most one
-    window late, and no checkpoint is saved after a step that was not checked. A finite loss and
-    gradient make a finite update, so every saved state is one a finite step produced.
+    window late, and no checkpoint is saved after a step that was not checked. The state a finite
+    step produced is checked too, before it is saved (`_refuse_non_finite_model`).
     """
     bad = {k: summary[k] for k in ("loss", "grad_norm") if k in summary and not np.isfinite(summary[k])}
     if not bad:
@@ -343,6 +344,19 @@ def _refuse_non_finite(summary: dict, first: int, last: int, manager: ocp.Checkp
     raise UserError(
         f"training stopped: {what} at {steps}; "
         + (f"the newest checkpoint, step {kept}, precedes them" if kept is not None else "no checkpoint was saved")
+    )
+
+
+def _refuse_non_finite_model(state, step: int, manager: ocp.CheckpointManager) -> None:
+    """A one-line UserError if the parameters or BatchNorm statistics after `step` hold a NaN or
+    an infinity. A finite loss and gradient do not make a finite update when the learning rate
+    overflows float32 (1e39 is finite in Python, inf once the schedule casts it), so the state
+    itself is checked before it is saved: one reduction per checkpoint, beside Orbax's copy."""
+    kept = manager.latest_step()
+    models.check_finite(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        f"training stopped: the model after step {step}",
+        f"the newest checkpoint, step {kept}, precedes it" if kept is not None else "no checkpoint was saved",
     )
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 import jax
 import orbax.checkpoint as ocp
 
+from patjax.compute import models
 from patjax.core import files, sharding
 from patjax.core.errors import UserError, one_line
 from patjax.run import checkpoints, kept_models
@@ -127,7 +128,8 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     keep no checkpoints. A given step: its kept model, else its checkpoint. A state restored
     from a kept model has the step, parameters and BatchNorm statistics only (no optimizer state).
     The state is replicated over `mesh` (default: every device), so a model saved on any number
-    of devices restores here.
+    of devices restores here. A NaN or an infinity in its parameters or BatchNorm statistics is a
+    one-line UserError naming the array (`models.check_finite`).
     """
     settings = load_settings(workdir)
     newest = checkpoints.require_checkpoint(workdir)
@@ -147,21 +149,31 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     if wanted in kept_models.steps(workdir) and (step is not None or checkpoints.latest_step(workdir) != wanted):
         params, batch_stats, _ = kept_models.load(workdir, wanted, abstract.params, abstract.batch_stats)
         (state,) = sharding.place_on_mesh(mesh, state_lib.inference_state(params, batch_stats, wanted))
-        return settings, model_holder["fns"], state
+    else:
+        state = _restore_checkpoint(workdir, step, wanted, sharding.replicated_target(abstract, mesh))
+    # Every evaluation, export, kept model and diagnosis of a run comes through here.
+    models.check_finite(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        f"the model of step {int(state.step)} restored from {workdir}",
+        "no figure or file is made from it",
+    )
+    return settings, model_holder["fns"], state
+
+
+def _restore_checkpoint(workdir: str, step: Optional[int], wanted: int, target):
+    """The state of checkpoint `wanted` (the newest intact one if `step` is None) onto `target`."""
     manager = checkpoints.checkpoint_manager(workdir, create=False)
     try:
         if step is None:
-            state, _ = checkpoints.restore_newest_intact(manager, sharding.replicated_target(abstract, mesh))
-        elif wanted in manager.all_steps():
-            state = manager.restore(wanted, args=ocp.args.StandardRestore(sharding.replicated_target(abstract, mesh)))
-        else:
-            raise UserError(
-                f"{workdir!r} has no model of step {wanted} (kept models: "
-                f"{kept_models.steps(workdir) or 'none'}; checkpoints: {sorted(manager.all_steps()) or 'none'})"
-            )
+            return checkpoints.restore_newest_intact(manager, target)[0]
+        if wanted in manager.all_steps():
+            return manager.restore(wanted, args=ocp.args.StandardRestore(target))
+        raise UserError(
+            f"{workdir!r} has no model of step {wanted} (kept models: "
+            f"{kept_models.steps(workdir) or 'none'}; checkpoints: {sorted(manager.all_steps()) or 'none'})"
+        )
     finally:
         manager.close()
-    return settings, model_holder["fns"], state
 
 
 def keep_models(workdir: str, steps_to_keep=None) -> list[int]:

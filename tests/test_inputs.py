@@ -472,3 +472,37 @@ def test_the_commands_that_read_evaluations_refuse_damaged_ones_in_one_line_writ
         done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
         assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
     assert unchanged_but_locks(tmp_path) == before
+
+
+CONFIG_FILES = {
+    "raises": (
+        "def get_config():\n    raise RuntimeError('no preset')\n",
+        ": get_config() raised RuntimeError: no preset",
+    ),
+    "imports_a_missing_module": (
+        "import patjax_no_such_module\n\ndef get_config():\n    return None\n",
+        " does not load (ModuleNotFoundError: No module named 'patjax_no_such_module')",
+    ),
+    "returns_a_dict": (
+        "def get_config():\n    return {'model': 'small_cnn'}\n",
+        ": get_config() returned a dict, not an ml_collections.ConfigDict; start it from "
+        "patjax.run.config.default_config()",
+    ),
+    "lacks_a_field": (
+        "from patjax.run.config import default_config\n\ndef get_config():\n"
+        "    cfg = default_config()\n    del cfg.eval['seed']\n    return cfg\n",
+        ": get_config()'s config lacks the field eval.seed; start it from patjax.run.config.default_config()",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CONFIG_FILES)
+def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path, case):
+    source, message = CONFIG_FILES[case]
+    path = tmp_path / "my_config.py"
+    path.write_text(source)
+    before = tree_hash(tmp_path)
+    proc = run_cli("main.py", f"--config={path}", f"--workdir={tmp_path}/run")
+    assert one_error_line(proc) == f"error: config file {path}{message}"
+    assert tree_hash(tmp_path) == before

@@ -40,7 +40,9 @@ def shipped_config(argv: list[str]) -> list[str]:
             name, prefix, at = argv[i + 1], "", i + 1
         else:
             continue
-        if name in configs.NAMES and not os.path.exists(name):
+        # Only a file shadows the name: a folder named like a config is the run's workdir
+        # (`--config=quickstart --workdir=quickstart`) when the command runs a second time.
+        if name in configs.NAMES and not os.path.isfile(name):
             out[at] = prefix + configs.path(name)
     return out
 

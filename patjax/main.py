@@ -40,7 +40,9 @@ def shipped_config(argv: list[str]) -> list[str]:
             name, prefix, at = argv[i + 1], "", i + 1
         else:
             continue
-        if name in configs.NAMES and not os.path.exists(name):
+        # Only a file shadows the name: a folder named like a config is the run's workdir
+        # (`--config=quickstart --workdir=quickstart`) when the command runs a second time.
+        if name in configs.NAMES and not os.path.isfile(name):
             out[at] = prefix + configs.path(name)
     return out
 
@@ -57,6 +59,19 @@ def main(argv):
         print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
 
 
+class _ConfigFile(flags.ArgumentParser):
+    """The parser of --config in place of ml_collections' own, which lets most ways a config file
+    can fail through as tracebacks or defers them: `config.load_file`, one line naming the file."""
+
+    def parse(self, argument):
+        cfg = config.load_file(argument)
+        cfg.lock()  # as lock_config=True: an override of a field the config lacks is refused
+        return cfg
+
+    def flag_type(self):
+        return "config object"
+
+
 def define_flags():
     config_flags.DEFINE_config_file(
         "config",
@@ -64,6 +79,8 @@ def define_flags():
         f"Config file (a get_config() module) or a shipped config: {', '.join(configs.NAMES)}.",
         lock_config=True,
     )
+    # DEFINE_config_file takes no parser; its flag parses through this attribute (absl's Flag.parser).
+    FLAGS["config"].parser = _ConfigFile()
     flags.DEFINE_string("workdir", None, "Directory for the config, checkpoints and metrics.")
     flags.DEFINE_integer(
         "stop_after_steps",

@@ -3,7 +3,10 @@
 what every flag and argument accepts and refuses."""
 
 import hashlib
+import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -18,10 +21,11 @@ from test_train import tiny_config
 
 from patjax import api
 from patjax.core.errors import UserError
-from patjax.run import checkpoints
+from patjax.run import checkpoints, evaluation
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
+from patjax.suites import catalog, runner
 
 
 def tree_hash(root) -> str:
@@ -512,3 +516,155 @@ def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
         sampler_diagnostic.check_settings(8, 2, 10, "uniform", seed=-1)
     with pytest.raises(UserError, match=r"^tolerance must be >= 0, got -0.1$"):
         sampler_diagnostic.check_settings(8, 2, 10, "uniform", tolerance=-0.1)
+
+
+# ---------------------------------------------------------------------------------------
+# Files patjax reads: an evaluation's files (eval/ and a learning curve's curve/step_N/), read
+# by a comparison and by a suite's report, and a config file. Each is damaged in a copy of
+# committed runs (docs/results/ itself is never touched); the refusal is one line naming the
+# file, and nothing is written.
+
+TABLE1 = REPO / "docs" / "results" / "table1_cpu"
+CURVE_RUN = "pat_clean_start_T20/pat_s1"  # a table1_cpu run with learning-curve points
+
+
+def copied_evaluations(tmp_path):
+    """Two runs' eval/ folders, what --compare_only reads, copied from table1_cpu."""
+    workdirs = []
+    for name in ("clean_s0", "pgd_s0"):
+        shutil.copytree(TABLE1 / "runs" / "cifar10_small_cnn" / name / "eval", tmp_path / name / "eval")
+        workdirs.append(str(tmp_path / name))
+    return workdirs
+
+
+def copied_suite(tmp_path):
+    """A table1_cpu folder holding one finished run with its curve points (its kept models
+    aside, which no report reads)."""
+    suite = tmp_path / "suite"
+    shutil.copytree(TABLE1 / "runs" / CURVE_RUN, suite / "runs" / CURVE_RUN, ignore=shutil.ignore_patterns("models"))
+    return suite
+
+
+def cut(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def without_figures(path):
+    results = json.loads(path.read_text())
+    del results["figures"]
+    path.write_text(json.dumps(results))
+
+
+def unchanged_but_locks(root) -> str:
+    """tree_hash with lock files left out: the report takes DIR/.report.lock (created if
+    missing; git ignores it) before it reads the runs' files."""
+    digest = hashlib.sha256()
+    for folder, dirs, names in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(n for n in names if not n.endswith(".lock")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def test_a_cut_per_image_file_is_refused_by_a_comparison_naming_it(tmp_path):
+    a, b = copied_evaluations(tmp_path)
+    cut(pathlib.Path(b, "eval", "per_image.npz"))
+    before = tree_hash(tmp_path)
+    with pytest.raises(UserError) as error:
+        evaluation.compare([a, b])
+    assert str(error.value) == (
+        f"{b}/eval/per_image.npz is damaged (not a readable .npz: File is not a zip file); evaluate the run again"
+    )
+    assert tree_hash(tmp_path) == before  # no plot, no paired differences
+
+
+def test_a_results_file_without_its_figures_is_refused_by_a_comparison_naming_it(tmp_path):
+    a, b = copied_evaluations(tmp_path)
+    without_figures(pathlib.Path(b, "eval", "results.json"))
+    before = tree_hash(tmp_path)
+    with pytest.raises(UserError) as error:
+        evaluation.compare([a, b])
+    assert str(error.value) == (
+        f"{b}/eval/results.json is damaged (no figures); move it away, or evaluate again with --overwrite"
+    )
+    assert tree_hash(tmp_path) == before  # the plot used to be drawn before the figures were missed
+
+
+def test_a_replaced_curve_file_is_refused_by_the_suite_report_naming_it(tmp_path):
+    suite = copied_suite(tmp_path)
+    point = suite / "runs" / CURVE_RUN / "curve" / "step_000300" / "per_image.npz"
+    np.save(point, np.zeros(3))  # np.save names it .npy: a single array where an archive was
+    os.replace(f"{point}.npy", point)
+    before = unchanged_but_locks(suite)
+    with pytest.raises(UserError) as error:
+        runner.write_report(catalog.get_suite("table1_cpu", None), str(suite))
+    assert str(error.value) == (
+        f"{point} is damaged (not a readable .npz: a single array, not an archive of named arrays); "
+        "evaluate the run again"
+    )
+    assert unchanged_but_locks(suite) == before  # no results.json, results.md or plot
+
+
+@pytest.mark.slow
+def test_the_commands_that_read_evaluations_refuse_damaged_ones_in_one_line_writing_nothing(tmp_path):
+    """The cases above through the command lines: exit 2, one line, the folders unchanged."""
+    a, b = copied_evaluations(tmp_path / "compare")
+    cut(pathlib.Path(b, "eval", "per_image.npz"))
+    suite = copied_suite(tmp_path)
+    without_figures(suite / "runs" / CURVE_RUN / "curve" / "step_000500" / "results.json")
+    before = unchanged_but_locks(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    cases = [
+        (("-m", "patjax.evaluate", f"--workdir={a}", f"--workdir={b}", "--compare_only"), f"{b}/eval/per_image.npz"),
+        (
+            ("-m", "patjax.experiments", "--suite=table1_cpu", f"--workdir={suite}", "--report_only"),
+            f"{suite}/runs/{CURVE_RUN}/curve/step_000500/results.json is damaged (no figures)",
+        ),
+    ]
+    procs = [
+        subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for args, _ in cases
+    ]
+    for proc, (args, message) in zip(procs, cases):
+        _, stderr = proc.communicate(timeout=300)
+        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+        assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
+    assert unchanged_but_locks(tmp_path) == before
+
+
+CONFIG_FILES = {
+    "raises": (
+        "def get_config():\n    raise RuntimeError('no preset')\n",
+        ": get_config() raised RuntimeError: no preset",
+    ),
+    "imports_a_missing_module": (
+        "import patjax_no_such_module\n\ndef get_config():\n    return None\n",
+        " does not load (ModuleNotFoundError: No module named 'patjax_no_such_module')",
+    ),
+    "returns_a_dict": (
+        "def get_config():\n    return {'model': 'small_cnn'}\n",
+        ": get_config() returned a dict, not an ml_collections.ConfigDict; start it from "
+        "patjax.run.config.default_config()",
+    ),
+    "lacks_a_field": (
+        "from patjax.run.config import default_config\n\ndef get_config():\n"
+        "    cfg = default_config()\n    del cfg.eval['seed']\n    return cfg\n",
+        ": get_config()'s config lacks the field eval.seed; start it from patjax.run.config.default_config()",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CONFIG_FILES)
+def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path, case):
+    source, message = CONFIG_FILES[case]
+    path = tmp_path / "my_config.py"
+    path.write_text(source)
+    before = tree_hash(tmp_path)
+    proc = run_cli("main.py", f"--config={path}", f"--workdir={tmp_path}/run")
+    assert one_error_line(proc) == f"error: config file {path}{message}"
+    assert tree_hash(tmp_path) == before

@@ -74,6 +74,15 @@ def test_config_names_a_shipped_config_unless_a_file_of_that_name_exists(tmp_pat
     assert main_lib.shipped_config(["x", "--config=quickstart"]) == ["x", "--config=quickstart"]
 
 
+def test_a_workdir_named_like_a_shipped_config_leaves_the_name_to_the_config(tmp_path, monkeypatch):
+    """`--config=quickstart --workdir=quickstart` run a second time, to resume: the folder the
+    first run made does not stand for the config (ml_collections would load the folder)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart").mkdir()
+    argv = ["x", "--config=quickstart", "--workdir=quickstart"]
+    assert main_lib.shipped_config(argv) == ["x", f"--config={configs.path('quickstart')}", "--workdir=quickstart"]
+
+
 @pytest.mark.slow
 def test_the_training_command_reads_a_shipped_config_by_name(tmp_path):
     """From a folder outside the checkout: the name loads the shipped file, whose fields the

@@ -744,9 +744,11 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
             counts = rng.integers(0, samples + 1, size=(n, 2))
             points.append((step, correct, robust, counts))
         step, correct, robust, counts = points[0]
+        # The figures an evaluation writes beside its outcomes (load_results checks they are there).
+        figures = _synthetic_outcome(run, correct, robust, counts, samples, settings).results["figures"]
         eval_files.write_results(
             run_outcomes.run_dir(workdir, run),
-            {"settings": {**settings, "step": step}, "figures": {}},
+            {"settings": {**settings, "step": step}, "figures": figures},
             {"clean.correct": correct, "pgd20.robust": robust, "pr_gaussian.counts": counts},
             step=step,
         )

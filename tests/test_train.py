@@ -197,7 +197,7 @@ def run_cli(*args, cwd=REPO):
         pytest.param("--config.batch_size=abc", "invalid literal", marks=pytest.mark.slow),
         pytest.param(
             "--config=configs/no_such_config.py",
-            "No such file or directory: 'configs/no_such_config.py'",
+            "config file configs/no_such_config.py: no such file",
             marks=pytest.mark.slow,
         ),
     ],

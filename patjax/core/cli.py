@@ -144,6 +144,9 @@ def parse_flags(argv):
     except flags.Error as error:
         print(f"error: {one_line(error)} (--helpshort lists the flags)", file=sys.stderr)
         sys.exit(2)
+    except UserError as error:  # a config file that the command's own loader refuses
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     except (OSError, AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
         detail = one_line(error) or type(error).__name__
         print(

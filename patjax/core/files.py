@@ -1,6 +1,6 @@
 """Files that a reader (a person, another worker, a later command) sees whole or not at all:
-atomic writes, strict JSON (NaN and inf as null), JSON and safetensors reads whose damage is one
-line, and a file's content hash."""
+atomic writes, strict JSON (NaN and inf as null), JSON, .npz and safetensors reads whose damage
+is one line, and a file's content hash."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -110,6 +112,22 @@ def read_json(path: str, remedy: str) -> Optional[dict]:
     if not isinstance(obj, dict):
         raise UserError(f"{path} is damaged (not a JSON object); {remedy}")
     return obj
+
+
+def read_npz(path: str, remedy: str) -> Optional[dict[str, np.ndarray]]:
+    """The arrays of a .npz file, all read now, or None if there is no such file. A damaged file
+    (cut short, another format, a member whose checksum fails, unreadable) is one line naming it
+    and `remedy`. Nothing is unpickled: a .npz that patjax writes holds no objects."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an archive of named arrays")
+        with archive:
+            return {k: archive[k] for k in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise UserError(f"{path} is damaged (not a readable .npz: {one_line(error)[:120]}); {remedy}") from None
 
 
 def read_safetensors(path: str, arrays: bool = True) -> tuple[dict[str, str], dict[str, np.ndarray]]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.machinery
+import importlib.util
 import json
 import math
 import numbers
@@ -19,7 +21,7 @@ import numpy as np
 
 from patjax import evaluators as evaluators_lib
 from patjax.compute import attacks, data, methods, robustness, samplers
-from patjax.core.errors import UserError, UserTypeError, integer
+from patjax.core.errors import UserError, UserTypeError, integer, one_line
 from patjax.evaluators import common as evaluators_common
 from patjax.run import state
 
@@ -170,6 +172,48 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.eval.confidence = 0.95
     cfg.eval.bootstrap_resamples = 2000
     return cfg
+
+
+def load_file(value: str) -> ml_collections.ConfigDict:
+    """The config of a config file as `--config` names it: PATH, or PATH:ARG for get_config(ARG),
+    as ml_collections' config flags read it. A file that is missing or does not load, a
+    get_config() that is missing or raises, one that returns anything but a ConfigDict or a
+    ConfigDict without every field of `default_config()`: one line naming the file and what is
+    wrong, before any field is read. The user's code may raise anything, hence `Exception`."""
+    path, *args = value.split(":", 1)
+    where = f"config file {path}"
+    if not os.path.isfile(path):
+        raise UserError(f"{where}: {'is a folder, not a file' if os.path.isdir(path) else 'no such file'}")
+    loader = importlib.machinery.SourceFileLoader("patjax_config_file", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    try:
+        loader.exec_module(module)
+    except Exception as error:
+        raise UserError(f"{where} does not load ({type(error).__name__}: {one_line(error)[:160]})") from None
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        raise UserError(f"{where} defines no get_config()")
+    try:
+        cfg = get_config(*args)
+    except Exception as error:
+        raise UserError(f"{where}: get_config() raised {type(error).__name__}: {one_line(error)[:160]}") from None
+    start = "start it from patjax.run.config.default_config()"
+    if not isinstance(cfg, ml_collections.ConfigDict):
+        kind = type(cfg).__name__
+        raise UserError(f"{where}: get_config() returned a {kind}, not an ml_collections.ConfigDict; {start}")
+    missing = sorted(_field_paths(default_config().to_dict()) - _field_paths(cfg.to_dict()))
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise UserError(f"{where}: get_config()'s config lacks the field{'s' * (len(missing) > 1)} {shown}; {start}")
+    return cfg
+
+
+def _field_paths(d: dict, prefix: str = "") -> set:
+    """The dotted names of a config dict's fields, blocks opened (`eval.seed`)."""
+    out = set()
+    for k, v in d.items():
+        out |= _field_paths(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return out
 
 
 def upgrade(saved: dict) -> ml_collections.ConfigDict:

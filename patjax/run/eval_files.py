@@ -11,7 +11,7 @@ import numpy as np
 
 from patjax.compute import robustness
 from patjax.core.errors import UserError
-from patjax.core.files import atomic, read_json, sha256, write_json
+from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
@@ -45,33 +45,83 @@ def identity(settings: dict) -> dict:
 
 
 def check_per_image(results: dict, per_image: dict, where: str) -> None:
-    """Raises UserError unless `per_image` (per_image.npz) was written by the evaluation that
-    wrote `results` (results.json): a kill between the two writes, or a copied file, would
-    otherwise pair one evaluation's figures with another's per-image outcomes.
+    """Raises UserError unless `per_image` (per_image.npz in the folder `where`) was written by
+    the evaluation that wrote `results` (results.json) and holds the per-image outcomes its
+    evaluators write: a kill between the two writes, a copied or replaced file, would otherwise
+    pair one evaluation's figures with another's per-image outcomes, or with none.
 
-    Files without a stored identity are checked on their number of images only.
+    Files without a stored identity are checked on their number of images and their arrays.
     """
-    if not per_image:
-        return
-    settings = results.get("settings", {})
+    settings = results["settings"]  # read_results checked that it is there
+    n = settings["num_examples"]
     if META_PREFIX + "step" not in per_image:
-        n = len(per_image.get("image_index", ()))
-        if n != settings.get("num_examples"):
+        held = len(per_image.get("image_index", ()))
+        if held != n:
+            raise UserError(f"{where}: per_image.npz holds {held} images but results.json {n}; re-run the evaluation")
+    else:
+        differing = []
+        for k in IDENTITY_FIELDS:
+            stored = np.asarray(per_image.get(META_PREFIX + k))
+            expected = np.asarray(settings.get(k))
+            if stored.shape != expected.shape or not np.array_equal(stored, expected):
+                differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
+        if differing:
             raise UserError(
-                f"{where}: per_image.npz holds {n} images but results.json "
-                f"{settings.get('num_examples')}; re-run the evaluation"
+                f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); "
+                f"re-run the evaluation"
             )
-        return
-    differing = []
-    for k in IDENTITY_FIELDS:
-        stored = np.asarray(per_image.get(META_PREFIX + k))
-        expected = np.asarray(settings.get(k))
-        if stored.shape != expected.shape or not np.array_equal(stored, expected):
-            differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
-    if differing:
+    wrong = [k for k in per_image_arrays(settings) if k not in per_image or np.shape(per_image[k])[:1] != (n,)]
+    if wrong:
         raise UserError(
-            f"{where}: per_image.npz does not belong to results.json ({'; '.join(differing)}); re-run the evaluation"
+            f"{where}: per_image.npz lacks {', '.join(wrong)} for the {n} images that results.json's evaluators "
+            f"wrote; re-run the evaluation"
         )
+
+
+def per_image_arrays(settings: dict) -> list[str]:
+    """The per-image arrays an evaluation with these settings (results.json's) writes and its
+    readers index: the clean pass's outcome (PR's subset needs it), each attack's, each PR law's
+    counts (`evaluation._flatten_per_image`)."""
+    names = settings["evaluators"]
+    out = ["clean.correct"] if "clean" in names or "pr" in names else []
+    out += [f"{e}.robust" for e in names if e not in ("clean", "pr")]
+    if "pr" in names:
+        out += [f"pr_{d}.counts" for d in settings["pr_distributions"]]
+    return out
+
+
+def check_results(results: dict, path: str, remedy: str) -> None:
+    """Raises UserError unless `results` (results.json at `path`) holds what its readers index:
+    the settings that identify the evaluation and, for each of its evaluators, its figures (PR's
+    under each law and level)."""
+    settings = results.get("settings")
+    if not isinstance(settings, dict):
+        raise UserError(f"{path} is damaged (no settings); {remedy}")
+    missing = [k for k in (*IDENTITY_FIELDS, "pr_distribution") if k not in settings]
+    if missing:
+        raise UserError(f"{path} is damaged (its settings lack {', '.join(missing)}); {remedy}")
+    mistyped = [k for k in ("evaluators", "pr_distributions", "pr_epsilons") if not isinstance(settings[k], list)]
+    if isinstance(settings["num_examples"], bool) or not isinstance(settings["num_examples"], int):
+        mistyped.append("num_examples")
+    if mistyped:
+        raise UserError(f"{path} is damaged (its settings' {', '.join(mistyped)} are not what it writes); {remedy}")
+    figures = results.get("figures")
+    if not isinstance(figures, dict):
+        raise UserError(f"{path} is damaged (no figures); {remedy}")
+    names = settings["evaluators"]
+    missing = [("clean_accuracy" if e == "clean" else e) for e in names if e != "pr"]
+    missing = [k for k in missing if not isinstance(figures.get(k), dict)]
+    if "pr" in names:
+        pr = figures.get("pr") if isinstance(figures.get("pr"), dict) else {}
+        eps_keys = [robustness.level_key(e) for e in settings["pr_epsilons"]]
+        for d in settings["pr_distributions"]:
+            law = pr.get(d)
+            # The laws of eps have one figure per level of pr_epsilons; pdis has its own level.
+            levels = eps_keys if d in robustness.DISTRIBUTIONS else list(law or ())
+            if not isinstance(law, dict) or not levels or not all(isinstance(law.get(e), dict) for e in levels):
+                missing.append(f"pr.{d}")
+    if missing:
+        raise UserError(f"{path} is damaged (no figures {', '.join(missing)}); {remedy}")
 
 
 # Settings that change no figure (randomness is keyed by image and sample, `evaluators.common`,
@@ -210,21 +260,30 @@ def write_results(workdir: str, results: dict, per_image: dict, step: Optional[i
     return written
 
 
+RESULTS_REMEDY = "move it away, or evaluate again with --overwrite"
+PER_IMAGE_REMEDY = "evaluate the run again"
+
+
 def read_results(workdir: str, step: Optional[int] = None) -> Optional[dict]:
     """eval/results.json (curve/step_N/ with a step), or None if there is none; an unreadable
-    one is a UserError."""
-    return read_json(results_path(workdir, step), "move it away, or evaluate again with --overwrite")
+    one is a UserError. What it holds is checked where its figures are read (`load_results`):
+    the replacement check reads older files too, comparing the settings they record."""
+    return read_json(results_path(workdir, step), RESULTS_REMEDY)
 
 
 def load_results(workdir: str, step: Optional[int] = None):
     """(results dict, per-image arrays) of the workdir's evaluation (of step `step`'s kept model),
-    checked to belong together."""
+    each file read defensively and checked to hold what its readers index, and the two checked
+    to belong together: whatever is wrong with them is one line naming the file."""
     results = read_results(workdir, step)
     if results is None:
         raise UserError(
             f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate --workdir={workdir}"
         )
+    check_results(results, results_path(workdir, step), RESULTS_REMEDY)
     npz = per_image_path(workdir, step)
-    per_image = dict(np.load(npz)) if os.path.isfile(npz) else {}
-    check_per_image(results, per_image, workdir)
+    per_image = read_npz(npz, PER_IMAGE_REMEDY)
+    if per_image is None:
+        raise UserError(f"{npz}: no such file (results.json's per-image outcomes); {PER_IMAGE_REMEDY}")
+    check_per_image(results, per_image, eval_dir(workdir, step))
     return results, per_image

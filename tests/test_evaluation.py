@@ -194,8 +194,9 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     pa, pb = write_eval(a, 1.0), write_eval(b, 0.3, model_seed=5)
     plot = str(tmp_path / "plot.png")
     text = evaluation.compare([a, b], plot)
-    for column in ("Acc %", "PGD %", "CW %", "PR(0.1) %", "PR(0.12) %", "PR(0.15) %", "PR(0.2) %", "dPR(0.1) pp"):
+    for column in ("Acc %", "PR(0.1) %", "PR(0.12) %", "PR(0.15) %", "PR(0.2) %", "dPR(0.1) pp"):
         assert column in text
+    assert "PGD %" not in text and "CW %" not in text  # neither run was attacked: no column of dashes
     assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     diffs = json.load(open(str(tmp_path / "plot_paired_differences.json")))
     counts_a, counts_b = pa["pr_gaussian.counts"], pb["pr_gaussian.counts"]

@@ -142,7 +142,13 @@ def parse_flags(argv):
             config.keys()  # a config that failed to load is a stand-in that raises on any use
         return args
     except flags.Error as error:
-        print(f"error: {one_line(error)} (--helpshort lists the flags)", file=sys.stderr)
+        # absl wraps a ValueError from a flag's parser, and UserError is one: the config file's
+        # loader's own line names the file and what is wrong, without absl's frame around it.
+        cause = error.__cause__ or error.__context__
+        if isinstance(cause, UserError):
+            print(f"error: {cause}", file=sys.stderr)
+        else:
+            print(f"error: {one_line(error)} (--helpshort lists the flags)", file=sys.stderr)
         sys.exit(2)
     except UserError as error:  # a config file that the command's own loader refuses
         print(f"error: {error}", file=sys.stderr)

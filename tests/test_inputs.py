@@ -668,3 +668,80 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path,
     proc = run_cli("main.py", f"--config={path}", f"--workdir={tmp_path}/run")
     assert one_error_line(proc) == f"error: config file {path}{message}"
     assert tree_hash(tmp_path) == before
+
+
+# Every evaluation count declares its range (evaluators.common._COUNTS); the table below is derived
+# from those declarations, so a count added without a range fails here.
+def test_every_integer_eval_setting_declares_its_range():
+    import dataclasses
+
+    from patjax.evaluators import common
+
+    counts = {f.name for f in dataclasses.fields(common.EvalSettings) if f.type in ("int", int)}
+    assert counts == set(common._COUNTS)
+    assert all(maximum is not None for _, maximum in common._COUNTS.values())
+
+
+def _count_cases():
+    from patjax.evaluators import common
+
+    for name, (minimum, maximum) in common._COUNTS.items():
+        yield name, minimum, maximum
+
+
+@pytest.mark.parametrize("name, minimum, maximum", list(_count_cases()))
+def test_each_eval_count_is_accepted_at_its_bounds_and_refused_beyond_them_by_the_api(name, minimum, maximum):
+    """The API's settings path (`api.evaluate` hands its keyword arguments to it); each value is
+    checked before any model is built or compiled."""
+    base = {"pr_samples": maximum} if name == "pr_chunk_size" else {}  # a chunk is capped at N
+    for value in (minimum, maximum):
+        settings = config_lib.default_evaluation_settings("cifar10", {**base, name: value}).evals
+        assert getattr(settings, name) == value
+    for value in (minimum - 1, maximum + 1):
+        with pytest.raises(UserError) as error:
+            config_lib.default_evaluation_settings("cifar10", {**base, name: value})
+        assert str(error.value) == f"eval.{name} must be an integer in [{minimum}, {maximum}], got {value}"
+
+
+def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
+    settings = config_lib.default_evaluation_settings("cifar10", {"pr_samples": 20, "pr_chunk_size": 5000}).evals
+    assert (settings.pr_samples, settings.pr_chunk_size) == (20, 20)
+
+
+@pytest.mark.slow
+def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
+    from patjax.evaluators import common
+
+    run = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
+    workdir = tmp_path / "pat_s0"
+    workdir.mkdir()
+    shutil.copy(run / "config.json", workdir)
+    shutil.copytree(run / "models", workdir / "models", ignore=lambda d, names: [n for n in names if "005850" not in n])
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    flags = ("pr_samples", "pr_chunk_size", "seed", "apgd_steps")  # the counts evaluate takes as flags
+    cases = [(flag, common._COUNTS[flag][1] + 1) for flag in flags]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", f"--{flag}={value}"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for flag, value in cases
+    ]
+    for (flag, value), process in zip(cases, processes):
+        _, stderr = process.communicate(timeout=300)
+        lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert process.returncode == 2 and len(lines) == 1, stderr[-2000:]
+        assert f"eval.{flag} must be an integer in" in lines[0] and str(value) in lines[0]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("field", ["attack_eps", "cw_kappa", "pr_epsilons"])
+def test_a_float_setting_infinite_in_float32_is_refused(field):
+    """1e39 is a finite Python float and inf in the float32 attack or noise it sets."""
+    value = (1e39,) if field == "pr_epsilons" else 1e39
+    with pytest.raises(UserError) as error:
+        config_lib.default_evaluation_settings("cifar10", {field: value})
+    assert str(error.value) == f"eval.{field} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}"

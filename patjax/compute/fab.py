@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from patjax.compute.logits import LogitsFn
+from patjax.core.errors import UserError
 
 
 class FabResult(NamedTuple):
@@ -201,10 +202,10 @@ def fab_targeted(
 def fab_target_classes(logits: jax.Array, n_target_classes: int = 9) -> jax.Array:
     """(n_target_classes, B): row k - 2 is argsort(logits)[:, -k], k = 2, ..., n_target_classes + 1
     (fab_base.py: output.sort(dim=-1)[1][:, -self.target_class])."""
-    if n_target_classes + 1 > logits.shape[-1]:
-        raise ValueError(
-            f"FAB-T with {n_target_classes} target classes needs at least "
-            f"{n_target_classes + 1} classes, got {logits.shape[-1]}"
+    if n_target_classes + 1 > logits.shape[-1]:  # raised while tracing: before any image is attacked
+        raise UserError(
+            f"AutoAttack's targeted attacks with {n_target_classes} target classes (eval.aa_target_classes) need "
+            f"at least {n_target_classes + 1} classes; the model has {logits.shape[-1]}"
         )
     order = jnp.argsort(logits, axis=-1)
     return order[:, ::-1][:, 1 : n_target_classes + 1].T

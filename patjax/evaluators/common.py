@@ -38,17 +38,26 @@ def headline_first(headline: str, laws) -> tuple:
     return (headline, *(d for d in laws if d != headline))
 
 
-# EvalSettings' integer fields and their bounds (None: no upper bound).
+# EvalSettings' integer fields and their bounds. The upper bounds keep every loop counter and
+# sample index inside int32 and every allocation a machine can hold, at 100 to 10,000 times the
+# paper's values (N = 100, 20 attack steps, 100 APGD steps, 9 target classes):
+# - pr_samples: a sample's index is chunk * chunk_size + i in int32;
+# - pr_chunk_size: one forward pass takes len(eps) x batch x chunk images (500 x 4 x 10,000 is 20
+#   million CIFAR images), and a chunk is capped at pr_samples (`EvalSettings.__post_init__`);
+# - bootstrap_resamples: the resampling is resamples x images int32 indices (20,000 x 10,000
+#   test images: 800 MB);
+# - aa_target_classes: at most CIFAR-100's 99 other classes; an evaluation checks it against the
+#   model's (`autoattack`).
 _COUNTS = {
     "seed": (0, SEED_LIMIT - 1),
-    "pr_samples": (1, None),
-    "pr_chunk_size": (1, None),
-    "attack_steps": (0, None),
-    "apgd_steps": (1, None),
-    "bootstrap_resamples": (100, None),
-    "aa_target_classes": (1, None),
-    "aa_fab_steps": (1, None),
-    "aa_square_queries": (1, None),
+    "pr_samples": (1, 1_000_000),
+    "pr_chunk_size": (1, 10_000),
+    "attack_steps": (0, 100_000),
+    "apgd_steps": (1, 100_000),
+    "bootstrap_resamples": (100, 20_000),
+    "aa_target_classes": (1, 99),
+    "aa_fab_steps": (1, 100_000),
+    "aa_square_queries": (1, 1_000_000),
 }
 
 
@@ -91,6 +100,9 @@ class EvalSettings:
             raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
         for name, (minimum, maximum) in _COUNTS.items():
             object.__setattr__(self, name, integer(f"eval.{name}", getattr(self, name), minimum, maximum))
+        # A chunk beyond N evaluates samples that are then masked out: the counts are the same,
+        # the work and memory chunk / N times more.
+        object.__setattr__(self, "pr_chunk_size", min(self.pr_chunk_size, self.pr_samples))
         if any(not f > 1 for f in self.aa_masking_eps_factors):
             raise UserError(f"eval.aa_masking_eps_factors must be > 1, got {tuple(self.aa_masking_eps_factors)}")
         if self.attack_eps < 0 or self.attack_step_size < 0:

@@ -507,5 +507,6 @@ def _check_finite(settings: dict, prefix: str = "") -> None:
             _check_finite(value, f"{name}.")
             continue
         for v in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(v, float) and not math.isfinite(v):
-                raise UserError(f"{name} must be a finite number, got {value!r}")
+            # Finite in float32, the dtype every setting is used in: 1e39 is a finite Python float.
+            if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= state.FLOAT32_MAX):
+                raise UserError(f"{name} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}")

@@ -481,8 +481,8 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
     cases = [
         ({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
         ({"overrides": {"seed": 2**32}}, "eval.seed must be an integer in [0, 4294967295]"),
-        ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer >= 1, got 0"),
-        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer >= 1"),
+        ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer in [1, 1000000], got 0"),
+        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer in [1, 10000]"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
         ({"num_examples": 2.5}, "num_examples must be a positive integer, or -1 for the whole"),
         ({"num_examples": 0}, "num_examples must be a positive integer, or -1 for the whole test split, got 0"),

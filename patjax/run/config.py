@@ -498,6 +498,9 @@ def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:
     return os.path.abspath(data_dir) if data_dir and data_dir != data.TFDS else data_dir
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _check_finite(settings: dict, prefix: str = "") -> None:
     """Every number in the config is finite: inf or nan in a step size, weight or epsilon
     would train or evaluate without complaint and give a meaningless number."""
@@ -508,5 +511,5 @@ def _check_finite(settings: dict, prefix: str = "") -> None:
             continue
         for v in value if isinstance(value, (list, tuple)) else (value,):
             # Finite in float32, the dtype every setting is used in: 1e39 is a finite Python float.
-            if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= state.FLOAT32_MAX):
+            if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX):
                 raise UserError(f"{name} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}")

@@ -10,7 +10,6 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from patjax.compute import data, models
@@ -56,7 +55,6 @@ class ModelSettings:
 
 
 USE_EPOCHS = -1  # num_train_steps meaning "num_epochs epochs"
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # the schedule and the step run in float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +78,9 @@ class OptimizerSettings:
             integer("num_train_steps", self.num_train_steps, 1, sentinel=f"{USE_EPOCHS} (num_epochs sets the length)")
         # With num_train_steps set, num_epochs is not read (but recorded).
         integer("num_epochs", self.num_epochs, 1 if by_epochs else 0)
-        # Finite in float32, the dtype the schedule runs in: 1e39 is a finite Python float and an
-        # infinite learning rate in the step.
-        if not 0 < self.learning_rate <= FLOAT32_MAX:
-            raise UserError(f"learning_rate must be > 0 and finite in float32, got {self.learning_rate}")
+        # Finite in float32 is every config number's rule (`config._check_finite`).
+        if not self.learning_rate > 0:
+            raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
         # MultiStepLR's milestones are points of the run and its gamma a positive factor: a
         # negative fraction would put a decay before step 0 (a lower rate from the start, silently).
         if any(not 0 < f < 1 for f in self.decay_fractions):
@@ -91,8 +88,8 @@ class OptimizerSettings:
                 f"lr_decay_fractions must each be in (0, 1), fractions of the run (none: no decay), "
                 f"got {tuple(self.decay_fractions)}"
             )
-        if not 0 < self.decay_factor <= FLOAT32_MAX:
-            raise UserError(f"lr_decay_factor must be > 0 and finite in float32, got {self.decay_factor}")
+        if not self.decay_factor > 0:
+            raise UserError(f"lr_decay_factor must be > 0, got {self.decay_factor}")
         if not 0 <= self.momentum < 1 or self.weight_decay < 0:
             raise UserError(
                 f"momentum must be in [0, 1) and weight_decay >= 0, got {self.momentum}, {self.weight_decay}"

@@ -235,36 +235,33 @@ def test_the_api_refuses_variables_with_a_non_finite_value_before_compiling(monk
 
 
 @pytest.mark.slow
-def test_training_whose_update_overflows_keeps_no_checkpoint_of_the_overflowed_model(tmp_path):
-    # 3.4e38 is float32's largest rate: step 1's loss and gradient are finite, its
-    # update is not, and the checkpoint of step 1 would hold it.
+@pytest.mark.parametrize(
+    "learning_rate, message, kept",
+    [
+        # float32's largest rate: step 1's loss and gradient are finite, its update is not, and the
+        # checkpoint of step 1 would hold it.
+        (
+            3.4e38,
+            "training stopped: the model after step 1 has non-finite values in params/Conv_0/kernel; "
+            "no checkpoint was saved",
+            [],
+        ),
+        # Step 1's update stays finite and step 2's loss does not: found before step 2's
+        # checkpoint, not at the logging step 3.
+        (
+            1e38,
+            "training stopped: loss nan and grad_norm nan at step 2; the newest checkpoint, step 1, precedes them",
+            ["1"],
+        ),
+    ],
+    ids=["update-overflows", "loss-turns-nan"],
+)
+def test_training_that_turns_non_finite_keeps_only_the_checkpoints_before_it(tmp_path, learning_rate, message, kept):
     workdir = str(tmp_path / "run")
     cfg = tiny_config(
         data_dir=find_data_dir(),
         method="clean",
-        learning_rate=3.4e38,
-        num_train_steps=4,
-        checkpoint_every_steps=1,
-        log_every_steps=4,
-        log_test_examples=8,
-    )
-    with pytest.raises(UserError) as error:
-        train_run(cfg, workdir)
-    assert str(error.value) == (
-        "training stopped: the model after step 1 has non-finite values in params/Conv_0/kernel; "
-        "no checkpoint was saved"
-    )
-    assert os.listdir(os.path.join(workdir, "checkpoints")) == []
-
-
-@pytest.mark.slow
-def test_training_that_reaches_a_nan_loss_stops_keeping_the_checkpoint_before_it(tmp_path):
-    # A learning rate of 1e38 overflows the weights in the first update: step 1 is finite, step 2 not.
-    workdir = str(tmp_path / "run")
-    cfg = tiny_config(
-        data_dir=find_data_dir(),
-        method="clean",
-        learning_rate=1e38,
+        learning_rate=learning_rate,
         num_train_steps=6,
         checkpoint_every_steps=1,
         log_every_steps=3,
@@ -272,13 +269,11 @@ def test_training_that_reaches_a_nan_loss_stops_keeping_the_checkpoint_before_it
     )
     with pytest.raises(UserError) as error:
         train_run(cfg, workdir)
-    # Found before step 2's checkpoint, not at the logging step 3: no checkpoint after a NaN.
-    assert str(error.value) == (
-        "training stopped: loss nan and grad_norm nan at step 2; the newest checkpoint, step 1, precedes them"
-    )
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1"]
-    _, _, state = workdir_lib.restore(workdir)
-    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(state.params)))
+    assert str(error.value) == message
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == kept
+    if kept:
+        _, _, state = workdir_lib.restore(workdir)
+        assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(state.params)))
 
 
 # ---------------------------------------------------------------------------------------

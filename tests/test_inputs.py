@@ -50,6 +50,20 @@ def run_cli(*args, cwd=REPO):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
+def commands_at_once(commands, env=None, cwd=REPO) -> list:
+    """Each command line (python's arguments) in its own process, all started at once, since each
+    spends its seconds importing JAX; their outcomes, in order, with stderr as text."""
+    procs = [
+        subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for args in commands
+    ]
+    outcomes = []
+    for proc, args in zip(procs, commands):
+        _, stderr = proc.communicate(timeout=300)
+        outcomes.append(subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode()))
+    return outcomes
+
+
 def one_error_line(proc) -> str:
     """The one error line of a refused command (exit 2, no traceback; progress bars aside)."""
     assert proc.returncode == 2, proc.stderr
@@ -158,13 +172,7 @@ def run_all(cases, cwd=REPO):
     """[(command line, expected stderr line)]: every command at once (each spends its seconds
     importing JAX), each refused with exactly its one line."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
-    procs = [
-        subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for args, _ in cases
-    ]
-    for proc, (args, message) in zip(procs, cases):
-        _, stderr = proc.communicate(timeout=300)
-        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+    for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env, cwd), cases):
         assert one_error_line(done) == message, (args, done.stderr)
 
 
@@ -447,14 +455,7 @@ def test_every_command_refuses_a_path_of_the_wrong_kind_in_one_line_and_writes_n
     before = tree_hash(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
     cases = path_cases(tmp_path)
-    # All at once: each process spends its seconds importing JAX.
-    procs = [
-        subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for args, _ in cases
-    ]
-    for proc, (args, message) in zip(procs, cases):
-        _, stderr = proc.communicate(timeout=300)
-        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+    for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env), cases):
         assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
     assert tree_hash(tmp_path) == before
 
@@ -620,13 +621,7 @@ def test_the_commands_that_read_evaluations_refuse_damaged_ones_in_one_line_writ
             f"{suite}/runs/{CURVE_RUN}/curve/step_000500/results.json is damaged (no figures)",
         ),
     ]
-    procs = [
-        subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for args, _ in cases
-    ]
-    for proc, (args, message) in zip(procs, cases):
-        _, stderr = proc.communicate(timeout=300)
-        done = subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode())
+    for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env), cases):
         assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
     assert unchanged_but_locks(tmp_path) == before
 
@@ -715,21 +710,10 @@ def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_li
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     flags = ("pr_samples", "pr_chunk_size", "seed", "apgd_steps")  # the counts evaluate takes as flags
     cases = [(flag, common._COUNTS[flag][1] + 1) for flag in flags]
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", f"--{flag}={value}"],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for flag, value in cases
-    ]
-    for (flag, value), process in zip(cases, processes):
-        _, stderr = process.communicate(timeout=300)
-        lines = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert process.returncode == 2 and len(lines) == 1, stderr[-2000:]
-        assert f"eval.{flag} must be an integer in" in lines[0] and str(value) in lines[0]
+    commands = [("-m", "patjax.evaluate", f"--workdir={workdir}", f"--{flag}={value}") for flag, value in cases]
+    for done, (flag, value) in zip(commands_at_once(commands), cases):
+        line = one_error_line(done)
+        assert f"eval.{flag} must be an integer in" in line and str(value) in line
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 

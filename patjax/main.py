@@ -61,10 +61,10 @@ def main(argv):
 
 class _ConfigFile(flags.ArgumentParser):
     """The parser of --config in place of ml_collections' own, which lets most ways a config file
-    can fail through as tracebacks or defers them: `config.load_file`, one line naming the file."""
+    can fail through as tracebacks or defers them: `configs.load_file`, one line naming the file."""
 
     def parse(self, argument):
-        cfg = config.load_file(argument)
+        cfg = configs.load_file(argument)
         cfg.lock()  # as lock_config=True: an override of a field the config lacks is refused
         return cfg
 

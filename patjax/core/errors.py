@@ -1,6 +1,9 @@
 """User-facing errors: the command-line entry points print these as one line and exit non-zero."""
 
+import math
 import numbers
+
+import numpy as np
 
 
 class UserError(ValueError):
@@ -31,3 +34,31 @@ def integer(name: str, value, minimum: int, maximum: int | None = None, sentinel
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise UserError(f"{name} must be an integer {bound}{f', or {sentinel}' if sentinel else ''}, got {value!r}")
     return int(value)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def finite_numbers(settings: dict, prefix: str = "") -> None:
+    """Every float in a (nested) settings dict is finite in float32, the dtype every setting is
+    used in, or a one-line UserError naming it: inf or nan in a step size, weight or epsilon
+    would train or evaluate without complaint and give a meaningless number, and 1e39 is a
+    finite Python float but inf in float32."""
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            finite_numbers(value, f"{name}.")
+            continue
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX):
+                raise UserError(f"{name} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}")
+
+
+def python_scalars(value):
+    """numpy scalars (and sequences of them) as the Python numbers they hold: a caller of the API
+    may pass np.int64(100) where 100 is asked, and typed config fields take Python's types."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return type(value)(python_scalars(v) for v in value)
+    return value

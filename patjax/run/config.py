@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.machinery
-import importlib.util
 import json
-import math
 import numbers
 import os
 from typing import Optional
 
 import ml_collections
-import numpy as np
 
 from patjax import evaluators as evaluators_lib
 from patjax.compute import attacks, data, methods, robustness, samplers
-from patjax.core.errors import UserError, UserTypeError, integer, one_line
+from patjax.core.errors import UserError, UserTypeError, finite_numbers, integer, python_scalars
 from patjax.evaluators import common as evaluators_common
 from patjax.run import state
 
@@ -174,48 +170,6 @@ def default_config() -> ml_collections.ConfigDict:
     return cfg
 
 
-def load_file(value: str) -> ml_collections.ConfigDict:
-    """The config of a config file as `--config` names it: PATH, or PATH:ARG for get_config(ARG),
-    as ml_collections' config flags read it. A file that is missing or does not load, a
-    get_config() that is missing or raises, one that returns anything but a ConfigDict or a
-    ConfigDict without every field of `default_config()`: one line naming the file and what is
-    wrong, before any field is read. The user's code may raise anything, hence `Exception`."""
-    path, *args = value.split(":", 1)
-    where = f"config file {path}"
-    if not os.path.isfile(path):
-        raise UserError(f"{where}: {'is a folder, not a file' if os.path.isdir(path) else 'no such file'}")
-    loader = importlib.machinery.SourceFileLoader("patjax_config_file", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    try:
-        loader.exec_module(module)
-    except Exception as error:
-        raise UserError(f"{where} does not load ({type(error).__name__}: {one_line(error)[:160]})") from None
-    get_config = getattr(module, "get_config", None)
-    if not callable(get_config):
-        raise UserError(f"{where} defines no get_config()")
-    try:
-        cfg = get_config(*args)
-    except Exception as error:
-        raise UserError(f"{where}: get_config() raised {type(error).__name__}: {one_line(error)[:160]}") from None
-    start = "start it from patjax.run.config.default_config()"
-    if not isinstance(cfg, ml_collections.ConfigDict):
-        kind = type(cfg).__name__
-        raise UserError(f"{where}: get_config() returned a {kind}, not an ml_collections.ConfigDict; {start}")
-    missing = sorted(_field_paths(default_config().to_dict()) - _field_paths(cfg.to_dict()))
-    if missing:
-        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise UserError(f"{where}: get_config()'s config lacks the field{'s' * (len(missing) > 1)} {shown}; {start}")
-    return cfg
-
-
-def _field_paths(d: dict, prefix: str = "") -> set:
-    """The dotted names of a config dict's fields, blocks opened (`eval.seed`)."""
-    out = set()
-    for k, v in d.items():
-        out |= _field_paths(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
-    return out
-
-
 def upgrade(saved: dict) -> ml_collections.ConfigDict:
     """A config read from a workdir, completed with `default_config()`'s: a field missing from the
     saved config reads as its default, so every field's default is what runs saved without that
@@ -359,7 +313,7 @@ def method_settings(cfg) -> methods.MethodSettings:
 def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
     """The typed settings of a run, or a one-line UserError for a config that would fail later
     or silently compute something else. Each field is checked by the settings it belongs to."""
-    _check_finite(cfg.to_dict())
+    finite_numbers(cfg.to_dict())
     record = json.loads(cfg.to_json())
     record["data_dir"] = _absolute_data_dir(record.get("data_dir"))
     return TrainSettings(
@@ -415,23 +369,13 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
     for key, value in overrides.items():
         if key not in cfg.eval:
             raise UserError(f"unknown eval setting {key!r}")
-        value = _python_scalars(value)
+        value = python_scalars(value)
         try:
             cfg.eval[key] = value
         except TypeError:  # ConfigDict keeps each field's type: a str where an int is, say
             expected = type(cfg.eval[key]).__name__
             raise UserTypeError(f"eval setting {key} must be of type {expected}, got {value!r}") from None
     return cfg
-
-
-def _python_scalars(value):
-    """numpy scalars (and sequences of them) as the Python numbers they hold, which ConfigDict's
-    typed fields take: a caller of the API may pass np.int64(100) where 100 is asked."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_python_scalars(v) for v in value)
-    return value
 
 
 def evaluation_settings(
@@ -448,7 +392,7 @@ def evaluation_settings(
     PAT's beta set p_dis and the entropic lambda by default."""
     cfg = with_eval_overrides(cfg, overrides)
     data.check_dataset(str(cfg.dataset))
-    _check_finite(cfg.eval.to_dict(), "eval.")
+    finite_numbers(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
     distributions = evaluators_common.headline_first(ev.pr_distribution, ev.pr_distributions)
     c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
@@ -496,20 +440,3 @@ def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, 
 def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:
     """Absolute, so that a command run from another directory reads the same data."""
     return os.path.abspath(data_dir) if data_dir and data_dir != data.TFDS else data_dir
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _check_finite(settings: dict, prefix: str = "") -> None:
-    """Every number in the config is finite: inf or nan in a step size, weight or epsilon
-    would train or evaluate without complaint and give a meaningless number."""
-    for key, value in settings.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            _check_finite(value, f"{name}.")
-            continue
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            # Finite in float32, the dtype every setting is used in: 1e39 is a finite Python float.
-            if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX):
-                raise UserError(f"{name} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}")

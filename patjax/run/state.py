@@ -78,7 +78,7 @@ class OptimizerSettings:
             integer("num_train_steps", self.num_train_steps, 1, sentinel=f"{USE_EPOCHS} (num_epochs sets the length)")
         # With num_train_steps set, num_epochs is not read (but recorded).
         integer("num_epochs", self.num_epochs, 1 if by_epochs else 0)
-        # Finite in float32 is every config number's rule (`config._check_finite`).
+        # Finite in float32 is every config number's rule (`errors.finite_numbers`, applied to the whole config).
         if not self.learning_rate > 0:
             raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
         # MultiStepLR's milestones are points of the run and its gamma a positive factor: a

@@ -350,8 +350,8 @@ def _refuse_non_finite(summary: dict, first: int, last: int, manager: ocp.Checkp
 def _refuse_non_finite_model(state, step: int, manager: ocp.CheckpointManager) -> None:
     """A one-line UserError if the parameters or BatchNorm statistics after `step` hold a NaN or
     an infinity. A finite loss and gradient do not make a finite update when the learning rate
-    overflows float32 (1e39 is finite in Python, inf once the schedule casts it), so the state
-    itself is checked before it is saved: one reduction per checkpoint, beside Orbax's copy."""
+    times the gradient overflows float32 (a rate near float32's largest), so the state itself is
+    checked before it is saved: one reduction per checkpoint, beside Orbax's copy."""
     kept = manager.latest_step()
     models.check_finite(
         {"params": state.params, "batch_stats": state.batch_stats},

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -724,3 +725,21 @@ def test_a_float_setting_infinite_in_float32_is_refused(field):
     with pytest.raises(UserError) as error:
         config_lib.default_evaluation_settings("cifar10", {field: value})
     assert str(error.value) == f"eval.{field} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}"
+
+
+def test_docs_inputs_states_each_declared_count_range_as_the_code_declares_it():
+    """docs/inputs.md's table of configuration fields against evaluators.common._COUNTS: a bound
+    changed in one place and not the other fails here."""
+    from patjax.evaluators import common
+
+    rows = [line for line in (REPO / "docs" / "inputs.md").read_text().splitlines() if line.startswith("| `")]
+    for name, (minimum, maximum) in common._COUNTS.items():
+        row = next((r for r in rows if f"`eval.{name}`" in r.split("|")[1]), None)
+        assert row is not None, f"docs/inputs.md has no row for eval.{name}"
+        accepts = row.split("|")[2]
+        if name == "seed":  # written as a power of two
+            assert "[0, 2^32 - 1]" in accepts and maximum == 2**32 - 1, row
+            continue
+        found = re.search(r"\[([\d,]+), ([\d,]+)\]", accepts)
+        assert found, row
+        assert (int(found[1].replace(",", "")), int(found[2].replace(",", ""))) == (minimum, maximum), row

@@ -567,28 +567,22 @@ def unchanged_but_locks(root) -> str:
     return digest.hexdigest()
 
 
-def test_a_cut_per_image_file_is_refused_by_a_comparison_naming_it(tmp_path):
+@pytest.mark.parametrize(
+    "damage, file, problem",
+    [
+        (cut, "per_image.npz", "is damaged (not a readable .npz: File is not a zip file); evaluate the run again"),
+        (without_figures, "results.json", "is damaged (no figures); move it away, or evaluate again with --overwrite"),
+    ],
+    ids=["cut-per-image", "results-without-figures"],
+)
+def test_a_damaged_evaluation_file_is_refused_by_a_comparison_naming_it(tmp_path, damage, file, problem):
     a, b = copied_evaluations(tmp_path)
-    cut(pathlib.Path(b, "eval", "per_image.npz"))
+    damage(pathlib.Path(b, "eval", file))
     before = tree_hash(tmp_path)
     with pytest.raises(UserError) as error:
         evaluation.compare([a, b])
-    assert str(error.value) == (
-        f"{b}/eval/per_image.npz is damaged (not a readable .npz: File is not a zip file); evaluate the run again"
-    )
-    assert tree_hash(tmp_path) == before  # no plot, no paired differences
-
-
-def test_a_results_file_without_its_figures_is_refused_by_a_comparison_naming_it(tmp_path):
-    a, b = copied_evaluations(tmp_path)
-    without_figures(pathlib.Path(b, "eval", "results.json"))
-    before = tree_hash(tmp_path)
-    with pytest.raises(UserError) as error:
-        evaluation.compare([a, b])
-    assert str(error.value) == (
-        f"{b}/eval/results.json is damaged (no figures); move it away, or evaluate again with --overwrite"
-    )
-    assert tree_hash(tmp_path) == before  # the plot used to be drawn before the figures were missed
+    assert str(error.value) == f"{b}/eval/{file} {problem}"
+    assert tree_hash(tmp_path) == before  # no plot, no paired differences: the plot was once drawn first
 
 
 def test_a_replaced_curve_file_is_refused_by_the_suite_report_naming_it(tmp_path):

@@ -17,20 +17,18 @@ import dataclasses
 import importlib.util
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+from conftest import REPO
+from flax import traverse_util
 
-torch = pytest.importorskip("torch")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from conftest import REPO  # noqa: E402
-from flax import traverse_util  # noqa: E402
-
-from patjax.compute import data, methods, models, samplers  # noqa: E402
-from patjax.run import config as config_lib  # noqa: E402
-from patjax.run import state as state_lib  # noqa: E402
-from patjax.run import torch_weights, train  # noqa: E402
+from patjax.compute import data, methods, models, samplers
+from patjax.run import config as config_lib
+from patjax.run import state as state_lib
+from patjax.run import torch_weights, train
 
 # Each test builds the PyTorch peer and runs it beside patjax, seconds apiece: the whole file is slow.
 pytestmark = pytest.mark.slow

@@ -14,6 +14,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import torch
 from conftest import REPO
 from helpers import cut_short, run_module, torch_logits, trained_looking
 from safetensors import safe_open
@@ -31,11 +32,6 @@ CIFAR10 = models.DATASET_STATS["cifar10"]
 def abstract_variables(name, **kwargs):
     model = models.create_model(name, "cifar10", 10, **kwargs)
     return jax.eval_shape(lambda: models.init_variables(model, jax.random.PRNGKey(0)))
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install -e '.[bench]')")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +55,7 @@ CASES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,width,normalize", CASES, ids=[c[0] for c in CASES])
-def test_torch_to_patjax_to_torch_gives_torch_logits(torch, images, tmp_path, name, width, normalize):
+def test_torch_to_patjax_to_torch_gives_torch_logits(images, tmp_path, name, width, normalize):
     from patjax_torch import models as torch_models
 
     kwargs = {} if width is None else {"width": width}
@@ -91,7 +87,7 @@ def test_torch_to_patjax_to_torch_gives_torch_logits(torch, images, tmp_path, na
         np.testing.assert_array_equal(value, state_dict[key], err_msg=key)
 
 
-def test_a_pt_file_loads_with_weights_only_and_a_mismatch_names_its_key(torch, images, tmp_path):
+def test_a_pt_file_loads_with_weights_only(images, tmp_path):
     from patjax_torch import models as torch_models
 
     torch.manual_seed(0)
@@ -102,8 +98,14 @@ def test_a_pt_file_loads_with_weights_only_and_a_mismatch_names_its_key(torch, i
     got = np.asarray(model_fns.infer(state.params, state.batch_stats, images))
     np.testing.assert_allclose(got, torch_logits(torch, net, images), rtol=0, atol=1e-4)
 
-    good = {k: v.numpy() for k, v in net.state_dict().items()}
+
+def test_a_state_dict_that_does_not_fit_is_refused_naming_its_key():
+    """The fit is checked on numpy arrays (what a .safetensors file holds), so the refusals need no
+    PyTorch: the names and shapes are those of patjax_torch's small CNN."""
     abstract = abstract_variables("small_cnn")
+    ones = [jax.tree.map(lambda a: np.ones(a.shape, np.float32), tree) for tree in abstract]
+    good = torch_weights.to_state_dict("small_cnn", *ones)
+    torch_weights.from_state_dict("small_cnn", good, *abstract)  # the refusals below are of one change each
     wrong_shape = {**good, "features.4.weight": np.zeros((64, 32, 5, 5), np.float32)}
     expected = r"features\.4\.weight is float32\[64, 32, 5, 5\], expected float\[64, 32, 3, 3\]"
     with pytest.raises(UserError, match=expected):
@@ -211,7 +213,7 @@ def test_an_exported_file_evaluates_without_model_from_its_metadata(tmp_path, da
 
 
 @pytest.mark.slow
-def test_an_exported_run_gives_patjax_logits_in_torch(torch, images, tmp_path):
+def test_an_exported_run_gives_patjax_logits_in_torch(images, tmp_path):
     """A committed patjax-trained model, exported by the command line as .pt, in PyTorch."""
     from patjax_torch import models as torch_models
 

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from conftest import REPO
 from helpers import torch_logits, trained_looking
 
@@ -24,12 +25,7 @@ from patjax.run import zoo
 
 
 @pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install -e '.[bench]')")
-
-
-@pytest.fixture(scope="module")
-def reference(torch):
+def reference():
     return importlib.import_module("robustbench_reference")
 
 
@@ -78,7 +74,7 @@ FULL = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,build,layout", FULL, ids=[c[0] for c in FULL])
-def test_a_zoo_checkpoint_gives_pytorchs_logits(torch, reference, images, tmp_path, name, build, layout):
+def test_a_zoo_checkpoint_gives_pytorchs_logits(reference, images, tmp_path, name, build, layout):
     check_logits(torch, build(reference), name, images, tmp_path, layout)
 
 
@@ -95,7 +91,7 @@ NARROW = [
 
 @pytest.mark.parametrize("name,build,depth,widen,layout", NARROW, ids=[c[0] for c in NARROW])
 def test_a_narrow_wide_resnet_entry_gives_pytorchs_logits(
-    torch, reference, images, tmp_path, monkeypatch, name, build, depth, widen, layout
+    reference, images, tmp_path, monkeypatch, name, build, depth, widen, layout
 ):
     narrow = functools.partial(models.WideResNet, depth=depth, widen_factor=widen)
     monkeypatch.setitem(models.MODELS, zoo.entry(name).model, narrow)
@@ -147,22 +143,29 @@ def test_an_installed_robustbench_that_cannot_be_imported_is_named_as_such(tmp_p
     assert "pip install robustbench" not in message
 
 
-@pytest.mark.slow
-def test_the_command_line_evaluates_an_entry_and_refuses_the_flags_the_entry_decides(
-    torch, reference, data_dir, tmp_path
-):
+def evaluate_entry(data_dir, model_dir, *flags):
     env = {**os.environ, "PATJAX_DATA_DIR": data_dir, "PATJAX_CPU_DEVICES": "1"}
+    command = [sys.executable, "-m", "patjax.evaluate", f"--robustbench_dir={model_dir}", *flags]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
-    def evaluate(*flags):
-        command = [sys.executable, "-m", "patjax.evaluate", f"--robustbench_dir={tmp_path}", *flags]
-        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
-    refused = evaluate("--robustbench=Sehwag2021Proxy_R18", "--model=resnet18", "--normalize=none")
+@pytest.mark.slow
+def test_the_command_line_refuses_the_flags_an_entry_decides(data_dir, tmp_path):
+    refused = evaluate_entry(
+        data_dir, tmp_path, "--robustbench=Sehwag2021Proxy_R18", "--model=resnet18", "--normalize=none"
+    )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == [
         "error: --robustbench names the network and its normalization itself: it takes no --workdir, "
         "--torch_checkpoint, --model, --normalize"
     ]
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_command_line_evaluates_an_entry(reference, data_dir, tmp_path):
+    def evaluate(*flags):
+        return evaluate_entry(data_dir, tmp_path, *flags)
 
     torch.manual_seed(0)
     net = trained_looking(torch, reference.ResNet18(), seed=3)

@@ -23,7 +23,6 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from absl import logging
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from patjax.compute import data, download, methods, models
@@ -116,6 +115,11 @@ class _MetricWriter:
         # sitting resumes from a checkpoint no later than that line's step).
         files.drop_cut_line(path)
         self._jsonl = open(path, "a")
+        # Imported here, not at the top: tensorboardX imports PyTorch whenever it is installed
+        # (about 2 s), which every command importing this module would pay, a refused one included;
+        # only a training run's writer needs it.
+        from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: dict):

@@ -1,5 +1,7 @@
 """Inner attacks of the baselines against closed forms and independent numpy re-computations."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -266,7 +268,9 @@ def test_atpr_falls_back_to_the_standard_pgd_point_and_caps_the_refinement():
 
 def test_atpr_candidate_settings_lie_in_the_reference_ranges():
     s = attacks.AtprSettings()
-    eps, alpha, steps = attacks.atpr_candidate_settings(jax.random.PRNGKey(0), s._replace(num_candidates=400))
+    eps, alpha, steps = attacks.atpr_candidate_settings(
+        jax.random.PRNGKey(0), dataclasses.replace(s, num_candidates=400)
+    )
     eps, alpha, steps = np.asarray(eps), np.asarray(alpha), np.asarray(steps)
     assert (eps[0], alpha[0], steps[0]) == (np.float32(8 / 255), np.float32(2 / 255), 10)
     assert np.all((eps[1:] >= 8 / 255 - 0.02 - 1e-7) & (eps[1:] <= 8 / 255 + 1e-7))

@@ -483,10 +483,13 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
         ({"overrides": {"seed": 2**32}}, "eval.seed must be an integer in [0, 4294967295]"),
         ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer in [1, 1000000], got 0"),
         ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer in [1, 10000]"),
-        ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
-        ({"num_examples": 2.5}, "num_examples must be a positive integer, or -1 for the whole"),
-        ({"num_examples": 0}, "num_examples must be a positive integer, or -1 for the whole test split, got 0"),
-        ({"num_examples": -2}, "num_examples must be a positive integer, or -1"),
+        ({"batch_size": 0}, "eval.batch_size must be an integer in [1, 10000], got 0"),
+        ({"num_examples": 2.5}, "eval.num_examples must be an integer in [1, 1000000], or -1 (the whole test split)"),
+        (
+            {"num_examples": 0},
+            "eval.num_examples must be an integer in [1, 1000000], or -1 (the whole test split), got 0",
+        ),
+        ({"num_examples": -2}, "eval.num_examples must be an integer in [1, 1000000], or -1"),
         ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)"),
     ]
     for kwargs, message in cases:

@@ -51,17 +51,20 @@ def run_cli(*args, cwd=REPO):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
-def commands_at_once(commands, env=None, cwd=REPO) -> list:
-    """Each command line (python's arguments) in its own process, all started at once, since each
-    spends its seconds importing JAX; their outcomes, in order, with stderr as text."""
-    procs = [
-        subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for args in commands
-    ]
+def commands_at_once(commands, env=None, cwd=REPO, at_once=4) -> list:
+    """Each command line (python's arguments) in its own process, `at_once` at a time, since each
+    spends its seconds importing JAX (and a few hundred MB doing it); their outcomes, in order, with
+    stderr as text."""
     outcomes = []
-    for proc, args in zip(procs, commands):
-        _, stderr = proc.communicate(timeout=300)
-        outcomes.append(subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode()))
+    for start in range(0, len(commands), at_once):
+        wave = commands[start : start + at_once]
+        procs = [
+            subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for args in wave
+        ]
+        for proc, args in zip(procs, wave):
+            _, stderr = proc.communicate(timeout=300)
+            outcomes.append(subprocess.CompletedProcess(args, proc.returncode, "", stderr.decode()))
     return outcomes
 
 
@@ -365,25 +368,13 @@ def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused
 # Settings with a meaning patjax does not have: refused where the config becomes settings.
 
 
-@pytest.mark.parametrize(
-    "field, value, message",
-    [
-        ("num_train_steps", -5, "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length), got -5"),
-        ("num_train_steps", 0, "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length), got 0"),
-        ("num_epochs", 0, "num_epochs must be an integer >= 1, got 0"),  # with num_train_steps -1
-        ("num_epochs", -3, "num_epochs must be an integer >= 1, got -3"),
-        ("batch_size", 0, "batch_size must be an integer >= 1, got 0"),
-        ("seed", -1, "seed must be an integer in [0, 4294967295], got -1"),
-        ("max_checkpoints_to_keep", 0, "max_checkpoints_to_keep must be an integer >= 1, got 0"),
-        ("model_width", 0, "model_width must be an integer >= 1, got 0"),
-    ],
-)
-def test_integer_settings_outside_their_documented_range_are_refused(field, value, message):
+def test_num_epochs_is_at_least_one_when_it_sets_the_run_length():
+    """num_epochs' declared range starts at 0 for runs whose length num_train_steps sets."""
     cfg = config_lib.default_config()
-    cfg[field] = value
+    cfg.num_epochs = 0
     with pytest.raises(UserError) as error:
         config_lib.train_settings(cfg)
-    assert str(error.value) == message
+    assert str(error.value) == "num_epochs must be an integer in [1, 1000000], got 0"
 
 
 @pytest.mark.parametrize(
@@ -655,37 +646,145 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path,
     assert tree_hash(tmp_path) == before
 
 
-# Every evaluation count declares its range (evaluators.common._COUNTS); the table below is derived
-# from those declarations, so a count added without a range fails here.
-def test_every_integer_eval_setting_declares_its_range():
+# Every integer setting declares its range beside its field (`errors.count`); the tables below are
+# derived from those declarations, so a count added without a range fails here, and so does a
+# settings class the discovery below stops finding.
+SETTINGS_CLASSES = {
+    "AtprSettings",
+    "EvalSettings",
+    "EvaluationSettings",
+    "LangevinSettings",
+    "MethodSettings",
+    "ModelSettings",
+    "OptimizerSettings",
+    "TrainSettings",
+}
+
+
+def settings_classes() -> dict:
+    """Every dataclass of the package named *Settings, found by importing each module."""
+    import dataclasses
+    import importlib
+    import inspect
+    import pkgutil
+
+    import patjax
+
+    found = {}
+    for module in pkgutil.walk_packages(patjax.__path__, "patjax."):
+        loaded = importlib.import_module(module.name)
+        for name, cls in inspect.getmembers(loaded, inspect.isclass):
+            if name.endswith("Settings") and dataclasses.is_dataclass(cls) and cls.__module__ == module.name:
+                found[name] = cls
+    return found
+
+
+def declared_ranges() -> dict:
+    """{setting name: its Range}, one per setting (a field copied into two classes, attack.steps,
+    declares the same range in both)."""
+    from patjax.core.errors import declared_counts
+
+    ranges = {}
+    for cls in settings_classes().values():
+        for r in declared_counts(cls).values():
+            assert ranges.setdefault(r.name, r) == r, f"{r.name} declares two ranges"
+    return ranges
+
+
+def test_every_integer_setting_declares_a_bounded_range():
     import dataclasses
 
-    from patjax.evaluators import common
-
-    counts = {f.name for f in dataclasses.fields(common.EvalSettings) if f.type in ("int", int)}
-    assert counts == set(common._COUNTS)
-    assert all(maximum is not None for _, maximum in common._COUNTS.values())
-
-
-def _count_cases():
-    from patjax.evaluators import common
-
-    for name, (minimum, maximum) in common._COUNTS.items():
-        yield name, minimum, maximum
+    classes = settings_classes()
+    assert set(classes) == SETTINGS_CLASSES
+    for name, cls in classes.items():
+        for field in dataclasses.fields(cls):
+            if field.type in ("int", int):
+                r = field.metadata.get("range")
+                assert r is not None, f"{name}.{field.name} is an integer without a declared range"
+                assert isinstance(r.maximum, int) and r.minimum <= r.maximum <= 2**32, (name, field.name, r)
 
 
-@pytest.mark.parametrize("name, minimum, maximum", list(_count_cases()))
-def test_each_eval_count_is_accepted_at_its_bounds_and_refused_beyond_them_by_the_api(name, minimum, maximum):
-    """The API's settings path (`api.evaluate` hands its keyword arguments to it); each value is
-    checked before any model is built or compiled."""
-    base = {"pr_samples": maximum} if name == "pr_chunk_size" else {}  # a chunk is capped at N
-    for value in (minimum, maximum):
-        settings = config_lib.default_evaluation_settings("cifar10", {**base, name: value}).evals
-        assert getattr(settings, name) == value
-    for value in (minimum - 1, maximum + 1):
+def beyond_message(r, value) -> str:
+    sentinel = f", or {r.sentinel} ({r.meaning})" if r.sentinel is not None else ""
+    return f"{r.name} must be an integer in [{r.minimum}, {r.maximum}]{sentinel}, got {value}"
+
+
+def config_with(name, value):
+    """The default config with one field set, and what else the value needs to mean what it says: a
+    chunk is capped at N, and num_epochs may be 0 once the steps are set (its own test)."""
+    cfg = config_lib.default_config()
+    cfg.model = "resnet18"  # a network that takes model_width
+    if name == "eval.pr_chunk_size":
+        cfg.eval.pr_samples = 1_000_000
+    if name == "num_epochs":
+        cfg.num_train_steps = 7
+    *blocks, field = name.split(".")
+    target = cfg
+    for block in blocks:
+        target = target[block]
+    target[field] = value
+    return cfg
+
+
+def read_back(settings, name):
+    """The value `train_settings` holds for the config field `name`."""
+    where = {
+        "model_width": settings.model.width,
+        "num_epochs": settings.optimizer.num_epochs,
+        "num_train_steps": settings.optimizer.num_train_steps,
+        "langevin.steps": settings.method.langevin.steps,
+        "attack.steps": settings.method.attack_steps,
+        "eval.num_examples": settings.evaluation.num_examples,
+        "eval.batch_size": settings.evaluation.batch_size,
+    }
+    if name in where:
+        return where[name]
+    if name.startswith("atpr."):
+        return getattr(settings.method.atpr, name.split(".")[1])
+    if name.startswith("eval."):
+        return getattr(settings.evaluation.evals, name.split(".")[1])
+    return getattr(settings, name)
+
+
+@pytest.mark.parametrize("name", sorted(declared_ranges()))
+def test_each_declared_count_is_accepted_at_its_bounds_and_refused_beyond_them(name):
+    """Through the config (what --config.NAME, a config file and a workdir's config.json reach) and,
+    for the eval block, the API's settings path (`api.evaluate` hands its keyword arguments to it).
+    Each value is checked before any model is built or compiled."""
+    r = declared_ranges()[name]
+    accepted = [r.minimum, r.maximum] + ([r.sentinel] if r.sentinel is not None else [])
+    for value in accepted:
+        assert read_back(config_lib.train_settings(config_with(name, value)), name) == value
+    beyond = [r.minimum - 1, r.maximum + 1]
+    if r.sentinel == r.minimum - 1:  # the value below the sentinel
+        beyond = [r.sentinel - 1, r.maximum + 1]
+    for value in beyond:
         with pytest.raises(UserError) as error:
-            config_lib.default_evaluation_settings("cifar10", {**base, name: value})
-        assert str(error.value) == f"eval.{name} must be an integer in [{minimum}, {maximum}], got {value}"
+            config_lib.train_settings(config_with(name, value))
+        assert str(error.value) == beyond_message(r, value)
+    if name.startswith("eval.") and name not in ("eval.num_examples", "eval.batch_size"):
+        field = name.split(".")[1]
+        base = {"pr_samples": 1_000_000} if field == "pr_chunk_size" else {}
+        for value in (r.minimum, r.maximum):
+            assert (
+                getattr(config_lib.default_evaluation_settings("cifar10", {**base, field: value}).evals, field) == value
+            )
+        for value in beyond:
+            with pytest.raises(UserError) as error:
+                config_lib.default_evaluation_settings("cifar10", {**base, field: value})
+            assert str(error.value) == beyond_message(r, value)
+
+
+@pytest.mark.parametrize("num_epochs, batch_size", [(1_000_000, 1), (50_000, 1)])
+def test_a_run_longer_than_the_int32_step_counter_is_refused(num_epochs, batch_size):
+    """Each count in its range, the run's length (num_epochs x 50,000 / batch_size steps) is not:
+    the train state's int32 step would wrap. 50,000 epochs of one image are 2.5e9 steps."""
+    cfg = config_lib.default_config()
+    cfg.num_epochs, cfg.batch_size = num_epochs, batch_size
+    with pytest.raises(UserError, match=r"more than the int32 step counter holds \(2,147,483,647\)"):
+        config_lib.train_settings(cfg)
+    cfg.num_epochs = 42_949  # 2,147,450,000 steps
+    assert config_lib.train_settings(cfg).total_steps() == 42_949 * 50_000
 
 
 def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
@@ -695,8 +794,6 @@ def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
 
 @pytest.mark.slow
 def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
-    from patjax.evaluators import common
-
     run = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
     workdir = tmp_path / "pat_s0"
     workdir.mkdir()
@@ -704,7 +801,7 @@ def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_li
     shutil.copytree(run / "models", workdir / "models", ignore=lambda d, names: [n for n in names if "005850" not in n])
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     flags = ("pr_samples", "pr_chunk_size", "seed", "apgd_steps")  # the counts evaluate takes as flags
-    cases = [(flag, common._COUNTS[flag][1] + 1) for flag in flags]
+    cases = [(flag, declared_ranges()[f"eval.{flag}"].maximum + 1) for flag in flags]
     commands = [("-m", "patjax.evaluate", f"--workdir={workdir}", f"--{flag}={value}") for flag, value in cases]
     for done, (flag, value) in zip(commands_at_once(commands), cases):
         line = one_error_line(done)
@@ -721,19 +818,47 @@ def test_a_float_setting_infinite_in_float32_is_refused(field):
     assert str(error.value) == f"eval.{field} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}"
 
 
-def test_docs_inputs_states_each_declared_count_range_as_the_code_declares_it():
-    """docs/inputs.md's table of configuration fields against evaluators.common._COUNTS: a bound
-    changed in one place and not the other fails here."""
-    from patjax.evaluators import common
+def documented_bound(text: str) -> int:
+    """A bound as docs/inputs.md writes it: 100,000, 2^32 - 1, -(2^31 - 1)."""
+    sign = -1 if text.startswith("-") else 1
+    text = text.strip("-()").replace(",", "").replace(" ", "")
+    if "^" in text:
+        power, minus = (text.split("-") + ["0"])[:2]
+        base, exponent = power.split("^")
+        return sign * (int(base) ** int(exponent) - int(minus))
+    return sign * int(text)
 
+
+def test_docs_inputs_states_each_declared_count_range_as_the_code_declares_it():
+    """docs/inputs.md's table of configuration fields against the declarations: a bound changed
+    in one place and not the other fails here, and so does a declared count with no row."""
     rows = [line for line in (REPO / "docs" / "inputs.md").read_text().splitlines() if line.startswith("| `")]
-    for name, (minimum, maximum) in common._COUNTS.items():
-        row = next((r for r in rows if f"`eval.{name}`" in r.split("|")[1]), None)
-        assert row is not None, f"docs/inputs.md has no row for eval.{name}"
-        accepts = row.split("|")[2]
-        if name == "seed":  # written as a power of two
-            assert "[0, 2^32 - 1]" in accepts and maximum == 2**32 - 1, row
-            continue
-        found = re.search(r"\[([\d,]+), ([\d,]+)\]", accepts)
+    for name, r in declared_ranges().items():
+        row = next((row for row in rows if f"`{name}`" in row.split("|")[1]), None)
+        assert row is not None, f"docs/inputs.md has no row for {name}"
+        found = re.search(r"\[(-?\(?[\d,^ -]+?\)?), ([\d,^ -]+)\]", row.split("|")[2])
         assert found, row
-        assert (int(found[1].replace(",", "")), int(found[2].replace(",", ""))) == (minimum, maximum), row
+        assert (documented_bound(found[1]), documented_bound(found[2])) == (r.minimum, r.maximum), row
+        if r.sentinel is not None:
+            assert f"or {r.sentinel}" in row.split("|")[2], row
+
+
+@pytest.mark.slow
+def test_the_training_command_refuses_each_declared_count_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
+    """`--config.NAME=maximum + 1` for every declared count, each in its own process (the lower
+    bounds' refusals take the same path: the test above tries them through the config)."""
+    ranges = declared_ranges()
+    names = sorted(ranges)
+    commands = [
+        (
+            "main.py",
+            "--config=configs/quickstart.py",
+            f"--workdir={tmp_path / 'run'}",
+            f"--config.{n}={ranges[n].maximum + 1}",
+        )
+        for n in names
+    ]
+    env = dict(os.environ, PATJAX_CPU_DEVICES="1")
+    for done, name in zip(commands_at_once(commands, env=env), names):
+        assert one_error_line(done) == f"error: {beyond_message(ranges[name], ranges[name].maximum + 1)}"
+    assert list(tmp_path.iterdir()) == []

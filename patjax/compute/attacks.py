@@ -8,6 +8,7 @@ with [0, 1]^d.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from patjax.compute.logits import LogitsFn, log_or_zero, margin, true_value
+from patjax.core.errors import UserError, check_counts, count
 
 
 def project_linf(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
@@ -156,19 +158,33 @@ def mart_attack(
     return sign_ascent(logits_fn, gaussian_start(key, x, init_noise), x, y, eps=eps, step_size=step_size, steps=steps)
 
 
-class AtprSettings(NamedTuple):
-    """The AT-PR search (wellzline/AT-PR attack_algorithms.py `PR` and `pick_best_ae`)."""
+@dataclasses.dataclass(frozen=True)
+class AtprSettings:
+    """The AT-PR search (wellzline/AT-PR attack_algorithms.py `PR` and `pick_best_ae`), checked once.
+
+    The search keeps every candidate's batch (`AtprResult.candidates`): 1,000 candidates are 100
+    times the reference's and 3 GB at batch 256 on CIFAR; the step counts' bound is 10,000 times
+    the reference's."""
 
     eps: float = 8 / 255
     step_size: float = 2 / 255
-    steps: int = 10
-    num_candidates: int = 10  # the standard PGD plus num_candidates - 1 randomized ones
+    steps: int = count("attack.steps", 0, 100_000, default=10)
+    # the standard PGD plus num_candidates - 1 randomized ones
+    num_candidates: int = count("atpr.num_candidates", 1, 1_000, default=10)
     eps_spread: float = 0.02  # eps' ~ U(eps - eps_spread, eps)
     step_size_spread: float = 0.003  # alpha' ~ U(alpha - spread, alpha + spread)
-    steps_below: int = 2  # steps' ~ randint(steps - below, steps + above), inclusive
-    steps_above: int = 10
-    refine_max_iters: int = 40  # cap of pick_best_ae's refinement loop
+    # steps' ~ randint(steps - below, steps + above), inclusive
+    steps_below: int = count("atpr.steps_below", 0, 100_000, default=2)
+    steps_above: int = count("atpr.steps_above", 0, 100_000, default=10)
+    refine_max_iters: int = count("atpr.refine_max_iters", 0, 100_000, default=40)  # pick_best_ae's loop cap
     refine_stop_fraction: float = 0.1  # refine while more than this fraction of the batch is misclassified
+
+    def __post_init__(self):
+        check_counts(self)
+        if not 0.0 <= self.refine_stop_fraction <= 1.0:
+            raise UserError(f"atpr.refine_stop_fraction must be in [0, 1], got {self.refine_stop_fraction}")
+        if self.step_size_spread > self.step_size:
+            raise UserError("atpr.step_size_spread must not exceed attack.step_size (negative step sizes)")
 
 
 class AtprResult(NamedTuple):

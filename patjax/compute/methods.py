@@ -44,7 +44,7 @@ import optax
 from patjax.compute import attacks, samplers
 from patjax.compute.logits import log_or_zero, other_values, true_value
 from patjax.compute.models import BN_MODES, ModelFns
-from patjax.core.errors import UserError
+from patjax.core.errors import UserError, check_counts, count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ class MethodSettings:
     langevin_bn_mode: str
     attack_eps: float
     attack_step_size: float
-    attack_steps: int
+    attack_steps: int = count("attack.steps", 0, 100_000)
     attack_bn_mode: str
     fgsm_random_start: bool
     trades_beta: float
@@ -83,21 +83,13 @@ class MethodSettings:
             raise UserError(f"langevin.bn_mode must be 'inference' or 'train', got {self.langevin_bn_mode!r}")
         if self.attack_bn_mode not in ("auto",) + BN_MODES:
             raise UserError(f"attack.bn_mode must be 'auto', 'inference' or 'train', got {self.attack_bn_mode!r}")
-        if self.attack_eps < 0 or self.attack_step_size < 0 or self.attack_steps < 0:
-            raise UserError("attack.epsilon, attack.step_size and attack.steps must be >= 0")
+        check_counts(self)
+        if self.attack_eps < 0 or self.attack_step_size < 0:
+            raise UserError("attack.epsilon and attack.step_size must be >= 0")
         if self.trades_step_size < 0 or self.mart_step_size < 0:
             raise UserError("trades.step_size and mart.step_size must be >= 0")
         if self.trades_beta < 0:
             raise UserError(f"trades.beta must be >= 0, got {self.trades_beta}")
-        p = self.atpr
-        if p.num_candidates < 1:
-            raise UserError(f"atpr.num_candidates must be >= 1, got {p.num_candidates}")
-        if p.steps_below < 0 or p.steps_above < 0 or p.refine_max_iters < 0:
-            raise UserError("atpr.steps_below, atpr.steps_above and atpr.refine_max_iters must be >= 0")
-        if not 0.0 <= p.refine_stop_fraction <= 1.0:
-            raise UserError(f"atpr.refine_stop_fraction must be in [0, 1], got {p.refine_stop_fraction}")
-        if p.step_size_spread > p.step_size:
-            raise UserError("atpr.step_size_spread must not exceed attack.step_size (negative step sizes)")
 
 
 def make_method(s: MethodSettings) -> Callable[..., Any]:

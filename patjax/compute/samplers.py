@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from patjax.compute.logits import LogitsFn
-from patjax.core.errors import UserError
+from patjax.core.errors import UserError, check_counts, count
 
 INITS = ("uniform", "clean")
 
@@ -42,7 +42,7 @@ class LangevinSettings:
         chain of the batch is frozen; T stays the maximum.
     """
 
-    steps: int = 100  # T
+    steps: int = count("langevin.steps", 0, 100_000, default=100)  # T; 1,000 times the paper's bound
     step_size: float = 0.3  # eta
     noise_scale: float = 0.001  # sigma
     grad_clip: float = 1.0  # rho
@@ -53,8 +53,7 @@ class LangevinSettings:
 
     def __post_init__(self):
         """The one check of these fields, wherever the settings come from (a config, a flag)."""
-        if self.steps < 0:
-            raise UserError(f"langevin.steps must be >= 0, got {self.steps}")
+        check_counts(self)
         # Algorithm 1: eta, sigma, c1, c2 >= 0 and rho > 0; a negative step or weight would turn
         # the sampler's descent on the energy into an ascent and still train without complaint.
         if min(self.step_size, self.noise_scale, self.c1, self.c2) < 0 or not self.grad_clip > 0:

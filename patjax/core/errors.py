@@ -1,7 +1,9 @@
 """User-facing errors: the command-line entry points print these as one line and exit non-zero."""
 
+import dataclasses
 import math
 import numbers
+from typing import Optional
 
 import numpy as np
 
@@ -34,6 +36,47 @@ def integer(name: str, value, minimum: int, maximum: int | None = None, sentinel
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise UserError(f"{name} must be an integer {bound}{f', or {sentinel}' if sentinel else ''}, got {value!r}")
     return int(value)
+
+
+INT32_MAX = 2**31 - 1  # jitted loop counters, sample indices and the train state's step are int32
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """An integer setting's declared range: [minimum, maximum], and optionally one value outside it
+    that means something (`sentinel`, said in words by `meaning`)."""
+
+    name: str  # the setting as a user writes it: the config field (`langevin.steps`, `eval.seed`)
+    minimum: int
+    maximum: int
+    sentinel: Optional[int] = None
+    meaning: str = ""
+
+
+def count(name: str, minimum: int, maximum: int, *, default=dataclasses.MISSING, sentinel=None, meaning=""):
+    """A settings dataclass's integer field with its range declared beside it: `check_counts`
+    checks it, and the tests derive their table of bounds from the declarations (`declared_counts`),
+    so a count cannot be added without a range."""
+    return dataclasses.field(default=default, metadata={"range": Range(name, minimum, maximum, sentinel, meaning)})
+
+
+def declared_counts(settings_type) -> dict[str, Range]:
+    """{field: its Range} of a settings dataclass."""
+    return {f.name: f.metadata["range"] for f in dataclasses.fields(settings_type) if "range" in f.metadata}
+
+
+def check_counts(settings) -> None:
+    """Each declared count of a frozen settings dataclass, in its range or its sentinel, stored as a
+    Python int (a numpy integer would not survive a JSON record), or a one-line UserError naming it."""
+    for field, r in declared_counts(type(settings)).items():
+        value = getattr(settings, field)
+        is_integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if r.sentinel is not None and is_integer and value == r.sentinel:
+            value = int(value)
+        else:
+            words = f"{r.sentinel} ({r.meaning})" if r.sentinel is not None else ""
+            value = integer(r.name, value, r.minimum, r.maximum, words)
+        object.__setattr__(settings, field, value)
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from patjax.compute import data, robustness, stats
 from patjax.core import sharding
-from patjax.core.errors import UserError, integer
+from patjax.core.errors import UserError, check_counts, count
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 
@@ -38,68 +38,51 @@ def headline_first(headline: str, laws) -> tuple:
     return (headline, *(d for d in laws if d != headline))
 
 
-# EvalSettings' integer fields and their bounds. The upper bounds keep every loop counter and
-# sample index inside int32 and every allocation a machine can hold, at 100 to 10,000 times the
-# paper's values (N = 100, 20 attack steps, 100 APGD steps, 9 target classes):
-# - pr_samples: a sample's index is chunk * chunk_size + i in int32;
-# - pr_chunk_size: one forward pass takes len(eps) x batch x chunk images (500 x 4 x 10,000 is 20
-#   million CIFAR images), and a chunk is capped at pr_samples (`EvalSettings.__post_init__`);
-# - bootstrap_resamples: the resampling is resamples x images int32 indices (20,000 x 10,000
-#   test images: 800 MB);
-# - aa_target_classes: at most CIFAR-100's 99 other classes; an evaluation checks it against the
-#   model's (`autoattack`).
-_COUNTS = {
-    "seed": (0, SEED_LIMIT - 1),
-    "pr_samples": (1, 1_000_000),
-    "pr_chunk_size": (1, 10_000),
-    "attack_steps": (0, 100_000),
-    "apgd_steps": (1, 100_000),
-    "bootstrap_resamples": (100, 20_000),
-    "aa_target_classes": (1, 99),
-    "aa_fab_steps": (1, 100_000),
-    "aa_square_queries": (1, 1_000_000),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """Every evaluator's settings, typed where the config enters (`config.evaluation_settings`)
     and checked here, once; what results.json records under "settings" (`dataclasses.asdict`),
-    under the names of the config's `eval` block."""
+    under the names of the config's `eval` block.
+
+    The counts' upper bounds keep every loop counter and sample index inside int32 and every
+    allocation a machine can hold, at 100 to 10,000 times the paper's values (N = 100, 20 attack
+    steps, 100 APGD steps, 9 target classes): a PR sample's index is chunk * chunk_size + i in
+    int32; one PR forward pass takes len(eps) x batch x chunk images (500 x 4 x 10,000 is 20
+    million CIFAR images); the bootstrap draws resamples x images int32 indices (20,000 x 10,000
+    test images: 800 MB); at most CIFAR-100's 99 other classes are targets (an evaluation checks
+    them against the model's, `autoattack`)."""
 
     pr_distributions: tuple  # the headline law first (the Table-1 protocol: 'uniform')
     pr_epsilons: tuple
-    pr_samples: int  # N per image
-    pr_chunk_size: int
+    pr_samples: int = count("eval.pr_samples", 1, 1_000_000)  # N per image
+    pr_chunk_size: int = count("eval.pr_chunk_size", 1, 10_000)  # capped at pr_samples
     pdis_c1: float
     pdis_sigma: float  # of p_dis, 1 / sqrt(2 c1)
     entropic_lambda: float
     attack_eps: float
     attack_step_size: float
-    attack_steps: int
+    attack_steps: int = count("eval.attack_steps", 0, 100_000)
     cw_kappa: float
-    apgd_steps: int
+    apgd_steps: int = count("eval.apgd_steps", 1, 100_000)
     apgd_rho: float
-    aa_target_classes: int
-    aa_fab_steps: int
-    aa_square_queries: int
+    aa_target_classes: int = count("eval.aa_target_classes", 1, 99)  # and < the model's classes
+    aa_fab_steps: int = count("eval.aa_fab_steps", 1, 100_000)
+    aa_square_queries: int = count("eval.aa_square_queries", 1, 1_000_000)
     aa_masking_eps_factors: tuple
     prob_acc_q: tuple
     confidence: float
-    bootstrap_resamples: int
-    seed: int
+    bootstrap_resamples: int = count("eval.bootstrap_resamples", 100, 20_000)
+    seed: int = count("eval.seed", 0, SEED_LIMIT - 1)
 
     def __post_init__(self):
         # Every check runs before any evaluator, so a bad setting fails in a second, not after
-        # the evaluation. Counts are stored as Python ints (numpy integers would not survive
-        # results.json).
+        # the evaluation.
         for d in self.pr_distributions:
             if d not in robustness.ALL_DISTRIBUTIONS:
                 raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
         if not self.pr_distributions or self.pr_distribution not in robustness.DISTRIBUTIONS:
             raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
-        for name, (minimum, maximum) in _COUNTS.items():
-            object.__setattr__(self, name, integer(f"eval.{name}", getattr(self, name), minimum, maximum))
+        check_counts(self)
         # A chunk beyond N evaluates samples that are then masked out: the counts are the same,
         # the work and memory chunk / N times more.
         object.__setattr__(self, "pr_chunk_size", min(self.pr_chunk_size, self.pr_samples))

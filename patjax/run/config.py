@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import numbers
 import os
 from typing import Optional
 
@@ -17,7 +16,15 @@ import ml_collections
 
 from patjax import evaluators as evaluators_lib
 from patjax.compute import attacks, data, methods, robustness, samplers
-from patjax.core.errors import UserError, UserTypeError, finite_numbers, integer, python_scalars
+from patjax.core.errors import (
+    INT32_MAX,
+    UserError,
+    UserTypeError,
+    check_counts,
+    count,
+    finite_numbers,
+    python_scalars,
+)
 from patjax.evaluators import common as evaluators_common
 from patjax.run import state
 
@@ -197,12 +204,15 @@ class TrainSettings:
     optimizer: state.OptimizerSettings  # SGD, MultiStepLR and the run's length
     method: methods.MethodSettings
     data_dir: Optional[str]  # absolute, so that evaluate may run from another directory
-    batch_size: int
-    seed: int
-    checkpoint_every_steps: int  # <= 0: every epoch
-    max_checkpoints_to_keep: int
-    log_every_steps: int  # <= 0: every epoch
-    log_test_examples: int  # <= 0: the whole test split
+    # A batch is at most the training split (both CIFARs': 50,000 images), else an epoch has no step.
+    batch_size: int = count("batch_size", 1, 50_000)
+    seed: int = count("seed", 0, evaluators_common.SEED_LIMIT - 1)  # PRNGKey keeps 32 bits
+    # The every-epoch and whole-split sentinels (<= 0) of these three counts are their whole
+    # negative range; their upper bound is the step counter's.
+    checkpoint_every_steps: int = count("checkpoint_every_steps", -INT32_MAX, INT32_MAX)  # <= 0: every epoch
+    max_checkpoints_to_keep: int = count("max_checkpoints_to_keep", 1, 10_000)
+    log_every_steps: int = count("log_every_steps", -INT32_MAX, INT32_MAX)  # <= 0: every epoch
+    log_test_examples: int = count("log_test_examples", -INT32_MAX, INT32_MAX)  # <= 0: the whole test split
     progress_bar: bool
     evaluation: "EvaluationSettings"  # how the run is evaluated (its config's `eval` block)
     # The config as config.json holds it: what a resume is checked against, and every command's
@@ -210,14 +220,14 @@ class TrainSettings:
     record: dict = dataclasses.field(compare=False, repr=False)
 
     def __post_init__(self):
-        # The every-epoch and whole-split sentinels (<= 0) of the other counts are their whole
-        # negative range, so only these have values without a meaning.
-        for name, minimum, maximum in (
-            ("batch_size", 1, None),
-            ("seed", 0, evaluators_common.SEED_LIMIT - 1),  # PRNGKey keeps 32 bits
-            ("max_checkpoints_to_keep", 1, None),
-        ):
-            object.__setattr__(self, name, integer(name, getattr(self, name), minimum, maximum))
+        check_counts(self)
+        # The train state's step is int32: a run longer than that would wrap its step, its
+        # schedule and its keys (`state.TrainState`).
+        if self.total_steps() > INT32_MAX:
+            raise UserError(
+                f"the run is {self.total_steps():,} steps (num_epochs x steps per epoch), more than the int32 step "
+                f"counter holds ({INT32_MAX:,}); lower num_epochs or num_train_steps"
+            )
 
     @property
     def dataset(self) -> str:
@@ -345,19 +355,14 @@ class EvaluationSettings:
     dataset: str
     data_dir: Optional[str]
     evaluators: tuple  # names of the registry, in its order (`evaluators.parse`)
-    num_examples: int  # the first images of the split; WHOLE_SPLIT: all of them
-    batch_size: int
     evals: evaluators_common.EvalSettings
+    # The first images of the split (capped at its size); 0 is refused rather than read as "all":
+    # a full evaluation takes hours on a CPU.
+    num_examples: int = count("eval.num_examples", 1, 1_000_000, sentinel=WHOLE_SPLIT, meaning="the whole test split")
+    batch_size: int = count("eval.batch_size", 1, 10_000)  # at most the test split
 
     def __post_init__(self):
-        object.__setattr__(self, "batch_size", integer("batch_size", self.batch_size, 1))
-        # 0 is refused rather than read as "all": a full evaluation takes hours on a CPU.
-        n = self.num_examples
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or (n < 1 and n != WHOLE_SPLIT):
-            raise UserError(
-                f"num_examples must be a positive integer, or {WHOLE_SPLIT} for the whole test split, got {n!r}"
-            )
-        object.__setattr__(self, "num_examples", int(n))
+        check_counts(self)
 
 
 def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict]) -> ml_collections.ConfigDict:

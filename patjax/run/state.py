@@ -14,7 +14,7 @@ import optax
 
 from patjax.compute import data, models
 from patjax.compute.models import ModelFns
-from patjax.core.errors import UserError, integer
+from patjax.core.errors import INT32_MAX, UserError, check_counts, count, integer
 
 
 @flax.struct.dataclass
@@ -36,13 +36,15 @@ class ModelSettings:
 
     name: str
     dataset: str
-    width: int  # ResNet / WRN stem width (64 in the paper); the small CNN has none
+    # ResNet / WRN stem width (64 in the paper; the small CNN has none); 1,024 is 16 times it, a
+    # ResNet-18 of 2.8 billion parameters.
+    width: int = count("model_width", 1, 1024)
     compute_dtype: str = "float32"
 
     def __post_init__(self):
         data.check_dataset(self.dataset)
         models.check_model(self.name)
-        integer("model_width", self.width, 1)
+        check_counts(self)
         if self.name not in models.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
             raise UserError(f"model {self.name!r} has its width in its name; model_width must stay {DEFAULT_WIDTH}")
         if self.compute_dtype not in ("float32", "bfloat16"):
@@ -69,15 +71,18 @@ class OptimizerSettings:
     weight_decay: float
     decay_fractions: tuple
     decay_factor: float
-    num_epochs: int
-    num_train_steps: int  # > 0 overrides num_epochs; USE_EPOCHS: num_epochs sets the length
+    # With num_train_steps set, num_epochs is not read (but recorded), so 0 is allowed then; the
+    # run's length in steps is bounded by the int32 step counter (`config.TrainSettings`).
+    num_epochs: int = count("num_epochs", 0, 1_000_000)
+    # > 0 overrides num_epochs; USE_EPOCHS: num_epochs sets the length
+    num_train_steps: int = count(
+        "num_train_steps", 1, INT32_MAX, sentinel=USE_EPOCHS, meaning="num_epochs sets the length"
+    )
 
     def __post_init__(self):
-        by_epochs = self.num_train_steps == USE_EPOCHS and not isinstance(self.num_train_steps, bool)
-        if not by_epochs:  # any other count below 1 has no meaning
-            integer("num_train_steps", self.num_train_steps, 1, sentinel=f"{USE_EPOCHS} (num_epochs sets the length)")
-        # With num_train_steps set, num_epochs is not read (but recorded).
-        integer("num_epochs", self.num_epochs, 1 if by_epochs else 0)
+        check_counts(self)
+        if self.num_train_steps == USE_EPOCHS:
+            integer("num_epochs", self.num_epochs, 1, 1_000_000)
         # Finite in float32 is every config number's rule (`errors.finite_numbers`, applied to the whole config).
         if not self.learning_rate > 0:
             raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")

@@ -22,16 +22,36 @@ def unit(module: str) -> str:
     return module.split(".")[0]
 
 
-def project_imports(tree):
-    """(module imported, at module top?) for every patjax import in the tree."""
+def package_of(path: pathlib.Path) -> str:
+    """The absolute package a module's relative imports start from (`patjax.compute` for
+    patjax/compute/data.py and patjax/compute/__init__.py alike)."""
+    return ".".join(("patjax",) + path.parent.relative_to(PACKAGE).parts)
+
+
+def absolute_module(node: ast.ImportFrom, package: str) -> str | None:
+    """The module `from ... import` names, its dots resolved against the importing module's
+    package as Python does: `from ..run import x` in patjax.compute is `patjax.run`."""
+    if not node.level:
+        return node.module
+    parts = package.split(".") if package else []
+    if node.level - 1 >= len(parts):  # above patjax itself: Python refuses it, and so does the check
+        return "patjax.<above the package>"
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else [])) or None
+
+
+def project_imports(tree, package: str = ""):
+    """(module imported, at module top?) for every patjax import in the tree, relative imports
+    of a module in `package` included."""
     top = {id(node) for node in tree.body}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "patjax":
-            package = ".".join(node.module.split(".")[1:])
+        absolute = absolute_module(node, package) if isinstance(node, ast.ImportFrom) else None
+        if absolute and absolute.split(".")[0] == "patjax":
+            package_name = ".".join(absolute.split(".")[1:])
             for a in node.names:
                 # `from patjax.P import N` names module P.N when P.N is a module, else P's attribute N.
-                name = f"{package}.{a.name}" if package else a.name
-                yield (name if name in MODULES or not package else package), id(node) in top
+                name = f"{package_name}.{a.name}" if package_name else a.name
+                yield (name if name in MODULES or not package_name else package_name), id(node) in top
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("patjax."):
@@ -47,7 +67,7 @@ MODULES = modules()
 
 def import_graph():
     return {
-        name: sorted({i for i, _ in project_imports(ast.parse(path.read_text())) if i != name})
+        name: sorted({i for i, _ in project_imports(ast.parse(path.read_text()), package_of(path)) if i != name})
         for name, path in MODULES.items()
     }
 
@@ -76,7 +96,7 @@ def test_each_folder_says_in_two_lines_what_it_holds_and_what_it_may_import():
 def test_imports_go_downward_between_folders_and_sit_at_module_top():
     problems = []
     for name, path in MODULES.items():
-        for imported, at_top in project_imports(ast.parse(path.read_text())):
+        for imported, at_top in project_imports(ast.parse(path.read_text()), package_of(path)):
             if not at_top:
                 problems.append(f"{name} imports {imported} inside a function")
             if imported not in MODULES:
@@ -125,13 +145,42 @@ def test_the_checker_sees_every_import_form_and_a_cycle():
     )
 
 
+def test_the_checker_resolves_relative_imports_as_python_does():
+    """A relative import is held to the layers as its absolute spelling is: `from ..run import
+    config` in patjax/compute/ reaches up to run as `from patjax.run import config` does."""
+    tree = ast.parse(
+        "from ..run import config\nfrom . import data\nfrom .ops import f\nfrom .. import api\n"
+        "from ..evaluators.pr import g\nimport numpy\nfrom .. import numpy_thing as n\n"
+    )
+    # In patjax/compute/: `.` is patjax.compute and `..` is patjax, the package's top.
+    assert sorted(project_imports(tree, "patjax.compute")) == sorted(
+        [
+            ("run.config", True),
+            ("compute.data", True),
+            ("compute.ops", True),
+            ("api", True),
+            ("evaluators.pr", True),
+            ("numpy_thing", True),
+        ]
+    )
+    # In patjax/run/ the same dots land one folder over.
+    assert ("run.config", True) in list(project_imports(ast.parse("from . import config"), "patjax.run"))
+    # Three dots from patjax/compute/ leave the package: Python refuses it and so does the check.
+    beyond = list(project_imports(ast.parse("from ...elsewhere import x"), "patjax.compute"))
+    assert [m for m, _ in beyond if m in MODULES] == [] and len(beyond) == 1
+    # The packages the real modules import from: a module and its folder's __init__ share one.
+    assert package_of(PACKAGE / "compute" / "stats.py") == "patjax.compute"
+    assert package_of(PACKAGE / "compute" / "__init__.py") == "patjax.compute"
+    assert package_of(PACKAGE / "api.py") == "patjax"
+
+
 def test_evaluators_and_below_import_no_files_reports_or_command_lines():
     """An evaluator is arrays and settings in, figures out: it reads no config or workdir,
     formats nothing and knows no command line; nothing below it does either (the folders say
     so); and no module but a door imports the doors' shared flags."""
     problems = []
     for name, path in MODULES.items():
-        for imported, _ in project_imports(ast.parse(path.read_text())):
+        for imported, _ in project_imports(ast.parse(path.read_text()), package_of(path)):
             if LEVEL[unit(name)] <= LEVEL["evaluators"] and unit(imported) not in ("core", "compute", "evaluators"):
                 problems.append(f"{name} imports {imported}")
             if imported == "core.cli" and unit(name) not in DOORS:

@@ -1,14 +1,18 @@
 """Files several writers meet on: JSON-lines files that sittings or workers append to (a line cut
 short by a writer that died is dropped before the next append, a damaged line is one line naming
 it), and files replaced whole by two real processes at once (one writer's whole content, no
-temporary file left) or by a writer killed halfway (its leftover blocks no one and reads as no data)."""
+temporary file left) or by a writer killed halfway (its leftover blocks no one and reads as no data),
+and files published without replacing, which appear whole or not at all as replaced ones do."""
 
+import contextlib
+import errno
 import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -148,6 +152,92 @@ def test_two_writers_of_one_path_at_once_leave_one_whole_file_and_no_temporary(t
         loser = "B" if winner == "A" else "A"
         assert outcomes[winner][:2] == (0, "wrote"), outcomes
         assert outcomes[loser][:2] == (3, "refused: exists"), outcomes
+
+
+def no_hard_links(monkeypatch):
+    """The filesystem of some FUSE and FAT mounts: os.link fails (EPERM) whatever the names."""
+
+    def refuse(src, dst, *args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted", src)
+
+    monkeypatch.setattr(os, "link", refuse)
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_publishing_without_replacing_moves_the_written_file_itself(tmp_path, monkeypatch, hard_links):
+    """replace=False publishes the very file that `write` filled, by a name operation (a hard
+    link or a rename): the final name appears with all of its content at once. A copy into the
+    final name, even one that refuses an existing file, is a new file that a reader sees grow."""
+    if not hard_links:
+        no_hard_links(monkeypatch)
+    path = str(tmp_path / "results.json")
+    written = {}
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"x" * 100_000)
+        written["inode"] = os.stat(tmp).st_ino
+
+    files.atomic(path, write, replace=False)
+    st = os.stat(path)
+    assert (st.st_ino, st.st_nlink) == (written["inode"], 1)  # the written file, its temporary name gone
+    with open(path, "rb") as f:
+        assert f.read() == b"x" * 100_000
+    assert os.listdir(tmp_path) == ["results.json"]
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_an_existing_file_is_left_as_it_was_when_replacing_is_refused(tmp_path, monkeypatch, hard_links):
+    if not hard_links:
+        no_hard_links(monkeypatch)
+    path = tmp_path / "results.json"
+    path.write_bytes(b"old")
+    before = os.stat(path)
+    with pytest.raises(FileExistsError):
+        files.atomic(str(path), lambda tmp: open(tmp, "wb").write(b"new content"), replace=False)
+    assert path.read_bytes() == b"old" and os.stat(path).st_ino == before.st_ino
+    assert os.listdir(tmp_path) == ["results.json"]  # the refused writer's temporary is removed
+
+
+@pytest.mark.parametrize("replace", [True, False])
+def test_a_write_that_fails_halfway_publishes_nothing_and_leaves_no_temporary(tmp_path, replace):
+    """A writer whose write fails after half its content (a full disk) leaves the folder as it
+    found it: no final file holding the half, and no temporary file."""
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"half of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        files.atomic(str(tmp_path / "results.json"), write, replace=replace)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_reader_never_sees_part_of_a_file_published_without_replacing(tmp_path):
+    """A reader watching the final name while a large file is published (replace=False) finds
+    no file or the whole file, never one that is still growing."""
+    path, size = str(tmp_path / "big.bin"), 32 << 20
+    sizes, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                sizes.add(os.stat(path).st_size)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"\0" * size)
+
+    reader = threading.Thread(target=watch)
+    reader.start()
+    try:
+        files.atomic(path, write, replace=False)
+        time.sleep(0.05)  # the reader sees the published file too
+    finally:
+        done.set()
+        reader.join()
+    assert sizes == {size}, sorted(sizes)[:5]
 
 
 def test_a_writer_killed_halfway_leaves_a_hidden_leftover_that_blocks_no_one(tmp_path):

@@ -118,6 +118,46 @@ def test_pieces_round_trip_within_the_limits_of_what_comes_back(tmp_path, monkey
     assert not (tmp_path / "again" / "result").exists()
 
 
+def test_a_workdir_comes_back_without_its_locks_temporaries_and_checkpoints(tmp_path):
+    """What a device block packs for $OUT and `collect` unpacks: the results, none of the locks
+    (a workdir's .lock, a suite run's .claim, the suite's .report.lock) nor the temporary files
+    of a writer killed halfway (.NAME.RANDOM.tmp), which are no result and would come back as
+    stale locks and leftovers, nor the checkpoints and caches."""
+    gps = load_script()
+    work = tmp_path / "work" / "suite"
+    results = {
+        "config.json": "{}",
+        "invocations.jsonl": '{"window": 1}\n',
+        "results.md": "figures\n",
+        "pat_s0/metrics.jsonl": '{"step": 2}\n',
+        "pat_s0/eval/results.json": '{"clean": 0.5}',
+        "pat_s0/models/step_000002.safetensors": "weights",
+    }
+    hidden = [
+        ".report.lock",
+        "pat_s0/.lock",
+        "pat_s0/.claim",
+        "pat_s0/eval/.results.json.k3j2x9.tmp",
+        "pat_s0/eval/.per_example.npz.q81w0c.tmp.npz",
+        "pat_s0/models/.step_000004.safetensors.a0b1c2.tmp",
+    ]
+    skipped = ["pat_s0/checkpoints/checkpoint_2", "pat_s0/jax_cache/entry", "pat_s0/tensorboard/events.out"]
+    for name in [*results, *hidden, *skipped]:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(results.get(name, "not a result"))
+    device = gps.Device(str(REPO), str(tmp_path / "stage"), str(tmp_path / "out"), dry_run=True, budget_s=60)
+    try:
+        with device.packed("suite", str(work)):
+            pass
+    finally:
+        device.log.close()
+    gps.unpack([str(tmp_path / "out")], str(tmp_path / "back"))
+    back = tmp_path / "back" / "suite"
+    came_back = sorted(str(p.relative_to(back)) for p in back.rglob("*") if p.is_file())
+    assert came_back == sorted(results)
+    assert all((back / name).read_text() == text for name, text in results.items())
+
+
 def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -242,6 +282,10 @@ def test_the_dry_run_lays_the_data_down_and_runs_the_window_and_brings_its_resul
     assert len(os.listdir(out3)) <= 8
     done = script("collect", str(out2), str(out3), "--into", str(back))
     assert done.returncode == 0, done.stderr
+    # The device's workdirs keep their locks (a workdir's .lock stays after its writer ends):
+    # there was something hidden to leave out, and none of it came back.
+    assert [p for p in (stage / "work").rglob(".*") if p.is_file()], "nothing hidden to leave out"
+    assert sorted(str(p.relative_to(back)) for p in back.rglob(".*")) == []
     pair = back / "pair"
     # Both runs trained 4 steps in bf16 with their own methods, on the same evaluation images and noise.
     for method in ("pat", "pgd"):

@@ -338,7 +338,7 @@ def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_writt
             lambda x, y: (x.astype(np.float32), y),
             "float images must lie in [0, 1], got values in [0, 255]; pass uint8 for values 0-255",
         ),
-        (lambda x, y: (x[:0], y[:0]), "images must be (N, H, W, C) and labels (N,), N >= 1"),
+        (lambda x, y: (x[:0], y[:0]), "images: no images (N = 0), got shape (0, 4, 4, 3); pass at least one"),
     ],
 )
 def test_the_api_refuses_labels_and_images_it_cannot_evaluate_before_compiling(change, message, monkeypatch):
@@ -359,6 +359,81 @@ def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused
         api.evaluate(lambda x: x.sum(axis=(1, 2, 3)), images, labels, evaluators="clean")
     with pytest.raises(UserError, match=r"the model cannot take images of shape \(N, 4, 4, 3\): TypeError"):
         api.evaluate(lambda x: x.reshape(x.shape[0], 10, -1).sum(-1), images, labels, evaluators="clean")
+
+
+def small_cnn_variables(normalize):
+    """The small CNN, built for RGB images, with its variables."""
+    from patjax.compute import models
+
+    module = models.create_model("small_cnn", "cifar10", 10, normalize=normalize)
+    params, batch_stats = models.init_variables(module, jax.random.PRNGKey(0), (4, 4, 3))
+    return module, {"params": params, "batch_stats": batch_stats}
+
+
+def nn_bind(module, variables):
+    return module.bind(variables)
+
+
+def rgb_mean_logits(x):
+    """A logits function that subtracts a per-channel RGB mean: (N, H, W, 1) broadcasts to 3."""
+    return linear_logits(x - jnp.array([0.49, 0.48, 0.45]))
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        # The (3,) mean broadcasts grey images to 3 channels: before, a figure came out.
+        (lambda: small_cnn_variables("dataset"), "but the model's first convolution takes 3; pass (N, H, W, 3) images"),
+        # No normalization: Flax's own shape error, now the images' channels instead.
+        (lambda: small_cnn_variables("none"), "but the model's first convolution takes 3; pass (N, H, W, 3) images"),
+        (lambda: nn_bind(*small_cnn_variables("dataset")), "but the model's first convolution takes 3"),
+        (lambda: rgb_mean_logits, "but the dataset's (cifar10) have 3; pass (N, H, W, 3) images"),
+    ],
+    ids=["normalized-flax", "unnormalized-flax", "bound-flax", "logits-function"],
+)
+def test_grey_images_given_to_an_rgb_model_are_refused_before_compiling(model, message, monkeypatch):
+    images, labels = images_and_labels()
+    grey = images[..., :1]
+    model = model()
+    compiled = []
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a) or pytest.fail("compiled"))
+    with pytest.raises(UserError) as error:
+        api.evaluate(model, grey, labels, evaluators="clean")
+    assert str(error.value).startswith("images have 1 channel(s), but ") and message in str(error.value)
+    assert "\n" not in str(error.value) and not compiled
+
+
+def test_a_flax_network_built_for_grey_images_takes_grey_images():
+    """The model's channels are its first convolution's: a network built for one channel is
+    evaluated on one-channel images (the dataset's RGB is only the fallback)."""
+    import flax.linen as nn
+
+    class Grey(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(10)(nn.Conv(4, (3, 3))(x).mean(axis=(1, 2)))
+
+    images, labels = images_and_labels()
+    grey = images[..., :1]
+    variables = Grey().init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))
+    results = api.evaluate((Grey(), variables), grey, labels, evaluators="clean")
+    assert results["figures"]["clean_accuracy"]["n"] == 6
+    with pytest.raises(UserError, match=r"^images have 3 channel\(s\), but the model's first convolution takes 1;"):
+        api.evaluate((Grey(), variables), images, labels, evaluators="clean")
+
+
+def test_no_images_are_an_images_error_whatever_the_model():
+    """N = 0 is named as the images' problem before the model is looked at: a model with NaN
+    weights, or a function that needs a second argument, is not what the message is about."""
+    module, variables = small_cnn_variables("dataset")
+    nan_variables = {**variables, "params": jax.tree.map(lambda p: p * jnp.nan, variables["params"])}
+    empty, no_labels = np.zeros((0, 32, 32, 3), np.uint8), np.zeros((0,), np.int32)
+    for model in ((module, nan_variables), lambda x, y: x, linear_logits):
+        with pytest.raises(UserError) as error:
+            api.evaluate(model, empty, no_labels, evaluators="clean")
+        assert str(error.value) == "images: no images (N = 0), got shape (0, 32, 32, 3); pass at least one"
+    with pytest.raises(UserError, match=r"^images: no images \(N = 0\), got shape \(0,\); pass at least one$"):
+        api.evaluate(linear_logits, [], [], evaluators="clean")
 
 
 # ---------------------------------------------------------------------------------------

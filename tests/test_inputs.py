@@ -770,6 +770,8 @@ def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
 
 @pytest.mark.slow
 def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
+    """The line names the flag the user typed, not the config field it sets (the API's path
+    above names the field, eval.pr_samples, which is what a caller there set)."""
     from patjax.evaluators import common
 
     run = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
@@ -779,11 +781,27 @@ def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_li
     shutil.copytree(run / "models", workdir / "models", ignore=lambda d, names: [n for n in names if "005850" not in n])
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     flags = ("pr_samples", "pr_chunk_size", "seed", "apgd_steps")  # the counts evaluate takes as flags
-    cases = [(flag, common._COUNTS[flag][1] + 1) for flag in flags]
-    commands = [("-m", "patjax.evaluate", f"--workdir={workdir}", f"--{flag}={value}") for flag, value in cases]
-    for done, (flag, value) in zip(commands_at_once(commands), cases):
+    evaluate = ("-m", "patjax.evaluate", f"--workdir={workdir}")
+    cases = []
+    for flag in flags:
+        minimum, maximum = common._COUNTS[flag]
+        line = f"error: --{flag} must be an integer in [{minimum}, {maximum}], got {maximum + 1}"
+        cases.append(((*evaluate, f"--{flag}={maximum + 1}"), line))
+    cases += [
+        ((*evaluate, "--num_examples=0"), "error: --num_examples must be a positive integer, or -1 for the whole"),
+        ((*evaluate, "--batch_size=0"), "error: --batch_size must be an integer >= 1, got 0"),
+        # patjax.diagnose: its --compare_tolerance was checked as langevin.tolerance, after the diagnostic ran.
+        (("-m", "patjax.diagnose", f"--workdir={workdir}", "--seed=-1"), "error: --seed must be an integer in [0, "),
+        (("-m", "patjax.diagnose", f"--workdir={workdir}", "--tolerance=-0.5"), "error: --tolerance must be >= 0"),
+        (
+            ("-m", "patjax.diagnose", f"--workdir={workdir}", "--compare_tolerance=-0.5", "--num_examples=2"),
+            "error: --compare_tolerance must be >= 0 (0: always T steps), got -0.5",
+        ),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    for done, (args, start) in zip(commands_at_once([args for args, _ in cases], env), cases):
         line = one_error_line(done)
-        assert f"eval.{flag} must be an integer in" in line and str(value) in line
+        assert line.startswith(start) and "eval." not in line and "langevin." not in line, (args, line)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 

@@ -113,6 +113,9 @@ def as_split(images, labels) -> data.Split:
     floats in [0, 1] only if they are 8-bit values (k / 255), since anything else would be
     rounded without a word; labels as int32, from integers only. A UserError names what is wrong."""
     images, labels = np.asarray(images), np.asarray(labels)
+    if images.ndim and not images.shape[0]:
+        # Nothing to evaluate: an images problem, whatever the model (checked after this).
+        raise UserError(f"images: no images (N = 0), got shape {images.shape}; pass at least one")
     if images.ndim != 4 or labels.shape != images.shape[:1] or not len(labels):
         raise UserError(f"images must be (N, H, W, C) and labels (N,), N >= 1, got {images.shape} and {labels.shape}")
     if images.shape[1] in (1, 3) and images.shape[3] not in (1, 3):
@@ -136,18 +139,50 @@ def as_split(images, labels) -> data.Split:
     return data.Split(images=images, labels=labels.astype(np.int32))
 
 
-def check_classes(model_fns, state, split: data.Split) -> None:
+def _first_kernel_channels(record: list):
+    """A Flax method interceptor that appends to `record` the input channels of the first
+    convolution kernel (4-D, HWIO) held by a module the model calls: the channels it was built
+    for, whatever the images broadcast to before it (a (3,) mean turns (N, H, W, 1) into 3)."""
+
+    def interceptor(next_fun, args, kwargs, context):
+        if not record:
+            try:
+                kernel = context.module.variables.get("params", {}).get("kernel")
+            except Exception:  # a module without a scope (not bound): it holds no kernel yet
+                kernel = None
+            if getattr(kernel, "ndim", 0) == 4:
+                record.append(int(kernel.shape[2]))
+        return next_fun(*args, **kwargs)
+
+    return interceptor
+
+
+def check_classes(model_fns, state, split: data.Split, dataset: str = "cifar10") -> None:
     """The model's logits for these images are (N, classes) and every label is a class: its
-    output shape is traced (`jax.eval_shape`), nothing is compiled or run."""
+    output shape is traced (`jax.eval_shape`), nothing is compiled or run. The images must have
+    the channels the model takes, its first convolution's input channels read in the same trace,
+    or, for a model without a Flax convolution, the dataset's."""
+    taken: list = []
     try:
-        logits = jax.eval_shape(
-            lambda x: model_fns.infer(state.params, state.batch_stats, x),
-            jax.ShapeDtypeStruct((2,) + split.images.shape[1:], np.float32),
-        )
+        with nn.intercept_methods(_first_kernel_channels(taken)):
+            logits = jax.eval_shape(
+                lambda x: model_fns.infer(state.params, state.batch_stats, x),
+                jax.ShapeDtypeStruct((2,) + split.images.shape[1:], np.float32),
+            )
     except Exception as error:  # the model's own error for inputs it cannot take (e.g. channels)
+        failure = error
+    else:
+        failure = None
+    # Before the model's own error: a kernel built for other channels is why it failed, and a
+    # model whose normalization broadcasts the images to its channels does not fail at all.
+    have, takes = split.images.shape[3], taken[0] if taken else data.CHANNELS[dataset]
+    if have != takes:
+        whose = "the model's first convolution takes" if taken else f"the dataset's ({dataset}) have"
+        raise UserError(f"images have {have} channel(s), but {whose} {takes}; pass (N, H, W, {takes}) images")
+    if failure is not None:
         raise UserError(
             f"the model cannot take images of shape (N, {', '.join(map(str, split.images.shape[1:]))}): "
-            f"{type(error).__name__}: {one_line(error)[:300]}"
+            f"{type(failure).__name__}: {one_line(failure)[:300]}"
         ) from None
     # Traced at 2 images, so that a batch dimension the model drops or fixes shows.
     if len(logits.shape) != 2 or logits.shape[0] != 2 or logits.shape[1] < 2:
@@ -182,9 +217,10 @@ def evaluate(
     chosen = config_lib.default_evaluation_settings(
         dataset, settings, evaluators=evaluators, num_examples=config_lib.WHOLE_SPLIT, batch_size=batch_size
     )
-    model_fns, state = as_model(model)
+    # The images first: what is wrong with them is not blamed on the model.
     split = as_split(images, labels)
-    check_classes(model_fns, state, split)
+    model_fns, state = as_model(model)
+    check_classes(model_fns, state, split, dataset)
     per_image = {}
     results = evaluation.evaluate_state(chosen, model_fns, state, split, progress=progress, per_image_out=per_image)
     return {**results, "per_image": per_image}

@@ -115,6 +115,14 @@ def evaluate_robustbench(spec, num_examples, overrides):
 
 def main(argv):
     cli_lib.start(argv)
+    # Every setting a flag gives is checked under its config field's name (eval.pr_samples);
+    # here the user typed the flag.
+    fields = {f"eval.{name}": name for name in cli_lib.given(*_OVERRIDES, "num_examples", "batch_size")}
+    with cli_lib.named_as_flags(fields):
+        return evaluate_from_flags()
+
+
+def evaluate_from_flags():
     overrides = overrides_from_flags()
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None

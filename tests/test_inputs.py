@@ -341,7 +341,7 @@ def test_a_cifar_file_of_the_wrong_length_is_refused_before_the_workdir_is_writt
             lambda x, y: (x.astype(np.float32), y),
             "float images must lie in [0, 1], got values in [0, 255]; pass uint8 for values 0-255",
         ),
-        (lambda x, y: (x[:0], y[:0]), "images must be (N, H, W, C) and labels (N,), N >= 1"),
+        (lambda x, y: (x[:0], y[:0]), "images: no images (N = 0), got shape (0, 4, 4, 3); pass at least one"),
     ],
 )
 def test_the_api_refuses_labels_and_images_it_cannot_evaluate_before_compiling(change, message, monkeypatch):
@@ -362,6 +362,81 @@ def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused
         api.evaluate(lambda x: x.sum(axis=(1, 2, 3)), images, labels, evaluators="clean")
     with pytest.raises(UserError, match=r"the model cannot take images of shape \(N, 4, 4, 3\): TypeError"):
         api.evaluate(lambda x: x.reshape(x.shape[0], 10, -1).sum(-1), images, labels, evaluators="clean")
+
+
+def small_cnn_variables(normalize):
+    """The small CNN, built for RGB images, with its variables."""
+    from patjax.compute import models
+
+    module = models.create_model("small_cnn", "cifar10", 10, normalize=normalize)
+    params, batch_stats = models.init_variables(module, jax.random.PRNGKey(0), (4, 4, 3))
+    return module, {"params": params, "batch_stats": batch_stats}
+
+
+def nn_bind(module, variables):
+    return module.bind(variables)
+
+
+def rgb_mean_logits(x):
+    """A logits function that subtracts a per-channel RGB mean: (N, H, W, 1) broadcasts to 3."""
+    return linear_logits(x - jnp.array([0.49, 0.48, 0.45]))
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        # The (3,) mean broadcasts grey images to 3 channels: before, a figure came out.
+        (lambda: small_cnn_variables("dataset"), "but the model's first convolution takes 3; pass (N, H, W, 3) images"),
+        # No normalization: Flax's own shape error, now the images' channels instead.
+        (lambda: small_cnn_variables("none"), "but the model's first convolution takes 3; pass (N, H, W, 3) images"),
+        (lambda: nn_bind(*small_cnn_variables("dataset")), "but the model's first convolution takes 3"),
+        (lambda: rgb_mean_logits, "but the dataset's (cifar10) have 3; pass (N, H, W, 3) images"),
+    ],
+    ids=["normalized-flax", "unnormalized-flax", "bound-flax", "logits-function"],
+)
+def test_grey_images_given_to_an_rgb_model_are_refused_before_compiling(model, message, monkeypatch):
+    images, labels = images_and_labels()
+    grey = images[..., :1]
+    model = model()
+    compiled = []
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a) or pytest.fail("compiled"))
+    with pytest.raises(UserError) as error:
+        api.evaluate(model, grey, labels, evaluators="clean")
+    assert str(error.value).startswith("images have 1 channel(s), but ") and message in str(error.value)
+    assert "\n" not in str(error.value) and not compiled
+
+
+def test_a_flax_network_built_for_grey_images_takes_grey_images():
+    """The model's channels are its first convolution's: a network built for one channel is
+    evaluated on one-channel images (the dataset's RGB is only the fallback)."""
+    import flax.linen as nn
+
+    class Grey(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(10)(nn.Conv(4, (3, 3))(x).mean(axis=(1, 2)))
+
+    images, labels = images_and_labels()
+    grey = images[..., :1]
+    variables = Grey().init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))
+    results = api.evaluate((Grey(), variables), grey, labels, evaluators="clean")
+    assert results["figures"]["clean_accuracy"]["n"] == 6
+    with pytest.raises(UserError, match=r"^images have 3 channel\(s\), but the model's first convolution takes 1;"):
+        api.evaluate((Grey(), variables), images, labels, evaluators="clean")
+
+
+def test_no_images_are_an_images_error_whatever_the_model():
+    """N = 0 is named as the images' problem before the model is looked at: a model with NaN
+    weights, or a function that needs a second argument, is not what the message is about."""
+    module, variables = small_cnn_variables("dataset")
+    nan_variables = {**variables, "params": jax.tree.map(lambda p: p * jnp.nan, variables["params"])}
+    empty, no_labels = np.zeros((0, 32, 32, 3), np.uint8), np.zeros((0,), np.int32)
+    for model in ((module, nan_variables), lambda x, y: x, linear_logits):
+        with pytest.raises(UserError) as error:
+            api.evaluate(model, empty, no_labels, evaluators="clean")
+        assert str(error.value) == "images: no images (N = 0), got shape (0, 32, 32, 3); pass at least one"
+    with pytest.raises(UserError, match=r"^images: no images \(N = 0\), got shape \(0,\); pass at least one$"):
+        api.evaluate(linear_logits, [], [], evaluators="clean")
 
 
 # ---------------------------------------------------------------------------------------
@@ -794,6 +869,8 @@ def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
 
 @pytest.mark.slow
 def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
+    """The line names the flag the user typed, not the config field it sets (the API's path
+    above names the field, eval.pr_samples, which is what a caller there set)."""
     run = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
     workdir = tmp_path / "pat_s0"
     workdir.mkdir()
@@ -801,11 +878,27 @@ def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_li
     shutil.copytree(run / "models", workdir / "models", ignore=lambda d, names: [n for n in names if "005850" not in n])
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     flags = ("pr_samples", "pr_chunk_size", "seed", "apgd_steps")  # the counts evaluate takes as flags
-    cases = [(flag, declared_ranges()[f"eval.{flag}"].maximum + 1) for flag in flags]
-    commands = [("-m", "patjax.evaluate", f"--workdir={workdir}", f"--{flag}={value}") for flag, value in cases]
-    for done, (flag, value) in zip(commands_at_once(commands), cases):
+    evaluate = ("-m", "patjax.evaluate", f"--workdir={workdir}")
+    cases = []
+    for flag in flags:
+        r = declared_ranges()[f"eval.{flag}"]
+        line = f"error: --{flag} must be an integer in [{r.minimum}, {r.maximum}], got {r.maximum + 1}"
+        cases.append(((*evaluate, f"--{flag}={r.maximum + 1}"), line))
+    cases += [
+        ((*evaluate, "--num_examples=0"), "error: --num_examples must be an integer in [1, 1000000], or -1 (the whole"),
+        ((*evaluate, "--batch_size=0"), "error: --batch_size must be an integer in [1, 10000], got 0"),
+        # patjax.diagnose: its --compare_tolerance was checked as langevin.tolerance, after the diagnostic ran.
+        (("-m", "patjax.diagnose", f"--workdir={workdir}", "--seed=-1"), "error: --seed must be an integer in [0, "),
+        (("-m", "patjax.diagnose", f"--workdir={workdir}", "--tolerance=-0.5"), "error: --tolerance must be >= 0"),
+        (
+            ("-m", "patjax.diagnose", f"--workdir={workdir}", "--compare_tolerance=-0.5", "--num_examples=2"),
+            "error: --compare_tolerance must be >= 0 (0: always T steps), got -0.5",
+        ),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    for done, (args, start) in zip(commands_at_once([args for args, _ in cases], env), cases):
         line = one_error_line(done)
-        assert f"eval.{flag} must be an integer in" in line and str(value) in line
+        assert line.startswith(start) and "eval." not in line and "langevin." not in line, (args, line)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 

@@ -117,6 +117,12 @@ def test_a_state_dict_that_does_not_fit_is_refused_naming_its_key():
         torch_weights.from_state_dict("small_cnn", {**good, "extra.weight": np.ones(3, np.float32)}, *abstract)
     with pytest.raises(UserError, match="does not fit resnet18"):
         torch_weights.from_state_dict("resnet18", good, *abstract_variables("resnet18"))
+    # A BatchNorm's step counter is optional (torch's load of a dict without version metadata
+    # fills it in) but, as every key, refused where the network has no such BatchNorm.
+    counter = np.zeros((), np.int64)
+    torch_weights.from_state_dict("small_cnn", {k: v for k, v in good.items() if "num_batches" not in k}, *abstract)
+    with pytest.raises(UserError, match=r"features\.0\.num_batches_tracked is not part of it \(1 such key"):
+        torch_weights.from_state_dict("small_cnn", {**good, "features.0.num_batches_tracked": counter}, *abstract)
 
 
 def test_a_file_without_its_normalization_needs_one_named(tmp_path):

@@ -177,3 +177,105 @@ def test_the_command_line_evaluates_an_entry(reference, data_dir, tmp_path):
     predicted = torch_logits(torch, net, np.asarray(data.to_float(split.images[:8]))).argmax(1)
     assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(np.mean(predicted == split.labels[:8]))
     assert results["model"]["robustbench"] == "Sehwag2021Proxy_R18" and results["model"]["model"] == "resnet18"
+
+
+def strict_load_refuses(torch, net, checkpoint) -> bool:
+    """Whether RobustBench's load refuses the checkpoint for `net`: the state_dict under
+    "state_dict" if there is one, `module.` and `model.` stripped, load_state_dict(strict=True)."""
+    try:
+        state_dict = checkpoint["state_dict"]
+    except (KeyError, TypeError):
+        state_dict = checkpoint
+    for prefix in ("module.", "model."):
+        state_dict = {k[len(prefix) :] if prefix in k else k: v for k, v in state_dict.items()}
+    try:
+        net.load_state_dict(state_dict, strict=True)
+    except RuntimeError:
+        return True
+    return False
+
+
+def narrow_file(torch, reference, tmp_path, name, sub_block1, change):
+    """A narrow WRN-34 checkpoint of entry `name` as RobustBench keeps it (bare), its state_dict
+    made with or without TRADES' sub_block1 and then changed by `change`; and the checkpoint."""
+    torch.manual_seed(0)
+    net = reference.WideResNet(depth=34, widen_factor=1, sub_block1=sub_block1)
+    checkpoint = change(dict(net.state_dict()))
+    path = os.path.join(tmp_path, "cifar10", "Linf", f"{name}.pt")
+    os.makedirs(os.path.dirname(path))
+    torch.save(checkpoint, path)
+    return checkpoint
+
+
+def without_counters(state_dict):
+    return {k: v for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+
+
+# Files RobustBench's strict load refuses for the entry's own network (a WideResNet with or without
+# sub_block1, as RobustBench builds each entry); patjax refused none of them before.
+STRICT = [
+    # Zhang2019Theoretically's network has sub_block1: a file without it misses its keys.
+    (
+        "Zhang2019Theoretically",
+        False,
+        lambda sd: sd,
+        "does not fit wrn34_10: it has no sub_block1.layer.0.bn1.bias (expected shape [16])",
+    ),
+    # Sehwag2021Proxy's has none: a file with it holds keys the network lacks, 5 blocks of 2 BatchNorms
+    # (weight, bias, running_mean, running_var, num_batches_tracked) and 2 convolutions.
+    (
+        "Sehwag2021Proxy",
+        True,
+        lambda sd: sd,
+        "does not fit wrn34_10: sub_block1.layer.0.bn1.weight is not part of it (60 such key(s))",
+    ),
+    # A step counter under a name no BatchNorm of the network has.
+    (
+        "Sehwag2021Proxy",
+        False,
+        lambda sd: {**sd, "conv1.num_batches_tracked": torch_zero()},
+        "does not fit wrn34_10: conv1.num_batches_tracked is not part of it (1 such key(s))",
+    ),
+    # A container RobustBench does not look into.
+    (
+        "Sehwag2021Proxy",
+        False,
+        lambda sd: {"model_state_dict": sd, "epoch": torch_zero()},
+        "does not hold a state_dict (a dict of tensors)",
+    ),
+]
+
+
+def torch_zero():
+    import torch
+
+    return torch.zeros((), dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    "name, sub_block1, change, message", STRICT, ids=["missing-sub-block", "extra-sub-block", "counter", "container"]
+)
+def test_a_zoo_file_robustbenchs_strict_load_refuses_is_refused_naming_the_key(
+    torch, reference, tmp_path, monkeypatch, name, sub_block1, change, message
+):
+    narrow = functools.partial(models.WideResNet, depth=34, widen_factor=1)
+    monkeypatch.setitem(models.MODELS, zoo.entry(name).model, narrow)
+    checkpoint = narrow_file(torch, reference, str(tmp_path), name, sub_block1, change)
+    own = reference.WideResNet(depth=34, widen_factor=1, sub_block1=name == "Zhang2019Theoretically")
+    assert strict_load_refuses(torch, own, checkpoint)
+    with pytest.raises(UserError) as error:
+        zoo.load_model(name, str(tmp_path))
+    assert str(error.value) == f"{zoo.checkpoint_path(name, str(tmp_path))} {message}"
+
+
+def test_a_zoo_file_without_batchnorm_counters_is_loaded_as_robustbench_loads_it(
+    torch, reference, tmp_path, monkeypatch
+):
+    """RobustBench's state_dict, rebuilt without torch's version metadata, loads without the
+    BatchNorms' num_batches_tracked; so does patjax."""
+    name = "Zhang2019Theoretically"
+    monkeypatch.setitem(models.MODELS, "wrn34_10", functools.partial(models.WideResNet, depth=34, widen_factor=1))
+    checkpoint = narrow_file(torch, reference, str(tmp_path), name, True, without_counters)
+    assert not strict_load_refuses(torch, reference.WideResNet(depth=34, widen_factor=1, sub_block1=True), checkpoint)
+    _, state, _ = zoo.load_model(name, str(tmp_path))
+    assert state.params["conv1"]["kernel"].shape == (3, 3, 3, 16)

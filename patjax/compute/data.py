@@ -31,6 +31,7 @@ from patjax.compute import download
 from patjax.core.errors import UserError
 
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
+CHANNELS = {"cifar10": 3, "cifar100": 3}  # RGB
 NUM_TRAIN = {"cifar10": 50_000, "cifar100": 50_000}  # images in the official training splits
 
 # dataset: (label byte offset, record length) of the official binary records; their files are

@@ -3,10 +3,11 @@ on a CPU host, every usable core becomes a JAX device (data parallelism, see bel
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
-from typing import Callable
+from typing import Callable, Mapping
 
 import jax
 from absl import flags, logging
@@ -109,6 +110,27 @@ def guarded(main: Callable) -> Callable:
             sys.exit(130)
 
     return wrapped
+
+
+@contextlib.contextmanager
+def named_as_flags(settings: Mapping[str, str]):
+    """Within it, a UserError about a setting that came from a flag names the flag the user
+    typed: {"eval.pr_samples": "pr_samples"} turns `eval.pr_samples must be ...` into
+    `--pr_samples must be ...`. The settings' own checks name the field, which is what a caller
+    of the library or a config file set; on a command line that name was never typed."""
+    try:
+        yield
+    except UserError as error:
+        message = str(error)
+        for setting, flag in settings.items():
+            if message.startswith(f"{setting} "):
+                raise type(error)(f"--{flag}{message[len(setting) :]}") from None
+        raise
+
+
+def given(*names: str) -> list:
+    """The flags among `names` that the command line sets."""
+    return [name for name in names if flags.FLAGS[name].present]
 
 
 def start(argv) -> None:

@@ -10,7 +10,9 @@ The names are those of the reference PyTorch definitions each patjax network fol
   BatchNorm2d.weight, .bias           <-> BatchNorm scale, bias (params)
   BatchNorm2d.running_mean, _var      <-> BatchNorm mean, var (batch_stats)
   BatchNorm2d.num_batches_tracked         ignored (used only by momentum=None, which none of
-                                          these networks sets)
+                                          these networks sets); optional, as in torch's
+                                          load_state_dict of a dict without version metadata,
+                                          and refused under any name but a BatchNorm's
   mu, sigma (1, C, 1, 1) buffers      <-> the model's input normalization (RobustBench's names)
 
 Files: .safetensors (read and written with numpy alone, no pickle) or, only when the user names
@@ -45,6 +47,7 @@ WRAPPER_PREFIXES = ("module.", "model.")
 # TRADES' WideResNet builds a `sub_block1` its forward never calls (RobustBench's
 # `sub_block1=True` exists only to load those checkpoints): its weights are not part of the network.
 UNUSED_PREFIXES = {"wrn28_10": ("sub_block1.",), "wrn34_10": ("sub_block1.",), "wrn34_20": ("sub_block1.",)}
+BLOCK, SUB_BLOCK = "block1.", "sub_block1."  # the copy has block1's layout
 _IGNORED_SUFFIX = ".num_batches_tracked"
 _NORMALIZATION_KEYS = ("mu", "sigma")
 _AUTO = re.compile(r"^([A-Za-z]+)_(\d+)$")  # Flax's automatic names: Conv_3, BasicBlock_7
@@ -143,19 +146,37 @@ def to_state_dict(model_name: str, params, batch_stats, normalize=None) -> dict[
     return out
 
 
-def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract_batch_stats, source: str = "the file"):
+def from_state_dict(
+    model_name: str,
+    state_dict: dict,
+    abstract_params,
+    abstract_batch_stats,
+    source: str = "the file",
+    sub_block1: Optional[bool] = None,
+):
     """(params, batch_stats, normalize) of a patjax network from a PyTorch state_dict: every key
     the network needs, in its shape; normalize is the (mean, std) of `mu` and `sigma`, or None if
     the state_dict has none. A key missing, misshapen, not floating point or left over, or one the
     network uses that holds a NaN or an infinity (`models.check_finite`), is a one-line UserError
-    naming it."""
+    naming it. sub_block1, for the WideResNets of `UNUSED_PREFIXES`: whether the reference's
+    network has TRADES' unused copy of block1, whose weights the file must then hold in block1's
+    shapes (True) or must not hold (False), as a strict load_state_dict would; None: held or not,
+    they are not read."""
     tensors = dict(state_dict)
     for prefix in WRAPPER_PREFIXES:
         if tensors and all(k.startswith(prefix) for k in tensors):
             tensors = {k[len(prefix) :]: v for k, v in tensors.items()}
     flat = {"params": {}, "batch_stats": {}}
     read = {}  # what the network uses, under the file's names, for the finite check
-    for key, collection, path, shape, axes in _leaves(model_name, abstract_params, abstract_batch_stats):
+    leaves = _leaves(model_name, abstract_params, abstract_batch_stats)
+    unused = UNUSED_PREFIXES.get(model_name, ())
+    copies = []  # the reference's sub_block1: block1's layout under its name, checked and not used
+    if sub_block1 and unused:
+        copies = [
+            (SUB_BLOCK + key[len(BLOCK) :], shape, axes) for key, _, _, shape, axes in leaves if key.startswith(BLOCK)
+        ]
+
+    def take(key, shape, axes):
         value = tensors.pop(key, None)
         expected = tuple(shape[i] for i in axes) if axes else shape
         if value is None:
@@ -166,8 +187,17 @@ def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract
                 f"{source} does not fit {model_name}: {key} is {value.dtype}{list(value.shape)}, "
                 f"expected float{list(expected)}"
             )
-        read[key] = value = value.astype(np.float32)
+        return value.astype(np.float32)
+
+    for key, collection, path, shape, axes in leaves:
+        read[key] = value = take(key, shape, axes)
         flat[collection][path] = np.ascontiguousarray(np.transpose(value, np.argsort(axes)) if axes else value)
+    for key, shape, axes in copies:
+        take(key, shape, axes)
+    # A BatchNorm's step counter, under the name of a BatchNorm of the network only.
+    for key in [k for k, *_ in leaves] + [k for k, *_ in copies]:
+        if key.endswith(".running_mean"):
+            tensors.pop(key[: -len(".running_mean")] + _IGNORED_SUFFIX, None)
     normalize = None
     if any(k in tensors for k in _NORMALIZATION_KEYS):
         if not all(k in tensors for k in _NORMALIZATION_KEYS):
@@ -177,8 +207,7 @@ def from_state_dict(model_name: str, state_dict: dict, abstract_params, abstract
         if mean.shape != (3,) or std.shape != (3,) or not np.all(std > 0):
             raise UserError(f"{source}: mu and sigma must hold 3 values each, sigma > 0 (got {mean}, {std})")
         normalize = (tuple(mean.tolist()), tuple(std.tolist()))
-    unused = UNUSED_PREFIXES.get(model_name, ())
-    left = [k for k in tensors if not k.endswith(_IGNORED_SUFFIX) and not k.startswith(unused)]
+    left = [k for k in tensors if sub_block1 is not None or not k.startswith(unused)]
     if left:
         raise UserError(f"{source} does not fit {model_name}: {left[0]} is not part of it ({len(left)} such key(s))")
     # float32 values, as the network will use them: a float64 1e39 is refused as the inf it becomes.
@@ -360,11 +389,20 @@ def load_model(
     return load_arrays(read_state_dict(path), model_name, dataset, normalize, width, source=path)
 
 
-def load_arrays(tensors: dict, model_name: str, dataset: str, normalize=None, width=None, source: str = "the file"):
+def load_arrays(
+    tensors: dict,
+    model_name: str,
+    dataset: str,
+    normalize=None,
+    width=None,
+    source: str = "the file",
+    sub_block1: Optional[bool] = None,
+):
     """(model_fns, state) of a state_dict's arrays as a patjax network, ready for
     `patjax.run.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
     normalize: see `matching_normalization`. width: the stem width of the networks in
-    `models.TAKES_WIDTH` (default 64, the paper's and the references')."""
+    `models.TAKES_WIDTH` (default 64, the paper's and the references'). sub_block1: see
+    `from_state_dict`."""
     models.check_model(model_name)
     data.check_dataset(dataset)
     if width is not None and (model_name not in models.TAKES_WIDTH or isinstance(width, bool) or width < 1):
@@ -373,7 +411,7 @@ def load_arrays(tensors: dict, model_name: str, dataset: str, normalize=None, wi
     num_classes = data.NUM_CLASSES[dataset]
     shapes = models.create_model(model_name, dataset, num_classes, normalize=models.NO_NORMALIZATION, **kwargs)
     abstract = jax.eval_shape(lambda: models.init_variables(shapes, jax.random.PRNGKey(0)))
-    params, batch_stats, found = from_state_dict(model_name, tensors, *abstract, source=source)
+    params, batch_stats, found = from_state_dict(model_name, tensors, *abstract, source=source, sub_block1=sub_block1)
     mean, std = matching_normalization(found, normalize, dataset, source) or (None, None)
     model = models.MODELS[model_name](num_classes=num_classes, mean=mean, std=std, **kwargs)
     return models.ModelFns(model.apply), state_lib.inference_state(params, batch_stats)

@@ -30,6 +30,7 @@ from patjax.run import torch_weights
 
 DATASET = "cifar10"
 THREAT_MODEL = "Linf"
+CONTAINER = "state_dict"  # robustbench.utils.load_model's checkpoint["state_dict"]
 DEFAULT_MODEL_DIR = "models"  # robustbench.utils.load_model's default model_dir ('./models')
 # The mu and sigma RobustBench's CIFAR-10 classes register (Wong2020FastNet, Chen2020EfficientNet).
 CIFAR10_BUFFERS = ((0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616))
@@ -41,35 +42,43 @@ class Entry:
     model: str  # a network of patjax.compute.models
     normalize: Optional[tuple] = None  # (mean, std) RobustBench's class applies; None: [0, 1] inputs
     container: Optional[str] = None  # the checkpoint key RobustBench reads the state_dict from first
+    # WideResNet(..., sub_block1=True): RobustBench's network holds TRADES' unused copy of block1,
+    # so its strict load_state_dict needs those weights in the file; without it, refuses them.
+    sub_block1: bool = False
 
 
 _WRN28, _WRN34, _WRN34_20, _R18 = Entry("wrn28_10"), Entry("wrn34_10"), Entry("wrn34_20"), Entry("resnet18")
+# With RobustBench's sub_block1=True.
+_WRN28_SUB, _WRN34_SUB = Entry("wrn28_10", sub_block1=True), Entry("wrn34_10", sub_block1=True)
+_WRN34_20_SUB = Entry("wrn34_20", sub_block1=True)
 # RobustBench's definition of each: WideResNet(depth, widen_factor[, sub_block1]) (TRADES'),
 # ResNet18 (kuangliu's), PreActResNet(PreActBlock, [2, 2, 2, 2]).
 ZOO = {
     "Andriushchenko2020Understanding": Entry("preact_resnet18_v1", container="last"),
-    "Carmon2019Unlabeled": _WRN28,
-    "Sehwag2020Hydra": _WRN28,
-    "Wang2020Improving": _WRN28,
+    "Carmon2019Unlabeled": _WRN28_SUB,
+    "Sehwag2020Hydra": _WRN28_SUB,
+    "Wang2020Improving": _WRN28_SUB,
     "Hendrycks2019Using": Entry("wrn28_10", TWO_X_MINUS_ONE),
+    # RobustBench loads this one with strict=False (its class's mu and sigma are not in the file),
+    # which would also pass keys its network lacks; patjax refuses them, as for every other entry.
     "Rice2020Overfitting": Entry("wrn34_20", CIFAR10_BUFFERS),
-    "Zhang2019Theoretically": _WRN34,
-    "Huang2020Self": _WRN34,
+    "Zhang2019Theoretically": _WRN34_SUB,
+    "Huang2020Self": _WRN34_SUB,
     "Wong2020Fast": Entry("preact_resnet18_v1", CIFAR10_BUFFERS),
-    "Zhang2019You": _WRN34,
-    "Zhang2020Attacks": _WRN34,
-    "Wu2020Adversarial_extra": _WRN28,
+    "Zhang2019You": _WRN34_SUB,
+    "Zhang2020Attacks": _WRN34_SUB,
+    "Wu2020Adversarial_extra": _WRN28_SUB,
     "Wu2020Adversarial": _WRN34,
     "Sehwag2021Proxy": _WRN34,
     "Sehwag2021Proxy_R18": _R18,
-    "Sitawarin2020Improving": _WRN34,
-    "Chen2020Efficient": Entry("wrn34_10", CIFAR10_BUFFERS),
-    "Cui2020Learnable_34_20": _WRN34_20,
-    "Cui2020Learnable_34_10": _WRN34,
-    "Zhang2020Geometry": _WRN28,
-    "Sridhar2021Robust": _WRN28,
+    "Sitawarin2020Improving": _WRN34_SUB,
+    "Chen2020Efficient": Entry("wrn34_10", CIFAR10_BUFFERS, sub_block1=True),
+    "Cui2020Learnable_34_20": _WRN34_20_SUB,
+    "Cui2020Learnable_34_10": _WRN34_SUB,
+    "Zhang2020Geometry": _WRN28_SUB,
+    "Sridhar2021Robust": _WRN28_SUB,
     "Addepalli2021Towards_RN18": _R18,
-    "Addepalli2021Towards_WRN34": _WRN34,
+    "Addepalli2021Towards_WRN34": _WRN34_SUB,
     "Chen2021LTD_WRN34_10": _WRN34,
     "Chen2021LTD_WRN34_20": _WRN34_20,
     "Standard": _WRN28,
@@ -136,8 +145,11 @@ def load_model(name: str, model_dir: str = DEFAULT_MODEL_DIR):
     input normalization; a file that records its own mu and sigma must agree with it."""
     zoo_entry = entry(name)
     path = fetch(name, model_dir)
-    containers = ((zoo_entry.container,) if zoo_entry.container else ()) + torch_weights.CONTAINERS
+    # RobustBench looks under the entry's key, then under "state_dict" only.
+    containers = ((zoo_entry.container,) if zoo_entry.container else ()) + (CONTAINER,)
     tensors = torch_weights.read_state_dict(path, containers)
     normalize = zoo_entry.normalize or (None, None)
-    model_fns, state = torch_weights.load_arrays(tensors, zoo_entry.model, DATASET, normalize, source=path)
+    model_fns, state = torch_weights.load_arrays(
+        tensors, zoo_entry.model, DATASET, normalize, source=path, sub_block1=zoo_entry.sub_block1
+    )
     return model_fns, state, path

@@ -256,7 +256,7 @@ def torch_zero():
     "name, sub_block1, change, message", STRICT, ids=["missing-sub-block", "extra-sub-block", "counter", "container"]
 )
 def test_a_zoo_file_robustbenchs_strict_load_refuses_is_refused_naming_the_key(
-    torch, reference, tmp_path, monkeypatch, name, sub_block1, change, message
+    reference, tmp_path, monkeypatch, name, sub_block1, change, message
 ):
     narrow = functools.partial(models.WideResNet, depth=34, widen_factor=1)
     monkeypatch.setitem(models.MODELS, zoo.entry(name).model, narrow)
@@ -268,9 +268,7 @@ def test_a_zoo_file_robustbenchs_strict_load_refuses_is_refused_naming_the_key(
     assert str(error.value) == f"{zoo.checkpoint_path(name, str(tmp_path))} {message}"
 
 
-def test_a_zoo_file_without_batchnorm_counters_is_loaded_as_robustbench_loads_it(
-    torch, reference, tmp_path, monkeypatch
-):
+def test_a_zoo_file_without_batchnorm_counters_is_loaded_as_robustbench_loads_it(reference, tmp_path, monkeypatch):
     """RobustBench's state_dict, rebuilt without torch's version metadata, loads without the
     BatchNorms' num_batches_tracked; so does patjax."""
     name = "Zhang2019Theoretically"

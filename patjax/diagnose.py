@@ -51,16 +51,17 @@ def main(argv):
         raise UserError("--workdir is required")
     cli_lib.existing_folder("workdir", FLAGS.workdir)
     cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
-    with cli_lib.named_as_flags({"seed": "seed", "tolerance": "tolerance"}):
-        sampler_diagnostic.check_settings(
-            FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
-        )
-    if FLAGS.compare_tolerance is not None:
-        # The compared sampler's own check, made now rather than after the diagnostic has run.
-        with cli_lib.named_as_flags({"langevin.tolerance": "compare_tolerance"}):
-            samplers.LangevinSettings(init=FLAGS.init, tolerance=FLAGS.compare_tolerance)
+    sampler_diagnostic.DiagnosticSettings(
+        FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
+    )
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
         raise UserError(f"--compare_steps needs --compare_tolerance and a value >= 1, got {FLAGS.compare_steps}")
+    if FLAGS.compare_tolerance is not None:
+        # The compared sampler's own check, made now rather than after the diagnostic has run.
+        with cli_lib.named_as_flags({"langevin.tolerance": "compare_tolerance", "langevin.steps": "compare_steps"}):
+            samplers.LangevinSettings(
+                steps=FLAGS.compare_steps or FLAGS.steps, init=FLAGS.init, tolerance=FLAGS.compare_tolerance
+            )
     if FLAGS.out is not None:
         return _diagnose(FLAGS.out)
     # Into the run's own diagnose/: under the run's lock, as every writer of a workdir.

@@ -22,7 +22,7 @@ from test_train import tiny_config
 
 from patjax import api
 from patjax.core.errors import UserError
-from patjax.run import checkpoints, evaluation
+from patjax.run import checkpoints, evaluation, train
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
@@ -569,16 +569,29 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
 
 
 def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
-    from patjax.compute import sampler_diagnostic
     from patjax.suites import catalog, runner
 
-    with pytest.raises(UserError, match=r"^--max_runs must be an integer >= 1, got 0$"):
-        runner.run_suite(catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=0)
+    for value in (0, 1_000_001):
+        with pytest.raises(UserError) as error:
+            runner.run_suite(catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=value)
+        assert str(error.value) == f"--max_runs must be an integer in [1, 1000000], got {value}"
     assert os.listdir(tmp_path) == []  # refused before the suite folder is made
-    with pytest.raises(UserError, match=r"^seed must be an integer in \[0, 4294967294\], got -1$"):
-        sampler_diagnostic.check_settings(8, 2, 10, "uniform", seed=-1)
-    with pytest.raises(UserError, match=r"^tolerance must be >= 0, got -0.1$"):
-        sampler_diagnostic.check_settings(8, 2, 10, "uniform", tolerance=-0.1)
+    with pytest.raises(UserError) as error:
+        train.train_and_evaluate(config_lib.train_settings(tiny_config()), str(tmp_path / "run"), stop_after_steps=0)
+    assert str(error.value) == "--stop_after_steps must be an integer in [1, 2147483647], got 0"
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_diagnostics_tolerance_and_chains_in_all_are_bounded():
+    from patjax.compute import sampler_diagnostic
+
+    with pytest.raises(UserError) as error:
+        sampler_diagnostic.DiagnosticSettings(8, 2, 10, "uniform", tolerance=-0.1)
+    assert str(error.value) == "--tolerance must be >= 0, got -0.1"
+    assert sampler_diagnostic.DiagnosticSettings(10_000, 10).chains == 10  # 100,000 chains in all
+    with pytest.raises(UserError) as error:
+        sampler_diagnostic.DiagnosticSettings(10_000, 11)
+    assert str(error.value) == "--num_examples x --chains must be at most 100,000 (they run at once), got 10000 x 11"
 
 
 # ---------------------------------------------------------------------------------------
@@ -726,6 +739,7 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path,
 # settings class the discovery below stops finding.
 SETTINGS_CLASSES = {
     "AtprSettings",
+    "DiagnosticSettings",
     "EvalSettings",
     "EvaluationSettings",
     "LangevinSettings",
@@ -821,12 +835,17 @@ def read_back(settings, name):
     return getattr(settings, name)
 
 
-@pytest.mark.parametrize("name", sorted(declared_ranges()))
+def config_ranges() -> dict:
+    """The declared counts a config holds; the others are a command's own flags, named `--flag`."""
+    return {name: r for name, r in declared_ranges().items() if not name.startswith("--")}
+
+
+@pytest.mark.parametrize("name", sorted(config_ranges()))
 def test_each_declared_count_is_accepted_at_its_bounds_and_refused_beyond_them(name):
     """Through the config (what --config.NAME, a config file and a workdir's config.json reach) and,
     for the eval block, the API's settings path (`api.evaluate` hands its keyword arguments to it).
     Each value is checked before any model is built or compiled."""
-    r = declared_ranges()[name]
+    r = config_ranges()[name]
     accepted = [r.minimum, r.maximum] + ([r.sentinel] if r.sentinel is not None else [])
     for value in accepted:
         assert read_back(config_lib.train_settings(config_with(name, value)), name) == value
@@ -867,34 +886,77 @@ def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
     assert (settings.pr_samples, settings.pr_chunk_size) == (20, 20)
 
 
+# Every integer flag of every command, and where its range is declared: a declared count (its name)
+# or a check of its own (said in words). A flag added without an entry fails the guard below.
+FLAG_RANGES = {
+    ("evaluate", "num_examples"): "eval.num_examples",
+    ("evaluate", "batch_size"): "eval.batch_size",
+    ("evaluate", "pr_samples"): "eval.pr_samples",
+    ("evaluate", "pr_chunk_size"): "eval.pr_chunk_size",
+    ("evaluate", "seed"): "eval.seed",
+    ("evaluate", "apgd_steps"): "eval.apgd_steps",
+    ("evaluate", "model_width"): "model_width",
+    ("diagnose", "num_examples"): "--num_examples",
+    ("diagnose", "steps"): "--steps",
+    ("diagnose", "chains"): "--chains",
+    ("diagnose", "seed"): "--seed",
+    ("diagnose", "compare_steps"): "langevin.steps",
+    ("experiments", "max_runs"): "[1, 1,000,000] (runner.run_suite)",
+    ("experiments", "num_workers"): "K >= 1 (workers.worker_slot: positions modulo K)",
+    ("experiments", "worker_index"): "[0, K - 1] (workers.worker_slot)",
+    ("main", "stop_after_steps"): "[1, 2^31 - 1] (train.train_and_evaluate)",
+    ("export", "step"): "a step with a checkpoint or a kept model (workdir.restore)",
+}
+
+
+def test_every_integer_flag_of_every_command_has_its_range_declared():
+    import ast
+
+    found = set()
+    for path in (REPO / "patjax").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "DEFINE_integer":
+                found.add((path.stem, node.args[0].value))
+    assert found == set(FLAG_RANGES)
+    for where in FLAG_RANGES.values():
+        assert where in declared_ranges() or " (" in where, where
+
+
 @pytest.mark.slow
-def test_the_evaluate_command_refuses_each_count_flag_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
-    """The line names the flag the user typed, not the config field it sets (the API's path
-    above names the field, eval.pr_samples, which is what a caller there set)."""
+def test_each_count_flag_is_refused_beyond_its_bound_in_one_line_naming_the_flag_writing_nothing(tmp_path):
+    """Every integer flag whose range is a declared count, beyond its upper bound (and the
+    evaluation's below its lower one), and the commands' own: the line names the flag the user
+    typed, not the config field it sets (the API's path names the field, eval.pr_samples, which is
+    what a caller there set)."""
     run = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
     workdir = tmp_path / "pat_s0"
     workdir.mkdir()
     shutil.copy(run / "config.json", workdir)
     shutil.copytree(run / "models", workdir / "models", ignore=lambda d, names: [n for n in names if "005850" not in n])
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    flags = ("pr_samples", "pr_chunk_size", "seed", "apgd_steps")  # the counts evaluate takes as flags
-    evaluate = ("-m", "patjax.evaluate", f"--workdir={workdir}")
+    command = {
+        "evaluate": ("-m", "patjax.evaluate", f"--workdir={workdir}"),
+        "diagnose": ("-m", "patjax.diagnose", f"--workdir={workdir}", "--compare_tolerance=0.1"),
+    }
     cases = []
-    for flag in flags:
-        r = declared_ranges()[f"eval.{flag}"]
-        line = f"error: --{flag} must be an integer in [{r.minimum}, {r.maximum}], got {r.maximum + 1}"
-        cases.append(((*evaluate, f"--{flag}={r.maximum + 1}"), line))
+    for (module, flag), name in FLAG_RANGES.items():
+        if module in command and name in declared_ranges() and flag != "model_width":  # it comes with a file
+            r = declared_ranges()[name]
+            message = beyond_message(r, r.maximum + 1).replace(r.name, f"--{flag}", 1)
+            cases.append(((*command[module], f"--{flag}={r.maximum + 1}"), f"error: {message}"))
     cases += [
-        ((*evaluate, "--num_examples=0"), "error: --num_examples must be an integer in [1, 1000000], or -1 (the whole"),
-        ((*evaluate, "--batch_size=0"), "error: --batch_size must be an integer in [1, 10000], got 0"),
-        # patjax.diagnose: its --compare_tolerance was checked as langevin.tolerance, after the diagnostic ran.
-        (("-m", "patjax.diagnose", f"--workdir={workdir}", "--seed=-1"), "error: --seed must be an integer in [0, "),
+        ((*command["evaluate"], "--num_examples=0"), "error: --num_examples must be an integer in [1, 1000000], or -1"),
+        ((*command["evaluate"], "--batch_size=0"), "error: --batch_size must be an integer in [1, 10000], got 0"),
         (("-m", "patjax.diagnose", f"--workdir={workdir}", "--tolerance=-0.5"), "error: --tolerance must be >= 0"),
+        # Checked as the compared sampler's langevin.tolerance, before the diagnostic runs.
+        ((*command["diagnose"][:-1], "--compare_tolerance=-0.5"), "error: --compare_tolerance must be >= 0 (0: always"),
+        (("main.py", "--config=quickstart", f"--workdir={tmp_path}/run", "--stop_after_steps=0"), "error: --stop_a"),
         (
-            ("-m", "patjax.diagnose", f"--workdir={workdir}", "--compare_tolerance=-0.5", "--num_examples=2"),
-            "error: --compare_tolerance must be >= 0 (0: always T steps), got -0.5",
+            ("-m", "patjax.experiments", "--suite=smoke_cpu", f"--workdir={tmp_path}/s", "--max_runs=1000001"),
+            "error: --m",
         ),
     ]
+    assert len(cases) == 17
     env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
     for done, (args, start) in zip(commands_at_once([args for args, _ in cases], env), cases):
         line = one_error_line(done)
@@ -925,10 +987,17 @@ def documented_bound(text: str) -> int:
 def test_docs_inputs_states_each_declared_count_range_as_the_code_declares_it():
     """docs/inputs.md's table of configuration fields against the declarations: a bound changed
     in one place and not the other fails here, and so does a declared count with no row."""
-    rows = [line for line in (REPO / "docs" / "inputs.md").read_text().splitlines() if line.startswith("| `")]
+    lines = (REPO / "docs" / "inputs.md").read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| `")]
+    # A command's own flags (`--steps`) are rows of its part of the commands' table.
+    start = next(i for i, line in enumerate(lines) if line.startswith("| `python -m patjax.diagnose`"))
+    diagnose = [line for line in lines[start:] if line.startswith("| ")]
+    diagnose = diagnose[: next(i for i, line in enumerate(diagnose) if i and not line.startswith("| | "))]
     for name, r in declared_ranges().items():
-        row = next((row for row in rows if f"`{name}`" in row.split("|")[1]), None)
+        table, column = (diagnose, 2) if name.startswith("--") else (rows, 1)
+        row = next((row for row in table if f"`{name}`" in row.split("|")[column]), None)
         assert row is not None, f"docs/inputs.md has no row for {name}"
+        row = "|".join(row.split("|")[column - 1 :])
         found = re.search(r"\[(-?\(?[\d,^ -]+?\)?), ([\d,^ -]+)\]", row.split("|")[2])
         assert found, row
         assert (documented_bound(found[1]), documented_bound(found[2])) == (r.minimum, r.maximum), row
@@ -940,7 +1009,7 @@ def test_docs_inputs_states_each_declared_count_range_as_the_code_declares_it():
 def test_the_training_command_refuses_each_declared_count_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
     """`--config.NAME=maximum + 1` for every declared count, each in its own process (the lower
     bounds' refusals take the same path: the test above tries them through the config)."""
-    ranges = declared_ranges()
+    ranges = config_ranges()
     names = sorted(ranges)
     commands = [
         (

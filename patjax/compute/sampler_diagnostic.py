@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from patjax.compute import data, samplers
-from patjax.core.errors import UserError, integer
+from patjax.core.errors import UserError, check_counts, count
 
 
 def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chains: int, on_step=None) -> dict:
@@ -117,15 +117,32 @@ def first_step_within(distance_to_last: np.ndarray, tolerance: float):
     return t if t < len(distance_to_last) - 1 else None
 
 
-def check_settings(num_examples: int, chains: int, steps: int, init: str, seed: int = 0, tolerance=None) -> None:
-    if num_examples < 1 or chains < 2 or steps < 1:
-        raise UserError(
-            f"num_examples >= 1, chains >= 2 and steps >= 1 are needed, got {num_examples}, {chains}, {steps}"
-        )
-    integer("seed", seed, 0, 2**32 - 2)  # the comparison's chains use seed + 1; PRNGKey keeps 32 bits
-    if tolerance is not None and not tolerance >= 0:  # a distance the chain is reported to stay within
-        raise UserError(f"tolerance must be >= 0, got {tolerance}")
-    samplers.LangevinSettings(init=init)  # the check of init, as for a config's
+MAX_CHAINS_IN_ALL = 100_000  # images x chains run at once: 1.2 GB of CIFAR images in float32
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticSettings:
+    """The diagnostic's own settings (`patjax.diagnose`'s flags, under their names), checked once.
+    Every chain of every image runs at once, so their product is bounded too."""
+
+    num_examples: int = count("--num_examples", 1, 10_000, default=128)  # at most the test split
+    chains: int = count("--chains", 2, 1_000, default=4)  # two at least, for the spread
+    steps: int = count("--steps", 1, 100_000, default=200)  # langevin.steps' bound
+    init: str = "uniform"
+    # The comparison's chains use seed + 1; PRNGKey keeps 32 bits.
+    seed: int = count("--seed", 0, 2**32 - 2, default=0)
+    tolerance: float | None = None  # a distance the chain is reported to stay within
+
+    def __post_init__(self):
+        check_counts(self)
+        if self.num_examples * self.chains > MAX_CHAINS_IN_ALL:
+            raise UserError(
+                f"--num_examples x --chains must be at most {MAX_CHAINS_IN_ALL:,} (they run at once), "
+                f"got {self.num_examples} x {self.chains}"
+            )
+        if self.tolerance is not None and not self.tolerance >= 0:
+            raise UserError(f"--tolerance must be >= 0, got {self.tolerance}")
+        samplers.LangevinSettings(init=self.init)  # the check of init, as for a config's
 
 
 def diagnose(
@@ -146,7 +163,7 @@ def diagnose(
     """The diagnostic's results dict (what sampler_diagnostic.json holds): the run's sampler
     (its c1, c2, eta, sigma, rho) with `steps`, `init` and no early stop, BatchNorm in `bn_mode`.
     on_step: called on the host after each of the 2 * steps chain steps (`chain_curves`)."""
-    check_settings(num_examples, chains, steps, init)
+    DiagnosticSettings(num_examples, chains, steps, init)
     settings = dataclasses.replace(sampler, steps=steps, init=init, tolerance=0.0)
     n = min(num_examples, len(split))
     x = data.to_float(jnp.asarray(split.images[:n]))

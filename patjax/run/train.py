@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from patjax.compute import data, download, methods, models
 from patjax.core import files, sharding
-from patjax.core.errors import UserError
+from patjax.core.errors import INT32_MAX, UserError, integer
 from patjax.evaluators import clean as clean_evaluator
 from patjax.run import checkpoints
 from patjax.run import config as config_lib
@@ -210,8 +210,8 @@ def train_and_evaluate(
     stop_at: the same once the wall clock (`time.time()`) passes this time, after the step that
       passes it: a session or job with a time limit ends with a checkpoint, not a lost epoch.
     """
-    if stop_after_steps is not None and stop_after_steps < 1:
-        raise UserError(f"stop_after_steps must be >= 1, got {stop_after_steps}")
+    if stop_after_steps is not None:
+        integer("--stop_after_steps", stop_after_steps, 1, INT32_MAX)
     check_collectives_pair_across_processes(settings.method)
     mesh = sharding.make_mesh(settings.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.

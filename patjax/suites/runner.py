@@ -101,7 +101,7 @@ def run_suite(
     if only not in ("", "train", "evaluate"):
         raise UserError(f"--only must be 'train' or 'evaluate', got {only!r}")
     if max_runs is not None:  # 0 would leave at once, a successful invocation that did nothing
-        integer("--max_runs", max_runs, 1)
+        integer("--max_runs", max_runs, 1, 1_000_000)
     runs = plan(suite, groups, methods)
     os.makedirs(workdir, exist_ok=True)
     out = stream or sys.stdout

@@ -186,10 +186,14 @@ def run_cli(*args, cwd=REPO):
             "eval.pr_epsilons must be non-empty and non-negative",
             marks=pytest.mark.slow,
         ),
-        pytest.param("--stop_after_steps=-1", "stop_after_steps must be >= 1", marks=pytest.mark.slow),
+        pytest.param(
+            "--stop_after_steps=-1",
+            "--stop_after_steps must be an integer in [1, 2147483647], got -1",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             "--config.num_train_steps=-5",
-            "num_train_steps must be an integer >= 1, or -1 (num_epochs sets the length)",
+            "num_train_steps must be an integer in [1, 2147483647], or -1 (num_epochs sets the length)",
             marks=pytest.mark.slow,
         ),
         # Errors raised while absl loads the config, before main runs: one line, not a traceback.

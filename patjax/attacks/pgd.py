@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.compute.logits import LogitsFn, log_or_zero, margin, true_value
+from patjax.attacks.logits import LogitsFn, log_or_zero, margin, true_value
 from patjax.core.errors import UserError, check_counts, count
 
 

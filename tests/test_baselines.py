@@ -14,7 +14,7 @@ from helpers import Linear, np_cross_entropy, np_softmax
 from test_train import tiny_config
 
 from patjax import methods
-from patjax.attacks import pgd
+from patjax.attacks import inner, pgd
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.models import networks
@@ -63,11 +63,11 @@ def adversarial_batch(name, logits_fn, x, y, key, cfg):
             return pgd.fgsm_random_point(logits_fn, key, x, y, eps)
         return pgd.fgsm(logits_fn, x, y, eps)
     if name == "trades":
-        return pgd.trades_kl_attack(logits_fn, key, x, eps=eps, step_size=cfg.trades.step_size, steps=steps)
+        return inner.trades_kl_attack(logits_fn, key, x, eps=eps, step_size=cfg.trades.step_size, steps=steps)
     if name == "mart":
-        return pgd.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
+        return inner.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
     if name == "atpr":
-        return pgd.atpr_search(logits_fn, key, x, y, config_lib.method_settings(cfg).atpr).x_adv
+        return inner.atpr_search(logits_fn, key, x, y, config_lib.method_settings(cfg).atpr).x_adv
     return x  # clean
 
 

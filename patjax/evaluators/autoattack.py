@@ -5,7 +5,7 @@ with the highest clean logits after the top one, 1 restart each), FAB-T (the sam
 Square (5,000 queries, 1 restart), in that order, each run only on the images still robust after
 the ones before it (the cost stays near one attack's); an image is robust if it is classified
 correctly at x and no attack fools it. Every attack is compiled and batch-sharded like the
-other evaluators: APGD (`pgd.apgd`, whose one departure is its docstring's), FAB-T
+other evaluators: APGD (`apgd.apgd`, whose one departure is its docstring's), FAB-T
 (`patjax.attacks.fab`) and Square (`patjax.attacks.square`) each list how they differ from the reference. The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
 index (`common.per_example`), so a figure does not depend on the batch size or which images
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import binomtest
 
-from patjax.attacks import fab, pgd, square
+from patjax.attacks import apgd, fab, square
 from patjax.data import cifar
 from patjax.evaluators import common
 
@@ -68,7 +68,7 @@ def _apgd_t(logits_fn, key, x, y, s):
 
     def body(state):
         rank, robust = state
-        run = pgd.apgd(
+        run = apgd.apgd(
             logits_fn,
             jax.random.fold_in(key, rank),
             x,
@@ -97,7 +97,7 @@ def make_batch_fn(model_fns, s, pass_name):
         if name.startswith("apgd_ce"):
             robust = common.per_example(
                 lambda k, xi, yi: (
-                    pgd.apgd(logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust
+                    apgd.apgd(logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust
                 ),
                 key,
                 indices,

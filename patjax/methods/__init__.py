@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from patjax.attacks import inner
 from patjax.attacks import pgd as pgd_lib
 from patjax.attacks.logits import log_or_zero, other_values, true_value
 from patjax.core.errors import UserError, check_counts, count
@@ -73,7 +74,7 @@ class MethodSettings:
     mart_init_noise: float
     alp_weight: float
     clp_weight: float
-    atpr: pgd_lib.AtprSettings
+    atpr: inner.AtprSettings
 
     def __post_init__(self):
         """The one check of the methods' settings, wherever they come from."""
@@ -291,10 +292,10 @@ def clp(params, model, batch_stats, x, y, key, s):
 
 def trades(params, model, batch_stats, x, y, key, s):
     """TRADES (yaodongyu/TRADES trades.py): mean CE(z(x), y) + beta * mean_i KL(p(x_i) || p(x_adv_i)),
-    x_adv from `pgd.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
+    x_adv from `inner.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
     arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    x_adv = pgd_lib.trades_kl_attack(
+    x_adv = inner.trades_kl_attack(
         logits_fn,
         key,
         x,
@@ -305,7 +306,7 @@ def trades(params, model, batch_stats, x, y, key, s):
     )
     (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
     natural = _mean_ce(clean_logits, y)
-    robust = jnp.mean(pgd_lib.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
+    robust = jnp.mean(inner.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
     loss = natural + s.trades_beta * robust
     return loss, (
         new_batch_stats,
@@ -326,7 +327,7 @@ def mart(params, model, batch_stats, x, y, key, s):
     k_i = argmax_{k != y_i} p_k(x_adv_i); log p(x_adv) is log(p + 1e-12) inside the KL, and the
     weight (1 - p_y(x)) is not detached, as in the reference. beta = s.mart_beta."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    x_adv = pgd_lib.mart_attack(
+    x_adv = inner.mart_attack(
         logits_fn,
         key,
         x,
@@ -358,9 +359,9 @@ def mart(params, model, batch_stats, x, y, key, s):
 
 
 def atpr(params, model, batch_stats, x, y, key, s):
-    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `pgd.atpr_search`."""
+    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `inner.atpr_search`."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    result = pgd_lib.atpr_search(logits_fn, key, x, y, s.atpr)
+    result = inner.atpr_search(logits_fn, key, x, y, s.atpr)
     loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, result.x_adv, y, 0.0)
     metrics = dict(
         metrics,

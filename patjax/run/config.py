@@ -16,7 +16,7 @@ import ml_collections
 
 from patjax import evaluators as evaluators_lib
 from patjax import methods
-from patjax.attacks import pgd
+from patjax.attacks import inner
 from patjax.core.errors import (
     INT32_MAX,
     UserError,
@@ -309,7 +309,7 @@ def method_settings(cfg) -> methods.MethodSettings:
         mart_init_noise=float(cfg.mart.init_noise),
         alp_weight=float(cfg.alp.weight),
         clp_weight=float(cfg.clp.weight),
-        atpr=pgd.AtprSettings(
+        atpr=inner.AtprSettings(
             eps=float(a.epsilon),
             step_size=float(a.step_size),
             steps=int(a.steps),

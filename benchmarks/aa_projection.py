@@ -60,10 +60,10 @@ def model_flops(model_name: str, width: int, batch: int) -> tuple[float, float]:
     import jax
     import jax.numpy as jnp
 
-    from patjax.compute import models
+    from patjax.models import networks
 
-    model = models.create_model(model_name, "cifar10", 10, **({"width": width} if model_name != "small_cnn" else {}))
-    params, batch_stats = models.init_variables(model, jax.random.PRNGKey(0))
+    model = networks.create_model(model_name, "cifar10", 10, **({"width": width} if model_name != "small_cnn" else {}))
+    params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))
     variables = {"params": params, "batch_stats": batch_stats}
     x = jnp.zeros((batch, 32, 32, 3), jnp.float32)
 

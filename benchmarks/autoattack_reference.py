@@ -153,8 +153,8 @@ def predict(torch_model, x, batch_size):
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax.compute import data
     from patjax.core import cli
+    from patjax.data import cifar
 
     cli.use_cpu_cores_as_devices()
     import jax
@@ -164,15 +164,15 @@ def main(argv=None):
 
     peer = load_peer()
     run, model_fns, state = workdir_lib.restore(args.workdir)
-    split = data.load_split(run.dataset, "test", args.data_dir or run.data_dir)
+    split = cifar.load_split(run.dataset, "test", args.data_dir or run.data_dir)
     n = min(args.num_examples, len(split))
-    x_np = np.asarray(data.to_float(split.images[:n]))
+    x_np = np.asarray(cifar.to_float(split.images[:n]))
     y_np = np.asarray(split.labels[:n]).astype(np.int64)
 
     if run.model.name not in ("small_cnn", "resnet18"):
         raise SystemExit(f"error: no PyTorch copy of model {run.model.name!r}")
     torch_model = peer.create_model(
-        run.model.name, num_classes=data.NUM_CLASSES[run.dataset], width=run.model.width, dataset=run.dataset
+        run.model.name, num_classes=cifar.NUM_CLASSES[run.dataset], width=run.model.width, dataset=run.dataset
     )
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
     peer.load_patjax_weights(torch_model, params, batch_stats)

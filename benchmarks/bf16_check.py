@@ -3,7 +3,7 @@
 
 `--config.compute_dtype=bfloat16` runs the network (convolutions, activations, BatchNorm's
 normalization, the head) in bfloat16; parameters, optimizer state, the images and the sampler's
-chain stay float32 (models.Conv casts its float32 kernel at use; samplers.langevin_chain keeps
+chain stay float32 (networks.Conv casts its float32 kernel at use; langevin.langevin_chain keeps
 x_adv in x's dtype, and the input gradient comes back through the model's input cast as
 float32). This script measures, with the same parameters, the same images and the same keys,
 how far the bf16 network moves what the comparison is made of:
@@ -47,8 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from patjax.compute import data, methods, robustness, samplers
-from patjax.compute.models import ModelFns
+from patjax import methods
+from patjax.data import cifar
+from patjax.models.networks import ModelFns
+from patjax.pat import langevin, robustness
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 
@@ -83,8 +85,8 @@ def restore(run_dir: str, step: int | None):
 
 
 def test_images(data_dir: str, n: int):
-    split = data.load_split("cifar10", "test", data_dir)
-    return np.asarray(data.to_float(split.images[:n])), np.asarray(split.labels[:n])
+    split = cifar.load_split("cifar10", "test", data_dir)
+    return np.asarray(cifar.to_float(split.images[:n])), np.asarray(split.labels[:n])
 
 
 def per_image_norms(d: np.ndarray):
@@ -217,7 +219,7 @@ def part_dtypes(args) -> None:
         settings.method, langevin=dataclasses.replace(settings.method.langevin, steps=1, tolerance=0.0)
     )
     logits_fn = bf16.attack_logits_fn(params, batch_stats, s.langevin_bn_mode)
-    energy_grad = jax.grad(lambda xa: samplers.langevin_energy(logits_fn, xa, x, y, s.langevin.c1, s.langevin.c2))
+    energy_grad = jax.grad(lambda xa: langevin.langevin_energy(logits_fn, xa, x, y, s.langevin.c1, s.langevin.c2))
     loss = methods.make_method(s)
 
     def tree_dtypes(tree):

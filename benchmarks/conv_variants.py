@@ -9,7 +9,7 @@ For each ResNet-18 stage (32x32x64, 16x16x128, 8x8x256, 4x4x512; a 3x3, stride-1
 convolution) it prints GFLOP/s of (FLOPs per pass counted as XLA's cost analysis and
 profile_step.py count them: multiply-adds on real input elements, padding excluded, i.e.
 2 x B x C x C x (3H - 2) x (3W - 2), so that the rates compare with profile_step.py's)
-  lib           patjax.compute.ops.conv2d forward (XLA's convolution, a YNNPACK fusion on CPU)
+  lib           patjax.models.ops.conv2d forward (XLA's convolution, a YNNPACK fusion on CPU)
   shift         the same convolution as one matmul x @ [K_00 .. K_22] followed by a sum of
                 the nine shifted slices of the product (no im2col buffer)
   lib_loop      forward + input gradient of ops.conv2d inside a 3-step fori_loop (the
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import ops
+from patjax.models import ops
 
 
 def seconds(fn, *args, reps=15):

@@ -29,7 +29,7 @@ EPOCH_IMAGES = 50_000
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="pat", help="a name in patjax.compute.methods.METHODS")
+    p.add_argument("--method", default="pat", help="a name in patjax.methods.METHODS")
     p.add_argument("--model", default="resnet18", help="resnet18 | small_cnn | wrn50_2")
     p.add_argument("--width", type=int, default=64, help="ResNet/WRN stem width (ignored by small_cnn)")
     p.add_argument("--batch", type=int, default=32)
@@ -50,7 +50,7 @@ def parse_args(argv=None):
         "--conv-input-grad",
         default="auto",
         choices=("auto", "reordered", "autodiff"),
-        help="patjax.compute.ops convolution input gradient (auto: reordered kernel on CPU only)",
+        help="patjax.models.ops convolution input gradient (auto: reordered kernel on CPU only)",
     )
     p.add_argument(
         "--cpu-devices",
@@ -125,7 +125,7 @@ def peak_memory_bytes(compiled) -> dict:
 def run(args) -> dict:
     import jax
 
-    from patjax.compute import ops
+    from patjax.models import ops
 
     ops.set_conv_input_grad_mode(args.conv_input_grad)
     T = args.langevin_steps

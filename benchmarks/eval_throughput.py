@@ -43,16 +43,16 @@ def run(args) -> dict:
     import numpy as np
 
     from patjax import api, evaluators
-    from patjax.compute import models
     from patjax.evaluators import common
+    from patjax.models import networks
     from patjax.run import config as config_lib
 
     a, b = args.batches
     if not 0 < a < b:
         raise SystemExit("--batches takes A < B, both positive")
     kwargs = {} if args.model == "small_cnn" else {"width": args.width}
-    module = models.create_model(args.model, "cifar10", 10, **kwargs)
-    params, batch_stats = models.init_variables(module, jax.random.PRNGKey(0))
+    module = networks.create_model(args.model, "cifar10", 10, **kwargs)
+    params, batch_stats = networks.init_variables(module, jax.random.PRNGKey(0))
     model_fns, state = api.as_model((module, {"params": params, "batch_stats": batch_stats}))
     rng = np.random.default_rng(0)
     split = api.as_split(

@@ -55,7 +55,7 @@ def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import epoch_throughput
 
-    from patjax.compute import ops
+    from patjax.models import ops
 
     # epoch_throughput's flags (--model, --width, --batch, --langevin-steps, --compute-dtype, --iters,
     # --conv-input-grad); --warmup is one step here.

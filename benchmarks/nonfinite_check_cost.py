@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from patjax.compute import data
+from patjax.data import cifar
 from patjax.evaluators import REGISTRY, common
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
@@ -35,7 +35,7 @@ def main():
     train = config_lib.train_settings(cfg)
     tx = state_lib.make_optimizer(train.optimizer, train.optimizer.schedule(1))
     model_fns, state = state_lib.create_train_state(train.model, 0, tx)
-    split = data.load_split("cifar10", "test", None)
+    split = cifar.load_split("cifar10", "test", None)
     for name, pass_name in (("clean", "clean"), ("pgd20", "pgd20"), ("pr", "pr_uniform")):
         plain = REGISTRY[name].make_batch_fn(model_fns, s, pass_name)
         arms = {"plain": plain, "checked": common.checking_logits(plain, model_fns)}

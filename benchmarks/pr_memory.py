@@ -34,12 +34,12 @@ def main(argv=None):
     import numpy as np
 
     from patjax import api
-    from patjax.compute import models
     from patjax.evaluators import pr
+    from patjax.models import networks
     from patjax.run import config as config_lib
 
-    module = models.create_model(args.model, "cifar10", 10)
-    params, batch_stats = models.init_variables(module, jax.random.PRNGKey(0))
+    module = networks.create_model(args.model, "cifar10", 10)
+    params, batch_stats = networks.init_variables(module, jax.random.PRNGKey(0))
     model_fns, _ = api.as_model((module, {"params": params, "batch_stats": batch_stats}))
     rng = np.random.default_rng(0)
     for spec in args.settings:

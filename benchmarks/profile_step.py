@@ -9,7 +9,7 @@ core unless --cpu-devices says otherwise), runs --warmup steps, traces one step 
 in the compiled HLO (`compiled.as_text()`) and put in a group:
 
   phase      'sampler' for ops inside the Langevin loop (their op_name has `while/body`:
-             the `fori_loop` of samplers.langevin_sample), 'update' for the rest;
+             the `fori_loop` of langevin.langevin_sample), 'update' for the rest;
   kind       convolutions by direction (forward, input gradient, weight gradient -- the last
              recognised by a window larger than its output: the window is the output
              gradient's spatial size and the output the kernel's)

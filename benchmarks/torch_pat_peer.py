@@ -6,8 +6,8 @@ and from patjax's conventions, so that, given the same weights, data and randomn
 step here computes what one `patjax.run.train.train_step` computes for method 'pat':
 
 - models take NCHW images in [0, 1] and normalize them per channel as their first operation
-  (patjax.compute.models.Normalize); they are patjax_torch.models' small CNN and kuangliu CIFAR
-  ResNet-18 (the PyTorch definitions of patjax.compute.models), weights copied by patjax.run.torch_weights;
+  (patjax.models.networks.Normalize); they are patjax_torch.models' small CNN and kuangliu CIFAR
+  ResNet-18 (the PyTorch definitions of patjax.models.networks), weights copied by patjax.run.torch_weights;
 - BatchNorm as Flax's: momentum 0.1 on the running statistics (Flax's 0.9 is the kept
   fraction), eps 1e-5, and the running variance updated with the *biased* batch variance
   (torch.nn.BatchNorm2d would use the unbiased one), the statistics taken in float32;
@@ -58,7 +58,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's packages
-from patjax.compute.models import DATASET_STATS  # noqa: E402
+from patjax.models.networks import DATASET_STATS  # noqa: E402
 from patjax.run import torch_weights  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
 
@@ -83,7 +83,7 @@ class BatchNorm(nn.BatchNorm2d):
 
 
 def create_model(name: str, num_classes: int = 10, width: int = 64, dataset: str = "cifar10") -> nn.Module:
-    """patjax_torch.models' network (the PyTorch definitions of patjax.compute.models) with this BatchNorm."""
+    """patjax_torch.models' network (the PyTorch definitions of patjax.models.networks) with this BatchNorm."""
     if name not in ("small_cnn", "resnet18"):
         raise ValueError(f"unknown model {name!r}; choose 'small_cnn' or 'resnet18'")
     kwargs = {} if name == "small_cnn" else {"width": width}
@@ -153,7 +153,7 @@ def logits(model: nn.Module, x, autocast_dtype=None):
 
 @dataclasses.dataclass(frozen=True)
 class LangevinSettings:
-    """T, eta, sigma, rho, c1, c2 (Appendix E defaults; names as patjax.compute.samplers')."""
+    """T, eta, sigma, rho, c1, c2 (Appendix E defaults; names as patjax.pat.langevin')."""
 
     steps: int = 100
     step_size: float = 0.3

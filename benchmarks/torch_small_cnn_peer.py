@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer for the small CNN: benchmarks/torch_pat_peer.py's PAT step on its `SmallCNN`.
 
-The network is patjax's `models.SmallCNN` (per-channel normalization, three conv3x3(no
+The network is patjax's `networks.SmallCNN` (per-channel normalization, three conv3x3(no
 bias)+BatchNorm+ReLU+max-pool(2) stages with 32/64/128 channels, a global average pool and a
 linear head); the step, optimizer, timing and JSON line are torch_pat_peer.py's.
 

@@ -28,8 +28,9 @@ import torchattacks
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from patjax import api  # noqa: E402
-from patjax.compute import data, models  # noqa: E402
 from patjax.core.errors import UserError  # noqa: E402
+from patjax.data import cifar  # noqa: E402
+from patjax.models import networks  # noqa: E402
 from patjax.run import workdir as workdir_lib  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
 
@@ -42,20 +43,20 @@ def main():
     a = p.parse_args()
     run, model_fns, state = workdir_lib.restore(a.workdir)
     model = run.model
-    split = data.load_split(model.dataset, "test", None)
+    split = cifar.load_split(model.dataset, "test", None)
     images, labels = split.images[: a.num_examples], split.labels[: a.num_examples]
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "model.pt")
         export = [sys.executable, "-m", "patjax.export", f"--workdir={a.workdir}", f"--out={out}"]
         subprocess.run(export, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
-        kwargs = {"width": model.width} if model.name in models.TAKES_WIDTH else {}
+        kwargs = {"width": model.width} if model.name in networks.TAKES_WIDTH else {}
         net = torch_models.create_model(
-            model.name, data.NUM_CLASSES[model.dataset], models.DATASET_STATS[model.dataset], **kwargs
+            model.name, cifar.NUM_CLASSES[model.dataset], networks.DATASET_STATS[model.dataset], **kwargs
         )
         net.load_state_dict(torch.load(out, weights_only=True), strict=True)
     net.eval()
-    x = torch.from_numpy(np.asarray(data.to_float(images))).permute(0, 3, 1, 2).contiguous()
+    x = torch.from_numpy(np.asarray(cifar.to_float(images))).permute(0, 3, 1, 2).contiguous()
     y = torch.from_numpy(labels.astype(np.int64))
 
     torch.manual_seed(0)
@@ -71,7 +72,7 @@ def main():
 
     start = time.perf_counter()
     variables = {"params": state.params, "batch_stats": state.batch_stats}
-    module = models.create_model(model.name, model.dataset, data.NUM_CLASSES[model.dataset], **kwargs)
+    module = networks.create_model(model.name, model.dataset, cifar.NUM_CLASSES[model.dataset], **kwargs)
     res = api.evaluate((module, variables), images, labels, evaluators="pgd20", batch_size=a.batch_size)
     patjax_wall = time.perf_counter() - start
     robust_patjax = np.asarray(res["per_image"]["pgd20.robust"], bool)

@@ -15,7 +15,8 @@ from flax import traverse_util
 from safetensors.numpy import load_file
 
 from patjax import api
-from patjax.compute import data, models
+from patjax.data import cifar
+from patjax.models import networks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEIGHTS = os.path.join(
@@ -24,9 +25,9 @@ WEIGHTS = os.path.join(
 
 
 def main(num_images: int = 64):
-    module = models.create_model("small_cnn", "cifar10", num_classes=10)
+    module = networks.create_model("small_cnn", "cifar10", num_classes=10)
     variables = traverse_util.unflatten_dict(load_file(WEIGHTS), sep="/")  # {"params": ..., "batch_stats": ...}
-    split = data.load_split("cifar10", "test", data.find_data_dir())
+    split = cifar.load_split("cifar10", "test", cifar.find_data_dir())
     results = api.evaluate(
         (module, variables),
         split.images[:num_images],

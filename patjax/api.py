@@ -15,7 +15,7 @@ results dict is `patjax.run.evaluation.evaluate_state`'s (what results.json hold
 arrays of per_image.npz under "per_image".
 
 `evaluate_torch_checkpoint` does the same for a PyTorch state_dict file of a network of
-`patjax.compute.models` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files;
+`patjax.models.networks` (`python -m patjax.evaluate --torch_checkpoint=FILE`) and writes eval/ files;
 `evaluate_robustbench` for an entry of RobustBench's CIFAR-10 Linf zoo (`--robustbench=NAME`).
 """
 
@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import data, models
 from patjax.core import sharding
 from patjax.core.errors import UserError, UserTypeError, one_line
+from patjax.data import cifar
+from patjax.models import networks
 from patjax.run import config as config_lib
 from patjax.run import eval_files, evaluation, torch_weights, zoo
 from patjax.run import state as state_lib
@@ -80,7 +81,7 @@ def as_model(model: Model):
     with its variables, or a bound Flax module (`module.bind(variables)`). Whether the module's
     __call__ takes `train` is read off its signature: the evaluation calls it with train=False
     (BatchNorm's running statistics) if it does, with the images alone if it does not. Variables
-    that hold a NaN or an infinity are a one-line UserError (`models.check_finite`); a logits
+    that hold a NaN or an infinity are a one-line UserError (`networks.check_finite`); a logits
     function's own weights are out of reach, and only its logits are checked."""
     if isinstance(model, nn.Module):
         if model.scope is None:
@@ -94,7 +95,7 @@ def as_model(model: Model):
         if other:
             raise UserError(f"the variables may hold 'params' and 'batch_stats' only, not {other}")
         params, batch_stats = variables["params"], variables.get("batch_stats", {})
-        models.check_finite({"params": params, "batch_stats": batch_stats}, "the model passed with its variables")
+        networks.check_finite({"params": params, "batch_stats": batch_stats}, "the model passed with its variables")
         if _inputs_and_train(module.__call__, f"{type(module).__name__}.__call__"):
             apply = module.apply
         else:
@@ -105,10 +106,10 @@ def as_model(model: Model):
         apply = _without_train_mode(lambda variables, x: model(x, train=False) if takes_train else model(x))
     else:
         raise UserTypeError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
-    return models.ModelFns(apply), state_lib.inference_state(params, batch_stats)
+    return networks.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 
 
-def as_split(images, labels) -> data.Split:
+def as_split(images, labels) -> cifar.Split:
     """The images as the evaluators read them (uint8 NHWC; they divide by 255): uint8 as they are,
     floats in [0, 1] only if they are 8-bit values (k / 255), since anything else would be
     rounded without a word; labels as int32, from integers only. A UserError names what is wrong."""
@@ -136,7 +137,7 @@ def as_split(images, labels) -> data.Split:
         raise UserError(f"labels must be integers (class indices), got dtype {labels.dtype}")
     if labels.min() < 0 or labels.max() > np.iinfo(np.int32).max:
         raise UserError(f"labels must be class indices >= 0, got values in [{labels.min()}, {labels.max()}]")
-    return data.Split(images=images, labels=labels.astype(np.int32))
+    return cifar.Split(images=images, labels=labels.astype(np.int32))
 
 
 def _first_kernel_channels(record: list):
@@ -157,7 +158,7 @@ def _first_kernel_channels(record: list):
     return interceptor
 
 
-def check_classes(model_fns, state, split: data.Split, dataset: str = "cifar10") -> None:
+def check_classes(model_fns, state, split: cifar.Split, dataset: str = "cifar10") -> None:
     """The model's logits for these images are (N, classes) and every label is a class: its
     output shape is traced (`jax.eval_shape`), nothing is compiled or run. The images must have
     the channels the model takes, its first convolution's input channels read in the same trace,
@@ -175,7 +176,7 @@ def check_classes(model_fns, state, split: data.Split, dataset: str = "cifar10")
         failure = None
     # Before the model's own error: a kernel built for other channels is why it failed, and a
     # model whose normalization broadcasts the images to its channels does not fail at all.
-    have, takes = split.images.shape[3], taken[0] if taken else data.CHANNELS[dataset]
+    have, takes = split.images.shape[3], taken[0] if taken else cifar.CHANNELS[dataset]
     if have != takes:
         whose = "the model's first convolution takes" if taken else f"the dataset's ({dataset}) have"
         raise UserError(f"images have {have} channel(s), but {whose} {takes}; pass (N, H, W, {takes}) images")

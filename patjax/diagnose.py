@@ -28,10 +28,11 @@ import os
 from absl import app, flags
 from tqdm import tqdm
 
-from patjax.compute import data, sampler_diagnostic, samplers
 from patjax.core import cli as cli_lib
 from patjax.core import files, locks
 from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.pat import langevin, langevin_diagnostic
 from patjax.reporting import plots
 from patjax.run import workdir as workdir_lib
 
@@ -51,7 +52,7 @@ def main(argv):
         raise UserError("--workdir is required")
     cli_lib.existing_folder("workdir", FLAGS.workdir)
     cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
-    sampler_diagnostic.DiagnosticSettings(
+    langevin_diagnostic.DiagnosticSettings(
         FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
     )
     if FLAGS.compare_steps is not None and (FLAGS.compare_tolerance is None or FLAGS.compare_steps < 1):
@@ -59,7 +60,7 @@ def main(argv):
     if FLAGS.compare_tolerance is not None:
         # The compared sampler's own check, made now rather than after the diagnostic has run.
         with cli_lib.named_as_flags({"langevin.tolerance": "compare_tolerance", "langevin.steps": "compare_steps"}):
-            samplers.LangevinSettings(
+            langevin.LangevinSettings(
                 steps=FLAGS.compare_steps or FLAGS.steps, init=FLAGS.init, tolerance=FLAGS.compare_tolerance
             )
     if FLAGS.out is not None:
@@ -73,12 +74,12 @@ def main(argv):
 def _diagnose(out_dir: str) -> None:
     FLAGS = flags.FLAGS
     settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)
-    split = data.load_split(settings.dataset, "test", settings.data_dir)
+    split = cifar.load_split(settings.dataset, "test", settings.data_dir)
     # The run's sampler; the diagnostic varies its T and start.
     sampler, bn_mode = settings.method.langevin, settings.method.langevin_bn_mode
     bar = functools.partial(tqdm, unit="step", dynamic_ncols=True, disable=not FLAGS.progress_bars)
     with bar(total=2 * FLAGS.steps, desc=f"{FLAGS.num_examples} images x {FLAGS.chains} chains, 2 passes") as chain:
-        result = sampler_diagnostic.diagnose(
+        result = langevin_diagnostic.diagnose(
             sampler,
             bn_mode,
             model_fns,
@@ -94,7 +95,7 @@ def _diagnose(out_dir: str) -> None:
         )
     if FLAGS.compare_tolerance is not None:
         with bar(total=3, unit="sampler", desc="compare samplers: reference, floor, candidate") as compared:
-            result["sampler_comparison"] = sampler_diagnostic.comparison(
+            result["sampler_comparison"] = langevin_diagnostic.comparison(
                 sampler,
                 bn_mode,
                 model_fns,
@@ -127,7 +128,7 @@ def _diagnose(out_dir: str) -> None:
         )
     print(
         f"between-chain spread at T={FLAGS.steps}: {result['endpoint_spread']:.5f}; the chain stays within "
-        f"{sampler_diagnostic.ENDPOINT_MARGIN} x of it from step {result['steps_to_endpoint']}"
+        f"{langevin_diagnostic.ENDPOINT_MARGIN} x of it from step {result['steps_to_endpoint']}"
         + (f"; within {FLAGS.tolerance} from step {result['steps_to_tolerance']}" if FLAGS.tolerance else "")
     )
     print(f"wrote {path}")

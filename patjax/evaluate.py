@@ -8,7 +8,7 @@
   python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
-`patjax.compute.models` (named by --model, or by the metadata of a file `patjax.export` wrote) is
+`patjax.models.networks` (named by --model, or by the metadata of a file `patjax.export` wrote) is
 evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
 names and layouts of `patjax.run.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
@@ -29,10 +29,10 @@ import os
 from absl import app, flags
 
 from patjax import api, evaluators
-from patjax.compute import models
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError
+from patjax.models import networks
 from patjax.reporting import plots, report
 from patjax.run import eval_files, evaluation, zoo
 
@@ -198,7 +198,7 @@ def define_flags():
     flags.DEFINE_string(
         "model",
         None,
-        f"With --torch_checkpoint: its network, one of {', '.join(models.MODELS)} (default: the one the file's "
+        f"With --torch_checkpoint: its network, one of {', '.join(networks.MODELS)} (default: the one the file's "
         "metadata names, as patjax.export writes it).",
     )
     flags.DEFINE_string(
@@ -207,7 +207,7 @@ def define_flags():
     flags.DEFINE_integer(
         "model_width",
         None,
-        f"With --torch_checkpoint: the stem width of {', '.join(models.TAKES_WIDTH)} (default: the file's, else 64).",
+        f"With --torch_checkpoint: the stem width of {', '.join(networks.TAKES_WIDTH)} (default: the file's, else 64).",
     )
     flags.DEFINE_string(
         "normalize",

@@ -22,9 +22,9 @@ import jax
 from absl import app, flags
 
 from patjax import suites
-from patjax.compute import data
 from patjax.core import cli as cli_lib
 from patjax.core.errors import UserError
+from patjax.data import cifar
 from patjax.suites import catalog, handover, run_outcomes, runner, workers
 
 FLAGS = flags.FLAGS
@@ -41,9 +41,9 @@ def main(argv):
     # --report_only and --handover read a suite folder; the others may create it.
     check = cli_lib.existing_folder if FLAGS.report_only or FLAGS.handover else cli_lib.output_folder
     check("workdir", FLAGS.workdir)
-    if FLAGS.data_dir and FLAGS.data_dir != data.TFDS:
+    if FLAGS.data_dir and FLAGS.data_dir != cifar.TFDS:
         cli_lib.existing_folder("data_dir", FLAGS.data_dir)
-    data_dir = FLAGS.data_dir or data.find_data_dir()  # None: found or downloaded when a run loads it
+    data_dir = FLAGS.data_dir or cifar.find_data_dir()  # None: found or downloaded when a run loads it
     suite = catalog.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
     runs = suites.plan(suite, groups, methods)

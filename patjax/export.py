@@ -11,7 +11,7 @@ normalization as the buffers mu and sigma. An existing --out is replaced only wi
 `patjax_torch.models` (the metadata of a .safetensors file names the network, its width and
 dataset, and the run: its name, method, seed and step, no path of this machine):
 
-  net = patjax_torch.models.create_model("resnet18", 10, normalize=patjax.compute.models.DATASET_STATS["cifar10"])
+  net = patjax_torch.models.create_model("resnet18", 10, normalize=patjax.models.networks.DATASET_STATS["cifar10"])
   net.load_state_dict({k: torch.from_numpy(v) for k, v in safetensors.numpy.load_file(FILE).items()})
 """
 
@@ -22,9 +22,10 @@ import os
 import jax
 from absl import app, flags
 
-from patjax.compute import data, models
 from patjax.core import cli as cli_lib
 from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.models import networks
 from patjax.run import torch_weights
 from patjax.run import workdir as workdir_lib
 
@@ -48,8 +49,8 @@ def main(argv):
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
     metadata = {
         "dataset": model.dataset,
-        "num_classes": data.NUM_CLASSES[model.dataset],
-        "width": model.width if model.name in models.TAKES_WIDTH else "",
+        "num_classes": cifar.NUM_CLASSES[model.dataset],
+        "width": model.width if model.name in networks.TAKES_WIDTH else "",
         "step": int(state.step),
         # Which run the weights are, portably: its name, method and seed, not a path of this machine.
         "run": os.path.basename(os.path.normpath(os.path.abspath(FLAGS.workdir))),
@@ -62,7 +63,7 @@ def main(argv):
         model.name,
         params,
         batch_stats,
-        models.DATASET_STATS[model.dataset],
+        networks.DATASET_STATS[model.dataset],
         metadata=metadata,
         overwrite=FLAGS.overwrite,
     )

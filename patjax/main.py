@@ -8,7 +8,7 @@ checkout runs the same).
 --config is a config file (a `get_config()` module) or the name of a shipped one
 (`patjax.configs.NAMES`). CIFAR is read from --config.data_dir, else found ($PATJAX_DATA_DIR, a
 shared/data beside the checkout, the download cache) or downloaded on first use
-(patjax.compute.data.resolve_data_dir). Running the same command again resumes from the latest
+(patjax.data.cifar.resolve_data_dir). Running the same command again resumes from the latest
 checkpoint in --workdir.
 """
 

@@ -1,4 +1,4 @@
-"""patjax's networks (patjax.compute.models) in PyTorch: the same layers, the same state_dict names as the
+"""patjax's networks (patjax.models.networks) in PyTorch: the same layers, the same state_dict names as the
 reference definitions they follow, NCHW images in [0, 1].
 
 - `SmallCNN`: patjax's small CNN (three conv3x3 + BN + ReLU + max-pool(2) stages, mean pool, linear).
@@ -274,7 +274,7 @@ MODELS = {
 
 
 def create_model(name: str, num_classes: int = 10, normalize=None, norm_layer: NormLayer = nn.BatchNorm2d, **kwargs):
-    """The network patjax calls `name` (patjax.compute.models.MODELS); kwargs: `width` for the ResNets."""
+    """The network patjax calls `name` (patjax.models.networks.MODELS); kwargs: `width` for the ResNets."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     return MODELS[name](num_classes=num_classes, normalize=normalize, norm_layer=norm_layer, **kwargs)

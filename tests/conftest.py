@@ -5,7 +5,7 @@ import pathlib
 import jax
 import pytest
 
-from patjax.compute import data
+from patjax.data import cifar
 
 # Compile time dominates a CPU test suite; numerics are unchanged by skipping XLA's
 # heavier passes, which is all these tests look at.
@@ -23,8 +23,8 @@ def pytest_collection_modifyitems(items):
 
 
 def find_data_dir():
-    """data.find_data_dir(): ../shared/data (CIFAR in the official binary layout) or $PATJAX_DATA_DIR."""
-    found = data.find_data_dir()
+    """cifar.find_data_dir(): ../shared/data (CIFAR in the official binary layout) or $PATJAX_DATA_DIR."""
+    found = cifar.find_data_dir()
     if found:
         return found
     raise RuntimeError(
@@ -50,10 +50,10 @@ def train_run(cfg, workdir, **kwargs):
 @pytest.fixture
 def records_per_file(monkeypatch):
     """records_per_file(n): the loader reads synthetic CIFAR files of n records each where it
-    expects the official files' counts (`data.OFFICIAL_RECORDS`, checked in test_inputs.py)."""
+    expects the official files' counts (`cifar.OFFICIAL_RECORDS`, checked in test_inputs.py)."""
 
     def allow(n):
-        counts = {dataset: dict.fromkeys(names, n) for dataset, names in data.OFFICIAL_RECORDS.items()}
-        monkeypatch.setattr(data, "OFFICIAL_RECORDS", counts)
+        counts = {dataset: dict.fromkeys(names, n) for dataset, names in cifar.OFFICIAL_RECORDS.items()}
+        monkeypatch.setattr(cifar, "OFFICIAL_RECORDS", counts)
 
     return allow

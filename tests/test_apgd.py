@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from patjax.compute import attacks
+from patjax.attacks import apgd, pgd
 
 
 def np_dlr(z, y):
@@ -26,13 +26,13 @@ def np_dlr(z, y):
 def test_dlr_and_cw_losses_equal_hand_computations():
     z = np.array([[3.0, 1.0, 2.0, -1.0], [0.5, 4.0, 1.5, 1.0], [2.0, 2.0, 0.0, -3.0]], np.float32)
     y = np.array([0, 0, 1])
-    np.testing.assert_allclose(attacks.dlr_loss(jnp.asarray(z), jnp.asarray(y)), np_dlr(z, y), rtol=1e-6)
+    np.testing.assert_allclose(apgd.dlr_loss(jnp.asarray(z), jnp.asarray(y)), np_dlr(z, y), rtol=1e-6)
     # CW: -max(z_y - max_{j!=y} z_j + kappa, 0) by hand: rows give z_y - other = 1, -3.5, 0.
     np.testing.assert_allclose(
-        attacks.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=50.0), [-51.0, -46.5, -50.0], rtol=1e-6
+        pgd.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=50.0), [-51.0, -46.5, -50.0], rtol=1e-6
     )
     np.testing.assert_allclose(
-        attacks.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=0.0), [-1.0, 0.0, 0.0], atol=1e-7
+        pgd.cw_margin_loss(jnp.asarray(z), jnp.asarray(y), kappa=0.0), [-1.0, 0.0, 0.0], atol=1e-7
     )
 
 
@@ -42,7 +42,7 @@ def test_checkpoints_follow_the_papers_recursion():
     while p[-1] + max(p[-1] - p[-2] - 0.03, 0.06) <= 1.0:
         p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
     expected = [int(round(100 * q)) - 1 for q in p[1:]]  # 0-based index of the last iteration
-    assert attacks.apgd_checkpoints(100) == expected == [21, 40, 56, 69, 79, 86, 92, 98]
+    assert apgd.apgd_checkpoints(100) == expected == [21, 40, 56, 69, 79, 86, 92, 98]
 
 
 def linear_problem(seed=0, n=64, d=12):
@@ -73,11 +73,11 @@ def test_apgd_and_cw_reach_the_closed_form_worst_case_of_a_linear_classifier():
     assert 0 < robust.sum() < len(y)
     key = jax.random.PRNGKey(0)
     for loss in ("ce", "dlr"):
-        result = attacks.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, steps=20, loss=loss)
+        result = apgd.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, steps=20, loss=loss)
         np.testing.assert_array_equal(np.asarray(result.robust)[clear], robust[clear])
         delta = np.asarray(result.x_adv) - x
         assert np.abs(delta).max() <= eps + 1e-6 and result.x_adv.min() >= 0 and result.x_adv.max() <= 1
-    cw_adv = attacks.pgd(
+    cw_adv = pgd.pgd(
         logits_fn,
         key,
         jnp.asarray(x),
@@ -85,7 +85,7 @@ def test_apgd_and_cw_reach_the_closed_form_worst_case_of_a_linear_classifier():
         eps=eps,
         step_size=eps / 4,
         steps=20,
-        loss_fn=attacks.cw_margin_loss,
+        loss_fn=pgd.cw_margin_loss,
     )
     cw_robust = np.asarray(logits_fn(cw_adv)).argmax(1) == y
     np.testing.assert_array_equal(cw_robust[clear], robust[clear])
@@ -126,12 +126,12 @@ def test_apgd_succeeds_at_least_as_often_as_pgd20_on_a_small_trained_model():
     assert clean.mean() > 0.9
     eps = 0.05
     key = jax.random.PRNGKey(3)
-    pgd_adv = attacks.pgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, step_size=eps / 4, steps=20)
+    pgd_adv = pgd.pgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, step_size=eps / 4, steps=20)
     pgd_robust = clean & (np.asarray(logits_fn(pgd_adv)).argmax(1) == y)
     assert 0 < pgd_robust.sum() < clean.sum() / 2
     robust = {}
     for loss in ("ce", "dlr"):
-        result = attacks.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, steps=100, loss=loss)
+        result = apgd.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, steps=100, loss=loss)
         robust[loss] = np.asarray(result.robust)
         assert not (robust[loss] & ~clean).any()  # robust means the clean image is correct too
         # Every image counted as fooled has a misclassified point inside the ball.
@@ -300,9 +300,7 @@ def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts
         t = np.asarray(jax.random.uniform(key, x.shape, jnp.float64, -1.0, 1.0))  # apgd's draw
         for steps in (100, 10):
             for loss, np_loss in (("ce", np_ce_and_dlogits), ("dlr", np_dlr_and_dlogits)):
-                result = attacks.apgd(
-                    logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=APGD_EPS, steps=steps, loss=loss
-                )
+                result = apgd.apgd(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=APGD_EPS, steps=steps, loss=loss)
                 result = jax.tree.map(np.asarray, result)
                 assert result.x_adv.dtype == np.float64
 
@@ -318,7 +316,7 @@ def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts
                 np.testing.assert_array_equal(result.robust, robust, err_msg=what)
                 np.testing.assert_allclose(result.x_adv, adv, rtol=0, atol=1e-12, err_msg=what)
                 np.testing.assert_allclose(result.best_loss, loss_best, rtol=1e-9, atol=1e-12, err_msg=what)
-                assert [i for i, _, _ in decisions] == attacks.apgd_checkpoints(steps)
+                assert [i for i, _, _ in decisions] == apgd.apgd_checkpoints(steps)
                 runs[loss, steps] = robust, decisions, np.abs(run(literal=True)[2] - loss_best).max()
     # The comparison discriminates: robust and fooled clean-correct images, and checkpoints at which
     # some examples halve their step and others do not, by rule (a) and by rule (b) alone.
@@ -352,7 +350,7 @@ def test_apgd_x_adv_is_what_perturb_returns_and_misclassified_exactly_where_not_
     clean_pred = np.asarray(logits_fn(x_clean)).argmax(1)
     assert ((clean_pred != y) == bumped).all()
     for loss in ("ce", "dlr"):
-        result = attacks.apgd(logits_fn, jax.random.PRNGKey(1), x_clean, jnp.asarray(y), eps=eps, steps=10, loss=loss)
+        result = apgd.apgd(logits_fn, jax.random.PRNGKey(1), x_clean, jnp.asarray(y), eps=eps, steps=10, loss=loss)
         robust, x_adv = np.asarray(result.robust), np.asarray(result.x_adv)
         assert not robust[bumped].any()
         keep_x = robust | bumped

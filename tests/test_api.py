@@ -11,8 +11,8 @@ import pytest
 from conftest import REPO
 
 from patjax import api
-from patjax.compute import data
 from patjax.core.errors import UserError
+from patjax.data import cifar
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def test_the_example_runs_and_its_clean_accuracy_is_the_argmax_of_the_logits(exa
     results = example["main"](num_images=32)
     module = example["models"].create_model("small_cnn", "cifar10", num_classes=10)
     variables = example["traverse_util"].unflatten_dict(example["load_file"](example["WEIGHTS"]), sep="/")
-    split = data.load_split("cifar10", "test", data_dir)
-    logits = module.apply(variables, np.asarray(data.to_float(split.images[:32])))
+    split = cifar.load_split("cifar10", "test", data_dir)
+    logits = module.apply(variables, np.asarray(cifar.to_float(split.images[:32])))
     correct = np.asarray(logits).argmax(1) == split.labels[:32]
     assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(correct.mean())
     np.testing.assert_array_equal(results["per_image"]["clean.correct"], correct)

@@ -7,7 +7,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 # A folder may import its own folder and the folders below it; the doors sit above them all.
-FOLDERS = ("core", "compute", "evaluators", "reporting", "run", "suites")
+FOLDERS = ("core", "data", "models", "attacks", "pat", "methods", "evaluators", "reporting", "run", "suites")
 DOORS = ("api", "main", "evaluate", "experiments", "diagnose", "export", "configs")  # patjax.X as users name it
 LEVEL = {**{f: i for i, f in enumerate(FOLDERS)}, **{d: len(FOLDERS) for d in DOORS}}
 
@@ -23,14 +23,14 @@ def unit(module: str) -> str:
 
 
 def package_of(path: pathlib.Path) -> str:
-    """The absolute package a module's relative imports start from (`patjax.compute` for
-    patjax/compute/data.py and patjax/compute/__init__.py alike)."""
+    """The absolute package a module's relative imports start from (`patjax.data` for
+    patjax/data/cifar.py and patjax/data/__init__.py alike)."""
     return ".".join(("patjax",) + path.parent.relative_to(PACKAGE).parts)
 
 
 def absolute_module(node: ast.ImportFrom, package: str) -> str | None:
     """The module `from ... import` names, its dots resolved against the importing module's
-    package as Python does: `from ..run import x` in patjax.compute is `patjax.run`."""
+    package as Python does: `from ..run import x` in patjax.data is `patjax.run`."""
     if not node.level:
         return node.module
     parts = package.split(".") if package else []
@@ -130,7 +130,7 @@ def test_modules_import_one_another_without_a_cycle():
 def test_the_checker_sees_every_import_form_and_a_cycle():
     tree = ast.parse(
         "from patjax import api, b as c\nfrom patjax.evaluators import pr\nimport patjax.x\n"
-        "from patjax.run.workdir import f\nfrom patjax.compute import data\ndef g():\n    from patjax import late\n"
+        "from patjax.run.workdir import f\nfrom patjax.data import cifar\ndef g():\n    from patjax import late\n"
     )
     assert sorted(project_imports(tree)) == sorted(
         [
@@ -139,7 +139,7 @@ def test_the_checker_sees_every_import_form_and_a_cycle():
             ("evaluators.pr", True),
             ("x", True),
             ("run.workdir", True),
-            ("compute.data", True),
+            ("data.cifar", True),
             ("late", False),
         ]
     )
@@ -147,17 +147,17 @@ def test_the_checker_sees_every_import_form_and_a_cycle():
 
 def test_the_checker_resolves_relative_imports_as_python_does():
     """A relative import is held to the layers as its absolute spelling is: `from ..run import
-    config` in patjax/compute/ reaches up to run as `from patjax.run import config` does."""
+    config` in patjax/data/ reaches up to run as `from patjax.run import config` does."""
     tree = ast.parse(
-        "from ..run import config\nfrom . import data\nfrom .ops import f\nfrom .. import api\n"
+        "from ..run import config\nfrom . import cifar\nfrom .download import f\nfrom .. import api\n"
         "from ..evaluators.pr import g\nimport numpy\nfrom .. import numpy_thing as n\n"
     )
-    # In patjax/compute/: `.` is patjax.compute and `..` is patjax, the package's top.
-    assert sorted(project_imports(tree, "patjax.compute")) == sorted(
+    # In patjax/data/: `.` is patjax.data and `..` is patjax, the package's top.
+    assert sorted(project_imports(tree, "patjax.data")) == sorted(
         [
             ("run.config", True),
-            ("compute.data", True),
-            ("compute.ops", True),
+            ("data.cifar", True),
+            ("data.download", True),
             ("api", True),
             ("evaluators.pr", True),
             ("numpy_thing", True),
@@ -165,12 +165,12 @@ def test_the_checker_resolves_relative_imports_as_python_does():
     )
     # In patjax/run/ the same dots land one folder over.
     assert ("run.config", True) in list(project_imports(ast.parse("from . import config"), "patjax.run"))
-    # Three dots from patjax/compute/ leave the package: Python refuses it and so does the check.
-    beyond = list(project_imports(ast.parse("from ...elsewhere import x"), "patjax.compute"))
+    # Three dots from patjax/data/ leave the package: Python refuses it and so does the check.
+    beyond = list(project_imports(ast.parse("from ...elsewhere import x"), "patjax.data"))
     assert [m for m, _ in beyond if m in MODULES] == [] and len(beyond) == 1
     # The packages the real modules import from: a module and its folder's __init__ share one.
-    assert package_of(PACKAGE / "compute" / "stats.py") == "patjax.compute"
-    assert package_of(PACKAGE / "compute" / "__init__.py") == "patjax.compute"
+    assert package_of(PACKAGE / "evaluators" / "stats.py") == "patjax.evaluators"
+    assert package_of(PACKAGE / "evaluators" / "__init__.py") == "patjax.evaluators"
     assert package_of(PACKAGE / "api.py") == "patjax"
 
 
@@ -181,7 +181,7 @@ def test_evaluators_and_below_import_no_files_reports_or_command_lines():
     problems = []
     for name, path in MODULES.items():
         for imported, _ in project_imports(ast.parse(path.read_text()), package_of(path)):
-            if LEVEL[unit(name)] <= LEVEL["evaluators"] and unit(imported) not in ("core", "compute", "evaluators"):
+            if LEVEL[unit(name)] <= LEVEL["evaluators"] and unit(imported) not in FOLDERS[: LEVEL["evaluators"] + 1]:
                 problems.append(f"{name} imports {imported}")
             if imported == "core.cli" and unit(name) not in DOORS:
                 problems.append(f"{name} imports the command lines' core.cli")

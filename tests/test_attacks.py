@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import Linear, np_softmax
 
-from patjax.compute import attacks
+from patjax.attacks import inner, pgd
 
 EPS = 0.1
 
@@ -40,19 +40,19 @@ def assert_in_ball_and_box(x_adv, x, eps):
 def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
     logits_fn, x, y, _, _ = linear_setup()
     key = jax.random.PRNGKey(5)
-    settings = attacks.AtprSettings(
+    settings = inner.AtprSettings(
         eps=EPS, step_size=0.03, steps=3, num_candidates=3, eps_spread=0.05, steps_above=2, refine_max_iters=5
     )
 
     @jax.jit
     def run_all(x, y, key):
         return {
-            "fgsm": attacks.fgsm(logits_fn, x, y, EPS),
-            "fgsm_random_point": attacks.fgsm_random_point(logits_fn, key, x, y, EPS),
-            "pgd": attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
-            "trades": attacks.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.03, steps=5),
-            "mart": attacks.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
-        }, attacks.atpr_search(logits_fn, key, x, y, settings)
+            "fgsm": pgd.fgsm(logits_fn, x, y, EPS),
+            "fgsm_random_point": pgd.fgsm_random_point(logits_fn, key, x, y, EPS),
+            "pgd": pgd.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
+            "trades": inner.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.03, steps=5),
+            "mart": inner.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
+        }, inner.atpr_search(logits_fn, key, x, y, settings)
 
     results, search = run_all(x, y, key)
     results["atpr"] = search.x_adv
@@ -69,7 +69,7 @@ def test_pgd_on_a_binary_linear_model_reaches_the_closed_form_worst_case(label):
     # L-inf worst case is x - eps * sign(w_y - w_j); x is interior, so the box clip is inactive.
     logits_fn, x, _, W, _ = linear_setup(batch=4, k=2, interior=True)
     y = jnp.full((4,), label)
-    x_adv = attacks.pgd(logits_fn, jax.random.PRNGKey(3), x, y, eps=EPS, step_size=0.05, steps=6)
+    x_adv = pgd.pgd(logits_fn, jax.random.PRNGKey(3), x, y, eps=EPS, step_size=0.05, steps=6)
     direction = np.sign(W[:, label] - W[:, 1 - label]).reshape(x.shape[1:])
     expected = np.asarray(x) - EPS * direction
     np.testing.assert_allclose(x_adv, expected, atol=1e-6)
@@ -82,7 +82,7 @@ def test_pgd_with_a_margin_loss_reaches_the_closed_form_worst_case_for_four_clas
     margin_loss = lambda z, t: (
         -(jnp.take_along_axis(z, t[:, None], -1)[:, 0] - jnp.take_along_axis(z, jnp.asarray(j)[:, None], -1)[:, 0])
     )
-    x_adv = attacks.pgd(logits_fn, jax.random.PRNGKey(4), x, y, eps=EPS, step_size=0.05, steps=6, loss_fn=margin_loss)
+    x_adv = pgd.pgd(logits_fn, jax.random.PRNGKey(4), x, y, eps=EPS, step_size=0.05, steps=6, loss_fn=margin_loss)
     direction = np.stack([np.sign(W[:, int(t)] - W[:, jj]) for t, jj in zip(np.asarray(y), j)])
     expected = np.asarray(x) - EPS * direction.reshape(x.shape)
     np.testing.assert_allclose(x_adv, expected, atol=1e-6)
@@ -112,10 +112,10 @@ def test_pgd_starts_from_the_uniform_draw_of_its_key():
     start = np.clip(xn + np.asarray(jax.random.uniform(key, x.shape, x.dtype, -EPS, EPS), np.float64), 0, 1)
     assert (start == 0).any() and (start == 1).any()
     grad = np_ce_grad(W, b, np.asarray(y))
-    np.testing.assert_allclose(attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=0), start, atol=1e-6)
-    x_adv = np.asarray(attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=3))
+    np.testing.assert_allclose(pgd.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=0), start, atol=1e-6)
+    x_adv = np.asarray(pgd.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=3))
     np.testing.assert_allclose(x_adv, np_sign_ascent(start, xn, grad, EPS, 0.03, 3), atol=1e-5)
-    from_x = np.asarray(attacks.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=3, random_start=False))
+    from_x = np.asarray(pgd.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=3, random_start=False))
     np.testing.assert_allclose(from_x, np_sign_ascent(xn, xn, grad, EPS, 0.03, 3), atol=1e-5)
     assert np.abs(x_adv - from_x).max() > 0.05  # the start is visible in the result
 
@@ -131,11 +131,11 @@ def test_fgsm_random_point_takes_the_gradient_at_a_uniform_point_and_steps_from_
     grad = np_ce_grad(W, b, np.asarray(y))
     step_from_x = lambda g: np.clip(np.clip(xn + eps * np.sign(g), xn - eps, xn + eps), 0, 1)
     expected = step_from_x(grad(x_random))
-    x_adv = np.asarray(attacks.fgsm_random_point(logits_fn, key, x, y, eps))
+    x_adv = np.asarray(pgd.fgsm_random_point(logits_fn, key, x, y, eps))
     np.testing.assert_allclose(x_adv, expected, atol=1e-6)
     # Discriminates: the gradient's sign at x differs from the one at x_random in places.
     assert np.abs(step_from_x(grad(xn)) - expected).max() > eps + 0.01
-    np.testing.assert_allclose(attacks.fgsm(logits_fn, x, y, eps), step_from_x(grad(xn)), atol=1e-6)
+    np.testing.assert_allclose(pgd.fgsm(logits_fn, x, y, eps), step_from_x(grad(xn)), atol=1e-6)
 
 
 def test_trades_and_mart_attacks_equal_a_numpy_recomputation_on_a_linear_model():
@@ -150,9 +150,9 @@ def test_trades_and_mart_attacks_equal_a_numpy_recomputation_on_a_linear_model()
     def kl_grad(z):  # d/dx KL(p || softmax(xW + b)) = (q - p) W^T
         return ((np_softmax(flat(z) @ W + b) - p_clean) @ W.T).reshape(z.shape)
 
-    trades = attacks.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.02, steps=4)
+    trades = inner.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.02, steps=4)
     np.testing.assert_allclose(trades, np_sign_ascent(xn + noise, xn, kl_grad, EPS, 0.02, 4), atol=1e-5)
-    mart = attacks.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.02, steps=4)
+    mart = inner.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.02, steps=4)
     np.testing.assert_allclose(mart, np_sign_ascent(xn + noise, xn, np_ce_grad(W, b, yn), EPS, 0.02, 4), atol=1e-5)
     # The KL ascent increases the divergence it ascends.
     kl = lambda z: np.sum(p_clean * (np.log(p_clean) - np.log(np_softmax(flat(z) @ W + b))), axis=1)
@@ -185,8 +185,8 @@ def test_trades_and_mart_attacks_project_onto_the_eps_ball_at_every_step():
     key = jax.random.PRNGKey(11)
     x, y = jnp.asarray(xn, jnp.float32), jnp.asarray(yn)
     start = xn + 0.001 * np.asarray(jax.random.normal(key, x.shape), np.float64)
-    trades = np.asarray(attacks.trades_kl_attack(logits_fn, key, x, eps=eps, step_size=step_size, steps=steps))
-    mart = np.asarray(attacks.mart_attack(logits_fn, key, x, y, eps=eps, step_size=step_size, steps=steps))
+    trades = np.asarray(inner.trades_kl_attack(logits_fn, key, x, eps=eps, step_size=step_size, steps=steps))
+    mart = np.asarray(inner.mart_attack(logits_fn, key, x, y, eps=eps, step_size=step_size, steps=steps))
     for got, grad in ((trades, kl_grad), (mart, ce_grad)):
         expected = np_sign_ascent(start, xn, grad, eps, step_size, steps)
         np.testing.assert_allclose(got, expected, atol=1e-5)
@@ -223,7 +223,7 @@ def np_pick_best_ae(candidates, y, predict, grad_fn, step_size, max_iters, fract
 
 def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_reference_does():
     logits_fn, x, y, W, b = linear_setup(batch=8, k=3, seed=4)
-    settings = attacks.AtprSettings(
+    settings = inner.AtprSettings(
         eps=EPS,
         step_size=0.02,
         steps=3,
@@ -233,7 +233,7 @@ def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_ref
         steps_above=3,
         refine_max_iters=6,
     )
-    result = attacks.atpr_search(logits_fn, jax.random.PRNGKey(8), x, y, settings)
+    result = inner.atpr_search(logits_fn, jax.random.PRNGKey(8), x, y, settings)
     candidates = np.asarray(result.candidates, np.float64)
     x_sel, choice = np.asarray(result.x_adv), np.asarray(result.choice)
     # Per example, the selected point is one of the candidates (the one `choice` names).
@@ -255,22 +255,20 @@ def test_atpr_falls_back_to_the_standard_pgd_point_and_caps_the_refinement():
     model_bias = lambda label: lambda z: jnp.zeros((z.shape[0], 3)).at[:, label].set(5.0)
     x = jax.random.uniform(jax.random.PRNGKey(0), (6, 2, 2, 3))
     y = jnp.zeros((6,), jnp.int32)
-    settings = attacks.AtprSettings(eps=EPS, step_size=0.02, steps=2, num_candidates=3, refine_max_iters=7)
+    settings = inner.AtprSettings(eps=EPS, step_size=0.02, steps=2, num_candidates=3, refine_max_iters=7)
     # Always correct: every distance is 0, so the standard PGD point (candidate 0) is kept.
-    correct = attacks.atpr_search(model_bias(0), jax.random.PRNGKey(1), x, y, settings)
+    correct = inner.atpr_search(model_bias(0), jax.random.PRNGKey(1), x, y, settings)
     np.testing.assert_array_equal(correct.choice, 0)
     np.testing.assert_array_equal(correct.x_adv, correct.candidates[0])
     np.testing.assert_array_equal(correct.refine_iters, 0)
     # Always wrong: the refinement never succeeds and stops at the cap.
-    wrong = attacks.atpr_search(model_bias(1), jax.random.PRNGKey(1), x, y, settings)
+    wrong = inner.atpr_search(model_bias(1), jax.random.PRNGKey(1), x, y, settings)
     np.testing.assert_array_equal(wrong.refine_iters, 7)
 
 
 def test_atpr_candidate_settings_lie_in_the_reference_ranges():
-    s = attacks.AtprSettings()
-    eps, alpha, steps = attacks.atpr_candidate_settings(
-        jax.random.PRNGKey(0), dataclasses.replace(s, num_candidates=400)
-    )
+    s = inner.AtprSettings()
+    eps, alpha, steps = inner.atpr_candidate_settings(jax.random.PRNGKey(0), dataclasses.replace(s, num_candidates=400))
     eps, alpha, steps = np.asarray(eps), np.asarray(alpha), np.asarray(steps)
     assert (eps[0], alpha[0], steps[0]) == (np.float32(8 / 255), np.float32(2 / 255), 10)
     assert np.all((eps[1:] >= 8 / 255 - 0.02 - 1e-7) & (eps[1:] <= 8 / 255 + 1e-7))

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from test_evaluation import evaluate, tiny_config, tiny_setup
 
-from patjax.compute import data
+from patjax.data import cifar
 from patjax.reporting import report
 
 EPS = 0.03
@@ -39,7 +39,7 @@ def test_autoattack_reaches_the_exact_robustness_of_a_linear_model(evaluated):
     state, split, results, per_image = evaluated
     W = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
     b = np.asarray(state.params["Dense_0"]["bias"], np.float64)
-    x = np.asarray(data.to_float(split.images), np.float64).reshape(len(split), -1)
+    x = np.asarray(cifar.to_float(split.images), np.float64).reshape(len(split), -1)
     truth = np.array([worst_case_margin(W, b, x[i], split.labels[i], EPS) > 0 for i in range(len(split))])
     assert 0 < truth.sum() < len(split)
     np.testing.assert_array_equal(per_image["aa.robust"], truth)
@@ -101,7 +101,7 @@ def test_an_aa_evaluation_prints_its_clean_accuracy_and_every_interval(evaluated
     state, split, results, _ = evaluated
     W = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
     b = np.asarray(state.params["Dense_0"]["bias"], np.float64)
-    x = np.asarray(data.to_float(split.images), np.float64).reshape(len(split), -1)
+    x = np.asarray(cifar.to_float(split.images), np.float64).reshape(len(split), -1)
     correct = (x @ W + b).argmax(1) == split.labels
     ci = stats.binomtest(int(correct.sum()), len(split)).proportion_ci(0.95, method="exact")
     fig = results["figures"]["aa"]["clean_accuracy"]

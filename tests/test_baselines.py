@@ -13,9 +13,12 @@ from conftest import train_run
 from helpers import Linear, np_cross_entropy, np_softmax
 from test_train import tiny_config
 
-from patjax.compute import attacks, data, methods, models
-from patjax.compute.models import SmallCNN
+from patjax import methods
+from patjax.attacks import inner, pgd
 from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.models import networks
+from patjax.models.networks import SmallCNN
 from patjax.run import config as config_lib
 from patjax.run.config import default_config, train_settings
 
@@ -54,17 +57,17 @@ def adversarial_batch(name, logits_fn, x, y, key, cfg):
     """The batch each method trains on, from the attacks module (the method must use it)."""
     eps, steps = cfg.attack.epsilon, cfg.attack.steps
     if name in ("pgd", "pgd_cor", "alp", "clp"):
-        return attacks.pgd(logits_fn, key, x, y, eps=eps, step_size=cfg.attack.step_size, steps=steps)
+        return pgd.pgd(logits_fn, key, x, y, eps=eps, step_size=cfg.attack.step_size, steps=steps)
     if name in ("fgsm", "fgsm_cor"):
         if cfg.fgsm.random_start:
-            return attacks.fgsm_random_point(logits_fn, key, x, y, eps)
-        return attacks.fgsm(logits_fn, x, y, eps)
+            return pgd.fgsm_random_point(logits_fn, key, x, y, eps)
+        return pgd.fgsm(logits_fn, x, y, eps)
     if name == "trades":
-        return attacks.trades_kl_attack(logits_fn, key, x, eps=eps, step_size=cfg.trades.step_size, steps=steps)
+        return inner.trades_kl_attack(logits_fn, key, x, eps=eps, step_size=cfg.trades.step_size, steps=steps)
     if name == "mart":
-        return attacks.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
+        return inner.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
     if name == "atpr":
-        return attacks.atpr_search(logits_fn, key, x, y, config_lib.method_settings(cfg).atpr).x_adv
+        return inner.atpr_search(logits_fn, key, x, y, config_lib.method_settings(cfg).atpr).x_adv
     return x  # clean
 
 
@@ -129,7 +132,7 @@ def test_loss_equals_the_reference_formula_on_the_attacks_batch(name, overrides)
     model, x, y, params = linear_setup()
     cfg = baseline_config(**overrides)
     key = jax.random.PRNGKey(7)
-    loss, (_, metrics) = jax.jit(lambda p: method_loss(name, cfg)(p, models.ModelFns(model.apply), {}, x, y, key))(
+    loss, (_, metrics) = jax.jit(lambda p: method_loss(name, cfg)(p, networks.ModelFns(model.apply), {}, x, y, key))(
         params
     )
     logits_fn = lambda z: model.apply({"params": params}, z)
@@ -160,7 +163,7 @@ def test_gradient_equals_finite_differences_of_the_formula_at_the_fixed_adversar
     model, x, y, params = linear_setup()
     cfg = baseline_config()
     key = jax.random.PRNGKey(3)
-    grad = jax.jit(jax.grad(lambda p: method_loss(name, cfg)(p, models.ModelFns(model.apply), {}, x, y, key)[0]))(
+    grad = jax.jit(jax.grad(lambda p: method_loss(name, cfg)(p, networks.ModelFns(model.apply), {}, x, y, key)[0]))(
         params
     )
     x_adv = jax.jit(lambda: adversarial_batch(name, lambda z: model.apply({"params": params}, z), x, y, key, cfg))()
@@ -194,7 +197,7 @@ def cnn_setup():
 def test_running_statistics_follow_the_references_passes(name, passes, attack_mode):
     """r_n = m^n r_0 + sum_i m^(n-i) (1 - m) s_i over the passes' batch statistics s_i."""
     model, x, y, params, stats = cnn_setup()
-    fns = models.ModelFns(model.apply)
+    fns = networks.ModelFns(model.apply)
     cfg = baseline_config()
     key = jax.random.PRNGKey(2)
     _, (new_stats, _) = jax.jit(lambda p, s: method_loss(name, cfg)(p, fns, s, x, y, key))(params, stats)
@@ -220,7 +223,7 @@ def test_running_statistics_follow_the_references_passes(name, passes, attack_mo
 @pytest.mark.parametrize("cor,plain", [("pgd_cor", "pgd"), ("fgsm_cor", "fgsm")])
 def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     model, x, y, params, stats = cnn_setup()
-    fns = models.ModelFns(model.apply)
+    fns = networks.ModelFns(model.apply)
     cfg = baseline_config(**{"pat.beta": 0.0})
     key = jax.random.PRNGKey(4)
     run = lambda name: jax.jit(
@@ -275,7 +278,7 @@ def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
     cfg = tiny_config(
         method=name,
         num_train_steps=2,
-        data_dir=data.TFDS,
+        data_dir=cifar.TFDS,
         **{"attack.steps": 2, "atpr.num_candidates": 2, "atpr.steps_above": 1, "atpr.refine_max_iters": 2},
     )
     with tfds.testing.mock_data(num_examples=16):

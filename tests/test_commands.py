@@ -13,7 +13,7 @@ from conftest import REPO, train_run
 from safetensors.numpy import load_file
 from test_train import tiny_config
 
-from patjax.compute import data
+from patjax.data import cifar
 from patjax.run import workdir as workdir_lib
 
 NUM_EXAMPLES = 16  # tiny_config's eval.num_examples
@@ -63,8 +63,8 @@ def test_evaluate_export_diagnose_and_experiments_each_do_their_job_on_a_tiny_ru
 
     # evaluate: the clean accuracy is numpy's argmax of the restored model's logits on the same images.
     _, model_fns, state = workdir_lib.restore(tiny_run)
-    split = data.load_split("cifar10", "test", data_dir)
-    logits = np.asarray(model_fns.infer(state.params, state.batch_stats, data.to_float(split.images[:NUM_EXAMPLES])))
+    split = cifar.load_split("cifar10", "test", data_dir)
+    logits = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images[:NUM_EXAMPLES])))
     results = json.load(open(os.path.join(tiny_run, "eval", "results.json")))
     assert results["clean_accuracy"] == np.mean(logits.argmax(-1) == split.labels[:NUM_EXAMPLES])
 

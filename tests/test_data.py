@@ -10,8 +10,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from patjax import api
-from patjax.compute import data, download, models
 from patjax.core.errors import UserError
+from patjax.data import cifar, download
+from patjax.models import networks
 from patjax.run import eval_files, torch_weights
 
 
@@ -32,7 +33,7 @@ def test_binary_layout_is_parsed_to_nhwc(tmp_path, records_per_file):
     folder.mkdir()
     images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     write_binary(folder / "test_batch.bin", [7, 0, 9], images)
-    split = data.load_split("cifar10", "test", str(tmp_path))
+    split = cifar.load_split("cifar10", "test", str(tmp_path))
     np.testing.assert_array_equal(split.images, images)
     np.testing.assert_array_equal(split.labels, [7, 0, 9])
 
@@ -43,22 +44,22 @@ def test_cifar100_uses_the_fine_label(tmp_path, records_per_file):
     folder.mkdir()
     images = np.zeros((2, 32, 32, 3), np.uint8)
     write_binary(folder / "test.bin", [42, 99], images, coarse=[3, 19])
-    np.testing.assert_array_equal(data.load_split("cifar100", "test", str(tmp_path)).labels, [42, 99])
+    np.testing.assert_array_equal(cifar.load_split("cifar100", "test", str(tmp_path)).labels, [42, 99])
 
 
 def test_missing_files_and_unknown_dataset_are_user_errors(tmp_path, data_dir):
     with pytest.raises(UserError, match="data_batch_1.bin"):
-        data.load_split("cifar10", "train", str(tmp_path))
+        cifar.load_split("cifar10", "train", str(tmp_path))
     with pytest.raises(UserError, match="train.bin"):  # ../shared/data has the CIFAR-100 test split only
-        data.load_split("cifar100", "train", data_dir)
+        cifar.load_split("cifar100", "train", data_dir)
     with pytest.raises(UserError, match="unknown dataset"):
-        data.load_split("mnist", "train", str(tmp_path))
+        cifar.load_split("mnist", "train", str(tmp_path))
 
 
 @pytest.mark.slow
 def test_real_cifar10_matches_published_statistics(data_dir):
-    train = data.load_split("cifar10", "train", data_dir)
-    test = data.load_split("cifar10", "test", data_dir)
+    train = cifar.load_split("cifar10", "train", data_dir)
+    test = cifar.load_split("cifar10", "test", data_dir)
     assert train.images.shape == (50000, 32, 32, 3) and test.images.shape == (10000, 32, 32, 3)
     np.testing.assert_array_equal(np.bincount(train.labels), np.full(10, 5000))
     # Published per-channel means of the CIFAR-10 training set (pixel values 0-255).
@@ -66,10 +67,10 @@ def test_real_cifar10_matches_published_statistics(data_dir):
     # The models' input normalization (and the PyTorch peer's, which imports it) is these pixels'
     # per-channel mean and standard deviation, to its 4 decimals.
     pixels = train.images.reshape(-1, 3).astype(np.float64) / 255
-    mean, std = models.DATASET_STATS["cifar10"]
+    mean, std = networks.DATASET_STATS["cifar10"]
     np.testing.assert_allclose(mean, pixels.mean(0), atol=5e-5)
     np.testing.assert_allclose(std, pixels.std(0), atol=5e-5)
-    cifar100 = data.load_split("cifar100", "test", data_dir)
+    cifar100 = cifar.load_split("cifar100", "test", data_dir)
     assert cifar100.images.shape == (10000, 32, 32, 3) and cifar100.labels.max() == 99
 
 
@@ -84,7 +85,7 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(socket, "getaddrinfo", refuse)  # a name looked up: a connection under way
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(data, "_search_roots", lambda: [str(tmp_path / "checkout" / "repo")])
+    monkeypatch.setattr(cifar, "_search_roots", lambda: [str(tmp_path / "checkout" / "repo")])
     monkeypatch.setenv("PATJAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PATJAX_DATA_DIR", str(tmp_path / "data"))
     return tmp_path / "data"
@@ -104,14 +105,14 @@ def write_test_split(offline, dataset, images, labels, records_per_file):
 def test_a_folder_with_the_test_split_alone_serves_an_evaluation_and_not_a_training(offline, dataset, records_per_file):
     images = np.random.default_rng(1).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
     write_test_split(offline, dataset, images, [3, 1, 4, 1, 5], records_per_file)
-    assert data.find_data_dir(dataset, "test") == str(offline)
-    split = data.load_split(dataset, "test", None)  # found, and read without a download
+    assert cifar.find_data_dir(dataset, "test") == str(offline)
+    split = cifar.load_split(dataset, "test", None)  # found, and read without a download
     np.testing.assert_array_equal(split.images, images)
     np.testing.assert_array_equal(split.labels, [3, 1, 4, 1, 5])
     # Training needs the training split: the folder is not taken for it, and the download starts.
-    assert data.find_data_dir(dataset, "train") is None and data.find_data_dir(dataset) is None
+    assert cifar.find_data_dir(dataset, "train") is None and cifar.find_data_dir(dataset) is None
     with pytest.raises(AssertionError, match="a network connection was attempted"):
-        data.load_split(dataset, "train", None)
+        cifar.load_split(dataset, "train", None)
 
 
 @pytest.mark.slow
@@ -121,8 +122,8 @@ def test_cifar100_with_the_test_split_alone_evaluates_offline(offline, tmp_path,
     rng = np.random.default_rng(2)
     images, labels = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8), [7, 99, 0, 42, 7, 13]
     write_test_split(offline, "cifar100", images, labels, records_per_file)
-    model = models.create_model("small_cnn", "cifar100", 100, normalize=models.NO_NORMALIZATION)
-    params, batch_stats = models.init_variables(model, jax.random.PRNGKey(0))
+    model = networks.create_model("small_cnn", "cifar100", 100, normalize=networks.NO_NORMALIZATION)
+    params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))
     weights = str(tmp_path / "net.safetensors")
     torch_weights.export(weights, "small_cnn", params, batch_stats, normalize=None)
     out = str(tmp_path / "net")
@@ -139,7 +140,7 @@ def test_cifar100_with_the_test_split_alone_evaluates_offline(offline, tmp_path,
 
 def test_tfds_mock_data_path():
     with tfds.testing.mock_data(num_examples=12):
-        split = data.load_split("cifar10", "train", data.TFDS)
+        split = cifar.load_split("cifar10", "train", cifar.TFDS)
     assert split.images.shape == (12, 32, 32, 3) and split.images.dtype == np.uint8
     assert split.labels.dtype == np.int32 and split.labels.max() < 10
 
@@ -147,15 +148,15 @@ def test_tfds_mock_data_path():
 def test_tfds_unprepared_without_tensorflow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(tfds.core.constants, "DATA_DIR", str(tmp_path), raising=False)
-    monkeypatch.setattr(data, "_tensorflow_available", lambda: False)
+    monkeypatch.setattr(cifar, "_tensorflow_available", lambda: False)
     with pytest.raises(UserError, match=r"\[tfds-prepare\] extra"):
-        data.load_split("cifar10", "test", data.TFDS)
+        cifar.load_split("cifar10", "test", cifar.TFDS)
 
 
 def test_augment_returns_a_reflect_padded_crop_possibly_flipped():
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8)
-    out = np.asarray(jax.jit(data.augment)(jax.random.PRNGKey(0), images))
+    out = np.asarray(jax.jit(cifar.augment)(jax.random.PRNGKey(0), images))
     assert out.shape == (64, 32, 32, 3) and out.dtype == np.float32
     padded = np.pad(images / 255.0, ((0, 0), (4, 4), (4, 4), (0, 0)), mode="reflect")
     flips, offsets = 0, set()
@@ -176,8 +177,8 @@ def test_augment_returns_a_reflect_padded_crop_possibly_flipped():
 
 def test_epoch_permutation_is_a_permutation_that_changes_per_epoch():
     key = jax.random.PRNGKey(0)
-    p0 = np.asarray(data.epoch_permutation(key, 0, 100))
-    p1 = np.asarray(data.epoch_permutation(key, 1, 100))
+    p0 = np.asarray(cifar.epoch_permutation(key, 0, 100))
+    p1 = np.asarray(cifar.epoch_permutation(key, 1, 100))
     np.testing.assert_array_equal(np.sort(p0), np.arange(100))
     assert not np.array_equal(p0, p1)
-    np.testing.assert_array_equal(p0, data.epoch_permutation(key, 0, 100))
+    np.testing.assert_array_equal(p0, cifar.epoch_permutation(key, 0, 100))

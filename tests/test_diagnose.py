@@ -12,15 +12,15 @@ from conftest import REPO, train_run
 from test_samplers import linear_setup
 from test_train import tiny_config
 
-from patjax.compute import sampler_diagnostic
-from patjax.compute.samplers import LangevinSettings
+from patjax.pat import langevin_diagnostic
+from patjax.pat.langevin import LangevinSettings
 
 
 def test_curves_follow_the_closed_form_contraction():
     logits_fn, x, y, _, _ = linear_setup()
     T, chains, rate = 30, 3, 1 - 2 * 0.3 * 0.3  # (1 - 2 eta c1) = 0.82 with the defaults
     settings = LangevinSettings(steps=T, c2=0.0, noise_scale=0.0)
-    curves = jax.jit(lambda k: sampler_diagnostic.chain_curves(logits_fn, k, x, y, settings, chains))(
+    curves = jax.jit(lambda k: langevin_diagnostic.chain_curves(logits_fn, k, x, y, settings, chains))(
         jax.random.PRNGKey(0)
     )
     c = {k: np.asarray(v, np.float64) for k, v in curves.items()}
@@ -41,9 +41,9 @@ def test_curves_follow_the_closed_form_contraction():
 
 def test_first_step_within_is_the_step_from_which_the_distance_stays_below():
     d = np.array([0.5, 0.2, 0.05, 0.2, 0.04, 0.03, 0.0])
-    assert sampler_diagnostic.first_step_within(d, 0.1) == 4
-    assert sampler_diagnostic.first_step_within(d, 1.0) == 0
-    assert sampler_diagnostic.first_step_within(d, 0.01) is None  # only the last step itself
+    assert langevin_diagnostic.first_step_within(d, 0.1) == 4
+    assert langevin_diagnostic.first_step_within(d, 1.0) == 0
+    assert langevin_diagnostic.first_step_within(d, 0.01) is None  # only the last step itself
 
 
 @pytest.mark.slow
@@ -100,7 +100,7 @@ def test_sampler_comparison_against_the_closed_form():
     reference = LangevinSettings(steps=20, c2=0.0, noise_scale=0.0)
     candidate = LangevinSettings(steps=20, c2=0.0, noise_scale=0.0, init="clean", tolerance=1e-6)
     f = jax.device_get(
-        jax.jit(lambda k: sampler_diagnostic.compare_samplers(logits_fn, k, x, y, reference, candidate))(
+        jax.jit(lambda k: langevin_diagnostic.compare_samplers(logits_fn, k, x, y, reference, candidate))(
             jax.random.PRNGKey(4)
         )
     )

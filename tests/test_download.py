@@ -1,4 +1,4 @@
-"""patjax.compute.download against a real HTTP server on the loopback address: success, the failures a
+"""patjax.data.download against a real HTTP server on the loopback address: success, the failures a
 network and an archive can produce, and what each leaves in the cache (nothing partial)."""
 
 import fcntl
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from conftest import train_run
 
-from patjax.compute import data, download
 from patjax.core.errors import UserError
+from patjax.data import cifar, download
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,7 @@ def synthetic(dataset, seed=0):
     top_dir = download.ARCHIVES[dataset][3]
     files, test = {}, None
     for name in download.EXPECTED_FILES[dataset]:
-        labels = rng.integers(0, data.NUM_CLASSES[dataset], 3).tolist()
+        labels = rng.integers(0, cifar.NUM_CLASSES[dataset], 3).tolist()
         images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
         files[f"{top_dir}/{name}"] = records(dataset, labels, images)
         if name.startswith("test"):
@@ -168,7 +168,7 @@ def test_download_extracts_the_official_layout_and_the_loader_reads_it(
     for name, body in files.items():
         assert (tmp_path / "cache" / name).read_bytes() == body
     assert_clean(cache, top_dir)
-    split = data.load_split(dataset, "test", cache)
+    split = cifar.load_split(dataset, "test", cache)
     np.testing.assert_array_equal(split.labels, labels)
     np.testing.assert_array_equal(split.images, images)
     stderr = capsys.readouterr().err
@@ -361,7 +361,7 @@ def test_two_processes_share_one_download(server, tmp_path, records_per_file):
     cache = tmp_path / "cache"
     cache.mkdir()
     code = (
-        "import sys; from patjax.compute import download; "
+        "import sys; from patjax.data import download; "
         "print(download.ensure_dataset('cifar10', sys.argv[1], url=sys.argv[2], md5=sys.argv[3], "
         "progress=False))"
     )
@@ -390,7 +390,7 @@ def test_two_processes_share_one_download(server, tmp_path, records_per_file):
         assert out.strip() == str(cache)
     assert sorted("downloading CIFAR-10" in err for _, err in outputs) == [False, True]
     assert server.requests == ["/archive.tar.gz"]
-    assert data.load_split("cifar10", "train", str(cache)).labels.shape == (15,)
+    assert cifar.load_split("cifar10", "train", str(cache)).labels.shape == (15,)
     assert_clean(str(cache), "cifar-10-batches-bin")
 
 
@@ -403,7 +403,7 @@ def test_without_tarfile_data_filter_the_own_checks_still_guard(server, tmp_path
     download.ensure_dataset(
         "cifar10", str(tmp_path / "good"), url=server.add("/good", blob), md5=md5(blob), progress=False
     )
-    np.testing.assert_array_equal(data.load_split("cifar10", "test", str(tmp_path / "good")).labels, labels)
+    np.testing.assert_array_equal(cifar.load_split("cifar10", "test", str(tmp_path / "good")).labels, labels)
     outside = tmp_path / "outside"
     outside.mkdir()
     evil = tar_gz(files, evil_member("symlink", outside))
@@ -432,7 +432,7 @@ def test_unknown_dataset_is_one_line(tmp_path):
 
 
 def test_every_dataset_has_an_archive_and_the_files_the_loader_reads():
-    assert set(download.ARCHIVES) == set(download.SPLIT_FILES) == set(data.NUM_CLASSES)
+    assert set(download.ARCHIVES) == set(download.SPLIT_FILES) == set(cifar.NUM_CLASSES)
     for dataset, (url, digest, size, top_dir) in download.ARCHIVES.items():
         assert url.startswith("https://") and len(digest) == 32 and size > 100e6
     # The official archives' layouts (https://www.cs.toronto.edu/~kriz/cifar.html), by hand.
@@ -475,14 +475,14 @@ def test_training_with_no_data_folder_downloads_into_the_cache_and_finds_it_afte
     monkeypatch.setitem(download.ARCHIVES, "cifar10", (url, md5(blob), len(blob), "cifar-10-batches-bin"))
     monkeypatch.delenv("PATJAX_DATA_DIR", raising=False)
     monkeypatch.setenv("PATJAX_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "_search_roots", lambda: [str(tmp_path / "checkout" / "repo")])
-    assert data.find_data_dir() is None
+    monkeypatch.setattr(cifar, "_search_roots", lambda: [str(tmp_path / "checkout" / "repo")])
+    assert cifar.find_data_dir() is None
     cfg = config_lib.default_config()
     cfg.model, cfg.batch_size, cfg.num_train_steps, cfg.langevin.steps = "small_cnn", 4, 1, 1
     cfg.log_test_examples, cfg.eval.batch_size, cfg.progress_bar = 3, 3, False
     train_run(cfg, str(tmp_path / "run"))
     assert server.requests == ["/cifar-10-binary.tar.gz"]
-    assert data.find_data_dir() == str(tmp_path / "cache")  # found there from now on
+    assert cifar.find_data_dir() == str(tmp_path / "cache")  # found there from now on
     train_run(cfg, str(tmp_path / "run2"))
     assert server.requests == ["/cifar-10-binary.tar.gz"]  # not downloaded again
 

@@ -19,11 +19,11 @@ from helpers import Linear
 from scipy import stats
 
 from patjax import api, evaluators
-from patjax.compute import data
-from patjax.compute import stats as patjax_stats
-from patjax.compute.models import ModelFns
 from patjax.core import files
 from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.evaluators import stats as patjax_stats
+from patjax.models.networks import ModelFns
 from patjax.reporting import plots, report
 from patjax.run import checkpoints, eval_files, evaluation
 from patjax.run import config as config_lib
@@ -41,13 +41,13 @@ def tiny_setup(scale=1.0, num_images=7, model_seed=0):
         lambda p: p * 8.0 * scale, model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))["params"]
     )
     params = init(0)
-    logits = np.asarray(model.apply({"params": params}, data.to_float(images)))
+    logits = np.asarray(model.apply({"params": params}, cifar.to_float(images)))
     labels = logits.argmax(1).astype(np.int32)
     labels[::3] = (labels[::3] + 1) % 10  # some clean errors
     if model_seed:
         params = jax.tree.map(lambda a, b: 0.6 * a + 0.4 * b, params, init(model_seed))
     state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(3))
-    return ModelFns(model.apply), state, data.Split(images, labels)
+    return ModelFns(model.apply), state, cifar.Split(images, labels)
 
 
 def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **kwargs):
@@ -286,7 +286,7 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
     workdir_lib.save_config(cfg.to_dict(), workdir)
     monkeypatch.setattr(checkpoints, "latest_step", lambda w: 3)
     monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, state))
-    monkeypatch.setattr(data, "load_split", lambda *a: split)
+    monkeypatch.setattr(cifar, "load_split", lambda *a: split)
     return workdir, state, split
 
 

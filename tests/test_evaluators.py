@@ -6,8 +6,8 @@ import pytest
 from test_evaluation import evaluate, tiny_config, tiny_setup
 
 from patjax import evaluators
-from patjax.compute import data
 from patjax.core.errors import UserError
+from patjax.data import cifar
 from patjax.evaluators import common
 
 
@@ -38,7 +38,7 @@ def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
         progress=False,
         evaluators="pr",
     )
-    logits = np.asarray(model_fns.infer(state.params, {}, data.to_float(split.images)))
+    logits = np.asarray(model_fns.infer(state.params, {}, cifar.to_float(split.images)))
     correct = logits.argmax(1) == split.labels
     assert results["settings"]["evaluators"] == ["pr"]
     assert list(results["evaluator_wall_time_s"]) == ["pr_gaussian", "clean"]  # clean runs last, only for PR

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from patjax.compute import fab
+from patjax.attacks import fab
 
 SHAPE = (4, 4, 3)
 D = math.prod(SHAPE)

@@ -202,12 +202,12 @@ def test_a_checkpoint_with_infinite_weights_but_finite_logits_is_neither_evaluat
 
 @pytest.mark.slow
 def test_a_torch_checkpoint_with_a_non_finite_weight_or_normalization_is_refused_naming_it(tmp_path):
-    from patjax.compute import models
+    from patjax.models import networks
     from patjax.run import torch_weights
 
-    net = models.create_model("small_cnn", "cifar10", 10)
-    params, batch_stats = jax.jit(lambda: models.init_variables(net, jax.random.PRNGKey(0)))()
-    stats = models.DATASET_STATS["cifar10"]
+    net = networks.create_model("small_cnn", "cifar10", 10)
+    params, batch_stats = jax.jit(lambda: networks.init_variables(net, jax.random.PRNGKey(0)))()
+    stats = networks.DATASET_STATS["cifar10"]
     variants = {
         "nan_weight": (set_first(params, "Conv_0", "kernel", jnp.nan), stats, "features.0.weight"),
         "inf_bias": (minus_inf_bias(params), stats, "features.1.bias"),  # finite logits: the ReLU clips it
@@ -225,10 +225,10 @@ def test_a_torch_checkpoint_with_a_non_finite_weight_or_normalization_is_refused
 
 
 def test_the_api_refuses_variables_with_a_non_finite_value_before_compiling(monkeypatch):
-    from patjax.compute import models
+    from patjax.models import networks
 
-    net = models.create_model("small_cnn", "cifar10", 10)
-    params, batch_stats = jax.jit(lambda: models.init_variables(net, jax.random.PRNGKey(0)))()
+    net = networks.create_model("small_cnn", "cifar10", 10)
+    params, batch_stats = jax.jit(lambda: networks.init_variables(net, jax.random.PRNGKey(0)))()
     variables = {"params": minus_inf_bias(params), "batch_stats": batch_stats}
     images, labels = images_and_labels(n=4, size=32)
     monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
@@ -366,10 +366,10 @@ def test_a_model_that_cannot_take_the_images_or_gives_no_class_scores_is_refused
 
 def small_cnn_variables(normalize):
     """The small CNN, built for RGB images, with its variables."""
-    from patjax.compute import models
+    from patjax.models import networks
 
-    module = models.create_model("small_cnn", "cifar10", 10, normalize=normalize)
-    params, batch_stats = models.init_variables(module, jax.random.PRNGKey(0), (4, 4, 3))
+    module = networks.create_model("small_cnn", "cifar10", 10, normalize=normalize)
+    params, batch_stats = networks.init_variables(module, jax.random.PRNGKey(0), (4, 4, 3))
     return module, {"params": params, "batch_stats": batch_stats}
 
 
@@ -583,14 +583,14 @@ def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
 
 
 def test_the_diagnostics_tolerance_and_chains_in_all_are_bounded():
-    from patjax.compute import sampler_diagnostic
+    from patjax.pat import langevin_diagnostic
 
     with pytest.raises(UserError) as error:
-        sampler_diagnostic.DiagnosticSettings(8, 2, 10, "uniform", tolerance=-0.1)
+        langevin_diagnostic.DiagnosticSettings(8, 2, 10, "uniform", tolerance=-0.1)
     assert str(error.value) == "--tolerance must be >= 0, got -0.1"
-    assert sampler_diagnostic.DiagnosticSettings(10_000, 10).chains == 10  # 100,000 chains in all
+    assert langevin_diagnostic.DiagnosticSettings(10_000, 10).chains == 10  # 100,000 chains in all
     with pytest.raises(UserError) as error:
-        sampler_diagnostic.DiagnosticSettings(10_000, 11)
+        langevin_diagnostic.DiagnosticSettings(10_000, 11)
     assert str(error.value) == "--num_examples x --chains must be at most 100,000 (they run at once), got 10000 x 11"
 
 

@@ -7,8 +7,9 @@ import optax
 import pytest
 from helpers import Linear, np_cross_entropy, np_softmax
 
-from patjax.compute import methods, models
-from patjax.compute.samplers import langevin_sample
+from patjax import methods
+from patjax.models import networks
+from patjax.pat.langevin import langevin_sample
 from patjax.run import config as config_lib
 from patjax.run.config import default_config
 
@@ -78,7 +79,7 @@ def pat_config(steps=3, beta=0.5):
 
 def test_pat_method_loss_equals_hand_computation_on_its_samples():
     model, x, y, params = setup()
-    fns = models.ModelFns(model.apply)
+    fns = networks.ModelFns(model.apply)
     cfg = pat_config()
     key = jax.random.PRNGKey(9)
     loss, (_, metrics) = methods.pat(params, fns, {}, x, y, key, cfg)
@@ -95,7 +96,7 @@ def test_pat_method_loss_equals_hand_computation_on_its_samples():
 def test_no_gradient_flows_through_the_sampler():
     """The gradient of the PAT loss equals that of the weighted loss at fixed x_adv."""
     model, x, y, params = setup()
-    fns = models.ModelFns(model.apply)
+    fns = networks.ModelFns(model.apply)
     cfg = pat_config(beta=0.3)
     key = jax.random.PRNGKey(2)
     grad = jax.grad(lambda p: methods.pat(p, fns, {}, x, y, key, cfg)[0])(params)
@@ -106,14 +107,14 @@ def test_no_gradient_flows_through_the_sampler():
 
 @pytest.mark.slow
 def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
-    from patjax.compute.models import SmallCNN
+    from patjax.models.networks import SmallCNN
 
     model = SmallCNN(num_classes=3, mean=(0.5,) * 3, std=(0.25,) * 3, widths=(4,))
     x = jax.random.uniform(jax.random.PRNGKey(0), (8, 8, 8, 3))
     y = jnp.arange(8) % 3
     variables = model.init(jax.random.PRNGKey(1), x)
     params, stats = variables["params"], variables["batch_stats"]
-    fns = models.ModelFns(model.apply)
+    fns = networks.ModelFns(model.apply)
     cfg = pat_config(steps=2)
     _, (new_stats, _) = methods.pat(params, fns, stats, x, y, jax.random.PRNGKey(3), cfg)
     # The statistics are those of one training-mode pass on x_adv, sampled in inference mode.

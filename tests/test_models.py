@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from patjax.compute import models
 from patjax.core.errors import UserError
+from patjax.models import networks
 
 
 def count(params):
@@ -21,7 +21,7 @@ def abstract_params(model):
 def test_resnet18_matches_kuangliu_parameter_count(dataset, classes):
     # kuangliu/pytorch-cifar ResNet18: 11,173,962 parameters with 10 classes (BN affine included);
     # the head adds 513 per class.
-    variables = abstract_params(models.create_model("resnet18", dataset, classes))
+    variables = abstract_params(networks.create_model("resnet18", dataset, classes))
     assert count(variables["params"]) == 11_173_962 + 513 * (classes - 10)
 
 
@@ -29,7 +29,7 @@ def test_wrn50_2_matches_torchvision_with_cifar_stem():
     # torchvision wide_resnet50_2: 68,883,240 parameters (7x7 stem, 1000-class head). CIFAR form:
     # 3x3 stem (-7*7*3*64 + 3*3*3*64) and a 10-class head (-2048*1000-1000 + 2048*10+10).
     expected = 68_883_240 - 7 * 7 * 3 * 64 + 3 * 3 * 3 * 64 - (2048 * 1000 + 1000) + (2048 * 10 + 10)
-    variables = abstract_params(models.create_model("wrn50_2", "cifar10", 10))
+    variables = abstract_params(networks.create_model("wrn50_2", "cifar10", 10))
     assert count(variables["params"]) == expected
 
 
@@ -48,43 +48,43 @@ def test_wrn50_2_matches_torchvision_with_cifar_stem():
     ],
 )
 def test_robustness_networks_match_the_reference_parameter_counts(name, expected):
-    assert count(abstract_params(models.create_model(name, "cifar10", 10))["params"]) == expected
+    assert count(abstract_params(networks.create_model(name, "cifar10", 10))["params"]) == expected
 
 
 def test_normalize_none_feeds_the_network_raw_inputs():
     x = jax.random.uniform(jax.random.PRNGKey(0), (2, 32, 32, 3))
-    raw = models.create_model("small_cnn", "cifar10", 10, normalize="none")
-    identity = models.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
+    raw = networks.create_model("small_cnn", "cifar10", 10, normalize="none")
+    identity = networks.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
     variables = raw.init(jax.random.PRNGKey(1), x)
     np.testing.assert_array_equal(raw.apply(variables, x), identity.apply(variables, x))
     assert (
-        models.create_model("small_cnn", "cifar10", 10, normalize="cifar100").mean
-        == models.DATASET_STATS["cifar100"][0]
+        networks.create_model("small_cnn", "cifar10", 10, normalize="cifar100").mean
+        == networks.DATASET_STATS["cifar100"][0]
     )
-    with pytest.raises(models.UserError, match="unknown normalize 'imagenet'"):
-        models.create_model("small_cnn", "cifar10", 10, normalize="imagenet")
+    with pytest.raises(networks.UserError, match="unknown normalize 'imagenet'"):
+        networks.create_model("small_cnn", "cifar10", 10, normalize="imagenet")
 
 
-@pytest.mark.parametrize("name", sorted(models.MODELS))
+@pytest.mark.parametrize("name", sorted(networks.MODELS))
 def test_logit_shape_and_dtype(name):
-    kwargs = {"width": 4} if name in models.TAKES_WIDTH else {}
-    model = models.create_model(name, "cifar100", 100, **kwargs)
+    kwargs = {"width": 4} if name in networks.TAKES_WIDTH else {}
+    model = networks.create_model(name, "cifar100", 100, **kwargs)
     x = jnp.zeros((2, 32, 32, 3))
     out = jax.eval_shape(lambda: model.apply(model.init(jax.random.PRNGKey(0), x), x))
     assert out.shape == (2, 100) and out.dtype == jnp.float32
 
 
 def test_normalization_is_inside_the_model():
-    model = models.create_model("small_cnn", "cifar10", 10)
+    model = networks.create_model("small_cnn", "cifar10", 10)
     x = jax.random.uniform(jax.random.PRNGKey(0), (2, 32, 32, 3))
     variables = model.init(jax.random.PRNGKey(1), x)
-    mean, std = models.DATASET_STATS["cifar10"]
+    mean, std = networks.DATASET_STATS["cifar10"]
     # A model without normalization fed pre-normalized images gives the same logits.
-    plain = models.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
+    plain = networks.SmallCNN(num_classes=10, mean=(0.0,) * 3, std=(1.0,) * 3)
     normalized = (x - jnp.asarray(mean)) / jnp.asarray(std)
     np.testing.assert_allclose(model.apply(variables, x), plain.apply(variables, normalized), rtol=1e-5, atol=1e-5)
 
 
 def test_an_unknown_network_name_is_one_line_from_create_model():
     with pytest.raises(UserError, match="unknown model 'resnet1000'; choose one of"):
-        models.create_model("resnet1000", "cifar10", 10)
+        networks.create_model("resnet1000", "cifar10", 10)

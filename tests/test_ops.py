@@ -1,4 +1,4 @@
-"""patjax.compute.ops (the one convolution and max-pool of every model) and compute_dtype=bfloat16.
+"""patjax.models.ops (the one convolution and max-pool of every model) and compute_dtype=bfloat16.
 
 The convolution's custom VJP (input gradient through a reordered kernel copy) is checked
 against JAX's own autodiff of `lax.conv_general_dilated`, an independent derivation, for
@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from patjax.compute import models, ops, samplers
 from patjax.core.errors import UserError
+from patjax.models import networks, ops
+from patjax.pat import langevin
 
 
 @pytest.fixture
@@ -123,9 +124,9 @@ def test_bf16_sampler_stays_close_to_fp32():
     x = jax.random.uniform(jax.random.PRNGKey(0), (8, 16, 16, 3))
     y = jnp.arange(8) % 10
     kw = dict(widths=(4, 8))
-    fp32 = models.create_model("small_cnn", "cifar10", 10, dtype=jnp.float32, **kw)
-    bf16 = models.create_model("small_cnn", "cifar10", 10, dtype=jnp.bfloat16, **kw)
-    params, batch_stats = models.init_variables(fp32, jax.random.PRNGKey(1), image_shape=(16, 16, 3))
+    fp32 = networks.create_model("small_cnn", "cifar10", 10, dtype=jnp.float32, **kw)
+    bf16 = networks.create_model("small_cnn", "cifar10", 10, dtype=jnp.bfloat16, **kw)
+    params, batch_stats = networks.init_variables(fp32, jax.random.PRNGKey(1), image_shape=(16, 16, 3))
     variables = {"params": params, "batch_stats": batch_stats}
     logits32 = fp32.apply(variables, x)
     logits16 = bf16.apply(variables, x)
@@ -137,8 +138,8 @@ def test_bf16_sampler_stays_close_to_fp32():
 
     key = jax.random.PRNGKey(2)
     run = lambda model, steps: jax.jit(
-        lambda x: samplers.langevin_sample(
-            lambda z: model.apply(variables, z), key, x, y, samplers.LangevinSettings(steps=steps)
+        lambda x: langevin.langevin_sample(
+            lambda z: model.apply(variables, z), key, x, y, langevin.LangevinSettings(steps=steps)
         )
     )(x)
     x32, x16, start = run(fp32, 5), run(bf16, 5), run(fp32, 0)
@@ -151,19 +152,19 @@ def test_bf16_sampler_stays_close_to_fp32():
 
 @pytest.mark.slow
 def test_bf16_update_keeps_float32_parameters_and_gradients():
-    from patjax.compute import methods
+    from patjax import methods
     from patjax.run import config as config_lib
     from patjax.run import state as state_lib
 
     cfg = config_lib.default_config()
     cfg.langevin.steps = 2
-    model = models.create_model("small_cnn", "cifar10", 10, dtype=jnp.bfloat16, widths=(4,))
-    params, batch_stats = models.init_variables(model, jax.random.PRNGKey(0), image_shape=(8, 8, 3))
+    model = networks.create_model("small_cnn", "cifar10", 10, dtype=jnp.bfloat16, widths=(4,))
+    params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0), image_shape=(8, 8, 3))
     x = jax.random.uniform(jax.random.PRNGKey(1), (4, 8, 8, 3))
     y = jnp.arange(4)
     loss_and_grad = jax.value_and_grad(methods.pat, has_aux=True)
     settings = config_lib.train_settings(cfg)
-    args = (params, models.ModelFns(model.apply), batch_stats, x, y, jax.random.PRNGKey(2), settings.method)
+    args = (params, networks.ModelFns(model.apply), batch_stats, x, y, jax.random.PRNGKey(2), settings.method)
     step = jax.jit(lambda p: loss_and_grad(p, *args[1:]))
     (loss, (new_stats, _)), grads = step(params)
     assert np.isfinite(float(loss))

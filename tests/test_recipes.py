@@ -18,18 +18,19 @@ from helpers import Linear, np_cross_entropy, np_softmax
 from scipy import stats as scipy_stats
 from test_train import tiny_config
 
-from patjax import api, evaluators
-from patjax.compute import data, methods, models
-from patjax.compute.logits import margin
+from patjax import api, evaluators, methods
+from patjax.attacks.logits import margin
 from patjax.core.errors import UserError
+from patjax.data import cifar
 from patjax.evaluators import common
+from patjax.models import networks
 from patjax.reporting import report
 from patjax.run import config as config_lib
 from patjax.run import evaluation, torch_weights, train
 
 # ---------------------------------------------------------------------------------------
 # A model: a module with (num_classes, mean, std, dtype) that normalizes its input first, and
-# one line in models.MODELS. No PyTorch twin: training and evaluation work, export refuses.
+# one line in networks.MODELS. No PyTorch twin: training and evaluation work, export refuses.
 
 
 class LinearNet(nn.Module):
@@ -42,22 +43,22 @@ class LinearNet(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = models._normalized(x, self.mean, self.std, self.dtype)
+        x = networks._normalized(x, self.mean, self.std, self.dtype)
         return nn.Dense(self.num_classes, dtype=self.dtype)(x.reshape(x.shape[0], -1))
 
 
 def test_a_new_model_trains_evaluates_and_refuses_export_in_one_line(monkeypatch, tmp_path):
-    monkeypatch.setitem(models.MODELS, "linear_net", LinearNet)
+    monkeypatch.setitem(networks.MODELS, "linear_net", LinearNet)
     workdir = str(tmp_path / "run")
-    cfg = tiny_config(model="linear_net", method="clean", data_dir=data.TFDS, num_train_steps=2)
+    cfg = tiny_config(model="linear_net", method="clean", data_dir=cifar.TFDS, num_train_steps=2)
     with tfds.testing.mock_data(num_examples=16):
         state = train_run(cfg, workdir)
         results = evaluation.evaluate_workdir(workdir, evaluators="clean", progress=False)
-        split = data.load_split("cifar10", "test", data.TFDS)
+        split = cifar.load_split("cifar10", "test", cifar.TFDS)
     assert int(state.step) == 2
     # Clean accuracy by hand: numpy's affine map of the normalized images.
     params = jax.device_get(state.params)["Dense_0"]
-    mean, std = models.DATASET_STATS["cifar10"]
+    mean, std = networks.DATASET_STATS["cifar10"]
     x = (split.images[:16] / 255.0 - np.asarray(mean)) / np.asarray(std)
     logits = x.reshape(16, -1) @ np.asarray(params["kernel"], np.float64) + np.asarray(params["bias"])
     accuracy = np.mean(logits.argmax(1) == split.labels[:16])
@@ -92,7 +93,7 @@ def uniform_noise(params, model, batch_stats, x, y, key, s):
 @pytest.mark.slow
 def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeypatch, tmp_path):
     monkeypatch.setitem(methods.METHODS, "uniform_noise", uniform_noise)
-    cfg = tiny_config(method="uniform_noise", data_dir=data.TFDS, num_train_steps=2, log_every_steps=1)
+    cfg = tiny_config(method="uniform_noise", data_dir=cifar.TFDS, num_train_steps=2, log_every_steps=1)
     settings = config_lib.train_settings(cfg)
     loss_fn = methods.make_method(settings.method)
 
@@ -102,7 +103,7 @@ def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeyp
     params = model.init(jax.random.PRNGKey(2), x)["params"]
     key = jax.random.PRNGKey(3)
     (loss, (_, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, models.ModelFns(model.apply), {}, x, y, key
+        params, networks.ModelFns(model.apply), {}, x, y, key
     )
     # By hand: the same noise (jax's draw for this key), clipping, the linear logits, mean CE, and
     # the closed-form gradient of mean CE for a linear map: X^T (softmax - onehot) / B.
@@ -127,7 +128,7 @@ def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeyp
 def test_an_inner_attack_needs_its_reference_bn_mode():
     """attack.bn_mode='auto' reaches a method unresolved unless the method has an entry in
     REFERENCE_ATTACK_BN_MODE; an attack's logits function then refuses it by name."""
-    fns = models.ModelFns(Linear(num_classes=3).apply)
+    fns = networks.ModelFns(Linear(num_classes=3).apply)
     with pytest.raises(ValueError, match="REFERENCE_ATTACK_BN_MODE"):
         fns.attack_logits_fn({}, {}, "auto")
     assert config_lib.method_settings(tiny_config(method="pgd")).attack_bn_mode == "train"
@@ -160,7 +161,7 @@ def register(monkeypatch, evaluator):
 
 def _top2_batch_fn(model_fns, s, pass_name):
     def fn(params, batch_stats, images, labels, indices):
-        logits = model_fns.attack_logits_fn(params, batch_stats)(data.to_float(images))
+        logits = model_fns.attack_logits_fn(params, batch_stats)(cifar.to_float(images))
         second = jnp.sort(logits, axis=-1)[:, -2]
         return {"hit": jnp.take_along_axis(logits, labels[:, None], -1)[:, 0] >= second}
 
@@ -203,7 +204,7 @@ def test_a_new_evaluator_runs_through_the_api_and_prints_with_its_figure(monkeyp
 
 
 # ---------------------------------------------------------------------------------------
-# An attack: a function (logits_fn, key, x, y, *, eps, ...) -> x_adv in compute/attacks.py, and
+# An attack: a function (logits_fn, key, x, y, *, eps, ...) -> x_adv in attacks/pgd.py, and
 # an evaluator for it from common.attack_evaluator with the next free key stream.
 
 

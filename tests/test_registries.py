@@ -7,14 +7,14 @@ import ast
 import pytest
 from conftest import REPO
 
-from patjax import evaluators
-from patjax.compute import methods, models
+from patjax import evaluators, methods
+from patjax.models import networks
 from patjax.run import torch_weights
 
 # kind: (its registry's names, the docs file whose table has a row per name, the test files one
 # of which must have a test that uses it, the module whose attributes the registered objects are).
 KINDS = {
-    "model": (tuple(models.MODELS), "docs/api.md", ("tests/test_models.py",), "models"),
+    "model": (tuple(networks.MODELS), "docs/api.md", ("tests/test_models.py",), "models"),
     "method": (
         tuple(methods.METHODS),
         "docs/baselines.md",
@@ -122,4 +122,4 @@ def test_the_pytorch_name_map_covers_exactly_the_networks_with_a_pytorch_twin():
     tree = ast.parse((REPO / "patjax_torch" / "models.py").read_text())
     (twins,) = [node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "MODELS"]
     assert set(torch_weights.MODULE_NAMES) == {key.value for key in twins.keys}
-    assert set(torch_weights.MODULE_NAMES) <= set(models.MODELS)
+    assert set(torch_weights.MODULE_NAMES) <= set(networks.MODELS)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from patjax.compute import robustness
-from patjax.compute import stats as patjax_stats
+from patjax.evaluators import stats as patjax_stats
+from patjax.pat import robustness
 
 SHAPE = (4, 4, 3)
 

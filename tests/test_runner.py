@@ -18,11 +18,11 @@ import pytest
 from conftest import REPO
 from safetensors.numpy import load_file
 
-from patjax import suites
-from patjax.compute import download, methods
-from patjax.compute import stats as patjax_stats
+from patjax import methods, suites
 from patjax.core import locks
 from patjax.core.errors import UserError
+from patjax.data import download
+from patjax.evaluators import stats as patjax_stats
 from patjax.reporting import plots
 from patjax.run import config as config_lib
 from patjax.run import eval_files, kept_models, train
@@ -423,13 +423,13 @@ RACE = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 import orbax.checkpoint as ocp
-from patjax.compute import data
+from patjax.data import cifar
 from patjax import experiments
 from patjax.suites import catalog
 from test_runner import race_suite
 signals, role = sys.argv.pop(1), sys.argv.pop(1)
 # The folder holds the first {records} records of each file (`head_of_cifar10`).
-data.OFFICIAL_RECORDS = {{d: dict.fromkeys(names, {records}) for d, names in data.OFFICIAL_RECORDS.items()}}
+cifar.OFFICIAL_RECORDS = {{d: dict.fromkeys(names, {records}) for d, names in cifar.OFFICIAL_RECORDS.items()}}
 catalog.SUITES["race"] = race_suite
 save = ocp.CheckpointManager.save
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import Linear, np_softmax
 
-from patjax.compute.samplers import LangevinSettings, langevin_sample
+from patjax.pat.langevin import LangevinSettings, langevin_sample
 
 B, SHAPE, K = 4, (4, 4, 3), 3
 
@@ -183,7 +183,7 @@ def test_clean_start_is_x_and_x_is_the_fixed_point_without_the_classifier_term()
 
 
 def samplers_with_steps(logits_fn, key, x, y, settings, index_offset=0):
-    from patjax.compute.samplers import langevin_sample_with_steps
+    from patjax.pat.langevin import langevin_sample_with_steps
 
     return jax.jit(
         lambda k, x, y: langevin_sample_with_steps(

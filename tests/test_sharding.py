@@ -102,8 +102,9 @@ def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
 PR_SCRIPT = r"""
 import re, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from patjax.compute import models, robustness
-model = models.create_model("small_cnn", "cifar10", 10, widths=(4,))
+from patjax.models import networks
+from patjax.pat import robustness
+model = networks.create_model("small_cnn", "cifar10", 10, widths=(4,))
 variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)
 mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 split = NamedSharding(mesh, P("data"))

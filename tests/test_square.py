@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import square
+from patjax.attacks import square
 
 EPS = 8 / 255
 

@@ -4,7 +4,7 @@ accuracy, against hand computations (numpy loops over the same bootstrap resampl
 import numpy as np
 import pytest
 
-from patjax.compute import stats
+from patjax.evaluators import stats
 
 
 def two_runs(rng, n=300, samples=20):

@@ -21,7 +21,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from patjax.compute import methods
+from patjax import methods
 
 pytestmark = pytest.mark.stress
 

@@ -25,7 +25,10 @@ import torch
 from conftest import REPO
 from flax import traverse_util
 
-from patjax.compute import data, methods, models, samplers
+from patjax import methods
+from patjax.data import cifar
+from patjax.models import networks
+from patjax.pat import langevin
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
 from patjax.run import torch_weights, train
@@ -114,9 +117,9 @@ load_patjax_weights = peer.load_patjax_weights
 def as_patjax_trees(model):
     """(params, batch_stats) of the torch model in patjax's names and layouts."""
     name = model.patjax_name
-    kwargs = {"width": RESNET_WIDTH} if name in models.TAKES_WIDTH else {}
+    kwargs = {"width": RESNET_WIDTH} if name in networks.TAKES_WIDTH else {}
     abstract = jax.eval_shape(
-        lambda: models.init_variables(models.create_model(name, "cifar10", 10, **kwargs), jax.random.PRNGKey(0))
+        lambda: networks.init_variables(networks.create_model(name, "cifar10", 10, **kwargs), jax.random.PRNGKey(0))
     )
     state_dict = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     params, stats, _ = torch_weights.from_state_dict(name, state_dict, *abstract)
@@ -148,7 +151,7 @@ def sampler_noise(key, x, steps):
     """The noise patjax's Langevin chain adds at steps 0..steps-1, drawn from its keys:
     example i's key fold_in(key, i) splits into (start key, noise key), and step t's noise
     is normal(fold_in(noise key, t)). Also returns the start drawn the same way."""
-    keys = samplers.per_example_keys(key, x.shape[0])
+    keys = langevin.per_example_keys(key, x.shape[0])
     init_keys, noise_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     shape = x.shape[1:]
     start = jax.vmap(lambda k: jax.random.uniform(k, shape, x.dtype))(init_keys)
@@ -165,7 +168,7 @@ def step_inputs(state, images, labels, permutation, cfg, steps_per_epoch):
     indices = permutation[position * cfg.batch_size : (position + 1) * cfg.batch_size]
     step_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
     augment_key, method_key = jax.random.split(step_key)
-    return data.augment(augment_key, images[indices]), labels[indices], method_key
+    return cifar.augment(augment_key, images[indices]), labels[indices], method_key
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ def test_sampler_start_reproduces_patjax_draw(setup):
     s = setup
     x, y, key = first_batch(s)
     logits_fn = s["model_fns"].attack_logits_fn(s["state"].params, s["state"].batch_stats)
-    chain = samplers.langevin_chain(logits_fn, key, x, y, s["settings"].method.langevin)
+    chain = langevin.langevin_chain(logits_fn, key, x, y, s["settings"].method.langevin)
     start, _ = sampler_noise(key, x, STEPS)
     np.testing.assert_array_equal(start, chain.start)
 

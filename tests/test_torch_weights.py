@@ -20,24 +20,25 @@ from helpers import cut_short, run_module, torch_logits, trained_looking
 from safetensors import safe_open
 
 from patjax import api
-from patjax.compute import data, models
 from patjax.core import files
 from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.models import networks
 from patjax.run import checkpoints, eval_files, torch_weights
 from patjax.run import workdir as workdir_lib
 
-CIFAR10 = models.DATASET_STATS["cifar10"]
+CIFAR10 = networks.DATASET_STATS["cifar10"]
 
 
 def abstract_variables(name, **kwargs):
-    model = models.create_model(name, "cifar10", 10, **kwargs)
-    return jax.eval_shape(lambda: models.init_variables(model, jax.random.PRNGKey(0)))
+    model = networks.create_model(name, "cifar10", 10, **kwargs)
+    return jax.eval_shape(lambda: networks.init_variables(model, jax.random.PRNGKey(0)))
 
 
 @pytest.fixture(scope="module")
 def images(data_dir):
-    split = data.load_split("cifar10", "test", data_dir)
-    return np.asarray(data.to_float(split.images[:4]))
+    split = cifar.load_split("cifar10", "test", data_dir)
+    return np.asarray(cifar.to_float(split.images[:4]))
 
 
 # (patjax name, width or None, normalize): each network as a user would bring it; the ResNets'
@@ -67,12 +68,12 @@ def test_torch_to_patjax_to_torch_gives_torch_logits(images, tmp_path, name, wid
     torch_weights.write_state_dict(file, state_dict)
 
     # torch -> patjax: the file, read with numpy alone, evaluates as PyTorch does.
-    model = models.MODELS[name](num_classes=10, mean=None, std=None, **kwargs)
-    abstract = jax.eval_shape(lambda: models.init_variables(model, jax.random.PRNGKey(0)))
+    model = networks.MODELS[name](num_classes=10, mean=None, std=None, **kwargs)
+    abstract = jax.eval_shape(lambda: networks.init_variables(model, jax.random.PRNGKey(0)))
     params, batch_stats, found = torch_weights.from_state_dict(name, torch_weights.read_state_dict(file), *abstract)
     mean, std = found or (None, None)
-    model = models.MODELS[name](num_classes=10, mean=mean, std=std, **kwargs)
-    got = np.asarray(models.ModelFns(model.apply).infer(params, batch_stats, images))
+    model = networks.MODELS[name](num_classes=10, mean=mean, std=std, **kwargs)
+    got = np.asarray(networks.ModelFns(model.apply).infer(params, batch_stats, images))
     scale = max(1.0, float(np.abs(expected).max()))
     assert np.abs(got - expected).max() <= 1e-4 * scale, (np.abs(got - expected).max(), scale)
     assert (got.argmax(1) == expected.argmax(1)).all()
@@ -190,7 +191,7 @@ def test_the_command_line_refuses_a_file_that_does_not_fit_in_one_line(tmp_path)
     )
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == f"error: {file} does not name its network (no metadata): pass the model " + (
-        f"({', '.join(models.MODELS)})"
+        f"({', '.join(networks.MODELS)})"
     )
 
 
@@ -342,9 +343,9 @@ def test_results_name_the_file_by_name_and_sha256_so_the_same_file_anywhere_is_t
     file's metadata is read once (`torch_weights.network`), then its arrays."""
     for folder in ("a", "b", "c"):
         (tmp_path / folder).mkdir()
-    model = models.create_model("small_cnn", "cifar10", 10, normalize=models.NO_NORMALIZATION)
+    model = networks.create_model("small_cnn", "cifar10", 10, normalize=networks.NO_NORMALIZATION)
     for folder, seed in (("a", 0), ("c", 1)):
-        params, batch_stats = models.init_variables(model, jax.random.PRNGKey(seed))
+        params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(seed))
         torch_weights.export(str(tmp_path / folder / "net.safetensors"), "small_cnn", params, batch_stats, CIFAR10)
     first, other = str(tmp_path / "a" / "net.safetensors"), str(tmp_path / "c" / "net.safetensors")
     shutil.copy(first, tmp_path / "b" / "net.safetensors")

@@ -11,9 +11,9 @@ import pytest
 import tensorflow_datasets as tfds
 from conftest import REPO, train_run
 
-from patjax.compute import data
 from patjax.configs import quickstart
 from patjax.core.errors import UserError
+from patjax.data import cifar
 from patjax.run import config, evaluation, train
 
 
@@ -50,15 +50,15 @@ def assert_trees_equal(a, b):
 def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_path):
     workdir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=24):
-        state = train_run(tiny_config(data_dir=data.TFDS), workdir)
+        state = train_run(tiny_config(data_dir=cifar.TFDS), workdir)
         assert int(state.step) == 4
         assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
         # Resume with a longer run: continues from step 4, not from scratch. The 4-step run's
         # learning-rate milestones (steps 3 and 4) are kept where they were (a longer run with the
         # same fractions would move them, which is refused).
         with pytest.raises(UserError, match="milestones"):
-            train_run(tiny_config(data_dir=data.TFDS, num_train_steps=6), workdir)
-        longer = tiny_config(data_dir=data.TFDS, num_train_steps=6, lr_decay_fractions=(0.5, 4 / 6))
+            train_run(tiny_config(data_dir=cifar.TFDS, num_train_steps=6), workdir)
+        longer = tiny_config(data_dir=cifar.TFDS, num_train_steps=6, lr_decay_fractions=(0.5, 4 / 6))
         state = train_run(longer, workdir)
         assert int(state.step) == 6
         results = evaluation.evaluate_workdir(workdir, progress=False)

@@ -19,8 +19,9 @@ import torch
 from conftest import REPO
 from helpers import torch_logits, trained_looking
 
-from patjax.compute import data, models
 from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.models import networks
 from patjax.run import zoo
 
 
@@ -31,8 +32,8 @@ def reference():
 
 @pytest.fixture(scope="module")
 def images(data_dir):
-    split = data.load_split("cifar10", "test", data_dir)
-    return np.asarray(data.to_float(split.images[:3]))
+    split = cifar.load_split("cifar10", "test", data_dir)
+    return np.asarray(cifar.to_float(split.images[:3]))
 
 
 def save_as_robustbench_keeps_it(torch, net, model_dir, name, layout):
@@ -93,8 +94,8 @@ NARROW = [
 def test_a_narrow_wide_resnet_entry_gives_pytorchs_logits(
     reference, images, tmp_path, monkeypatch, name, build, depth, widen, layout
 ):
-    narrow = functools.partial(models.WideResNet, depth=depth, widen_factor=widen)
-    monkeypatch.setitem(models.MODELS, zoo.entry(name).model, narrow)
+    narrow = functools.partial(networks.WideResNet, depth=depth, widen_factor=widen)
+    monkeypatch.setitem(networks.MODELS, zoo.entry(name).model, narrow)
     check_logits(torch, build(reference), name, images, tmp_path, layout)
 
 
@@ -102,7 +103,7 @@ def test_the_normalization_is_robustbenchs_not_the_datasets():
     """Wong2020Fast's class divides by 0.2471 (patjax's CIFAR-10 sigma is 0.2470): a model fed
     inputs normalized the wrong way gives wrong numbers without any error."""
     assert zoo.entry("Wong2020Fast").normalize == ((0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616))
-    assert zoo.entry("Wong2020Fast").normalize != models.DATASET_STATS["cifar10"]
+    assert zoo.entry("Wong2020Fast").normalize != networks.DATASET_STATS["cifar10"]
     assert zoo.entry("Carmon2019Unlabeled").normalize is None
 
 
@@ -173,8 +174,8 @@ def test_the_command_line_evaluates_an_entry(reference, data_dir, tmp_path):
     done = evaluate("--robustbench=Sehwag2021Proxy_R18", "--evaluators=clean", "--num_examples=8", "--batch_size=8")
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "cifar10" / "Linf" / "Sehwag2021Proxy_R18" / "eval" / "results.json").read_text())
-    split = data.load_split("cifar10", "test", data_dir)
-    predicted = torch_logits(torch, net, np.asarray(data.to_float(split.images[:8]))).argmax(1)
+    split = cifar.load_split("cifar10", "test", data_dir)
+    predicted = torch_logits(torch, net, np.asarray(cifar.to_float(split.images[:8]))).argmax(1)
     assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(np.mean(predicted == split.labels[:8]))
     assert results["model"]["robustbench"] == "Sehwag2021Proxy_R18" and results["model"]["model"] == "resnet18"
 
@@ -258,8 +259,8 @@ def torch_zero():
 def test_a_zoo_file_robustbenchs_strict_load_refuses_is_refused_naming_the_key(
     reference, tmp_path, monkeypatch, name, sub_block1, change, message
 ):
-    narrow = functools.partial(models.WideResNet, depth=34, widen_factor=1)
-    monkeypatch.setitem(models.MODELS, zoo.entry(name).model, narrow)
+    narrow = functools.partial(networks.WideResNet, depth=34, widen_factor=1)
+    monkeypatch.setitem(networks.MODELS, zoo.entry(name).model, narrow)
     checkpoint = narrow_file(torch, reference, str(tmp_path), name, sub_block1, change)
     own = reference.WideResNet(depth=34, widen_factor=1, sub_block1=name == "Zhang2019Theoretically")
     assert strict_load_refuses(torch, own, checkpoint)
@@ -272,7 +273,7 @@ def test_a_zoo_file_without_batchnorm_counters_is_loaded_as_robustbench_loads_it
     """RobustBench's state_dict, rebuilt without torch's version metadata, loads without the
     BatchNorms' num_batches_tracked; so does patjax."""
     name = "Zhang2019Theoretically"
-    monkeypatch.setitem(models.MODELS, "wrn34_10", functools.partial(models.WideResNet, depth=34, widen_factor=1))
+    monkeypatch.setitem(networks.MODELS, "wrn34_10", functools.partial(networks.WideResNet, depth=34, widen_factor=1))
     checkpoint = narrow_file(torch, reference, str(tmp_path), name, True, without_counters)
     assert not strict_load_refuses(torch, reference.WideResNet(depth=34, widen_factor=1, sub_block1=True), checkpoint)
     _, state, _ = zoo.load_model(name, str(tmp_path))

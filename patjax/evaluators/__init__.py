@@ -1,5 +1,5 @@
-"""Layer 2, the evaluators: arrays and settings in, figures out, one module each behind
-`common.Evaluator`, and their registry. Imports `compute` and `core`.
+"""Layer 6, the evaluators: arrays and settings in, figures out, one module each behind `common.Evaluator`,
+their registry, and the host-side intervals (`stats`). Imports `methods`, `pat`, `attacks`, `models`, `data` and `core`.
 
 
 REGISTRY is the only list of evaluator names; ALIASES name groups of them; an evaluator's

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from patjax.compute import attacks
+from patjax.attacks import apgd
 from patjax.evaluators import common
 
-# attacks.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded
+# apgd.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded
 # with every APGD figure (docs/evaluation.md).
 DEPARTURE = (
     "first interval: the first iterate's loss is compared with the starting loss, "
@@ -16,7 +16,7 @@ DEPARTURE = (
 def _apgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
         return common.per_example(
-            lambda k, xi, yi: attacks.apgd(
+            lambda k, xi, yi: apgd.apgd(
                 logits_fn, k, xi, yi, eps=s.attack_eps, steps=s.apgd_steps, loss=loss, rho=s.apgd_rho
             ),
             key,

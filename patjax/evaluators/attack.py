@@ -11,17 +11,15 @@ import functools
 
 import jax.numpy as jnp
 
-from patjax.compute import attacks
+from patjax.attacks import pgd
 from patjax.evaluators import common
 
 
 def _pgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
-        loss_fn = (
-            attacks.cross_entropy_loss if loss == "ce" else functools.partial(attacks.cw_margin_loss, kappa=s.cw_kappa)
-        )
+        loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s.cw_kappa)
         x_adv = common.per_example(
-            lambda k, xi, yi: attacks.pgd(
+            lambda k, xi, yi: pgd.pgd(
                 logits_fn,
                 k,
                 xi,

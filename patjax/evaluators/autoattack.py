@@ -5,8 +5,8 @@ with the highest clean logits after the top one, 1 restart each), FAB-T (the sam
 Square (5,000 queries, 1 restart), in that order, each run only on the images still robust after
 the ones before it (the cost stays near one attack's); an image is robust if it is classified
 correctly at x and no attack fools it. Every attack is compiled and batch-sharded like the
-other evaluators: APGD (`attacks.apgd`, whose one departure is its docstring's), FAB-T
-(`patjax.compute.fab`) and Square (`patjax.compute.square`) each list how they differ from the reference. The
+other evaluators: APGD (`apgd.apgd`, whose one departure is its docstring's), FAB-T
+(`patjax.attacks.fab`) and Square (`patjax.attacks.square`) each list how they differ from the reference. The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
 index (`common.per_example`), so a figure does not depend on the batch size or which images
 an earlier attack left.
@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import binomtest
 
-from patjax.compute import attacks, data, fab, square
+from patjax.attacks import apgd, fab, square
+from patjax.data import cifar
 from patjax.evaluators import common
 
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order
@@ -67,7 +68,7 @@ def _apgd_t(logits_fn, key, x, y, s):
 
     def body(state):
         rank, robust = state
-        run = attacks.apgd(
+        run = apgd.apgd(
             logits_fn,
             jax.random.fold_in(key, rank),
             x,
@@ -92,11 +93,11 @@ def make_batch_fn(model_fns, s, pass_name):
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
-        x = data.to_float(images)
+        x = cifar.to_float(images)
         if name.startswith("apgd_ce"):
             robust = common.per_example(
                 lambda k, xi, yi: (
-                    attacks.apgd(logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust
+                    apgd.apgd(logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust
                 ),
                 key,
                 indices,

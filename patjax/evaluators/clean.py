@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import data
+from patjax.data import cifar
 from patjax.evaluators import common
 
 
@@ -16,7 +16,7 @@ def passes(s) -> tuple:
 
 def make_batch_fn(model_fns, s, pass_name):
     def fn(params, batch_stats, images, labels, indices):
-        logits = model_fns.attack_logits_fn(params, batch_stats)(data.to_float(images))
+        logits = model_fns.attack_logits_fn(params, batch_stats)(cifar.to_float(images))
         return {"correct": jnp.argmax(logits, -1) == labels}
 
     return jax.jit(fn)

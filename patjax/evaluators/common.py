@@ -24,9 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from patjax.compute import data, robustness, stats
 from patjax.core import sharding
 from patjax.core.errors import UserError, check_counts, count
+from patjax.data import cifar
+from patjax.evaluators import stats
+from patjax.pat import robustness
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 
@@ -154,7 +156,7 @@ def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable,
 
         def fn(params, batch_stats, images, labels, indices):
             logits_fn = model_fns.attack_logits_fn(params, batch_stats)
-            return {"robust": batch_robust(logits_fn, key, indices, data.to_float(images), labels, s)}
+            return {"robust": batch_robust(logits_fn, key, indices, cifar.to_float(images), labels, s)}
 
         return jax.jit(fn)
 
@@ -195,7 +197,7 @@ def per_example(attack, key, indices, x, y):
     return jax.vmap(one)(indices, x, y)
 
 
-def padded_batches(split: data.Split, image_indices: np.ndarray, batch_size: int):
+def padded_batches(split: cifar.Split, image_indices: np.ndarray, batch_size: int):
     """Yields (images uint8, labels, image indices, mask) with every batch of batch_size."""
     for start in range(0, len(image_indices), batch_size):
         chosen = image_indices[start : start + batch_size]
@@ -233,7 +235,7 @@ def checking_logits(batch_fn, model_fns):
 
     def fn(params, batch_stats, images, labels, indices):
         out = batch_fn(params, batch_stats, images, labels, indices)
-        logits = model_fns.infer(params, batch_stats, data.to_float(images))
+        logits = model_fns.infer(params, batch_stats, cifar.to_float(images))
         bad = ~jnp.all(jnp.isfinite(logits), axis=-1)
         for value in jax.tree.leaves(out):
             if jnp.issubdtype(value.dtype, jnp.floating):

@@ -13,8 +13,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from patjax.compute import data, robustness, stats
-from patjax.evaluators import common
+from patjax.data import cifar
+from patjax.evaluators import common, stats
+from patjax.pat import robustness
 
 
 def levels(s, distribution):
@@ -38,7 +39,7 @@ def make_batch_fn(model_fns, s, pass_name):
         pr_stats = robustness.pr_statistics(
             logits_fn,
             root,
-            data.to_float(images),
+            cifar.to_float(images),
             labels,
             indices,
             level_values,

@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 
-from patjax.compute import robustness
-from patjax.compute.download import DISPLAY_NAMES
 from patjax.core import files
+from patjax.data.download import DISPLAY_NAMES
+from patjax.pat import robustness
 from patjax.reporting.report import confidence_pct, method_label
 
 

@@ -11,9 +11,9 @@ them out, in the paper's order and names.
 from __future__ import annotations
 
 from patjax import evaluators
-from patjax.compute import download
-from patjax.compute.methods import DISPLAY_NAMES
+from patjax.data import download
 from patjax.evaluators.common import headline_first
+from patjax.methods import DISPLAY_NAMES
 
 
 def pct(fig, digits=1) -> str:

@@ -1,2 +1,2 @@
-"""Layer 4, one run: its settings, train state, checkpoints and files, its training and its evaluation.
-Imports `reporting`, `evaluators`, `compute` and `core`."""
+"""Layer 8, one run: its settings, train state, checkpoints and files, its training and its evaluation.
+Imports `reporting`, `evaluators`, `methods`, `pat`, `attacks`, `models`, `data` and `core`."""

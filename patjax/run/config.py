@@ -15,7 +15,8 @@ from typing import Optional
 import ml_collections
 
 from patjax import evaluators as evaluators_lib
-from patjax.compute import attacks, data, methods, robustness, samplers
+from patjax import methods
+from patjax.attacks import inner
 from patjax.core.errors import (
     INT32_MAX,
     UserError,
@@ -25,7 +26,10 @@ from patjax.core.errors import (
     finite_numbers,
     python_scalars,
 )
+from patjax.data import cifar
 from patjax.evaluators import common as evaluators_common
+from patjax.pat import langevin as langevin_lib
+from patjax.pat import robustness
 from patjax.run import state
 
 # Fields a resumed run may change: they change how long the run is, what it logs and where
@@ -50,9 +54,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict()
     cfg.dataset = "cifar10"  # 'cifar10' | 'cifar100'
     # A directory with the official binary archives extracted; None: found or downloaded
-    # (data.resolve_data_dir); 'tfds': tensorflow-datasets.
+    # (cifar.resolve_data_dir); 'tfds': tensorflow-datasets.
     cfg.data_dir = ml_collections.config_dict.placeholder(str)
-    cfg.model = "resnet18"  # a name of patjax.compute.models.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
+    cfg.model = "resnet18"  # a name of patjax.models.networks.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
     cfg.model_width = 64  # stem width of resnet18, preact_resnet18, wrn50_2 (64 in the paper); WRN-d-k fix theirs
     cfg.method = "pat"
     cfg.compute_dtype = "float32"
@@ -81,7 +85,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.langevin.c1 = 0.3
     cfg.langevin.c2 = 0.42
     cfg.langevin.bn_mode = "inference"  # BatchNorm inside the sampler: 'inference' | 'train'
-    # Opt-in departures from Algorithm 1 that make the sampler cheaper (samplers.LangevinSettings):
+    # Opt-in departures from Algorithm 1 that make the sampler cheaper (langevin.LangevinSettings):
     # 'uniform' (the paper) | 'clean' (start at x); tolerance > 0 ends each chain once its
     # mean per-pixel drift falls below it (T is then the maximum). `python -m patjax.diagnose`
     # measures where the chain settles.
@@ -235,7 +239,7 @@ class TrainSettings:
 
     def steps_per_epoch(self) -> int:
         """Batches in an epoch of the official training split (the last partial batch is dropped)."""
-        return data.NUM_TRAIN[self.dataset] // self.batch_size
+        return cifar.NUM_TRAIN[self.dataset] // self.batch_size
 
     def total_steps(self) -> int:
         """The run's length in steps: num_train_steps, else num_epochs epochs."""
@@ -261,9 +265,9 @@ def optimizer_settings(cfg) -> state.OptimizerSettings:
     )
 
 
-def langevin_settings(langevin) -> samplers.LangevinSettings:
+def langevin_settings(langevin) -> langevin_lib.LangevinSettings:
     """Algorithm 1's settings from the config's `langevin` block."""
-    return samplers.LangevinSettings(
+    return langevin_lib.LangevinSettings(
         steps=int(langevin.steps),
         step_size=float(langevin.step_size),
         noise_scale=float(langevin.noise_scale),
@@ -305,7 +309,7 @@ def method_settings(cfg) -> methods.MethodSettings:
         mart_init_noise=float(cfg.mart.init_noise),
         alp_weight=float(cfg.alp.weight),
         clp_weight=float(cfg.clp.weight),
-        atpr=attacks.AtprSettings(
+        atpr=inner.AtprSettings(
             eps=float(a.epsilon),
             step_size=float(a.step_size),
             steps=int(a.steps),
@@ -396,7 +400,7 @@ def evaluation_settings(
     command line's flags). The one place the `eval` block is read; its sampler's c1, c2 and
     PAT's beta set p_dis and the entropic lambda by default."""
     cfg = with_eval_overrides(cfg, overrides)
-    data.check_dataset(str(cfg.dataset))
+    cifar.check_dataset(str(cfg.dataset))
     finite_numbers(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
     distributions = evaluators_common.headline_first(ev.pr_distribution, ev.pr_distributions)
@@ -444,4 +448,4 @@ def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, 
 
 def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:
     """Absolute, so that a command run from another directory reads the same data."""
-    return os.path.abspath(data_dir) if data_dir and data_dir != data.TFDS else data_dir
+    return os.path.abspath(data_dir) if data_dir and data_dir != cifar.TFDS else data_dir

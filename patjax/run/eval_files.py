@@ -9,9 +9,9 @@ from typing import Optional
 
 import numpy as np
 
-from patjax.compute import robustness
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
+from patjax.pat import robustness
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).

@@ -28,9 +28,10 @@ import time
 import numpy as np
 
 from patjax import evaluators as evaluators_lib
-from patjax.compute import data, robustness, stats
 from patjax.core import files, locks, sharding
-from patjax.evaluators import common
+from patjax.data import cifar
+from patjax.evaluators import common, stats
+from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import checkpoints, eval_files
 from patjax.run import config as config_lib
@@ -50,7 +51,7 @@ def evaluate_state(
     settings: config_lib.EvaluationSettings,
     model_fns,
     state,
-    split: data.Split,
+    split: cifar.Split,
     *,
     progress: bool = True,
     per_image_out: dict | None = None,
@@ -107,7 +108,7 @@ def evaluate_state(
     return results
 
 
-def num_images(settings: config_lib.EvaluationSettings, split: data.Split) -> int:
+def num_images(settings: config_lib.EvaluationSettings, split: cifar.Split) -> int:
     """How many images an evaluation takes: the first settings.num_examples of the split, or all."""
     n = settings.num_examples
     return len(split) if n == config_lib.WHOLE_SPLIT else min(n, len(split))
@@ -177,7 +178,7 @@ def check_workdir(
     )
     newest = checkpoints.require_checkpoint(workdir)
     if not overwrite and os.path.isfile(eval_files.results_path(workdir, step)):
-        split = data.load_split(settings.dataset, "test", settings.data_dir)
+        split = cifar.load_split(settings.dataset, "test", settings.data_dir)
         check_replaceable(settings, workdir, newest if step is None else step, split, step=step)
     return settings
 
@@ -227,7 +228,7 @@ def evaluate_and_write(
     curve/step_N/) by process 0 with `record`'s entries added; returns the results as written.
     overwrite=False: refuses, before evaluating, to replace an evaluation made otherwise
     (`check_replaceable`; the model restored decides the step)."""
-    split = data.load_split(settings.dataset, "test", settings.data_dir)
+    split = cifar.load_split(settings.dataset, "test", settings.data_dir)
     if not overwrite:
         check_replaceable(settings, out_dir, int(state.step), split, record, step)
     per_image = {}

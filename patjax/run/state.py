@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.compute import data, models
-from patjax.compute.models import ModelFns
 from patjax.core.errors import INT32_MAX, UserError, check_counts, count, integer
+from patjax.data import cifar
+from patjax.models import networks
+from patjax.models.networks import ModelFns
 
 
 @flax.struct.dataclass
@@ -42,18 +43,18 @@ class ModelSettings:
     compute_dtype: str = "float32"
 
     def __post_init__(self):
-        data.check_dataset(self.dataset)
-        models.check_model(self.name)
+        cifar.check_dataset(self.dataset)
+        networks.check_model(self.name)
         check_counts(self)
-        if self.name not in models.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
+        if self.name not in networks.TAKES_WIDTH and self.name != "small_cnn" and self.width != DEFAULT_WIDTH:
             raise UserError(f"model {self.name!r} has its width in its name; model_width must stay {DEFAULT_WIDTH}")
         if self.compute_dtype not in ("float32", "bfloat16"):
             raise UserError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
 
     def build(self):
-        kwargs = {"width": self.width} if self.name in models.TAKES_WIDTH else {}
+        kwargs = {"width": self.width} if self.name in networks.TAKES_WIDTH else {}
         dtype = jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
-        return models.create_model(self.name, self.dataset, data.NUM_CLASSES[self.dataset], dtype=dtype, **kwargs)
+        return networks.create_model(self.name, self.dataset, cifar.NUM_CLASSES[self.dataset], dtype=dtype, **kwargs)
 
 
 USE_EPOCHS = -1  # num_train_steps meaning "num_epochs epochs"
@@ -139,7 +140,7 @@ def create_train_state(model_settings: ModelSettings, seed: int, tx: optax.Gradi
     model = model_settings.build()
     root = jax.random.PRNGKey(int(seed))
     init_key, rng = jax.random.split(root)
-    params, batch_stats = models.init_variables(model, init_key)
+    params, batch_stats = networks.init_variables(model, init_key)
     state = TrainState(
         step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats, opt_state=tx.init(params), rng=rng
     )

@@ -31,9 +31,10 @@ import numpy as np
 from flax import traverse_util
 from safetensors.numpy import save_file
 
-from patjax.compute import data, models
 from patjax.core import files
 from patjax.core.errors import UserError, one_line
+from patjax.data import cifar
+from patjax.models import networks
 from patjax.run import state as state_lib
 
 SAFETENSORS = ".safetensors"
@@ -60,7 +61,7 @@ def _numbered(name: str) -> str:
 
 
 def _resnet_module(head: str, shortcut: str, stage_blocks: tuple):
-    """Names of patjax.compute.models' ResNet18 (kuangliu's: head `linear`, `shortcut`) and WideResNet50_2
+    """Names of patjax.models.networks' ResNet18 (kuangliu's: head `linear`, `shortcut`) and WideResNet50_2
     (torchvision's: head `fc`, `downsample`), whose Flax names are automatic (BasicBlock_7)."""
     ends = np.cumsum(stage_blocks)
 
@@ -79,7 +80,7 @@ def _resnet_module(head: str, shortcut: str, stage_blocks: tuple):
 
 
 def _small_cnn_module(path: tuple) -> str:
-    """patjax.compute.models.SmallCNN -> patjax_torch.models.SmallCNN's Sequential (conv, BN, ReLU, pool)."""
+    """patjax.models.networks.SmallCNN -> patjax_torch.models.SmallCNN's Sequential (conv, BN, ReLU, pool)."""
     if path == ("Dense_0",):
         return "linear"
     kind, stage = _AUTO.match(path[0]).groups()
@@ -107,7 +108,7 @@ MODULE_NAMES = {
 
 def _leaves(model_name: str, abstract_params, abstract_batch_stats):
     """[(torch key, collection, flax path, flax shape, to torch layout)] in the network's order;
-    a network of `models.MODELS` without an entry in `MODULE_NAMES` (no PyTorch twin) trains and
+    a network of `networks.MODELS` without an entry in `MODULE_NAMES` (no PyTorch twin) trains and
     evaluates, and only reading or writing its state_dict is a one-line UserError."""
     if model_name not in MODULE_NAMES:
         raise UserError(
@@ -157,7 +158,7 @@ def from_state_dict(
     """(params, batch_stats, normalize) of a patjax network from a PyTorch state_dict: every key
     the network needs, in its shape; normalize is the (mean, std) of `mu` and `sigma`, or None if
     the state_dict has none. A key missing, misshapen, not floating point or left over, or one the
-    network uses that holds a NaN or an infinity (`models.check_finite`), is a one-line UserError
+    network uses that holds a NaN or an infinity (`networks.check_finite`), is a one-line UserError
     naming it. sub_block1, for the WideResNets of `UNUSED_PREFIXES`: whether the reference's
     network has TRADES' unused copy of block1, whose weights the file must then hold in block1's
     shapes (True) or must not hold (False), as a strict load_state_dict would; None: held or not,
@@ -211,7 +212,7 @@ def from_state_dict(
     if left:
         raise UserError(f"{source} does not fit {model_name}: {left[0]} is not part of it ({len(left)} such key(s))")
     # float32 values, as the network will use them: a float64 1e39 is refused as the inf it becomes.
-    models.check_finite(read, source)
+    networks.check_finite(read, source)
     return traverse_util.unflatten_dict(flat["params"]), traverse_util.unflatten_dict(flat["batch_stats"]), normalize
 
 
@@ -313,10 +314,10 @@ def write_state_dict(
 
 
 def _mean_std(normalize, dataset: str):
-    """(mean, std) of a normalization name (`models.normalization`) or of an explicit (mean, std)
+    """(mean, std) of a normalization name (`networks.normalization`) or of an explicit (mean, std)
     pair; (None, None) for raw [0, 1] inputs."""
     if isinstance(normalize, str):
-        return models.normalization(normalize, dataset)
+        return networks.normalization(normalize, dataset)
     return normalize if normalize is not None else (None, None)
 
 
@@ -330,7 +331,7 @@ def matching_normalization(found, normalize, dataset: str, source: str):
             raise UserError(
                 f"{source} does not record its input normalization (no mu and sigma): pass "
                 f"normalize='none' for a network that takes [0, 1] inputs (RobustBench's), or "
-                f"'{models.DATASET_NORMALIZATION}' / a dataset name for one that expects normalized inputs"
+                f"'{networks.DATASET_NORMALIZATION}' / a dataset name for one that expects normalized inputs"
             )
         mean, std = _mean_std(normalize, dataset)
         return None if mean is None else (tuple(mean), tuple(std))
@@ -356,11 +357,11 @@ def network(path: str, model_name: Optional[str] = None, dataset: Optional[str] 
     into another either fails or, worse, fits with another meaning. A given model is checked
     before the file is read."""
     if model_name is not None:
-        models.check_model(model_name)
+        networks.check_model(model_name)
     meta = read_metadata(path)  # only names patjax knows are read as its own (other tools write metadata too)
     recorded = {
-        "model": meta.get("model") if meta.get("model") in models.MODELS else None,
-        "dataset": meta.get("dataset") if meta.get("dataset") in data.NUM_CLASSES else None,
+        "model": meta.get("model") if meta.get("model") in networks.MODELS else None,
+        "dataset": meta.get("dataset") if meta.get("dataset") in cifar.NUM_CLASSES else None,
         "width": int(meta["width"]) if meta.get("width", "").isdigit() else None,
     }
     given = {"model": model_name, "dataset": dataset, "width": width}
@@ -369,7 +370,9 @@ def network(path: str, model_name: Optional[str] = None, dataset: Optional[str] 
             raise UserError(f"{path} holds a {key} {recorded[key]!r} (its metadata), not {value!r}")
     model_name = model_name or recorded["model"]
     if model_name is None:
-        raise UserError(f"{path} does not name its network (no metadata): pass the model ({', '.join(models.MODELS)})")
+        raise UserError(
+            f"{path} does not name its network (no metadata): pass the model ({', '.join(networks.MODELS)})"
+        )
     return model_name, dataset or recorded["dataset"] or "cifar10", width if width is not None else recorded["width"]
 
 
@@ -383,7 +386,7 @@ def load_model(
     """(model_fns, state) of a PyTorch state_dict file as a patjax network, ready for
     `patjax.run.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
     model_name, dataset, width: see `network` (None: the file's metadata). normalize: see
-    `matching_normalization`. width: the stem width of the networks in `models.TAKES_WIDTH`
+    `matching_normalization`. width: the stem width of the networks in `networks.TAKES_WIDTH`
     (default 64, the paper's and the references')."""
     model_name, dataset, width = network(path, model_name, dataset, width)
     return load_arrays(read_state_dict(path), model_name, dataset, normalize, width, source=path)
@@ -401,20 +404,20 @@ def load_arrays(
     """(model_fns, state) of a state_dict's arrays as a patjax network, ready for
     `patjax.run.evaluation.evaluate_state`: the state holds params and batch_stats (no optimizer).
     normalize: see `matching_normalization`. width: the stem width of the networks in
-    `models.TAKES_WIDTH` (default 64, the paper's and the references'). sub_block1: see
+    `networks.TAKES_WIDTH` (default 64, the paper's and the references'). sub_block1: see
     `from_state_dict`."""
-    models.check_model(model_name)
-    data.check_dataset(dataset)
-    if width is not None and (model_name not in models.TAKES_WIDTH or isinstance(width, bool) or width < 1):
-        raise UserError(f"a width is taken by {', '.join(models.TAKES_WIDTH)} only, as a positive integer")
+    networks.check_model(model_name)
+    cifar.check_dataset(dataset)
+    if width is not None and (model_name not in networks.TAKES_WIDTH or isinstance(width, bool) or width < 1):
+        raise UserError(f"a width is taken by {', '.join(networks.TAKES_WIDTH)} only, as a positive integer")
     kwargs = {"width": width} if width is not None else {}
-    num_classes = data.NUM_CLASSES[dataset]
-    shapes = models.create_model(model_name, dataset, num_classes, normalize=models.NO_NORMALIZATION, **kwargs)
-    abstract = jax.eval_shape(lambda: models.init_variables(shapes, jax.random.PRNGKey(0)))
+    num_classes = cifar.NUM_CLASSES[dataset]
+    shapes = networks.create_model(model_name, dataset, num_classes, normalize=networks.NO_NORMALIZATION, **kwargs)
+    abstract = jax.eval_shape(lambda: networks.init_variables(shapes, jax.random.PRNGKey(0)))
     params, batch_stats, found = from_state_dict(model_name, tensors, *abstract, source=source, sub_block1=sub_block1)
     mean, std = matching_normalization(found, normalize, dataset, source) or (None, None)
-    model = models.MODELS[model_name](num_classes=num_classes, mean=mean, std=std, **kwargs)
-    return models.ModelFns(model.apply), state_lib.inference_state(params, batch_stats)
+    model = networks.MODELS[model_name](num_classes=num_classes, mean=mean, std=std, **kwargs)
+    return networks.ModelFns(model.apply), state_lib.inference_state(params, batch_stats)
 
 
 def export(

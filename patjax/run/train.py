@@ -25,10 +25,12 @@ import orbax.checkpoint as ocp
 from absl import logging
 from tqdm import tqdm
 
-from patjax.compute import data, download, methods, models
+from patjax import methods
 from patjax.core import files, sharding
 from patjax.core.errors import INT32_MAX, UserError, integer
+from patjax.data import cifar, download
 from patjax.evaluators import clean as clean_evaluator
+from patjax.models import networks
 from patjax.run import checkpoints
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
@@ -55,7 +57,7 @@ def train_step(
     indices = jax.lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
     step_key = jax.random.fold_in(jax.random.fold_in(state.rng, 1), state.step)
     augment_key, method_key = jax.random.split(step_key)
-    x = data.augment(augment_key, images[indices])
+    x = cifar.augment(augment_key, images[indices])
     y = labels[indices]
     if batch_sharding is not None:
         x = jax.lax.with_sharding_constraint(x, batch_sharding)
@@ -230,8 +232,8 @@ def _train(
         raise UserError(f"{workdir!r} has checkpoints but no config.json; use a new --workdir")
 
     # Everything that can fail on bad input happens before the workdir is written.
-    train_split = data.load_split(s.dataset, "train", s.data_dir)
-    test_split = data.load_split(s.dataset, "test", s.data_dir)
+    train_split = cifar.load_split(s.dataset, "train", s.data_dir)
+    test_split = cifar.load_split(s.dataset, "test", s.data_dir)
     steps_per_epoch = len(train_split) // s.batch_size  # the last partial batch is dropped
     if steps_per_epoch == 0:
         raise UserError(f"batch_size {s.batch_size} exceeds the {len(train_split)} training images")
@@ -258,7 +260,7 @@ def _train(
         logging.info("resumed from step %d", restored_step)
 
     state, train_images, train_labels = sharding.place_on_mesh(mesh, state, train_split.images, train_split.labels)
-    permute = jax.jit(data.epoch_permutation, static_argnums=2)
+    permute = jax.jit(cifar.epoch_permutation, static_argnums=2)
     data_key = jax.random.fold_in(state.rng, 0)
     test_accuracy_fn = clean_evaluator.accuracy_fn(model_fns, s.evaluation.batch_size)
 
@@ -357,7 +359,7 @@ def _refuse_non_finite_model(state, step: int, manager: ocp.CheckpointManager) -
     times the gradient overflows float32 (a rate near float32's largest), so the state itself is
     checked before it is saved: one reduction per checkpoint, beside Orbax's copy."""
     kept = manager.latest_step()
-    models.check_finite(
+    networks.check_finite(
         {"params": state.params, "batch_stats": state.batch_stats},
         f"training stopped: the model after step {step}",
         f"the newest checkpoint, step {kept}, precedes it" if kept is not None else "no checkpoint was saved",

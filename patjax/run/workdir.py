@@ -25,9 +25,9 @@ from typing import Optional
 import jax
 import orbax.checkpoint as ocp
 
-from patjax.compute import models
 from patjax.core import files, sharding
 from patjax.core.errors import UserError, one_line
+from patjax.models import networks
 from patjax.run import checkpoints, kept_models
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
@@ -129,7 +129,7 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     from a kept model has the step, parameters and BatchNorm statistics only (no optimizer state).
     The state is replicated over `mesh` (default: every device), so a model saved on any number
     of devices restores here. A NaN or an infinity in its parameters or BatchNorm statistics is a
-    one-line UserError naming the array (`models.check_finite`).
+    one-line UserError naming the array (`networks.check_finite`).
     """
     settings = load_settings(workdir)
     newest = checkpoints.require_checkpoint(workdir)
@@ -152,7 +152,7 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     else:
         state = _restore_checkpoint(workdir, step, wanted, sharding.replicated_target(abstract, mesh))
     # Every evaluation, export, kept model and diagnosis of a run comes through here.
-    models.check_finite(
+    networks.check_finite(
         {"params": state.params, "batch_stats": state.batch_stats},
         f"the model of step {int(state.step)} restored from {workdir}",
         "no figure or file is made from it",

@@ -39,7 +39,7 @@ TWO_X_MINUS_ONE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # Hendrycks2019UsingNet: x
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    model: str  # a network of patjax.compute.models
+    model: str  # a network of patjax.models.networks
     normalize: Optional[tuple] = None  # (mean, std) RobustBench's class applies; None: [0, 1] inputs
     container: Optional[str] = None  # the checkpoint key RobustBench reads the state_dict from first
     # WideResNet(..., sub_block1=True): RobustBench's network holds TRADES' unused copy of block1,

@@ -1,5 +1,5 @@
-"""Layer 5, experiment suites: their plan of runs (here), catalog, runner, workers, tables over seeds.
-Imports `run`, `reporting`, `evaluators`, `compute` and `core`; the command lines import it.
+"""Layer 9, experiment suites: their plan of runs (here), catalog, runner, workers, tables over seeds;
+the doors import it. Imports `run`, `reporting`, `evaluators`, `methods`, `pat`, `attacks`, `models`, `data`, `core`.
 
 A suite is groups of runs; a group is one block of the paper's tables (a dataset x model)
 whose runs share one base config and differ only in `method` and `seed` (and the method's own
@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import ml_collections
 
-from patjax.compute import methods as methods_lib
+from patjax import methods as methods_lib
 from patjax.core.errors import UserError
 from patjax.run import config as config_lib
 

@@ -17,7 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from patjax.compute import methods, robustness, stats
+from patjax import methods
+from patjax.evaluators import stats
+from patjax.pat import robustness
 from patjax.suites import Suite, Sweep, plan
 from patjax.suites.learning_curves import matched_figures
 from patjax.suites.run_outcomes import ATTACKS, RunOutcome, figure, logged_progress, pairing, run_dir

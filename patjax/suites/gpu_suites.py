@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from patjax.compute import methods as methods_lib
+from patjax import methods as methods_lib
 from patjax.run import config as config_lib
 from patjax.suites import Group, Suite
 from patjax.suites.protocols import CHEAP_SAMPLER, STEPS_PER_EPOCH, TABLE1_CURVE_EVAL, TABLE1_EVAL, TABLE1_SUITE_EVAL

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from patjax.compute import stats
+from patjax.evaluators import stats
 from patjax.run import eval_files
 from patjax.suites import Suite, plan, run_name
 from patjax.suites.run_outcomes import RunOutcome, figure, pairing, run_dir

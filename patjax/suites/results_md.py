@@ -8,8 +8,8 @@ Nothing here reads a workdir or computes a figure; the cells come from `patjax.r
 from __future__ import annotations
 
 from patjax import evaluators
-from patjax.compute import robustness
-from patjax.compute.methods import DISPLAY_NAMES, ordered
+from patjax.methods import DISPLAY_NAMES, ordered
+from patjax.pat import robustness
 from patjax.reporting.report import confidence_pct, md_table, method_label, pct, signed
 from patjax.suites.learning_curves import CURVE_ATTACK
 

@@ -12,9 +12,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from patjax import evaluators
-from patjax.compute import robustness
 from patjax.core.files import read_json
 from patjax.evaluators.common import headline_first
+from patjax.pat import robustness
 from patjax.run import eval_files, evaluation, train
 from patjax.suites import Run
 

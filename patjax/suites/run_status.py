@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Optional
 
 from patjax import evaluators
-from patjax.compute import robustness
 from patjax.core.errors import UserError
+from patjax.pat import robustness
 from patjax.run import config, eval_files, kept_models
 from patjax.run import workdir as workdir_lib
 from patjax.suites import Run, Suite

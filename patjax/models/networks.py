@@ -54,8 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import ops
 from patjax.core.errors import UserError
+from patjax.models import ops
 
 # BatchNorm inside an attack or the sampler: running statistics, or the batch's own (checked
 # where the setting enters: `methods.MethodSettings`).

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute.logits import LogitsFn, margin, true_value
+from patjax.attacks.logits import LogitsFn, margin, true_value
 
 DISTRIBUTIONS = ("gaussian", "uniform")
 

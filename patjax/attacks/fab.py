@@ -52,7 +52,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from patjax.compute.logits import LogitsFn
+from patjax.attacks.logits import LogitsFn
 from patjax.core.errors import UserError
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.compute.logits import LogitsFn
+from patjax.attacks.logits import LogitsFn
 from patjax.core.errors import UserError, check_counts, count
 
 INITS = ("uniform", "clean")

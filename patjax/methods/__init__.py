@@ -1,4 +1,5 @@
-"""Training objectives ("methods"), registered by name.
+"""Layer 5, the training objectives ("methods"), registered by name: Algorithm 2 (PAT) and the baselines.
+Imports `pat`, `attacks`, `models`, `data` and `core`.
 
 A method is a pure function
 
@@ -41,10 +42,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.compute import attacks, samplers
-from patjax.compute.logits import log_or_zero, other_values, true_value
-from patjax.compute.models import BN_MODES, ModelFns
+from patjax.attacks import inner
+from patjax.attacks import pgd as pgd_lib
+from patjax.attacks.logits import log_or_zero, other_values, true_value
 from patjax.core.errors import UserError, check_counts, count
+from patjax.models.networks import BN_MODES, ModelFns
+from patjax.pat import langevin as langevin_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +59,7 @@ class MethodSettings:
 
     name: str
     beta: float  # pat.beta, the SNIS smoothing of Eq. 2 (PAT, PGD-COR, FGSM-COR); 0 is PAT(WOS)
-    langevin: samplers.LangevinSettings  # Algorithm 1
+    langevin: langevin_lib.LangevinSettings  # Algorithm 1
     langevin_bn_mode: str
     attack_eps: float
     attack_step_size: float
@@ -71,7 +74,7 @@ class MethodSettings:
     mart_init_noise: float
     alp_weight: float
     clp_weight: float
-    atpr: attacks.AtprSettings
+    atpr: inner.AtprSettings
 
     def __post_init__(self):
         """The one check of the methods' settings, wherever they come from."""
@@ -133,7 +136,7 @@ def _weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
 def langevin_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s: MethodSettings):
     """Phase 1 of Algorithm 2: (x_adv, steps each chain took) from the sampler, lines 7-14."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.langevin_bn_mode)
-    return samplers.langevin_sample_with_steps(logits_fn, key, x, y, s.langevin)
+    return langevin_lib.langevin_sample_with_steps(logits_fn, key, x, y, s.langevin)
 
 
 def _langevin_update(params, model, batch_stats, x, y, key, s, beta: float):
@@ -195,7 +198,7 @@ def train_passes(model: ModelFns, params, batch_stats, inputs):
 
 
 def _mean_ce(logits, y):
-    return jnp.mean(attacks.cross_entropy_loss(logits, y))
+    return jnp.mean(pgd_lib.cross_entropy_loss(logits, y))
 
 
 def _uniform_weights(batch: int) -> dict:
@@ -214,14 +217,14 @@ def fgsm_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s: M
     of the ball, as AT-PR's fgsm_loss."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
     if s.fgsm_random_start:
-        return attacks.fgsm_random_point(logits_fn, key, x, y, s.attack_eps)
-    return attacks.fgsm(logits_fn, x, y, s.attack_eps)
+        return pgd_lib.fgsm_random_point(logits_fn, key, x, y, s.attack_eps)
+    return pgd_lib.fgsm(logits_fn, x, y, s.attack_eps)
 
 
 def pgd_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s: MethodSettings):
     """L-inf PGD with a uniform random start (Madry et al.; MadryLab/cifar10_challenge)."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    return attacks.pgd(logits_fn, key, x, y, eps=s.attack_eps, step_size=s.attack_step_size, steps=s.attack_steps)
+    return pgd_lib.pgd(logits_fn, key, x, y, eps=s.attack_eps, step_size=s.attack_step_size, steps=s.attack_steps)
 
 
 def clean(params, model, batch_stats, x, y, key, s):
@@ -289,10 +292,10 @@ def clp(params, model, batch_stats, x, y, key, s):
 
 def trades(params, model, batch_stats, x, y, key, s):
     """TRADES (yaodongyu/TRADES trades.py): mean CE(z(x), y) + beta * mean_i KL(p(x_i) || p(x_adv_i)),
-    x_adv from `attacks.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
+    x_adv from `inner.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
     arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    x_adv = attacks.trades_kl_attack(
+    x_adv = inner.trades_kl_attack(
         logits_fn,
         key,
         x,
@@ -303,7 +306,7 @@ def trades(params, model, batch_stats, x, y, key, s):
     )
     (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
     natural = _mean_ce(clean_logits, y)
-    robust = jnp.mean(attacks.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
+    robust = jnp.mean(inner.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
     loss = natural + s.trades_beta * robust
     return loss, (
         new_batch_stats,
@@ -324,7 +327,7 @@ def mart(params, model, batch_stats, x, y, key, s):
     k_i = argmax_{k != y_i} p_k(x_adv_i); log p(x_adv) is log(p + 1e-12) inside the KL, and the
     weight (1 - p_y(x)) is not detached, as in the reference. beta = s.mart_beta."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    x_adv = attacks.mart_attack(
+    x_adv = inner.mart_attack(
         logits_fn,
         key,
         x,
@@ -356,9 +359,9 @@ def mart(params, model, batch_stats, x, y, key, s):
 
 
 def atpr(params, model, batch_stats, x, y, key, s):
-    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `attacks.atpr_search`."""
+    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `inner.atpr_search`."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack_bn_mode)
-    result = attacks.atpr_search(logits_fn, key, x, y, s.atpr)
+    result = inner.atpr_search(logits_fn, key, x, y, s.atpr)
     loss, (new_batch_stats, metrics) = _weighted_update(params, model, batch_stats, result.x_adv, y, 0.0)
     metrics = dict(
         metrics,

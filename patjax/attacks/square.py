@@ -64,9 +64,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import logits as logits_lib
-from patjax.compute.attacks import project_linf
-from patjax.compute.logits import LogitsFn
+from patjax.attacks import logits as logits_lib
+from patjax.attacks.logits import LogitsFn
+from patjax.attacks.pgd import project_linf
 
 
 def margin(logits: jax.Array, y: jax.Array) -> jax.Array:

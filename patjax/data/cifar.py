@@ -6,7 +6,7 @@ Where the data come from (`resolve_data_dir`, the same search for every command 
 - no data_dir: `$PATJAX_DATA_DIR`, else a `shared/data` beside the checkout, else the per-user
   cache (`download.default_cache_dir()`), if one holds the split being loaded (an evaluation
   reads the test split alone: a folder without the training files serves it); otherwise the
-  official archive is downloaded into the cache once (`patjax.compute.download`: checksum, safe
+  official archive is downloaded into the cache once (`patjax.data.download`: checksum, safe
   extraction);
 - `config.data_dir=tfds`: tensorflow-datasets, whose `tfds.data_source` reads prepared
   array_record files without TensorFlow; preparing them the first time needs TensorFlow
@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.compute import download
 from patjax.core.errors import UserError
+from patjax.data import download
 
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 CHANNELS = {"cifar10": 3, "cifar100": 3}  # RGB
@@ -80,7 +80,7 @@ def find_data_dir(dataset: str = "cifar10", split: Optional[str] = None) -> Opti
 
 def _search_roots() -> list[str]:
     """Where `find_data_dir` looks for a shared/data beside: the checkout, the working directory."""
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # patjax/compute/ -> ..
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # patjax/data/ -> ..
     return [checkout, os.getcwd()]
 
 

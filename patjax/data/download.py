@@ -3,7 +3,7 @@
 A new user without a data folder gets the datasets by themselves: `ensure_dataset` fetches the
 official binary archive from the CIFAR page, checks its md5, and extracts it so that the cache
 directory holds `cifar-10-batches-bin/` or `cifar-100-binary/`, the layout that
-`patjax.compute.data._load_binary` reads (`SPLIT_FILES`).
+`patjax.data.cifar._load_binary` reads (`SPLIT_FILES`).
 
 Why by hand: tensorflow-datasets needs TensorFlow for its first download and preparation,
 and torchvision would pull in torch; the standard library (urllib, hashlib, tarfile, fcntl)
@@ -59,8 +59,8 @@ ARCHIVES = {
     ),
 }
 
-# The files of each split inside the archive's directory: what `patjax.compute.data` reads, and what a
-# complete download holds (`EXPECTED_FILES`). Here rather than in patjax.compute.data, which imports this module.
+# The files of each split inside the archive's directory: what `patjax.data.cifar` reads, and what a
+# complete download holds (`EXPECTED_FILES`). Here rather than in patjax.data.cifar, which imports this module.
 SPLIT_FILES = {
     "cifar10": {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "test": ("test_batch.bin",)},
     "cifar100": {"train": ("train.bin",), "test": ("test.bin",)},

@@ -19,11 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from patjax.compute import data, samplers
 from patjax.core.errors import UserError, check_counts, count
+from patjax.data import cifar
+from patjax.pat import langevin
 
 
-def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chains: int, on_step=None) -> dict:
+def chain_curves(logits_fn, key, x, y, settings: langevin.LangevinSettings, chains: int, on_step=None) -> dict:
     """Per-step statistics of `chains` independent chains per image (arrays of length T+1,
     entry 0 the start), and "endpoint_spread", the mean |x_T - x'_T| between chains of one
     image. Pure jnp; jit it.
@@ -37,7 +38,7 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
     batch = x.shape[0]
     xs = jnp.repeat(x, chains, axis=0)  # chain k of image i is row i * chains + k
     ys = jnp.repeat(y, chains, axis=0)
-    chain = samplers.langevin_chain(logits_fn, key, xs, ys, settings)
+    chain = langevin.langevin_chain(logits_fn, key, xs, ys, settings)
     axes = tuple(range(1, x.ndim))
 
     def run(measure):
@@ -57,7 +58,7 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
         delta = x_t - xs
         logits = logits_fn(x_t)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, ys)
-        energy = samplers.per_example_energy(logits_fn, x_t, xs, ys, settings.c1, settings.c2)
+        energy = langevin.per_example_energy(logits_fn, x_t, xs, ys, settings.c1, settings.c2)
         per_image = x_t.reshape((batch, chains) + x.shape[1:])
         return {
             "mean_abs_delta": jnp.mean(jnp.abs(delta)),
@@ -78,7 +79,7 @@ def chain_curves(logits_fn, key, x, y, settings: samplers.LangevinSettings, chai
 
 
 def compare_samplers(
-    logits_fn, key, x, y, reference: samplers.LangevinSettings, candidate: samplers.LangevinSettings, sample=None
+    logits_fn, key, x, y, reference: langevin.LangevinSettings, candidate: langevin.LangevinSettings, sample=None
 ) -> dict:
     """How close a cheaper sampler's samples are to the reference sampler's, against the floor.
 
@@ -89,7 +90,7 @@ def compare_samplers(
     pass `sample(key, settings) -> (x_adv, steps)`, each sampler compiled on its own.
     """
     if sample is None:
-        sample = lambda k, settings: samplers.langevin_sample_with_steps(logits_fn, k, x, y, settings)  # noqa: E731
+        sample = lambda k, settings: langevin.langevin_sample_with_steps(logits_fn, k, x, y, settings)  # noqa: E731
     ref_key, floor_key, cand_key = jax.random.split(key, 3)
     ref, _ = sample(ref_key, reference)
     ref2, _ = sample(floor_key, reference)
@@ -142,15 +143,15 @@ class DiagnosticSettings:
             )
         if self.tolerance is not None and not self.tolerance >= 0:
             raise UserError(f"--tolerance must be >= 0, got {self.tolerance}")
-        samplers.LangevinSettings(init=self.init)  # the check of init, as for a config's
+        langevin.LangevinSettings(init=self.init)  # the check of init, as for a config's
 
 
 def diagnose(
-    sampler: samplers.LangevinSettings,
+    sampler: langevin.LangevinSettings,
     bn_mode: str,
     model_fns,
     state,
-    split: data.Split,
+    split: cifar.Split,
     *,
     num_examples: int,
     chains: int,
@@ -166,7 +167,7 @@ def diagnose(
     DiagnosticSettings(num_examples, chains, steps, init)
     settings = dataclasses.replace(sampler, steps=steps, init=init, tolerance=0.0)
     n = min(num_examples, len(split))
-    x = data.to_float(jnp.asarray(split.images[:n]))
+    x = cifar.to_float(jnp.asarray(split.images[:n]))
     y = jnp.asarray(split.labels[:n], jnp.int32)
     logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, bn_mode)
     fn = jax.jit(lambda k, x, y: chain_curves(logits_fn, k, x, y, settings, chains, on_step))
@@ -193,11 +194,11 @@ def diagnose(
 
 
 def comparison(
-    sampler: samplers.LangevinSettings,
+    sampler: langevin.LangevinSettings,
     bn_mode: str,
     model_fns,
     state,
-    split: data.Split,
+    split: cifar.Split,
     *,
     num_examples: int,
     steps: int,
@@ -214,9 +215,9 @@ def comparison(
     candidate = dataclasses.replace(reference, init=init, tolerance=tolerance, steps=candidate_steps)
     n = min(num_examples, len(split))
     logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats, bn_mode)
-    x = data.to_float(jnp.asarray(split.images[:n]))
+    x = cifar.to_float(jnp.asarray(split.images[:n]))
     y = jnp.asarray(split.labels[:n], jnp.int32)
-    run = jax.jit(lambda k, s: samplers.langevin_sample_with_steps(logits_fn, k, x, y, s), static_argnums=1)
+    run = jax.jit(lambda k, s: langevin.langevin_sample_with_steps(logits_fn, k, x, y, s), static_argnums=1)
 
     def sample(key, settings):  # one sampler at a time, so that progress can be shown between them
         out = jax.block_until_ready(run(key, settings))

@@ -12,7 +12,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-# A classifier as the compute layer sees it: [0, 1] images (NHWC) in, logits out.
+# A classifier as the attacks and the math above them see it: [0, 1] images (NHWC) in, logits out.
 LogitsFn = Callable[[jax.Array], jax.Array]
 
 

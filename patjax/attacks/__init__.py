@@ -1,0 +1,2 @@
+"""Layer 3, the attacks: a classifier's logits read as margins, PGD and the training baselines' inner
+maximizations, APGD, FAB-T and Square; pure functions of arrays and keys. Imports `models`, `data` and `core`."""

@@ -23,7 +23,7 @@ def example():
 @pytest.mark.slow
 def test_the_example_runs_and_its_clean_accuracy_is_the_argmax_of_the_logits(example, data_dir):
     results = example["main"](num_images=32)
-    module = example["models"].create_model("small_cnn", "cifar10", num_classes=10)
+    module = example["networks"].create_model("small_cnn", "cifar10", num_classes=10)
     variables = example["traverse_util"].unflatten_dict(example["load_file"](example["WEIGHTS"]), sep="/")
     split = cifar.load_split("cifar10", "test", data_dir)
     logits = module.apply(variables, np.asarray(cifar.to_float(split.images[:32])))

@@ -8,7 +8,7 @@
   python -m patjax.experiments --suite=NAME --workdir=DIR --max_minutes=M  # stop with checkpoints after M min
   python -m patjax.experiments --suite=NAME --workdir=DIR --handover      # carry unfinished runs in git
 
-The suites are those of `patjax.suites.catalog`; `patjax.suites.runner` runs them (workers, claims,
+The suites are those of `patjax.configs.suites`; `patjax.suites.runner` runs them (workers, claims,
 resume: docs/cluster.md), `patjax.suites.handover` carries unfinished runs in git and
 `patjax.suites.aggregate` computes the tables' figures.
 """
@@ -22,10 +22,11 @@ import jax
 from absl import app, flags
 
 from patjax import suites
+from patjax.configs import suites as shipped_suites
 from patjax.core import cli as cli_lib
 from patjax.core.errors import UserError
 from patjax.data import cifar
-from patjax.suites import catalog, handover, run_outcomes, runner, workers
+from patjax.suites import handover, run_outcomes, runner, workers
 
 FLAGS = flags.FLAGS
 
@@ -44,7 +45,7 @@ def main(argv):
     if FLAGS.data_dir and FLAGS.data_dir != cifar.TFDS:
         cli_lib.existing_folder("data_dir", FLAGS.data_dir)
     data_dir = FLAGS.data_dir or cifar.find_data_dir()  # None: found or downloaded when a run loads it
-    suite = catalog.get_suite(FLAGS.suite, data_dir)
+    suite = shipped_suites.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
     runs = suites.plan(suite, groups, methods)
     num_workers, worker_index = workers.worker_slot(FLAGS.num_workers, FLAGS.worker_index)
@@ -96,7 +97,7 @@ def main(argv):
 
 
 def define_flags():
-    flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(catalog.SUITES)}.")
+    flags.DEFINE_string("suite", "stationary_cpu", f"One of {sorted(shipped_suites.SUITES)}.")
     flags.DEFINE_string("workdir", None, "Suite directory (runs/, results.md, results.json, pr_vs_eps.png).")
     flags.DEFINE_string(
         "data_dir",

@@ -21,12 +21,13 @@ from conftest import REPO, find_data_dir, train_run
 from test_train import tiny_config
 
 from patjax import api
+from patjax.configs import suites as shipped_suites
 from patjax.core.errors import UserError
 from patjax.run import checkpoints, evaluation, train
 from patjax.run import config as config_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
-from patjax.suites import catalog, runner
+from patjax.suites import runner
 
 
 def tree_hash(root) -> str:
@@ -569,11 +570,10 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
 
 
 def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
-    from patjax.suites import catalog, runner
 
     for value in (0, 1_000_001):
         with pytest.raises(UserError) as error:
-            runner.run_suite(catalog.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=value)
+            runner.run_suite(shipped_suites.get_suite("smoke_cpu", None), str(tmp_path / "suite"), max_runs=value)
         assert str(error.value) == f"--max_runs must be an integer in [1, 1000000], got {value}"
     assert os.listdir(tmp_path) == []  # refused before the suite folder is made
     with pytest.raises(UserError) as error:
@@ -671,7 +671,7 @@ def test_a_replaced_curve_file_is_refused_by_the_suite_report_naming_it(tmp_path
     os.replace(f"{point}.npy", point)
     before = unchanged_but_locks(suite)
     with pytest.raises(UserError) as error:
-        runner.write_report(catalog.get_suite("table1_cpu", None), str(suite))
+        runner.write_report(shipped_suites.get_suite("table1_cpu", None), str(suite))
     assert str(error.value) == (
         f"{point} is damaged (not a readable .npz: a single array, not an archive of named arrays); "
         "evaluate the run again"

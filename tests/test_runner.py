@@ -19,6 +19,8 @@ from conftest import REPO
 from safetensors.numpy import load_file
 
 from patjax import methods, suites
+from patjax.configs import suites as shipped_suites
+from patjax.configs.suites import cpu as cpu_suites
 from patjax.core import locks
 from patjax.core.errors import UserError
 from patjax.data import download
@@ -29,8 +31,6 @@ from patjax.run import eval_files, kept_models, train
 from patjax.run import workdir as workdir_lib
 from patjax.suites import (
     aggregate,
-    catalog,
-    cpu_suites,
     handover,
     results_md,
     run_outcomes,
@@ -195,7 +195,7 @@ def assert_appendix_e_optimizer_for_30_epochs(settings):
 def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
     """Appendix E by hand: SGD with Nesterov momentum 0.9, weight decay 5e-4, lr 0.01, batch 256
     (195 steps per epoch), x0.1 at 75 % and 90 % of 30 epochs, i.e. after epochs 22 and 27."""
-    suite = catalog.get_suite("convergence_cpu", None)
+    suite = shipped_suites.get_suite("convergence_cpu", None)
     runs = suites.plan(suite)
     assert [(r.method, r.seed) for r in runs] == [(m, s) for s in (0, 1) for m in ("clean", "pgd", "pat")]
     for run in runs:
@@ -213,7 +213,7 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
     """table1_gpu by hand: ResNet-18 on CIFAR-10, Appendix E's optimizer and batch (195 steps per
     epoch), x0.1 after epochs 22 and 27 of 30; PGD-10 then PAT with the cheaper sampler, seed 0;
     the 10,000 test images under the Table-1 protocol; curves (clean, uniform PR) every 5 epochs."""
-    suite = catalog.get_suite("table1_gpu", None)
+    suite = shipped_suites.get_suite("table1_gpu", None)
     runs = suites.plan(suite)
     assert [(r.group, r.method, r.seed) for r in runs] == [
         ("cifar10_resnet18", "pgd", 0),
@@ -249,18 +249,18 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
 
 @pytest.mark.slow
 def test_plans_and_bad_input():
-    full = suites.plan(catalog.get_suite("paper_full", None))
+    full = suites.plan(shipped_suites.get_suite("paper_full", None))
     assert len(full) == 4 * len(methods.METHOD_ORDER)
     first = full[0].config
     assert (first.model, first.dataset, first.langevin.steps, first.num_epochs) == ("resnet18", "cifar10", 100, 100)
     assert {r.group for r in full} == {"cifar10_resnet18", "cifar10_wrn50_2", "cifar100_resnet18", "cifar100_wrn50_2"}
-    cpu = suites.plan(catalog.get_suite("ablation_cpu", "/data"))
+    cpu = suites.plan(shipped_suites.get_suite("ablation_cpu", "/data"))
     assert {r.method for r in cpu} >= {"clean", "pgd", "pgd_cor", "pat_wos", "pat"}
     assert {r.seed for r in cpu} == {0, 1}
     with pytest.raises(UserError, match="unknown suite"):
-        catalog.get_suite("nope", None)
+        shipped_suites.get_suite("nope", None)
     with pytest.raises(UserError, match="no group"):
-        suites.plan(catalog.get_suite("paper_full", None), groups=["cifar10_vgg"])
+        suites.plan(shipped_suites.get_suite("paper_full", None), groups=["cifar10_vgg"])
     result = subprocess.run(
         [sys.executable, "-m", "patjax.experiments", "--suite=nope", "--workdir=/tmp/x"],
         cwd=REPO,
@@ -425,12 +425,12 @@ sys.path.insert(0, {tests!r})
 import orbax.checkpoint as ocp
 from patjax.data import cifar
 from patjax import experiments
-from patjax.suites import catalog
+from patjax.configs import suites as shipped_suites
 from test_runner import race_suite
 signals, role = sys.argv.pop(1), sys.argv.pop(1)
 # The folder holds the first {records} records of each file (`head_of_cifar10`).
 cifar.OFFICIAL_RECORDS = {{d: dict.fromkeys(names, {records}) for d, names in cifar.OFFICIAL_RECORDS.items()}}
-catalog.SUITES["race"] = race_suite
+shipped_suites.SUITES["race"] = race_suite
 save = ocp.CheckpointManager.save
 
 def save_then_wait(self, step, *args, **kwargs):
@@ -540,7 +540,7 @@ def dry_run(*args, env=None):
 
 @pytest.mark.slow
 def test_static_partition_flags_slurm_and_bad_values():
-    runs = suites.plan(catalog.get_suite("ablation_cpu", None))
+    runs = suites.plan(shipped_suites.get_suite("ablation_cpu", None))
     assert len(runs) == 10
     shares = [workers.partition(runs, 3, i) for i in range(3)]
     assert [[p for p, _ in share] for share in shares] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
@@ -584,7 +584,9 @@ def test_static_partition_flags_slurm_and_bad_values():
         with pytest.raises(UserError, match=message):
             workers.worker_slot(num_workers, worker_index, environ={})
     with pytest.raises(UserError, match="worker index 3"):
-        runner.run_suite(catalog.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3)
+        runner.run_suite(
+            shipped_suites.get_suite("smoke_cpu", None), "/nonexistent/suite", num_workers=2, worker_index=3
+        )
     assert not os.path.exists("/nonexistent/suite")
 
 
@@ -821,7 +823,7 @@ def test_learning_curve_plot_keeps_methods_and_seeds_apart():
 
 
 def test_every_defined_sweep_names_runs_of_its_suite():
-    for name, make in catalog.SUITES.items():
+    for name, make in shipped_suites.SUITES.items():
         suite = make(None)
         planned = {r.name for r in suites.plan(suite)}
         for sweep in suite.sweeps:

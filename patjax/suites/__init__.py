@@ -1,12 +1,12 @@
-"""Layer 9, experiment suites: their plan of runs (here), catalog, runner, workers, tables over seeds;
+"""Layer 9, experiment suites: their plan of runs (here), runner, workers, tables over seeds;
 the doors import it. Imports `run`, `reporting`, `evaluators`, `methods`, `pat`, `attacks`, `models`, `data`, `core`.
 
 A suite is groups of runs; a group is one block of the paper's tables (a dataset x model)
 whose runs share one base config and differ only in `method` and `seed` (and the method's own
 settings, listed in the group). Every run of a suite is evaluated with the suite's evaluators
 on the same test images with the same evaluation seed (common random numbers). The suites
-themselves, which runs reproduce which table at which scale, are in `cpu_suites` and
-`gpu_suites`, named in `catalog.SUITES`.
+themselves, which runs reproduce which table at which scale, are experiment descriptions
+shipped with the configs (`patjax.configs.suites`), not library code.
 
 `patjax.suites.runner` runs a suite; `python -m patjax.experiments` is its command line.
 """

@@ -1,5 +1,5 @@
 """The suites at the paper's model scale, for GPUs: `table1_gpu` (ResNet-18, 30 epochs, one GPU)
-and `paper_full` (Tables 1 and 2 at the paper's settings); `patjax.suites.catalog` lists them.
+and `paper_full` (Tables 1 and 2 at the paper's settings); `patjax.configs.suites` lists them.
 """
 
 from __future__ import annotations
@@ -7,9 +7,15 @@ from __future__ import annotations
 from typing import Optional
 
 from patjax import methods as methods_lib
+from patjax.configs.suites.protocols import (
+    CHEAP_SAMPLER,
+    STEPS_PER_EPOCH,
+    TABLE1_CURVE_EVAL,
+    TABLE1_EVAL,
+    TABLE1_SUITE_EVAL,
+)
 from patjax.run import config as config_lib
 from patjax.suites import Group, Suite
-from patjax.suites.protocols import CHEAP_SAMPLER, STEPS_PER_EPOCH, TABLE1_CURVE_EVAL, TABLE1_EVAL, TABLE1_SUITE_EVAL
 
 # The Table-1 GPU suite (table1_gpu_suite): convergence_cpu's comparison at the paper's scale,
 # ResNet-18, sized to the measured H100 rates (docs/reproduction.md has the arithmetic).

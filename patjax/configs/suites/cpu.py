@@ -1,5 +1,5 @@
 """The suites that run on CPUs: the small CNN on real CIFAR-10, from seconds per run (`smoke_cpu`)
-to 30 epochs near convergence (`convergence_cpu`); `patjax.suites.catalog` lists them.
+to 30 epochs near convergence (`convergence_cpu`); `patjax.configs.suites` lists them.
 """
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ from typing import Optional
 
 import ml_collections
 
-from patjax.run import config as config_lib
-from patjax.suites import Group, Suite, Sweep, SweepPoint, set_field
-from patjax.suites.protocols import (
+from patjax.configs.suites.protocols import (
     CHEAP_SAMPLER,
     GAUSSIAN_ONLY,
     STEPS_PER_EPOCH,
@@ -19,6 +17,8 @@ from patjax.suites.protocols import (
     TABLE1_EVAL,
     TABLE1_SUITE_EVAL,
 )
+from patjax.run import config as config_lib
+from patjax.suites import Group, Suite, Sweep, SweepPoint, set_field
 
 # The CPU suite's scale (see ablation_cpu_suite and docs/reproduction.md).
 CPU_TRAIN_STEPS = 100

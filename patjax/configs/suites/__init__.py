@@ -12,25 +12,26 @@
 - `ablation_cpu`: a fraction of an epoch with T = 5, kept as an example of an unconverged sampler.
 - `smoke_cpu`: seconds per run, for tests and for trying out workers.
 
-The CPU suites are defined in `patjax.suites.cpu_suites`, the paper-scale ones in
-`patjax.suites.gpu_suites`, the settings they share in `patjax.suites.protocols`; a suite's
-shape and its plan of runs are `patjax.suites`'.
+These are experiment descriptions, shipped beside the training configs and apart from the
+library: the CPU suites are defined in `cpu`, the paper-scale ones in `gpu`, the settings they
+share in `protocols`; a suite's shape, its plan of runs and the machinery that runs and reports
+it are the library's (`patjax.suites`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from patjax.core.errors import UserError
-from patjax.suites import Suite
-from patjax.suites.cpu_suites import (
+from patjax.configs.suites.cpu import (
     ablation_cpu_suite,
     convergence_cpu_suite,
     smoke_cpu_suite,
     stationary_cpu_suite,
     table1_cpu_suite,
 )
-from patjax.suites.gpu_suites import paper_full_suite, table1_gpu_suite
+from patjax.configs.suites.gpu import paper_full_suite, table1_gpu_suite
+from patjax.core.errors import UserError
+from patjax.suites import Suite
 
 SUITES: dict[str, Callable[[Optional[str]], Suite]] = {
     "ablation_cpu": ablation_cpu_suite,

@@ -153,10 +153,10 @@ def predict(torch_model, x, batch_size):
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax.core import cli
+    from patjax.core import devices
     from patjax.data import cifar
 
-    cli.use_cpu_cores_as_devices()
+    devices.use_cpu_cores_as_devices()
     import jax
     import torch
 

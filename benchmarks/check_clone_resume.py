@@ -30,7 +30,7 @@ RESUME = """
 import json, os, sys
 import jax
 from patjax.run import checkpoints, train, workdir
-from patjax.core import cli
+from patjax.core import devices
 from patjax.core.errors import UserError
 
 def resume(run, target):
@@ -51,7 +51,7 @@ def resume(run, target):
     train.train_and_evaluate(settings, run, stop_after_steps=target - start)
     print(f"resumed from step {start} to step {target}")
 
-cli.use_cpu_cores_as_devices()
+devices.use_cpu_cores_as_devices()
 try:
     resume(sys.argv[1], int(sys.argv[2]))
 except UserError as error:

@@ -73,10 +73,10 @@ def main(argv=None):
     p.add_argument("--evaluators", default="clean,pgd20,cw20,pr")
     p.add_argument("--laws", default=None, help="PR laws to recompute (default: the headline law)")
     args = p.parse_args(argv)
-    from patjax.core import cli
+    from patjax.core import devices
     from patjax.run import evaluation
 
-    cli.use_cpu_cores_as_devices()
+    devices.use_cpu_cores_as_devices()
     old = files.read_json(os.path.join(args.run, "eval", "results.json"), "evaluate the run again")
     if old is None:
         raise UserError(f"--run must be an evaluated suite run directory (with eval/results.json), got {args.run!r}")

@@ -207,9 +207,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.cpu_devices:
         os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
-    from patjax.core import cli
+    from patjax.core import devices
 
-    cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
+    devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     emit(run(args), args.json)
 
 

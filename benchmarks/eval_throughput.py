@@ -100,9 +100,9 @@ def run(args) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    from patjax.core import cli
+    from patjax.core import devices
 
-    cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
+    devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     emit(run(args), args.json)
 
 

@@ -26,9 +26,9 @@ def main(argv=None):
     p.add_argument("settings", nargs="+", metavar="BATCH:CHUNK")
     args = p.parse_args(argv)
 
-    from patjax.core import cli
+    from patjax.core import devices
 
-    cli.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
+    devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -408,9 +408,9 @@ def summarize(events, instructions, computations, devices: int, top: int) -> dic
 def profile(args) -> dict:
     if args.cpu_devices:
         os.environ["PATJAX_CPU_DEVICES"] = str(args.cpu_devices)
-    from patjax.core import cli
+    from patjax.core import devices
 
-    cli.use_cpu_cores_as_devices()
+    devices.use_cpu_cores_as_devices()
     import epoch_throughput
     import jax
     from jax.profiler import ProfileData

@@ -20,9 +20,9 @@ WATCHDOG_S = 300
 
 PRELUDE = """
 import json, os, sys, numpy as np
-from patjax.core import cli
-cli.initialize_distributed()
-cli.use_cpu_cores_as_devices()
+from patjax.core import devices
+devices.initialize_distributed()
+devices.use_cpu_cores_as_devices()
 import jax
 sys.path.insert(0, {tests!r})
 from test_train import tiny_config

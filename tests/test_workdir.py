@@ -51,8 +51,8 @@ def run_on(devices, body, tmp_path, data_dir, name):
     )
     env = dict(os.environ, PATJAX_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu", **FAST_COMPILE)
     env.pop("XLA_FLAGS", None)
-    # cli.use_cpu_cores_as_devices is what every command line runs before JAX starts.
-    script = "from patjax.core import cli; cli.use_cpu_cores_as_devices()\n" + script
+    # devices.use_cpu_cores_as_devices is what every command line runs before JAX starts.
+    script = "from patjax.core import devices; devices.use_cpu_cores_as_devices()\n" + script
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
     )

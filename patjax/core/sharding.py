@@ -20,7 +20,7 @@ def make_mesh(batch_size: int):
 
     Accelerators, and every device of a multi-process run: all of them, and the batch must
     divide evenly (a process left out of the mesh would hold no part of any array). CPU
-    devices of one process (one per core, `cli.use_cpu_cores_as_devices`): the most that
+    devices of one process (one per core, `devices.use_cpu_cores_as_devices`): the most that
     divide the batch, since they are a way to use the cores, not hardware the user chose.
     Auto axes: XLA propagates the batch sharding set in the step through the computation.
     """

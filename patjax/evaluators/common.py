@@ -264,7 +264,7 @@ def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=
     `attacked` marks the images it ran on.
 
     Each batch is split over the devices of `sharding.make_mesh` (on a CPU host one per core,
-    see cli.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
+    see devices.use_cpu_cores_as_devices): every evaluator is per example (keys from the image
     index), so the split changes which core computes an image, not what is computed.
     """
     chosen = np.arange(n) if subset is None else np.asarray(subset, np.int64)

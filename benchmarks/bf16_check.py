@@ -51,6 +51,7 @@ from patjax import methods
 from patjax.data import cifar
 from patjax.models.networks import ModelFns
 from patjax.pat import langevin, robustness
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 
@@ -227,7 +228,7 @@ def part_dtypes(args) -> None:
 
     state_settings = dataclasses.replace(settings.model, compute_dtype="bfloat16")
     # The optimizer state of a fresh bf16 run.
-    tx = state_lib.make_optimizer(settings.optimizer, settings.optimizer.schedule(1))
+    tx = optimizer_lib.make_optimizer(settings.optimizer, settings.optimizer.schedule(1))
     state = jax.eval_shape(lambda: state_lib.create_train_state(state_settings, 0, tx)[1])
     sample = methods.langevin_adversarial_batch(params, bf16, batch_stats, x, y, jax.random.PRNGKey(0), s)[0]
     grads = jax.grad(lambda p: loss(p, bf16, batch_stats, x, y, jax.random.PRNGKey(0))[0])(params)

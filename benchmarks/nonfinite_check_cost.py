@@ -17,6 +17,7 @@ import argparse
 from patjax.data import cifar
 from patjax.evaluators import REGISTRY, common
 from patjax.run import config as config_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 
 
@@ -33,7 +34,7 @@ def main():
     cfg = config_lib.default_config()
     cfg.model = args.model
     train = config_lib.train_settings(cfg)
-    tx = state_lib.make_optimizer(train.optimizer, train.optimizer.schedule(1))
+    tx = optimizer_lib.make_optimizer(train.optimizer, train.optimizer.schedule(1))
     model_fns, state = state_lib.create_train_state(train.model, 0, tx)
     split = cifar.load_split("cifar10", "test", None)
     for name, pass_name in (("clean", "clean"), ("pgd20", "pgd20"), ("pr", "pr_uniform")):

@@ -14,7 +14,7 @@ step here computes what one `patjax.run.train.train_step` computes for method 'p
 - the sampler runs the model in inference mode (running statistics, no update), as
   patjax's default `langevin.bn_mode = 'inference'`;
 - SGD with Nesterov momentum and weight decay coupled into the gradient: torch.optim.SGD's
-  rule is patjax.run.state.make_optimizer's.
+  rule is patjax.run.optimizer_lib.make_optimizer's.
 
 Two ways to run the same step (`Execution`, the flags of the command line):
 

@@ -25,6 +25,7 @@ from patjax.configs import suites as shipped_suites
 from patjax.core.errors import UserError
 from patjax.run import checkpoints, evaluation, train
 from patjax.run import config as config_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 from patjax.suites import runner
@@ -129,7 +130,7 @@ def nan_checkpoint_workdir(workdir, change=lambda params: jax.tree.map(lambda p:
     cfg = config_lib.default_config()
     cfg.model = "small_cnn"
     settings = config_lib.train_settings(cfg)
-    tx = state_lib.make_optimizer(settings.optimizer, optax.constant_schedule(0.1))
+    tx = optimizer_lib.make_optimizer(settings.optimizer, optax.constant_schedule(0.1))
     _, state = state_lib.create_train_state(settings.model, 0, tx)
     state = state.replace(step=jnp.ones((), jnp.int32), params=change(state.params))
     workdir_lib.save_config(settings.record, workdir)

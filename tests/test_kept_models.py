@@ -15,6 +15,7 @@ from safetensors.numpy import save_file
 from patjax.core.errors import UserError
 from patjax.run import checkpoints, kept_models
 from patjax.run import config as config_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 
@@ -24,7 +25,7 @@ def small_cnn_state(seed=0):
     cfg.model = "small_cnn"
     cfg.seed = seed
     settings = config_lib.train_settings(cfg)
-    tx = state_lib.make_optimizer(settings.optimizer, settings.optimizer.schedule(1))
+    tx = optimizer_lib.make_optimizer(settings.optimizer, settings.optimizer.schedule(1))
     _, state = state_lib.create_train_state(settings.model, seed, tx)
     return cfg, state
 
@@ -52,7 +53,7 @@ def test_a_kept_model_reads_back_bit_for_bit_and_refuses_what_does_not_fit(tmp_p
     other.model, other.model_width = "resnet18", 8
     other_settings = config_lib.train_settings(other)
     _, resnet = state_lib.create_train_state(
-        other_settings.model, 0, state_lib.make_optimizer(other_settings.optimizer, lambda s: 0.1)
+        other_settings.model, 0, optimizer_lib.make_optimizer(other_settings.optimizer, lambda s: 0.1)
     )
     with pytest.raises(UserError, match="does not fit the run's model"):
         kept_models.load(workdir, 800, resnet.params, resnet.batch_stats)

@@ -154,7 +154,7 @@ def test_bf16_sampler_stays_close_to_fp32():
 def test_bf16_update_keeps_float32_parameters_and_gradients():
     from patjax import methods
     from patjax.run import config as config_lib
-    from patjax.run import state as state_lib
+    from patjax.run import optimizer as optimizer_lib
 
     cfg = config_lib.default_config()
     cfg.langevin.steps = 2
@@ -170,7 +170,7 @@ def test_bf16_update_keeps_float32_parameters_and_gradients():
     assert np.isfinite(float(loss))
     assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
     assert all(s.dtype == jnp.float32 for s in jax.tree.leaves(new_stats))
-    tx = state_lib.make_optimizer(settings.optimizer, lambda step: 0.01)
+    tx = optimizer_lib.make_optimizer(settings.optimizer, lambda step: 0.01)
     updates, opt_state = tx.update(grads, tx.init(params), params)
     floating = [a for a in jax.tree.leaves((updates, opt_state)) if jnp.issubdtype(a.dtype, jnp.floating)]
     assert floating and all(a.dtype == jnp.float32 for a in floating)  # (the step count is int)

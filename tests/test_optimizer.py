@@ -4,18 +4,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from patjax.run import config as config_lib
-from patjax.run import state as state_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run.config import default_config
 
 
-def optimizer_settings(cfg) -> state_lib.OptimizerSettings:
+def optimizer_settings(cfg) -> optimizer_lib.OptimizerSettings:
     return config_lib.optimizer_settings(cfg)
 
 
 def test_sgd_nesterov_coupled_weight_decay_matches_pytorch_formula():
     cfg = default_config()
     schedule = optimizer_settings(cfg).schedule(steps_per_epoch=10)
-    tx = state_lib.make_optimizer(optimizer_settings(cfg), schedule)
+    tx = optimizer_lib.make_optimizer(optimizer_settings(cfg), schedule)
     p = jnp.array([1.0, -2.0, 0.5])
     grads = [jnp.array([0.1, 0.2, -0.3]), jnp.array([-0.5, 0.1, 0.0]), jnp.array([0.2, 0.2, 0.2])]
     opt_state = tx.init(p)

@@ -30,6 +30,7 @@ from patjax.data import cifar
 from patjax.models import networks
 from patjax.pat import langevin
 from patjax.run import config as config_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import torch_weights, train
 
@@ -181,7 +182,7 @@ def setup(request):
     steps_per_epoch = 1
     settings = config_lib.train_settings(cfg)
     schedule = settings.optimizer.schedule(steps_per_epoch)
-    tx = state_lib.make_optimizer(settings.optimizer, schedule)
+    tx = optimizer_lib.make_optimizer(settings.optimizer, schedule)
     model_fns, state = state_lib.create_train_state(settings.model, settings.seed, tx)
     state = perturbed(state, jax.random.PRNGKey(1))
     images = jnp.asarray(realistic_images(jax.random.PRNGKey(2), BATCH))

@@ -30,6 +30,7 @@ from patjax.data import cifar
 from patjax.evaluators import common as evaluators_common
 from patjax.pat import langevin as langevin_lib
 from patjax.pat import robustness
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state
 
 # Fields a resumed run may change: they change how long the run is, what it logs and where
@@ -65,7 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
     # PyTorch's SGD, lr 0.01 x0.1 at epochs 75 and 90 of 100, batch 256.
     cfg.batch_size = 256
     cfg.num_epochs = 100
-    cfg.num_train_steps = -1  # > 0 overrides num_epochs; -1 (state.USE_EPOCHS): num_epochs sets the length
+    cfg.num_train_steps = -1  # > 0 overrides num_epochs; -1 (optimizer_lib.USE_EPOCHS): num_epochs sets the length
     cfg.learning_rate = 0.01
     cfg.momentum = 0.9
     cfg.nesterov = True
@@ -205,7 +206,7 @@ class TrainSettings:
     the command lines and the suite runner nothing else reads it."""
 
     model: state.ModelSettings
-    optimizer: state.OptimizerSettings  # SGD, MultiStepLR and the run's length
+    optimizer: optimizer_lib.OptimizerSettings  # SGD, MultiStepLR and the run's length
     method: methods.MethodSettings
     data_dir: Optional[str]  # absolute, so that evaluate may run from another directory
     # A batch is at most the training split (both CIFARs': 50,000 images), else an epoch has no step.
@@ -252,8 +253,8 @@ def model_settings(cfg) -> state.ModelSettings:
     )
 
 
-def optimizer_settings(cfg) -> state.OptimizerSettings:
-    return state.OptimizerSettings(
+def optimizer_settings(cfg) -> optimizer_lib.OptimizerSettings:
+    return optimizer_lib.OptimizerSettings(
         learning_rate=float(cfg.learning_rate),
         momentum=float(cfg.momentum),
         nesterov=bool(cfg.nesterov),

@@ -33,6 +33,7 @@ from patjax.evaluators import clean as clean_evaluator
 from patjax.models import networks
 from patjax.run import checkpoints
 from patjax.run import config as config_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 
@@ -77,7 +78,7 @@ def create_step(settings: config_lib.TrainSettings, steps_per_epoch: int, mesh):
     line 20 / Appendix E), the state initialized from the seed, and the step with the batch
     sharded over `mesh`."""
     schedule = settings.optimizer.schedule(steps_per_epoch)
-    tx = state_lib.make_optimizer(settings.optimizer, schedule)
+    tx = optimizer_lib.make_optimizer(settings.optimizer, schedule)
     model_fns, state = state_lib.create_train_state(settings.model, settings.seed, tx)
     step_fn = make_train_step(
         methods.make_method(settings.method),

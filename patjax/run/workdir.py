@@ -30,6 +30,7 @@ from patjax.core.errors import UserError, one_line
 from patjax.models import networks
 from patjax.run import checkpoints, kept_models
 from patjax.run import config as config_lib
+from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 
 
@@ -95,7 +96,7 @@ def check_resume_compatible(settings: config_lib.TrainSettings, workdir: str) ->
         _check_passed_milestones(saved_settings.optimizer, settings, step)
 
 
-def _check_passed_milestones(saved: state_lib.OptimizerSettings, settings: config_lib.TrainSettings, step: int):
+def _check_passed_milestones(saved: optimizer_lib.OptimizerSettings, settings: config_lib.TrainSettings, step: int):
     """A longer (or shorter) run moves MultiStepLR's milestones, which are fractions of the run;
     one the run has passed must stay where it was, or the resumed run would go back to a higher
     learning rate (or skip a decay it has not had)."""
@@ -134,7 +135,7 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     settings = load_settings(workdir)
     newest = checkpoints.require_checkpoint(workdir)
     optimizer = settings.optimizer
-    tx = state_lib.make_optimizer(optimizer, optimizer.schedule(1))
+    tx = optimizer_lib.make_optimizer(optimizer, optimizer.schedule(1))
     model_holder = {}
 
     def init():

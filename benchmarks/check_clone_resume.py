@@ -48,7 +48,7 @@ def resume(run, target):
     last = settings.total_steps()
     if target > last:
         raise UserError(f"step {target} is past the run's last step {last}")
-    train.train_and_evaluate(settings, run, stop_after_steps=target - start)
+    train.train_run(settings, run, stop_after_steps=target - start)
     print(f"resumed from step {start} to step {target}")
 
 devices.use_cpu_cores_as_devices()

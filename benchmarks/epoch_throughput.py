@@ -94,7 +94,7 @@ def build(args, langevin_steps):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (steps_per_epoch * args.batch, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10 if args.dataset == "cifar10" else 100, len(images)).astype(np.int32)
-    mesh = sharding.make_mesh(args.batch)  # as train.train_and_evaluate does
+    mesh = sharding.make_mesh(args.batch)  # as train.train_run does
     _, state, step_fn = train.create_step(settings, steps_per_epoch, mesh)
     permutation = np.arange(len(images), dtype=np.int32)
     state, images, labels, permutation = sharding.place_on_mesh(mesh, state, images, labels, permutation)

@@ -54,7 +54,7 @@ def main(argv):
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
-    state = train.train_and_evaluate(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    state = train.train_run(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
     if sharding.is_writer():
         print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
 

@@ -40,11 +40,11 @@ def data_dir():
 
 def train_run(cfg, workdir, **kwargs):
     """What main.py does with a config: the typed settings built at the door, then training
-    (`train.train_and_evaluate`)."""
+    (`train.train_run`)."""
     from patjax.run import config, train
 
     settings = config.train_settings(cfg)
-    return train.train_and_evaluate(settings, workdir, **kwargs)
+    return train.train_run(settings, workdir, **kwargs)
 
 
 @pytest.fixture

@@ -578,7 +578,7 @@ def test_command_line_counts_without_a_meaning_are_refused(tmp_path):
         assert str(error.value) == f"--max_runs must be an integer in [1, 1000000], got {value}"
     assert os.listdir(tmp_path) == []  # refused before the suite folder is made
     with pytest.raises(UserError) as error:
-        train.train_and_evaluate(config_lib.train_settings(tiny_config()), str(tmp_path / "run"), stop_after_steps=0)
+        train.train_run(config_lib.train_settings(tiny_config()), str(tmp_path / "run"), stop_after_steps=0)
     assert str(error.value) == "--stop_after_steps must be an integer in [1, 2147483647], got 0"
     assert os.listdir(tmp_path) == []
 
@@ -905,7 +905,7 @@ FLAG_RANGES = {
     ("experiments", "max_runs"): "[1, 1,000,000] (runner.run_suite)",
     ("experiments", "num_workers"): "K >= 1 (workers.worker_slot: positions modulo K)",
     ("experiments", "worker_index"): "[0, K - 1] (workers.worker_slot)",
-    ("main", "stop_after_steps"): "[1, 2^31 - 1] (train.train_and_evaluate)",
+    ("main", "stop_after_steps"): "[1, 2^31 - 1] (train.train_run)",
     ("export", "step"): "a step with a checkpoint or a kept model (workdir.restore)",
 }
 

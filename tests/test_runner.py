@@ -85,10 +85,10 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypa
     workdir = str(tmp_path / "suite")
     suite = tiny_suite(data_dir)
     trained = []
-    real_train = train.train_and_evaluate
+    real_train = train.train_run
     monkeypatch.setattr(
         train,
-        "train_and_evaluate",
+        "train_run",
         lambda settings, wd, **kw: (
             trained.append((settings.method.name, settings.seed)) or real_train(settings, wd, **kw)
         ),
@@ -470,7 +470,7 @@ def test_a_handover_is_refused_while_a_worker_trains_and_the_run_ends_as_if_undi
     directory = run_outcomes.run_dir(raced, run)
     try:
         # The same run trained undisturbed, here meanwhile (one device, as the worker has).
-        undisturbed = train.train_and_evaluate(config_lib.train_settings(run.config), alone)
+        undisturbed = train.train_run(config_lib.train_settings(run.config), alone)
         out, err = handing_over.communicate(timeout=TIMEOUT_S)
         assert handing_over.returncode == 2 and out == "", (out, err)
         assert err.count("\n") == 1 and "Traceback" not in err, err

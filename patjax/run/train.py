@@ -198,7 +198,7 @@ def check_collectives_pair_across_processes(method: methods.MethodSettings) -> N
         )
 
 
-def train_and_evaluate(
+def train_run(
     settings: config_lib.TrainSettings,
     workdir: str,
     stop_after_steps: Optional[int] = None,

@@ -3,7 +3,7 @@
   python -m patjax.experiments --suite=NAME --workdir=DIR   (the command line of `run_suite`)
 
 Each run lives in DIR/runs/GROUP/METHOD_sSEED (an ordinary workdir). For each run the runner
-- trains it with `patjax.run.train.train_and_evaluate` (which resumes from the latest checkpoint:
+- trains it with `patjax.run.train.train_run` (which resumes from the latest checkpoint:
   an interrupted suite resumes inside the run it stopped in),
 - marks it trained (suite_run.json), evaluates it with `patjax.run.evaluation.evaluate_workdir` and
   the suite's evaluation settings (the same images and evaluation seed for every run: common
@@ -91,7 +91,7 @@ def run_suite(
     only: "train" trains the runs and leaves their evaluation to a later invocation; "evaluate"
       evaluates (keeps models, evaluates curves) the runs already trained and leaves the others.
     stop_at: a wall-clock time (`time.time()`): a run in training then stops with a checkpoint
-      (`train.train_and_evaluate`), its segment's time recorded, and the worker leaves; rerun
+      (`train.train_run`), its segment's time recorded, and the worker leaves; rerun
       to resume, or `--handover` to carry the run in git. No run, no evaluation and no curve
       point's evaluation starts after it; one under way when it passes runs to its end (it
       cannot resume).
@@ -229,7 +229,7 @@ def _train_and_evaluate(
             )
         )
         t0 = time.perf_counter()
-        state = train.train_and_evaluate(settings, directory, stop_at=stop_at)
+        state = train.train_run(settings, directory, stop_at=stop_at)
         train_wall = time.perf_counter() - t0
         # Written after every segment, the finishing one last: a step short of the run's length
         # marks it unfinished (`_trained`), and the segments add up to its training time.

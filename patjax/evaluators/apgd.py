@@ -13,7 +13,7 @@ DEPARTURE = (
 )
 
 
-def _apgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
+def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
         return common.per_example(
             lambda k, xi, yi: apgd.apgd(
@@ -35,8 +35,8 @@ def _apgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
             "departure": DEPARTURE,
         }
 
-    return common.attack_evaluator(name, label, stream, batch_robust, settings)
+    return common.attack_evaluator(name, label, batch_robust, settings)
 
 
-APGD_CE = _apgd("ce", stream=3, name="apgd_ce", label="APGD-CE")
-APGD_DLR = _apgd("dlr", stream=4, name="apgd_dlr", label="APGD-DLR")
+APGD_CE = _apgd("ce", name="apgd_ce", label="APGD-CE")
+APGD_DLR = _apgd("dlr", name="apgd_dlr", label="APGD-DLR")

@@ -15,7 +15,7 @@ from patjax.attacks import pgd
 from patjax.evaluators import common
 
 
-def _pgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
+def _pgd(loss: str, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
         loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s.cw_kappa)
         x_adv = common.per_example(
@@ -48,8 +48,8 @@ def _pgd(loss: str, stream: int, name: str, label: str) -> common.Evaluator:
             "random_start": "uniform",
         }
 
-    return common.attack_evaluator(name, label, stream, batch_robust, settings)
+    return common.attack_evaluator(name, label, batch_robust, settings)
 
 
-PGD20 = _pgd("ce", stream=1, name="pgd20", label="PGD")
-CW20 = _pgd("cw_margin", stream=2, name="cw20", label="CW")
+PGD20 = _pgd("ce", name="pgd20", label="PGD")
+CW20 = _pgd("cw_margin", name="cw20", label="CW")

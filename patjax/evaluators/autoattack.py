@@ -39,11 +39,11 @@ from patjax.evaluators import common
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order
 SQUARE_GAIN_TOLERANCE = 0.002  # checks.py: check_square_sr's alpha
 LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square"}
-# Keys: AutoAttack's own are fold_in(PRNGKey(seed), STREAM_BASE + k), past every stream of
-# `common.attack_key` (the other attack evaluators'), so never one of theirs. A literal: the
-# committed AutoAttack results were drawn with it, whatever MAX_STREAM becomes.
+# Keys: AutoAttack's own are fold_in(PRNGKey(seed), STREAM_BASE + k), the streams the committed
+# AutoAttack results were drawn with: past the kept streams of `common.attack_key` and below its
+# streams derived from names, so never one of theirs.
 STREAM_BASE = 100
-assert common.MAX_STREAM < STREAM_BASE
+assert max(common.KEPT_STREAMS.values()) < STREAM_BASE and STREAM_BASE + 4 < common.NAME_STREAMS_FROM
 
 
 def _key(seed: int, stream: int):

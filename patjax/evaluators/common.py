@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import zlib
 from typing import Callable
 
 import jax
@@ -140,19 +141,19 @@ class Evaluator:
     combine: Callable | None = None
 
 
-def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable, settings: Callable) -> Evaluator:
+def attack_evaluator(name: str, label: str, batch_robust: Callable, settings: Callable) -> Evaluator:
     """A worst-case attack as an evaluator: one pass whose per-image output is `robust`.
 
     batch_robust(logits_fn, key, indices, x, y, s) -> (batch,) bool: whether each image is still
-    classified correctly after the attack (keys per image: `per_example`); settings(s) -> the
-    attack's settings recorded with its figure.
+    classified correctly after the attack (keys per image: `per_example`, from the attack's own
+    stream, `attack_key(seed, name)`); settings(s) -> the attack's settings recorded with its figure.
     """
 
     def passes(s) -> tuple:
         return (name,)
 
     def make_batch_fn(model_fns, s, pass_name):
-        key = attack_key(s.seed, stream)
+        key = attack_key(s.seed, name)
 
         def fn(params, batch_stats, images, labels, indices):
             logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -166,25 +167,30 @@ def attack_evaluator(name: str, label: str, stream: int, batch_robust: Callable,
     return Evaluator(name, passes, make_batch_fn, figures, worst_case=True, label=label)
 
 
-# attack_key's streams: 1-4 are pgd20, cw20, apgd_ce, apgd_dlr; a new attack evaluator takes the
-# next free one below AutoAttack's own keys (`autoattack.STREAM_BASE`).
-SPLIT_STREAMS = 4
-MAX_STREAM = 99
+# The streams the committed figures were drawn with, numbered by hand before streams were derived
+# from names: jax.random.split(PRNGKey(seed), 5)[k]. Every other attack's stream is its name's.
+KEPT_STREAMS = {"pgd20": 1, "cw20": 2, "apgd_ce": 3, "apgd_dlr": 4}
+# Derived streams lie at or above this: past every image index PR folds into the same root key
+# (`attack_key`), past AutoAttack's own streams (100 + k), so a derived key is never one of theirs.
+NAME_STREAMS_FROM = 2**24
 
 
-def attack_key(seed: int, stream: int):
-    """The random-start key of an attack, a stream of its own each (not independent of PR's
-    noise: split(root, 5)[k] equals fold_in(root, k), PR's key of image k; that couples
-    different images only, so no mean is biased): streams 1-4 are
-    jax.random.split(PRNGKey(seed), 5)[1:], the later ones fold_in(PRNGKey(seed), stream) (PR keys
-    its noise by PRNGKey(seed) itself). A stream outside 1..MAX_STREAM is a ValueError, since
-    indexing past the split would silently hand out another attack's key."""
-    if not 1 <= stream <= MAX_STREAM:
-        raise ValueError(f"an attack's key stream must lie in 1..{MAX_STREAM}, got {stream}")
+def name_stream(name: str) -> int:
+    """The key stream of an attack registered as `name`: a hash of the name (CRC-32, the same in
+    every process and Python version, unlike `hash`) in [NAME_STREAMS_FROM, 2^31)."""
+    return NAME_STREAMS_FROM + zlib.crc32(name.encode()) % (2**31 - NAME_STREAMS_FROM)
+
+
+def attack_key(seed: int, name: str):
+    """The random-start key of the attack registered as `name`, a stream of its own each (not
+    independent of PR's noise: split(root, 5)[k] equals fold_in(root, k), PR's key of image k;
+    that couples different images only, so no mean is biased): the kept streams are
+    jax.random.split(PRNGKey(seed), 5)[KEPT_STREAMS[name]], every other name's
+    fold_in(PRNGKey(seed), name_stream(name)) (PR keys its noise by PRNGKey(seed) itself)."""
     root = jax.random.PRNGKey(seed)
-    if stream <= SPLIT_STREAMS:
-        return jax.random.split(root, SPLIT_STREAMS + 1)[stream]
-    return jax.random.fold_in(root, stream)
+    if name in KEPT_STREAMS:
+        return jax.random.split(root, len(KEPT_STREAMS) + 1)[KEPT_STREAMS[name]]
+    return jax.random.fold_in(root, name_stream(name))
 
 
 def per_example(attack, key, indices, x, y):

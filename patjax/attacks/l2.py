@@ -1,0 +1,67 @@
+"""Worst-case attacks in L2 pixel space: the projection onto the L2 ball around x intersected with
+[0, 1]^d, and PGD-L2 (Madry et al. 2018 under the L2 threat model) as torchattacks' `PGDL2` runs
+it: normalized-gradient steps, the perturbation rescaled into the ball, the image clipped to
+[0, 1]. The L-inf attacks are `pgd`.
+
+Pure functions of a `logits_fn` (x -> logits), a PRNG key and arrays, loops with `jax.lax`, results
+under `stop_gradient`; norms are per example, over every pixel and channel.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from patjax.attacks.logits import LogitsFn
+from patjax.attacks.pgd import cross_entropy_loss, input_gradient
+
+# torchattacks' `eps_for_division`: keeps a zero gradient's normalization finite.
+EPS_FOR_DIVISION = 1e-10
+
+
+def _norms(v: jax.Array) -> jax.Array:
+    """Per-example L2 norms, shaped to broadcast against v."""
+    return jnp.sqrt(jnp.sum(jnp.square(v), axis=tuple(range(1, v.ndim)), keepdims=True))
+
+
+def project_l2(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
+    """x + delta with delta = x_adv - x scaled by min(1, eps / |delta|_2), then clipped to
+    [0, 1]^d (torchattacks `PGDL2`: the rescaling first, the clip after; a point that is x itself
+    stays x)."""
+    delta = x_adv - x
+    norm = _norms(delta)
+    factor = jnp.where(norm > 0, jnp.minimum(eps / jnp.where(norm > 0, norm, 1.0), 1.0), 1.0)
+    return jnp.clip(x + delta * factor, 0.0, 1.0)
+
+
+def l2_random_start(key: jax.Array, x: jax.Array, eps: float) -> jax.Array:
+    """torchattacks `PGDL2`'s random start: a Gaussian direction scaled to a radius r * eps,
+    r ~ U(0, 1) per example (uniform in radius, not in the ball's volume), then clipped."""
+    k_direction, k_radius = jax.random.split(key)
+    delta = jax.random.normal(k_direction, x.shape, x.dtype)
+    radius = jax.random.uniform(k_radius, (x.shape[0],) + (1,) * (x.ndim - 1), x.dtype)
+    return jnp.clip(x + delta * (radius / _norms(delta) * eps), 0.0, 1.0)
+
+
+def pgd_l2(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    eps: float,
+    step_size: float,
+    steps: int,
+    loss_fn=cross_entropy_loss,
+    random_start: bool = True,
+) -> jax.Array:
+    """L2 PGD: x_{t+1} = project_l2(x_t + step_size * g / (|g|_2 + 1e-10)), g the gradient of the
+    per-example loss at x_t (torchattacks `PGDL2.forward`; its mean loss has the same normalized
+    gradient as the per-example one)."""
+    x_adv = l2_random_start(key, x, eps) if random_start else x
+
+    def step(_, x_adv):
+        grad = input_gradient(logits_fn, loss_fn, x_adv, y)
+        return project_l2(x_adv + step_size * grad / (_norms(grad) + EPS_FOR_DIVISION), x, eps)
+
+    return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_adv))

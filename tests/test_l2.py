@@ -1,0 +1,61 @@
+"""PGD-L2 (patjax.attacks.l2) against closed forms: the projection against a numpy transcription
+of torchattacks' `PGDL2` rescale-then-clip, the attack on a linear two-class model against the
+exact L2 step along the weight vector, and the random start's radius against U(0, 1)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from patjax.attacks import l2
+
+
+def np_project(x_adv, x, eps):
+    """torchattacks PGDL2: delta * min(eps / |delta|, 1), then clamp(x + delta, 0, 1)."""
+    delta = (x_adv - x).reshape(len(x), -1)
+    norms = np.linalg.norm(delta, axis=1, keepdims=True)
+    factor = np.minimum(eps / norms, 1.0)
+    return np.clip(x + (delta * factor).reshape(x.shape), 0.0, 1.0)
+
+
+def test_the_projection_rescales_into_the_ball_then_clips_to_the_box():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (8, 4, 4, 3)).astype(np.float32)
+    # Half the perturbations outside the ball, half inside; some points leave the box.
+    delta = rng.normal(0, 1, x.shape).astype(np.float32)
+    delta *= (np.array([3.0, 0.2] * 4) / np.linalg.norm(delta.reshape(8, -1), axis=1)).reshape(8, 1, 1, 1)
+    got = np.asarray(l2.project_l2(jnp.asarray(x + delta), jnp.asarray(x), 0.5))
+    np.testing.assert_allclose(got, np_project(x + delta, x, 0.5), rtol=0, atol=1e-6)
+    assert np.all(np.linalg.norm((got - x).reshape(8, -1), axis=1) <= 0.5 + 1e-6)
+    assert got.min() >= 0 and got.max() <= 1
+    # A point at x stays x (torchattacks would divide 0 by 0 there).
+    np.testing.assert_array_equal(np.asarray(l2.project_l2(jnp.asarray(x), jnp.asarray(x), 0.5)), x)
+
+
+@pytest.mark.parametrize("steps, moved", [(2, 0.4), (5, 0.5)])
+def test_pgd_l2_on_a_linear_model_steps_along_the_weights_until_the_ball_stops_it(steps, moved):
+    """Two classes with logits (0, w.x + b): the cross-entropy's input gradient is a multiple of w,
+    of sign -1 for label 1 and +1 for label 0, so every step moves step_size along -+w/|w| and the
+    ball stops the walk at eps (interior images: no clipping)."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0.3, 0.7, (6, 8, 8, 3)).astype(np.float32)
+    w = rng.normal(0, 1, x[0].size).astype(np.float32)
+    y = np.array([0, 1, 0, 1, 1, 0], np.int32)
+
+    def logits_fn(z):
+        score = z.reshape(z.shape[0], -1) @ w + 0.1
+        return jnp.stack([jnp.zeros_like(score), score], axis=-1)
+
+    got = l2.pgd_l2(logits_fn, jax.random.PRNGKey(0), x, y, eps=0.5, step_size=0.2, steps=steps, random_start=False)
+    direction = np.where(y == 1, -1.0, 1.0)[:, None] * (w / np.linalg.norm(w))[None]
+    expected = x + (moved * direction).reshape(x.shape)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=2e-6)
+
+
+def test_the_random_start_is_uniform_in_radius_within_the_ball():
+    x = jnp.full((4000, 4, 4, 3), 0.5, jnp.float32)
+    start = np.asarray(l2.l2_random_start(jax.random.PRNGKey(3), x, 0.1))
+    radii = np.linalg.norm((start - 0.5).reshape(4000, -1), axis=1) / 0.1  # 0.1 keeps every pixel inside [0, 1]
+    assert radii.max() <= 1 + 1e-5
+    assert scipy_stats.kstest(radii, "uniform").pvalue > 1e-3

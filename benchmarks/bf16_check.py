@@ -10,10 +10,10 @@ how far the bf16 network moves what the comparison is made of:
 
   --part dtypes   the dtypes of a bf16 run's state, gradients, chain and logits, and of every
                   convolution in the sampler's energy gradient and in a PAT step (by the jaxpr).
-  --part sampler  Algorithm 1's endpoints (`methods.langevin_adversarial_batch`, the function the
+  --part sampler  Algorithm 1's endpoints (`methods.pat.langevin_adversarial_batch`, the function the
                   train step calls) under the paper's sampler (uniform start, T = 100) and the
                   cheaper one (start at x, T <= 20, tolerance 3e-4), and PGD-10's
-                  (`methods.pgd_adversarial_batch`), bf16 against fp32, on kept models of a
+                  (`methods.pgd.pgd_adversarial_batch`), bf16 against fp32, on kept models of a
                   suite; beside it, fp32 against fp32 with another key (the sampler's own
                   randomness) for scale. Also the training-mode losses, SNIS weights and
                   accuracy the update would see on those endpoints.
@@ -51,6 +51,7 @@ from patjax import methods
 from patjax.data import cifar
 from patjax.models.networks import ModelFns
 from patjax.pat import langevin, robustness
+from patjax.run import config as config_lib
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
@@ -117,7 +118,7 @@ def update_view(fns: ModelFns, params, batch_stats, x_adv, y, beta: float) -> di
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     return {
         "losses": losses,
-        "weights": methods.snis_weights(losses, beta),
+        "weights": methods.common.snis_weights(losses, beta),
         "correct": jnp.argmax(logits, -1) == y,
     }
 
@@ -140,24 +141,28 @@ def part_sampler(args) -> None:
     keys = {"A": jax.random.PRNGKey(args.key), "B": jax.random.PRNGKey(args.other_key)}
     for run in args.runs:
         settings, fns, params, batch_stats, step = restore(os.path.join(args.runs_dir, run), args.step)
-        base = settings.method
+        # The run's config's sampler, weights and attack, whichever method it trained.
+        blocks = config_lib.block_settings(workdir_lib.load_config(os.path.join(args.runs_dir, run)))
+        beta = blocks["pat"].beta
         attacks = {
-            name: dataclasses.replace(base, langevin=dataclasses.replace(base.langevin, **kw))
+            name: methods.MethodSettings(
+                "pat", sampler=dataclasses.replace(blocks["langevin"], **kw), snis=blocks["pat"]
+            )
             for name, kw in SAMPLERS.items()
         }
         # PGD-10 as the pgd method runs it (its reference's BatchNorm mode: batch statistics).
-        attacks["pgd10_train_attack"] = dataclasses.replace(
-            base, attack_bn_mode=methods.REFERENCE_ATTACK_BN_MODE["pgd"]
+        attacks["pgd10_train_attack"] = methods.MethodSettings(
+            "pgd", attack=dataclasses.replace(blocks["attack"], bn_mode=methods.REFERENCE_ATTACK_BN_MODE["pgd"])
         )
         for name, s in attacks.items():
             pgd = name.startswith("pgd")
 
             def draw(model_fns, key, s=s, pgd=pgd):
                 if pgd:
-                    return methods.pgd_adversarial_batch(params, model_fns, batch_stats, x, y, key, s), jnp.zeros(
+                    return methods.pgd.pgd_adversarial_batch(params, model_fns, batch_stats, x, y, key, s), jnp.zeros(
                         x.shape[0], jnp.int32
                     )
-                return methods.langevin_adversarial_batch(params, model_fns, batch_stats, x, y, key, s)
+                return methods.pat.langevin_adversarial_batch(params, model_fns, batch_stats, x, y, key, s)
 
             endpoints, steps, views, walls = {}, {}, {}, {}
             for label, dtype, key in (
@@ -170,7 +175,7 @@ def part_sampler(args) -> None:
                 xa, st = jax.block_until_ready(f(keys[key]))
                 walls[label] = round(time.perf_counter() - start, 2)  # compilation included
                 endpoints[label], steps[label] = np.asarray(xa), np.asarray(st)
-                views[label] = jax.device_get(update_view(fns[dtype], params, batch_stats, xa, y, base.beta))
+                views[label] = jax.device_get(update_view(fns[dtype], params, batch_stats, xa, y, beta))
             d_fp = endpoints["fp32_A"] - x_np
             l2, linf = per_image_norms(d_fp)
             record = {
@@ -178,7 +183,7 @@ def part_sampler(args) -> None:
                 "run": run,
                 "step": step,
                 "attack": name,
-                "settings": dict(SAMPLERS.get(name, {}), bn_mode=s.attack_bn_mode if pgd else s.langevin_bn_mode),
+                "settings": dict(SAMPLERS.get(name, {}), bn_mode=s.attack.bn_mode if pgd else s.sampler.bn_mode),
                 "images": int(x.shape[0]),
                 "delta_fp32_l2_mean": float(l2.mean()),
                 "delta_fp32_linf_mean": float(linf.mean()),
@@ -217,10 +222,10 @@ def part_dtypes(args) -> None:
     settings, fns, params, batch_stats, _ = restore(os.path.join(args.runs_dir, args.runs[0]), args.step)
     bf16 = fns["bfloat16"]
     s = dataclasses.replace(
-        settings.method, langevin=dataclasses.replace(settings.method.langevin, steps=1, tolerance=0.0)
+        settings.method, sampler=dataclasses.replace(settings.method.sampler, steps=1, tolerance=0.0)
     )
-    logits_fn = bf16.attack_logits_fn(params, batch_stats, s.langevin_bn_mode)
-    energy_grad = jax.grad(lambda xa: langevin.langevin_energy(logits_fn, xa, x, y, s.langevin.c1, s.langevin.c2))
+    logits_fn = bf16.attack_logits_fn(params, batch_stats, s.sampler.bn_mode)
+    energy_grad = jax.grad(lambda xa: langevin.langevin_energy(logits_fn, xa, x, y, s.sampler.c1, s.sampler.c2))
     loss = methods.make_method(s)
 
     def tree_dtypes(tree):
@@ -230,7 +235,7 @@ def part_dtypes(args) -> None:
     # The optimizer state of a fresh bf16 run.
     tx = optimizer_lib.make_optimizer(settings.optimizer, settings.optimizer.schedule(1))
     state = jax.eval_shape(lambda: state_lib.create_train_state(state_settings, 0, tx)[1])
-    sample = methods.langevin_adversarial_batch(params, bf16, batch_stats, x, y, jax.random.PRNGKey(0), s)[0]
+    sample = methods.pat.langevin_adversarial_batch(params, bf16, batch_stats, x, y, jax.random.PRNGKey(0), s)[0]
     grads = jax.grad(lambda p: loss(p, bf16, batch_stats, x, y, jax.random.PRNGKey(0))[0])(params)
     emit(
         {

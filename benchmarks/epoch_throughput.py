@@ -29,7 +29,7 @@ EPOCH_IMAGES = 50_000
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="pat", help="a name in patjax.methods.METHODS")
+    p.add_argument("--method", default="pat", help="a name in patjax.methods.REGISTRY")
     p.add_argument("--model", default="resnet18", help="resnet18 | small_cnn | wrn50_2")
     p.add_argument("--width", type=int, default=64, help="ResNet/WRN stem width (ignored by small_cnn)")
     p.add_argument("--batch", type=int, default=32)

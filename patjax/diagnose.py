@@ -76,7 +76,8 @@ def _diagnose(out_dir: str) -> None:
     settings, model_fns, state = workdir_lib.restore(FLAGS.workdir)
     split = cifar.load_split(settings.dataset, "test", settings.data_dir)
     # The run's sampler; the diagnostic varies its T and start.
-    sampler, bn_mode = settings.method.langevin, settings.method.langevin_bn_mode
+    sampler = workdir_lib.sampler_settings(FLAGS.workdir)
+    sampler, bn_mode = sampler.langevin_settings(), sampler.bn_mode
     bar = functools.partial(tqdm, unit="step", dynamic_ncols=True, disable=not FLAGS.progress_bars)
     with bar(total=2 * FLAGS.steps, desc=f"{FLAGS.num_examples} images x {FLAGS.chains} chains, 2 passes") as chain:
         result = langevin_diagnostic.diagnose(

@@ -67,7 +67,7 @@ def adversarial_batch(name, logits_fn, x, y, key, cfg):
     if name == "mart":
         return inner.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
     if name == "atpr":
-        return inner.atpr_search(logits_fn, key, x, y, config_lib.method_settings(cfg).atpr).x_adv
+        return inner.atpr_search(logits_fn, key, x, y, config_lib.block_settings(cfg)["atpr"]).x_adv
     return x  # clean
 
 
@@ -149,7 +149,7 @@ def test_loss_equals_the_reference_formula_on_the_attacks_batch(name, overrides)
 
 
 def test_mart_beta_defaults_to_five_for_resnet18_and_six_otherwise():
-    mart_beta = lambda cfg: config_lib.method_settings(cfg).mart_beta
+    mart_beta = lambda cfg: config_lib.block_settings(cfg)["mart"].beta
     assert mart_beta(baseline_config()) == 5.0  # default_config's model is resnet18
     cfg = baseline_config()
     cfg.model = "wrn50_2"
@@ -241,7 +241,7 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
 
 
 def test_the_registry_holds_the_twelve_methods_of_tables_1_and_2_in_the_papers_order():
-    assert set(methods.METHOD_ORDER) <= set(methods.METHODS)
+    assert set(methods.METHOD_ORDER) <= set(methods.REGISTRY)
     assert set(methods.METHOD_ORDER) == {
         "clean",
         "fgsm",
@@ -259,7 +259,7 @@ def test_the_registry_holds_the_twelve_methods_of_tables_1_and_2_in_the_papers_o
     assert set(methods.LANGEVIN_METHODS) == {"pat", "pat_wos"}
     with_attack = set(methods.METHOD_ORDER) - {"clean", "pat", "pat_wos"}
     assert set(methods.REFERENCE_ATTACK_BN_MODE) & set(methods.METHOD_ORDER) == with_attack
-    assert set(methods.REFERENCE_ATTACK_BN_MODE) <= set(methods.METHODS)
+    assert set(methods.REFERENCE_ATTACK_BN_MODE) <= set(methods.REGISTRY)
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,7 @@ def test_invalid_baseline_settings_are_refused(field, value):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(set(methods.METHODS) - {"pat"}))  # pat: tests/test_train.py
+@pytest.mark.parametrize("name", sorted(set(methods.REGISTRY) - {"pat"}))  # pat: tests/test_train.py
 def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
     cfg = tiny_config(
         method=name,

@@ -4,7 +4,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import REPO
 
+from patjax import methods
 from patjax.core.errors import UserError
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -96,3 +98,89 @@ def test_a_resume_keeps_the_learning_rates_the_run_had(tmp_path, step, steps, fr
             workdir_lib._check_passed_milestones(
                 config_lib.train_settings(saved).optimizer, config_lib.train_settings(resumed), step
             )
+
+
+# The methods' blocks: written from their settings classes' defaults, read back field by field, under
+# the names committed workdirs and scripts use (--config.trades.beta=...).
+METHOD_BLOCKS = {
+    "langevin": {"steps", "step_size", "noise_scale", "grad_clip", "c1", "c2", "init", "tolerance", "bn_mode"},
+    "pat": {"beta"},
+    "attack": {"epsilon", "step_size", "steps", "bn_mode"},
+    "fgsm": {"random_start"},
+    "alp": {"weight"},
+    "clp": {"weight"},
+    "trades": {"beta", "step_size", "init_noise"},
+    "mart": {"beta", "step_size", "init_noise"},
+    "atpr": {
+        "num_candidates",
+        "eps_spread",
+        "step_size_spread",
+        "steps_below",
+        "steps_above",
+        "refine_max_iters",
+        "refine_stop_fraction",
+    },
+}
+
+
+def test_the_methods_blocks_keep_their_fields_and_every_committed_workdir_reads_them():
+    cfg = config_lib.default_config()
+    assert {block: set(cfg[block]) for block in METHOD_BLOCKS} == METHOD_BLOCKS
+    assert set(methods.blocks()) == set(METHOD_BLOCKS)
+    # The paper's and the references' values (Appendix E, TRADES, MART, AT-PR), written by hand.
+    assert (cfg.pat.beta, cfg.langevin.steps, cfg.langevin.c2, cfg.langevin.bn_mode) == (0.001, 100, 0.42, "inference")
+    assert (cfg.attack.epsilon, cfg.attack.step_size, cfg.attack.steps, cfg.attack.bn_mode) == (
+        8 / 255,
+        2 / 255,
+        10,
+        "auto",
+    )
+    assert (cfg.trades.beta, cfg.trades.step_size, cfg.mart.beta, cfg.alp.weight, cfg.clp.weight) == (
+        6.0,
+        0.007,
+        -1.0,
+        0.01,
+        0.3,
+    )
+    assert (cfg.fgsm.random_start, cfg.atpr.num_candidates, cfg.atpr.refine_stop_fraction) == (False, 10, 0.1)
+    runs = sorted(REPO.glob("docs/results/**/config.json"))
+    assert runs
+    for path in runs:
+        saved = workdir_lib.load_config(str(path.parent))
+        found = config_lib.block_settings(saved)
+        for block, fields in METHOD_BLOCKS.items():
+            for field in fields:
+                assert getattr(found[block], field) == saved[block][field] or (block, field) == ("mart", "beta")
+
+
+def method_of(name, **fields):
+    cfg = config_lib.default_config()
+    cfg.method = name
+    for key, value in fields.items():
+        block, field = key.split(".")
+        cfg[block][field] = value
+    return config_lib.method_settings(cfg)
+
+
+def test_attack_bn_mode_auto_is_each_methods_reference_mode_and_a_forced_mode_wins():
+    """MadryLab and AT-PR attack on batch statistics, TRADES and MART on running ones."""
+    expected = {n: "train" for n in ("fgsm", "fgsm_cor", "pgd", "pgd_cor", "alp", "clp", "atpr")}
+    expected.update(trades="inference", mart="inference")
+    assert {n: method_of(n).attack.bn_mode for n in methods.REGISTRY if method_of(n).attack} == expected
+    assert {n: method_of(n, **{"attack.bn_mode": "inference"}).attack.bn_mode for n in expected} == dict.fromkeys(
+        expected, "inference"
+    )
+
+
+def test_pat_beta_reaches_pat_and_the_cor_variants_and_no_other_method():
+    readers = {n for n in methods.REGISTRY if method_of(n, **{"pat.beta": 0.25}).snis is not None}
+    assert readers == {"pat", "pgd_cor", "fgsm_cor"}
+    assert all(method_of(n, **{"pat.beta": 0.25}).snis.beta == 0.25 for n in readers)
+    assert method_of("fgsm_cor", **{"fgsm.random_start": True}).own.random_start  # fgsm's block too
+
+
+def test_atpr_searches_around_the_attack_blocks_pgd_and_its_spread_is_checked_for_every_method():
+    s = method_of("atpr", **{"attack.epsilon": 0.05, "attack.step_size": 0.01, "attack.steps": 7}).own
+    assert (s.eps, s.step_size, s.steps, s.num_candidates) == (0.05, 0.01, 7, 10)
+    with pytest.raises(UserError, match="atpr.step_size_spread must not exceed attack.step_size"):
+        method_of("pat", **{"atpr.step_size_spread": 0.01, "attack.step_size": 0.005})

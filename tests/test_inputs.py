@@ -739,14 +739,23 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path,
 # derived from those declarations, so a count added without a range fails here, and so does a
 # settings class the discovery below stops finding.
 SETTINGS_CLASSES = {
+    "AlpSettings",
+    "AtprSearchSettings",
     "AtprSettings",
+    "AttackSettings",
+    "ClpSettings",
     "DiagnosticSettings",
     "EvalSettings",
     "EvaluationSettings",
+    "FgsmSettings",
     "LangevinSettings",
+    "MartSettings",
     "MethodSettings",
     "ModelSettings",
     "OptimizerSettings",
+    "SamplerSettings",
+    "SnisSettings",
+    "TradesSettings",
     "TrainSettings",
 }
 
@@ -808,6 +817,8 @@ def config_with(name, value):
         cfg.eval.pr_samples = 1_000_000
     if name == "num_epochs":
         cfg.num_train_steps = 7
+    if name.startswith(("attack.", "atpr.")):  # a method that reads both blocks, so that they are read back
+        cfg.method = "atpr"
     *blocks, field = name.split(".")
     target = cfg
     for block in blocks:
@@ -822,15 +833,15 @@ def read_back(settings, name):
         "model_width": settings.model.width,
         "num_epochs": settings.optimizer.num_epochs,
         "num_train_steps": settings.optimizer.num_train_steps,
-        "langevin.steps": settings.method.langevin.steps,
-        "attack.steps": settings.method.attack_steps,
         "eval.num_examples": settings.evaluation.num_examples,
         "eval.batch_size": settings.evaluation.batch_size,
     }
     if name in where:
         return where[name]
+    if name in ("langevin.steps", "attack.steps"):  # the blocks of the method's that reads them
+        return (settings.method.sampler if name == "langevin.steps" else settings.method.attack).steps
     if name.startswith("atpr."):
-        return getattr(settings.method.atpr, name.split(".")[1])
+        return getattr(settings.method.own, name.split(".")[1])
     if name.startswith("eval."):
         return getattr(settings.evaluation.evals, name.split(".")[1])
     return getattr(settings, name)

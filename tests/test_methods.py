@@ -8,6 +8,7 @@ import pytest
 from helpers import Linear, np_cross_entropy, np_softmax
 
 from patjax import methods
+from patjax.methods.common import snis_weights, weighted_loss
 from patjax.models import networks
 from patjax.pat.langevin import langevin_sample
 from patjax.run import config as config_lib
@@ -31,7 +32,7 @@ def per_example_losses(model, params, x, y):
 def test_gradient_is_the_weighted_sum_of_per_example_gradients_with_detached_weights():
     model, x, y, params = setup()
     beta = 0.7
-    loss_fn = lambda p: methods.weighted_loss(per_example_losses(model, p, x, y), beta)[0]
+    loss_fn = lambda p: weighted_loss(per_example_losses(model, p, x, y), beta)[0]
     grad = jax.grad(loss_fn)(params)
     # Independent: per-example gradients (Jacobian) and numpy softmax weights.
     losses = np.asarray(per_example_losses(model, params, x, y))
@@ -51,14 +52,14 @@ def test_gradient_is_the_weighted_sum_of_per_example_gradients_with_detached_wei
 def test_beta_zero_is_the_mean_loss():
     model, x, y, params = setup()
     losses = per_example_losses(model, params, x, y)
-    loss, w = methods.weighted_loss(losses, 0.0)
+    loss, w = weighted_loss(losses, 0.0)
     np.testing.assert_allclose(loss, np.mean(np.asarray(losses)), rtol=1e-6)
     np.testing.assert_allclose(w, np.full(len(y), 1 / len(y)), rtol=1e-6)
 
 
 def test_large_beta_concentrates_on_the_lowest_loss_example():
     losses = jnp.array([2.0, 0.5, 1.0, 3.0])
-    loss, w = methods.weighted_loss(losses, 1e3)
+    loss, w = weighted_loss(losses, 1e3)
     assert float(w[1]) > 1 - 1e-6
     np.testing.assert_allclose(loss, 0.5, atol=1e-5)
 
@@ -67,7 +68,7 @@ def test_weights_match_the_papers_formula():
     losses = np.array([0.3, 1.2, 2.5, 0.1])
     beta = 0.001
     expected = np.exp(-beta * losses) / np.exp(-beta * losses).sum()
-    np.testing.assert_allclose(methods.snis_weights(jnp.asarray(losses), beta), expected, rtol=1e-6)
+    np.testing.assert_allclose(snis_weights(jnp.asarray(losses), beta), expected, rtol=1e-6)
 
 
 def pat_config(steps=3, beta=0.5):
@@ -82,14 +83,14 @@ def test_pat_method_loss_equals_hand_computation_on_its_samples():
     fns = networks.ModelFns(model.apply)
     cfg = pat_config()
     key = jax.random.PRNGKey(9)
-    loss, (_, metrics) = methods.pat(params, fns, {}, x, y, key, cfg)
-    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y, cfg.langevin)
+    loss, (_, metrics) = methods.pat.pat(params, fns, {}, x, y, key, cfg)
+    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y, cfg.sampler)
     logits = np.asarray(model.apply({"params": params}, x_adv))
     l = np_cross_entropy(logits, np.asarray(y))
     w = np.exp(-0.5 * l) / np.exp(-0.5 * l).sum()
     np.testing.assert_allclose(loss, np.sum(w * l), rtol=1e-5)
     np.testing.assert_allclose(metrics["snis_weight_max"], w.max(), rtol=1e-5)
-    loss_wos, _ = methods.pat_wos(params, fns, {}, x, y, key, cfg)
+    loss_wos, _ = methods.REGISTRY["pat_wos"].loss(params, fns, {}, x, y, key, cfg)
     np.testing.assert_allclose(loss_wos, l.mean(), rtol=1e-5)
 
 
@@ -99,9 +100,9 @@ def test_no_gradient_flows_through_the_sampler():
     fns = networks.ModelFns(model.apply)
     cfg = pat_config(beta=0.3)
     key = jax.random.PRNGKey(2)
-    grad = jax.grad(lambda p: methods.pat(p, fns, {}, x, y, key, cfg)[0])(params)
-    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y, cfg.langevin)
-    fixed = jax.grad(lambda p: methods.weighted_loss(per_example_losses(model, p, x_adv, y), 0.3)[0])(params)
+    grad = jax.grad(lambda p: methods.pat.pat(p, fns, {}, x, y, key, cfg)[0])(params)
+    x_adv = langevin_sample(lambda z: model.apply({"params": params}, z), key, x, y, cfg.sampler)
+    fixed = jax.grad(lambda p: weighted_loss(per_example_losses(model, p, x_adv, y), 0.3)[0])(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grad, fixed)
 
 
@@ -116,9 +117,9 @@ def test_batchnorm_inference_mode_in_sampler_and_training_mode_in_update():
     params, stats = variables["params"], variables["batch_stats"]
     fns = networks.ModelFns(model.apply)
     cfg = pat_config(steps=2)
-    _, (new_stats, _) = methods.pat(params, fns, stats, x, y, jax.random.PRNGKey(3), cfg)
+    _, (new_stats, _) = methods.pat.pat(params, fns, stats, x, y, jax.random.PRNGKey(3), cfg)
     # The statistics are those of one training-mode pass on x_adv, sampled in inference mode.
-    x_adv = langevin_sample(lambda z: fns.infer(params, stats, z), jax.random.PRNGKey(3), x, y, cfg.langevin)
+    x_adv = langevin_sample(lambda z: fns.infer(params, stats, z), jax.random.PRNGKey(3), x, y, cfg.sampler)
     _, direct = model.apply(variables, x_adv, train=True, mutable=["batch_stats"])
     jax.tree.map(np.testing.assert_allclose, new_stats, direct["batch_stats"])
     assert not np.allclose(new_stats["BatchNorm_0"]["mean"], stats["BatchNorm_0"]["mean"])

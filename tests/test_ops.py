@@ -162,7 +162,7 @@ def test_bf16_update_keeps_float32_parameters_and_gradients():
     params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0), image_shape=(8, 8, 3))
     x = jax.random.uniform(jax.random.PRNGKey(1), (4, 8, 8, 3))
     y = jnp.arange(4)
-    loss_and_grad = jax.value_and_grad(methods.pat, has_aux=True)
+    loss_and_grad = jax.value_and_grad(methods.pat.pat, has_aux=True)
     settings = config_lib.train_settings(cfg)
     args = (params, networks.ModelFns(model.apply), batch_stats, x, y, jax.random.PRNGKey(2), settings.method)
     step = jax.jit(lambda p: loss_and_grad(p, *args[1:]))

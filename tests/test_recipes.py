@@ -4,6 +4,7 @@ registry line (patched for the test), and used through the public paths (trainin
 `run.train`, `patjax.api.evaluate`, the printed comparison). Every figure is checked against a
 computation of its own in numpy or scipy."""
 
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -23,6 +24,7 @@ from patjax.attacks.logits import margin
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common
+from patjax.methods.common import Method
 from patjax.models import networks
 from patjax.reporting import report
 from patjax.run import config as config_lib
@@ -70,13 +72,28 @@ def test_a_new_model_trains_evaluates_and_refuses_export_in_one_line(monkeypatch
 
 
 # ---------------------------------------------------------------------------------------
-# A method: a loss function (params, model, batch_stats, x, y, key, s) in methods.py and one line
-# in METHODS; it reads its settings from `s` (here attack.epsilon, an existing field).
+# A method: a module with its loss (params, model, batch_stats, x, y, key, s), its own frozen
+# settings dataclass (each field a field of the config block named after the method, its default
+# written there once) and its `Method` entry, and one line in the tuple of methods/__init__.py's
+# REGISTRY. The loss reads its own settings as `s.own` and the shared blocks its entry asks for
+# as `s.attack`, `s.sampler` and `s.snis`.
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformNoiseSettings:
+    """The method's own setting: the config field uniform_noise.radius."""
+
+    radius: float = 8 / 255  # the noise's half-width per pixel
+
+    def __post_init__(self):
+        if not self.radius >= 0:
+            raise UserError(f"uniform_noise.radius must be >= 0, got {self.radius}")
 
 
 def uniform_noise(params, model, batch_stats, x, y, key, s):
-    """Mean cross-entropy at x + U(-eps, eps) per pixel, clipped to [0, 1]: noise, no weights."""
-    noisy = jnp.clip(x + jax.random.uniform(key, x.shape, minval=-s.attack_eps, maxval=s.attack_eps), 0.0, 1.0)
+    """Mean cross-entropy at x + U(-r, r) per pixel, clipped to [0, 1]: noise, no weights."""
+    r = s.own.radius
+    noisy = jnp.clip(x + jax.random.uniform(key, x.shape, minval=-r, maxval=r), 0.0, 1.0)
     logits, new_batch_stats = model.train(params, batch_stats, noisy)
     loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
     batch = y.shape[0]
@@ -90,11 +107,35 @@ def uniform_noise(params, model, batch_stats, x, y, key, s):
     return loss, (new_batch_stats, metrics)
 
 
+UNIFORM_NOISE = Method("uniform_noise", uniform_noise, "Uniform noise", settings=UniformNoiseSettings)
+
+
+def register_method(monkeypatch, method):
+    """What one more line in REGISTRY's tuple gives: the registry and the names derived from it."""
+    monkeypatch.setitem(methods.REGISTRY, method.name, method)
+    for name, value in methods.derived_names(methods.REGISTRY).items():
+        monkeypatch.setattr(methods, name, value)
+
+
 @pytest.mark.slow
-def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeypatch, tmp_path):
-    monkeypatch.setitem(methods.METHODS, "uniform_noise", uniform_noise)
-    cfg = tiny_config(method="uniform_noise", data_dir=cifar.TFDS, num_train_steps=2, log_every_steps=1)
+def test_a_new_method_with_a_setting_of_its_own_has_the_hand_computed_loss_and_gradient_and_trains(
+    monkeypatch, tmp_path
+):
+    register_method(monkeypatch, UNIFORM_NOISE)
+    # Its block, written from the dataclass's default, is a config field as any other.
+    assert config_lib.default_config().uniform_noise.to_dict() == {"radius": 8 / 255}
+    with pytest.raises(UserError, match="uniform_noise.radius must be >= 0"):
+        config_lib.train_settings(tiny_config(**{"uniform_noise.radius": -0.1}))
+    radius = 0.1
+    cfg = tiny_config(
+        method="uniform_noise",
+        data_dir=cifar.TFDS,
+        num_train_steps=2,
+        log_every_steps=1,
+        **{"uniform_noise.radius": radius},
+    )
     settings = config_lib.train_settings(cfg)
+    assert settings.method == methods.MethodSettings("uniform_noise", own=UniformNoiseSettings(radius))
     loss_fn = methods.make_method(settings.method)
 
     model = Linear(num_classes=3)
@@ -107,43 +148,46 @@ def test_a_new_method_has_the_hand_computed_loss_and_gradient_and_trains(monkeyp
     )
     # By hand: the same noise (jax's draw for this key), clipping, the linear logits, mean CE, and
     # the closed-form gradient of mean CE for a linear map: X^T (softmax - onehot) / B.
-    eps = 8 / 255
-    noise = np.asarray(jax.random.uniform(key, x.shape, minval=-eps, maxval=eps), np.float64)
+    noise = np.asarray(jax.random.uniform(key, x.shape, minval=-radius, maxval=radius), np.float64)
     noisy = np.clip(np.asarray(x, np.float64) + noise, 0, 1).reshape(5, -1)
     kernel, bias = (np.asarray(params["Dense_0"][k], np.float64) for k in ("kernel", "bias"))
     logits = noisy @ kernel + bias
     assert float(loss) == pytest.approx(np_cross_entropy(logits, np.asarray(y)).mean(), rel=1e-5)
     onehot = np.eye(3)[np.asarray(y)]
     np.testing.assert_allclose(grads["Dense_0"]["kernel"], noisy.T @ (np_softmax(logits) - onehot) / 5, atol=1e-6)
-    assert float(metrics["noise_linf"]) <= eps + 1e-7
+    assert 8 / 255 < float(metrics["noise_linf"]) <= radius + 1e-7  # the set radius, not the default
 
     with tfds.testing.mock_data(num_examples=16):
         state = train_run(cfg, str(tmp_path / "run"))
     assert int(state.step) == 2
     lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [line["step"] for line in lines] == [1, 2]
-    assert all(np.isfinite(line["loss"]) and 0 < line["noise_linf"] <= eps + 1e-7 for line in lines)
+    assert all(np.isfinite(line["loss"]) and 0 < line["noise_linf"] <= radius + 1e-7 for line in lines)
+    saved = json.load(open(tmp_path / "run" / "config.json"))
+    assert saved["uniform_noise"] == {"radius": radius}
 
 
 def test_an_inner_attack_needs_its_reference_bn_mode():
-    """attack.bn_mode='auto' reaches a method unresolved unless the method has an entry in
-    REFERENCE_ATTACK_BN_MODE; an attack's logits function then refuses it by name."""
+    """attack.bn_mode='auto' resolves to the mode a method's entry declares (`attack_bn_mode`, its
+    reference code's); a method without one is handed no attack, and an attack's logits function
+    refuses 'auto' by name."""
     fns = networks.ModelFns(Linear(num_classes=3).apply)
-    with pytest.raises(ValueError, match="REFERENCE_ATTACK_BN_MODE"):
+    with pytest.raises(ValueError, match="attack_bn_mode"):
         fns.attack_logits_fn({}, {}, "auto")
-    assert config_lib.method_settings(tiny_config(method="pgd")).attack_bn_mode == "train"
+    assert config_lib.method_settings(tiny_config(method="pgd")).attack.bn_mode == "train"
+    assert config_lib.method_settings(tiny_config(method="clean")).attack is None
 
 
-def test_a_new_sampler_method_in_langevin_methods_gets_the_multi_process_refusal(monkeypatch):
-    """Listed in LANGEVIN_METHODS, a new method that runs Algorithm 1 with batch statistics is
-    refused on several CPU processes, as pat is (docs/multiprocess.md); unlisted, it is not."""
-    monkeypatch.setitem(methods.METHODS, "pat_copy", methods.pat)
+def test_a_new_sampler_method_gets_the_multi_process_refusal(monkeypatch):
+    """Registered with sampler=True, a new method that runs Algorithm 1 with batch statistics is
+    refused on several CPU processes, as pat is (docs/multiprocess.md); without it, it is not."""
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    settings = config_lib.train_settings(tiny_config(method="pat_copy", **{"langevin.bn_mode": "train"})).method
-    train.check_collectives_pair_across_processes(settings)
-    monkeypatch.setattr(methods, "LANGEVIN_METHODS", (*methods.LANGEVIN_METHODS, "pat_copy"))
+    cfg = tiny_config(method="pat_copy", **{"langevin.bn_mode": "train"})
+    register_method(monkeypatch, dataclasses.replace(methods.REGISTRY["pat"], name="pat_copy", sampler=False))
+    train.check_collectives_pair_across_processes(config_lib.train_settings(cfg).method)
+    register_method(monkeypatch, dataclasses.replace(methods.REGISTRY["pat"], name="pat_copy"))
     with pytest.raises(UserError, match="pat_copy's sampler runs BatchNorm on batch statistics"):
-        train.check_collectives_pair_across_processes(settings)
+        train.check_collectives_pair_across_processes(config_lib.train_settings(cfg).method)
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from patjax.run import torch_weights
 KINDS = {
     "model": (tuple(networks.MODELS), "docs/api.md", ("tests/test_models.py",), "models"),
     "method": (
-        tuple(methods.METHODS),
+        tuple(methods.REGISTRY),
         "docs/baselines.md",
         ("tests/test_baselines.py", "tests/test_methods.py"),
         "methods",
@@ -35,7 +35,7 @@ def first_cells(doc: str) -> str:
 def uses_of_tests(source: str, module: str) -> dict[str, set[str]]:
     """For each test function of a test file's source: the names it uses, i.e. the strings in its
     body and its decorators (a parametrize list), also those of the module-level constants that
-    they read (a list of cases), and the attributes of `module` it reads (`methods.pat_wos(...)`
+    they read (a list of cases), and the attributes of `module` it reads (`methods.pat.pat(...)`
     calls the registered function by its name). A comment, a docstring, a helper function or a
     list that no test reads is no test's."""
     tree = ast.parse(source)

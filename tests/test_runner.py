@@ -189,7 +189,8 @@ def assert_appendix_e_optimizer_for_30_epochs(settings):
         256,
     )
     assert o.total_steps(195) == 30 * 195 and o.lr_milestones(195) == [22 * 195, 27 * 195]
-    assert settings.method.attack_steps == 10 and settings.method.attack_eps == pytest.approx(8 / 255)
+    if settings.method.attack is not None:  # a method with an inner attack: PGD-10's budget
+        assert settings.method.attack.steps == 10 and settings.method.attack.epsilon == pytest.approx(8 / 255)
 
 
 def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
@@ -202,7 +203,7 @@ def test_the_convergence_suite_trains_with_the_papers_optimizer_for_30_epochs():
         settings = config_lib.train_settings(run.config)
         assert_appendix_e_optimizer_for_30_epochs(settings)
         if run.method == "pat":
-            sampler = settings.method.langevin
+            sampler = settings.method.sampler
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
     # A learning-curve point every 3 epochs, each checkpoint kept until its model is.
     assert run_status.curve_steps(suite, runs[1], 30 * 195) == [3 * 195 * k for k in range(1, 10)]
@@ -228,7 +229,7 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
         )
         assert_appendix_e_optimizer_for_30_epochs(settings)
         if run.method == "pat":
-            sampler = settings.method.langevin
+            sampler = settings.method.sampler
             assert (sampler.init, sampler.steps, sampler.tolerance) == ("clean", 20, 3e-4)
         # Every curve step has a checkpoint, and all of them fit in the manager's window at once.
         assert run_status.curve_steps(suite, run, 30 * 195) == [5 * 195 * k for k in range(1, 6)]

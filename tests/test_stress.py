@@ -35,7 +35,7 @@ def busy_loops(count):
 def test_every_method_trains_on_two_devices_while_the_cores_are_busy(tmp_path, data_dir):
     repeats = int(os.environ.get("PATJAX_STRESS_REPEATS", "2"))
     chosen = os.environ.get("PATJAX_STRESS_METHODS", "")  # e.g. alp,trades (default: all)
-    names = chosen.split(",") if chosen else sorted(methods.METHODS)
+    names = chosen.split(",") if chosen else sorted(methods.REGISTRY)
     env = dict(os.environ, PATJAX_CPU_DEVICES="2")
     outcomes = collections.Counter()
     failures = []

@@ -255,7 +255,7 @@ def test_sampler_start_reproduces_patjax_draw(setup):
     s = setup
     x, y, key = first_batch(s)
     logits_fn = s["model_fns"].attack_logits_fn(s["state"].params, s["state"].batch_stats)
-    chain = langevin.langevin_chain(logits_fn, key, x, y, s["settings"].method.langevin)
+    chain = langevin.langevin_chain(logits_fn, key, x, y, s["settings"].method.sampler)
     start, _ = sampler_noise(key, x, STEPS)
     np.testing.assert_array_equal(start, chain.start)
 
@@ -265,7 +265,7 @@ def test_sampler_samples_match_after_three_steps(setup, execution):
     s = setup
     x, y, key = first_batch(s)
     state = s["state"]
-    x_adv, steps = methods.langevin_adversarial_batch(
+    x_adv, steps = methods.pat.langevin_adversarial_batch(
         state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method
     )
     assert np.all(np.asarray(steps) == STEPS)
@@ -281,10 +281,12 @@ def test_snis_weighted_loss_matches(setup):
     s, net = setup, setup["net"]
     x, y, key = first_batch(s)
     state = s["state"]
-    x_adv, _ = methods.langevin_adversarial_batch(
+    x_adv, _ = methods.pat.langevin_adversarial_batch(
         state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method
     )
-    loss, (_, metrics) = methods.pat(state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method)
+    loss, (_, metrics) = methods.pat.pat(
+        state.params, s["model_fns"], state.batch_stats, x, y, key, s["settings"].method
+    )
     saved = {k: v.clone() for k, v in net.state_dict().items()}
     try:
         net.train()
@@ -339,10 +341,10 @@ def test_compiled_bf16_weighted_loss_matches_patjax_bf16(setup):
     state = s["state"]
     bf16_model = dataclasses.replace(s["settings"].model, compute_dtype="bfloat16")
     bf16_fns, _ = state_lib.create_train_state(bf16_model, s["settings"].seed, s["tx"])
-    x_adv, _ = methods.langevin_adversarial_batch(
+    x_adv, _ = methods.pat.langevin_adversarial_batch(
         state.params, bf16_fns, state.batch_stats, x, y, key, s["settings"].method
     )
-    loss, _ = methods.pat(state.params, bf16_fns, state.batch_stats, x, y, key, s["settings"].method)
+    loss, _ = methods.pat.pat(state.params, bf16_fns, state.batch_stats, x, y, key, s["settings"].method)
     bf16 = peer.Execution(compile=True, channels_last=True, compute_dtype="bfloat16")
     torch_bf16 = float(fresh_peer(s, bf16).update(nchw(x_adv), torch_labels(y)))
     torch_fp32 = float(fresh_peer(s, EXECUTIONS["eager"]).update(nchw(x_adv), torch_labels(y)))

@@ -92,16 +92,14 @@ def mart_attack(
 
 
 @dataclasses.dataclass(frozen=True)
-class AtprSettings:
-    """The AT-PR search (wellzline/AT-PR attack_algorithms.py `PR` and `pick_best_ae`), checked once.
+class AtprSearchSettings:
+    """How the AT-PR search draws and picks its candidates (wellzline/AT-PR attack_algorithms.py
+    `PR` and `pick_best_ae`; the config block `atpr`), checked once.
 
     The search keeps every candidate's batch (`AtprResult.candidates`): 1,000 candidates are 100
     times the reference's and 3 GB at batch 256 on CIFAR; the step counts' bound is 10,000 times
     the reference's."""
 
-    eps: float = 8 / 255
-    step_size: float = 2 / 255
-    steps: int = count("attack.steps", 0, 100_000, default=10)
     # the standard PGD plus num_candidates - 1 randomized ones
     num_candidates: int = count("atpr.num_candidates", 1, 1_000, default=10)
     eps_spread: float = 0.02  # eps' ~ U(eps - eps_spread, eps)
@@ -116,6 +114,19 @@ class AtprSettings:
         check_counts(self)
         if not 0.0 <= self.refine_stop_fraction <= 1.0:
             raise UserError(f"atpr.refine_stop_fraction must be in [0, 1], got {self.refine_stop_fraction}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AtprSettings(AtprSearchSettings):
+    """The AT-PR search around its standard PGD (eps, alpha, steps; the baselines' `attack` block
+    in training), checked once."""
+
+    eps: float = 8 / 255
+    step_size: float = 2 / 255
+    steps: int = count("attack.steps", 0, 100_000, default=10)
+
+    def __post_init__(self):
+        super().__post_init__()
         if self.step_size_spread > self.step_size:
             raise UserError("atpr.step_size_spread must not exceed attack.step_size (negative step sizes)")
 

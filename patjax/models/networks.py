@@ -58,7 +58,7 @@ from patjax.core.errors import UserError
 from patjax.models import ops
 
 # BatchNorm inside an attack or the sampler: running statistics, or the batch's own (checked
-# where the setting enters: `methods.MethodSettings`).
+# where the setting enters: `methods.common.AttackSettings` and `SamplerSettings`).
 BN_MODES = ("inference", "train")
 
 
@@ -85,10 +85,10 @@ class ModelFns:
         """x -> logits for attacks, the sampler and evaluation: detached parameters (they
         differentiate with respect to the input only), no statistics update; bn_mode one of
         `BN_MODES` ('train': batch statistics, running averages discarded)."""
-        if bn_mode not in BN_MODES:  # 'auto' is resolved per method (methods.REFERENCE_ATTACK_BN_MODE)
+        if bn_mode not in BN_MODES:  # 'auto' is resolved per method (its registry entry's attack_bn_mode)
             raise ValueError(
                 f"bn_mode must be one of {BN_MODES}, got {bn_mode!r}; a method with an inner attack "
-                f"resolves attack.bn_mode='auto' through its entry in methods.REFERENCE_ATTACK_BN_MODE"
+                f"resolves attack.bn_mode='auto' through its registry entry's attack_bn_mode (methods.common.Method)"
             )
         params = jax.lax.stop_gradient(params)
         batch_stats = jax.lax.stop_gradient(batch_stats)

@@ -28,7 +28,6 @@ from patjax.core.errors import (
 )
 from patjax.data import cifar
 from patjax.evaluators import common as evaluators_common
-from patjax.pat import langevin as langevin_lib
 from patjax.pat import robustness
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state
@@ -77,58 +76,13 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.lr_decay_factor = 0.1
     cfg.seed = 0
 
-    # Algorithm 1 / Appendix E.
-    cfg.langevin = ml_collections.ConfigDict()
-    cfg.langevin.steps = 100  # T
-    cfg.langevin.step_size = 0.3  # eta
-    cfg.langevin.noise_scale = 0.001  # sigma
-    cfg.langevin.grad_clip = 1.0  # rho
-    cfg.langevin.c1 = 0.3
-    cfg.langevin.c2 = 0.42
-    cfg.langevin.bn_mode = "inference"  # BatchNorm inside the sampler: 'inference' | 'train'
-    # Opt-in departures from Algorithm 1 that make the sampler cheaper (langevin.LangevinSettings):
-    # 'uniform' (the paper) | 'clean' (start at x); tolerance > 0 ends each chain once its
-    # mean per-pixel drift falls below it (T is then the maximum). `python -m patjax.diagnose`
-    # measures where the chain settles.
-    cfg.langevin.init = "uniform"
-    cfg.langevin.tolerance = 0.0
-
-    cfg.pat = ml_collections.ConfigDict()
-    cfg.pat.beta = 0.001  # SNIS smoothing factor (Eq. 2, Sec. 5.4); 0 is PAT(WOS)
-
-    # Baselines (docs/baselines.md). Inner attack shared by fgsm, pgd, alp, clp, trades, mart,
-    # atpr, pgd_cor, fgsm_cor: Appendix E, "10-step attack, L-inf <= 8/255"; alpha = 2/255 as
-    # MadryLab/cifar10_challenge and AT-PR (TRADES and MART use their own step sizes below).
-    cfg.attack = ml_collections.ConfigDict()
-    cfg.attack.epsilon = 8 / 255
-    cfg.attack.step_size = 2 / 255
-    cfg.attack.steps = 10
-    # BatchNorm during the attack: 'auto' = the baseline's reference code (batch statistics for
-    # fgsm/pgd/alp/clp/atpr and the COR variants, running statistics for trades/mart);
-    # 'inference' | 'train' force one mode for all. Never updates the running statistics.
-    cfg.attack.bn_mode = "auto"
-    cfg.fgsm = ml_collections.ConfigDict()
-    cfg.fgsm.random_start = False  # True: gradient at x + U(-eps, eps) as AT-PR's fgsm_loss
-    cfg.trades = ml_collections.ConfigDict()
-    cfg.trades.beta = 6.0  # yaodongyu/TRADES train_trades_cifar10.py
-    cfg.trades.step_size = 0.007  # ditto (AT-PR's reimplementation uses 2/255)
-    cfg.trades.init_noise = 0.001  # start x + 0.001 * N(0, 1)
-    cfg.mart = ml_collections.ConfigDict()
-    cfg.mart.beta = -1.0  # < 0: 5 for resnet18 (MART train_resnet.py), 6 otherwise
-    cfg.mart.step_size = 0.007  # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
-    cfg.mart.init_noise = 0.001
-    cfg.alp = ml_collections.ConfigDict()
-    cfg.alp.weight = 0.01  # wellzline/AT-PR ALP: CE(adv) + 0.01 mean ||z_adv - z||_2
-    cfg.clp = ml_collections.ConfigDict()
-    cfg.clp.weight = 0.3  # wellzline/AT-PR CLP: CE(clean) + 0.3 mean ||z_adv - z||_2
-    cfg.atpr = ml_collections.ConfigDict()  # wellzline/AT-PR attack_algorithms.py PR, pick_best_ae
-    cfg.atpr.num_candidates = 10  # the standard PGD + 9 randomized PGDs
-    cfg.atpr.eps_spread = 0.02  # eps' ~ U(eps - 0.02, eps)
-    cfg.atpr.step_size_spread = 0.003  # alpha' ~ U(alpha - 0.003, alpha + 0.003)
-    cfg.atpr.steps_below = 2  # steps' ~ randint(steps - 2, steps + 10), inclusive
-    cfg.atpr.steps_above = 10
-    cfg.atpr.refine_max_iters = 40  # cap of the refinement loop
-    cfg.atpr.refine_stop_fraction = 0.1  # refine while > 10% of the batch is misclassified
+    # The methods' blocks: the shared ones (`langevin`, Algorithm 1 / Appendix E, and BatchNorm
+    # inside it; `pat`, the SNIS weights; `attack`, the baselines' inner attack) and each method's
+    # own (fgsm, alp, clp, trades, mart, atpr). Each block is written from its settings class's
+    # defaults (`methods.blocks()`), where each field's meaning and source are said, and read back
+    # field by field (`block_settings`).
+    for block, settings_class in methods.blocks().items():
+        cfg[block] = ml_collections.ConfigDict(_defaults(settings_class))
 
     cfg.checkpoint_every_steps = -1  # <= 0: every epoch
     cfg.max_checkpoints_to_keep = 3
@@ -266,62 +220,59 @@ def optimizer_settings(cfg) -> optimizer_lib.OptimizerSettings:
     )
 
 
-def langevin_settings(langevin) -> langevin_lib.LangevinSettings:
-    """Algorithm 1's settings from the config's `langevin` block."""
-    return langevin_lib.LangevinSettings(
-        steps=int(langevin.steps),
-        step_size=float(langevin.step_size),
-        noise_scale=float(langevin.noise_scale),
-        grad_clip=float(langevin.grad_clip),
-        c1=float(langevin.c1),
-        c2=float(langevin.c2),
-        init=str(langevin.init),
-        tolerance=float(langevin.tolerance),
+def _defaults(settings_class) -> dict:
+    """A block's fields and their defaults, in the order of its settings class."""
+    fields = dataclasses.fields(settings_class)
+    missing = [f.name for f in fields if f.default is dataclasses.MISSING]
+    assert not missing, f"{settings_class.__name__} has fields without a default: {missing}"
+    return {f.name: f.default for f in fields}
+
+
+# A field's type as its settings class declares it (a string under `from __future__ import
+# annotations`) -> the Python type it is read as; an int is left to the class's `count` check.
+_READ_AS = {"float": float, "bool": bool, "str": str, float: float, bool: bool, str: str}
+
+
+def _from_block(settings_class, block):
+    """The settings of one config block: each field of the class read from the block."""
+    return settings_class(
+        **{f.name: _READ_AS.get(f.type, lambda v: v)(block[f.name]) for f in dataclasses.fields(settings_class)}
     )
 
 
-def method_settings(cfg) -> methods.MethodSettings:
-    """The method's settings: cfg.method and its blocks pat, langevin, attack, fgsm, trades, mart,
-    alp, clp, atpr (cfg.model for MART's default beta)."""
-    a = cfg.attack
-    name = str(cfg.method)
-    bn_mode = str(a.bn_mode)
-    if bn_mode == "auto" and name in methods.REFERENCE_ATTACK_BN_MODE:
-        bn_mode = methods.REFERENCE_ATTACK_BN_MODE[name]
+def block_settings(cfg) -> dict:
+    """{block: its settings} for every block the methods read (`methods.blocks()`), whichever
+    method the run trains, so that a bad field of any block is refused; the defaults that depend
+    on another block are resolved here, the one place."""
+    found = {block: _from_block(cls, cfg[block]) for block, cls in methods.blocks().items()}
     # mart.beta < 0: the reference's, 5 for ResNet-18 (MART train_resnet.py, AT-PR mart_loss),
     # 6 otherwise (MART train_wideresnet.py, mart.py's default).
-    mart_beta = float(cfg.mart.beta) if cfg.mart.beta >= 0 else (5.0 if cfg.model == "resnet18" else 6.0)
-    p = cfg.atpr
+    if found["mart"].beta < 0:
+        found["mart"] = dataclasses.replace(found["mart"], beta=5.0 if cfg.model == "resnet18" else 6.0)
+    # AT-PR's search runs around the baselines' standard PGD (eps, alpha, steps of `attack`).
+    a = found["attack"]
+    found["atpr"] = inner.AtprSettings(
+        eps=a.epsilon, step_size=a.step_size, steps=a.steps, **dataclasses.asdict(found["atpr"])
+    )
+    return found
+
+
+def method_settings(cfg) -> methods.MethodSettings:
+    """The settings of the method cfg.method: its own block and the shared blocks its registry
+    entry reads (`block_settings`); attack.bn_mode 'auto' is the mode of its reference code."""
+    entry = methods.get(str(cfg.method))
+    found = block_settings(cfg)
+    attack = None
+    if entry.attack_bn_mode is not None:
+        attack = found["attack"]
+        if attack.bn_mode == "auto":
+            attack = dataclasses.replace(attack, bn_mode=entry.attack_bn_mode)
     return methods.MethodSettings(
-        name=name,
-        beta=float(cfg.pat.beta),
-        langevin=langevin_settings(cfg.langevin),
-        langevin_bn_mode=str(cfg.langevin.bn_mode),
-        attack_eps=float(a.epsilon),
-        attack_step_size=float(a.step_size),
-        attack_steps=int(a.steps),
-        attack_bn_mode=bn_mode,
-        fgsm_random_start=bool(cfg.fgsm.random_start),
-        trades_beta=float(cfg.trades.beta),
-        trades_step_size=float(cfg.trades.step_size),
-        trades_init_noise=float(cfg.trades.init_noise),
-        mart_beta=mart_beta,
-        mart_step_size=float(cfg.mart.step_size),
-        mart_init_noise=float(cfg.mart.init_noise),
-        alp_weight=float(cfg.alp.weight),
-        clp_weight=float(cfg.clp.weight),
-        atpr=inner.AtprSettings(
-            eps=float(a.epsilon),
-            step_size=float(a.step_size),
-            steps=int(a.steps),
-            num_candidates=int(p.num_candidates),
-            eps_spread=float(p.eps_spread),
-            step_size_spread=float(p.step_size_spread),
-            steps_below=int(p.steps_below),
-            steps_above=int(p.steps_above),
-            refine_max_iters=int(p.refine_max_iters),
-            refine_stop_fraction=float(p.refine_stop_fraction),
-        ),
+        name=entry.name,
+        own=found[entry.settings_block] if entry.settings is not None else None,
+        attack=attack,
+        sampler=found["langevin"] if entry.sampler else None,
+        snis=found["pat"] if entry.weighted else None,
     )
 
 

@@ -184,10 +184,10 @@ def check_collectives_pair_across_processes(method: methods.MethodSettings) -> N
     """
     if jax.process_count() == 1 or jax.default_backend() != "cpu":
         return
-    if method.name in methods.LANGEVIN_METHODS:
-        where, mode, setting = "sampler", method.langevin_bn_mode, "langevin.bn_mode"
-    elif method.name in methods.REFERENCE_ATTACK_BN_MODE:
-        where, mode, setting = "attack", method.attack_bn_mode, "attack.bn_mode"
+    if method.sampler is not None:
+        where, mode, setting = "sampler", method.sampler.bn_mode, "langevin.bn_mode"
+    elif method.attack is not None:
+        where, mode, setting = "attack", method.attack.bn_mode, "attack.bn_mode"
     else:
         return
     if mode == "train":

@@ -60,6 +60,12 @@ def load_settings(workdir: str) -> config_lib.TrainSettings:
     return config_lib.train_settings(load_config(workdir))
 
 
+def sampler_settings(workdir: str):
+    """The sampler of the run's config (its `langevin` block, `methods.common.SamplerSettings`),
+    what a diagnostic of its model measures, whether or not its method runs the sampler."""
+    return config_lib.block_settings(load_config(workdir))["langevin"]
+
+
 def evaluation_settings(workdir: str, overrides: Optional[dict] = None, **kwargs) -> config_lib.EvaluationSettings:
     """The run's evaluation settings (its config's `eval` block) with `overrides` and `kwargs`
     (`config.evaluation_settings`)."""

@@ -1,0 +1,71 @@
+"""The logit-pairing baselines of wellzline/AT-PR: ALP (adversarial) and CLP (clean), on the PGD
+batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+from patjax.methods.pgd import pgd_adversarial_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class AlpSettings:
+    """ALP's own setting (config block `alp`)."""
+
+    weight: float = 0.01  # wellzline/AT-PR ALP: CE(adv) + 0.01 mean ||z_adv - z||_2
+
+
+@dataclasses.dataclass(frozen=True)
+class ClpSettings:
+    """CLP's own setting (config block `clp`)."""
+
+    weight: float = 0.3  # wellzline/AT-PR CLP: CE(clean) + 0.3 mean ||z_adv - z||_2
+
+
+def _safe_l2_norm(v):
+    """Row-wise L2 norm whose gradient at 0 is 0 (torch.norm's backward), not NaN."""
+    squared = jnp.sum(jnp.square(v), axis=-1)
+    positive = squared > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def _logit_pairing(params, model, batch_stats, x, y, key, s, weight, passes):
+    """CE on the first pass + weight * mean_i ||z(x_pgd_i) - z(x_i)||_2, the passes
+    ("adv": x_pgd, "clean": x) in the reference's order (BatchNorm sees them in that order)."""
+    x_adv = pgd_adversarial_batch(params, model, batch_stats, x, y, key, s)
+    logits, new_batch_stats = train_passes(model, params, batch_stats, [x_adv if p == "adv" else x for p in passes])
+    adv_logits, clean_logits = logits[passes.index("adv")], logits[passes.index("clean")]
+    ce = mean_ce(logits[0], y)
+    pairing = jnp.mean(_safe_l2_norm(adv_logits - clean_logits))
+    loss = ce + weight * pairing
+    return loss, (
+        new_batch_stats,
+        {
+            "loss": loss,
+            "adv_accuracy": accuracy(adv_logits, y),
+            "pairing_loss": pairing,
+            **uniform_weights(y.shape[0]),
+        },
+    )
+
+
+def alp(params, model, batch_stats, x, y, key, s):
+    """Adversarial logit pairing as in wellzline/AT-PR `ALP`:
+    mean CE(z(x_pgd), y) + s.own.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x_pgd, x_pgd, x)."""
+    return _logit_pairing(params, model, batch_stats, x, y, key, s, s.own.weight, ("adv", "adv", "clean"))
+
+
+def clp(params, model, batch_stats, x, y, key, s):
+    """Clean logit pairing as in wellzline/AT-PR `CLP`:
+    mean CE(z(x), y) + s.own.weight * mean_i ||z(x_pgd_i) - z(x_i)||_2 (passes x, x_pgd, x)."""
+    return _logit_pairing(params, model, batch_stats, x, y, key, s, s.own.weight, ("clean", "adv", "clean"))
+
+
+# BatchNorm during the attack: batch statistics, as wellzline/AT-PR attack_algorithms.py runs
+# ALP and CLP in model.train() (it also updates the running averages at every attack step, which
+# is not reproduced here; docs/baselines.md).
+ALP = Method("alp", alp, "ALP", settings=AlpSettings, attack_bn_mode="train")
+CLP = Method("clp", clp, "CLP", settings=ClpSettings, attack_bn_mode="train")

@@ -1,0 +1,72 @@
+"""MART (Wang et al. 2020; YisenWang/MART mart.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from patjax.attacks import inner
+from patjax.attacks.logits import log_or_zero, other_values, true_value
+from patjax.core.errors import UserError
+from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class MartSettings:
+    """MART's own settings (config block `mart`); its attack's budget and steps are
+    attack.epsilon and attack.steps."""
+
+    # < 0: the reference's for the run's model, 5 for resnet18 (MART train_resnet.py), 6 otherwise,
+    # resolved where the config is read (`config.block_settings`); a method is handed it resolved.
+    beta: float = -1.0
+    step_size: float = 0.007  # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
+    init_noise: float = 0.001
+
+    def __post_init__(self):
+        if self.step_size < 0:
+            raise UserError(f"mart.step_size must be >= 0, got {self.step_size}")
+
+
+def mart(params, model, batch_stats, x, y, key, s):
+    """MART (YisenWang/MART mart.py), passes x, x_adv:
+    mean_i [CE(z(x_adv_i), y_i) - log(1.0001 - p_{k_i}(x_adv_i) + 1e-12)]
+      + beta * mean_i KL(p(x_i) || p(x_adv_i)) (1.0000001 - p_{y_i}(x_i)),
+    k_i = argmax_{k != y_i} p_k(x_adv_i); log p(x_adv) is log(p + 1e-12) inside the KL, and the
+    weight (1 - p_y(x)) is not detached, as in the reference. beta = s.own.beta."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
+    x_adv = inner.mart_attack(
+        logits_fn,
+        key,
+        x,
+        y,
+        eps=s.attack.epsilon,
+        step_size=s.own.step_size,
+        steps=s.attack.steps,
+        init_noise=s.own.init_noise,
+    )
+    (clean_logits, adv_logits), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv])
+    adv_probs = jax.nn.softmax(adv_logits, axis=-1)
+    runner_up_prob = true_value(adv_probs, jnp.argmax(other_values(adv_probs, y), axis=-1))
+    boosted_ce = mean_ce(adv_logits, y) + jnp.mean(-jnp.log(1.0001 - runner_up_prob + 1e-12))
+    clean_probs = jax.nn.softmax(clean_logits, axis=-1)
+    true_prob = true_value(clean_probs, y)
+    kl = jnp.sum(clean_probs * (log_or_zero(clean_probs) - jnp.log(adv_probs + 1e-12)), axis=-1)
+    robust = jnp.mean(kl * (1.0000001 - true_prob))
+    loss = boosted_ce + s.own.beta * robust
+    return loss, (
+        new_batch_stats,
+        {
+            "loss": loss,
+            "adv_accuracy": accuracy(adv_logits, y),
+            "boosted_ce": boosted_ce,
+            "robust_loss": robust,
+            **uniform_weights(y.shape[0]),
+        },
+    )
+
+
+# BatchNorm during the attack: running statistics, as YisenWang/MART mart.py calls model.eval()
+# before the attack and model.train() after it.
+MART = Method("mart", mart, "MART", settings=MartSettings, attack_bn_mode="inference")

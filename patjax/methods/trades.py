@@ -1,0 +1,63 @@
+"""TRADES (Zhang et al. 2019; yaodongyu/TRADES trades.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from patjax.attacks import inner
+from patjax.core.errors import UserError
+from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class TradesSettings:
+    """TRADES's own settings (config block `trades`); its attack's budget and steps are
+    attack.epsilon and attack.steps."""
+
+    beta: float = 6.0  # yaodongyu/TRADES train_trades_cifar10.py
+    step_size: float = 0.007  # ditto (AT-PR's reimplementation uses 2/255)
+    init_noise: float = 0.001  # start x + 0.001 * N(0, 1)
+
+    def __post_init__(self):
+        if self.step_size < 0:
+            raise UserError(f"trades.step_size must be >= 0, got {self.step_size}")
+        if self.beta < 0:
+            raise UserError(f"trades.beta must be >= 0, got {self.beta}")
+
+
+def trades(params, model, batch_stats, x, y, key, s):
+    """TRADES (yaodongyu/TRADES trades.py): mean CE(z(x), y) + beta * mean_i KL(p(x_i) || p(x_adv_i)),
+    x_adv from `inner.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
+    arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
+    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
+    x_adv = inner.trades_kl_attack(
+        logits_fn,
+        key,
+        x,
+        eps=s.attack.epsilon,
+        step_size=s.own.step_size,
+        steps=s.attack.steps,
+        init_noise=s.own.init_noise,
+    )
+    (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
+    natural = mean_ce(clean_logits, y)
+    robust = jnp.mean(inner.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
+    loss = natural + s.own.beta * robust
+    return loss, (
+        new_batch_stats,
+        {
+            "loss": loss,
+            "adv_accuracy": accuracy(adv_logits, y),
+            "natural_loss": natural,
+            "robust_loss": robust,
+            **uniform_weights(y.shape[0]),
+        },
+    )
+
+
+# BatchNorm during the attack: running statistics, as yaodongyu/TRADES trades.py calls
+# model.eval() before the attack and model.train() after it.
+TRADES = Method("trades", trades, "TRADES", settings=TradesSettings, attack_bn_mode="inference")

@@ -8,6 +8,7 @@ from scipy import stats
 from test_evaluation import evaluate, tiny_config, tiny_setup
 
 from patjax.data import cifar
+from patjax.evaluators import autoattack
 from patjax.reporting import report
 
 EPS = 0.03
@@ -78,6 +79,12 @@ def test_masking_checks_are_reported(evaluated):
     assert by_eps[f"{EPS * 16:.6g}"]["value"] == 0.0  # a linear model has no masked gradient
     assert masking["masking_signs"] == []
     assert results["figures"]["aa"]["settings"]["square_queries"] == 300
+
+
+@pytest.mark.parametrize("wins, losses", [(0, 0), (0, 5), (1, 0), (3, 1), (10, 2), (20, 15), (7, 7), (40, 3)])
+def test_the_masking_sign_test_is_the_exact_one_sided_binomial_test(wins, losses):
+    expected = stats.binomtest(wins, wins + losses, 0.5, "greater").pvalue if wins + losses else 1.0
+    assert autoattack.sign_test_p_value(wins, losses) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.slow

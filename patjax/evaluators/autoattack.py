@@ -30,7 +30,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.stats import binomtest
+from scipy import special
 
 from patjax.attacks import apgd, fab, square
 from patjax.data import cifar
@@ -44,6 +44,13 @@ LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": 
 # streams derived from names, so never one of theirs.
 STREAM_BASE = 100
 assert max(common.KEPT_STREAMS.values()) < STREAM_BASE and STREAM_BASE + 4 < common.NAME_STREAMS_FROM
+
+
+def sign_test_p_value(wins: int, losses: int) -> float:
+    """The one-sided exact sign test's p-value, P(X >= wins) for X ~ Bin(wins + losses, 1/2): the
+    binomial tail from scipy.special (scipy.stats.binomtest gives the same and takes 0.7 s to
+    import in every command)."""
+    return float(special.bdtrc(wins - 1, wins + losses, 0.5)) if wins else 1.0
 
 
 def _key(seed: int, stream: int):
@@ -186,7 +193,7 @@ def figures(per_image, s) -> dict:
     # the images only one of them fools (McNemar), so one image of chance is not a sign.
     square_only = int(np.sum(apgd_alone & ~square_alone & clean))  # fooled by Square, not by APGD-CE
     apgd_only = int(np.sum(~apgd_alone & square_alone & clean))
-    p_value = float(binomtest(square_only, square_only + apgd_only, 0.5, "greater").pvalue) if square_only else 1.0
+    p_value = sign_test_p_value(square_only, apgd_only)
     if p_value < 1 - s.confidence:
         signs.append(
             f"Square alone fools {square_only} images APGD-CE alone does not, APGD-CE {apgd_only} that Square "

@@ -10,17 +10,20 @@ results (`patjax.run.evaluation`) and the suite tables (`patjax.suites.aggregate
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats as scipy_stats
+from scipy import special
 
 
 def clopper_pearson(successes, trials, confidence: float = 0.95):
-    """Exact binomial (Clopper-Pearson) interval: arrays (lower, upper), elementwise."""
+    """Exact binomial (Clopper-Pearson) interval: arrays (lower, upper), elementwise. The bounds
+    are Beta quantiles, Beta(k, n - k + 1).ppf(alpha / 2) and Beta(k + 1, n - k).ppf(1 - alpha / 2),
+    computed as scipy.special's inverse regularized incomplete beta (scipy.stats, which gives the
+    same, takes 0.7 s to import in every command)."""
     k = np.asarray(successes, np.float64)
     n = np.asarray(trials, np.float64)
     alpha = 1.0 - confidence
     with np.errstate(invalid="ignore", divide="ignore"):
-        lower = np.where(k > 0, scipy_stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
-        upper = np.where(k < n, scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+        lower = np.where(k > 0, special.betaincinv(k, n - k + 1, alpha / 2), 0.0)
+        upper = np.where(k < n, special.betaincinv(k + 1, n - k, 1 - alpha / 2), 1.0)
     return lower, upper
 
 

@@ -4,14 +4,18 @@ import hashlib
 import importlib.util
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO
 
+from patjax.data import cifar
+
 SCRIPT = REPO / "benchmarks" / "gpu_paper_scale.py"
-CIFAR = REPO.parent / "shared" / "data" / "cifar-10-batches-bin"
+# The real CIFAR-10 files where every test finds them ($PATJAX_DATA_DIR, else ../shared/data).
+CIFAR = pathlib.Path(cifar.find_data_dir() or REPO.parent / "shared" / "data") / "cifar-10-batches-bin"
 
 
 def load_script():

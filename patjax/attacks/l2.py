@@ -56,8 +56,9 @@ def pgd_l2(
     random_start: bool = True,
 ) -> jax.Array:
     """L2 PGD: x_{t+1} = project_l2(x_t + step_size * g / (|g|_2 + 1e-10)), g the gradient of the
-    per-example loss at x_t (torchattacks `PGDL2.forward`; its mean loss has the same normalized
-    gradient as the per-example one)."""
+    summed per-example loss at x_t (torchattacks `PGDL2.forward`). torchattacks differentiates the
+    batch's mean loss, a gradient 1/B times this one: after the normalization the two steps differ
+    only through the 1e-10, by a relative 1e-10 * (B - 1) / |g|_2 at most."""
     x_adv = l2_random_start(key, x, eps) if random_start else x
 
     def step(_, x_adv):

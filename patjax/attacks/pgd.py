@@ -1,6 +1,6 @@
 """Worst-case attacks in L-inf pixel space, shared by training methods and evaluation: the
 projection, the losses PGD ascends, FGSM (and its AT-PR form) and PGD. The training baselines'
-inner maximizations are `inner`, APGD and APGD-T `apgd`.
+inner maximizations are `inner`, APGD and APGD-T `apgd`, the L2 attacks `l2`.
 
 Every attack is a pure function of a `logits_fn` (x -> logits, normalization inside the
 model), a PRNG key and arrays, loops with `jax.lax`, and returns its result under

@@ -84,13 +84,14 @@ def model_flops(model_name: str, width: int, batch: int) -> tuple[float, float]:
 def evaluations(s, fractions) -> dict:
     """(forwards, input gradients) per image of the data set, for each pass of `aa`."""
     clean, robust_ce, robust_t, robust_fab = fractions
-    factors = len(s.aa_masking_eps_factors)
+    aa, apgd_steps = s["aa"], s["apgd"].steps
+    factors = len(aa.masking_eps_factors)
     return {
-        "apgd_ce": (0.0, 1.0 * s.apgd_steps),
-        "apgd_t": (0.0, robust_ce * s.aa_target_classes * s.apgd_steps),
-        "fab_t": (robust_t * s.aa_target_classes * s.aa_fab_steps,) * 2,
-        "square": (robust_fab * s.aa_square_queries, 0.0),
-        "masking": (clean * s.aa_square_queries, factors * s.apgd_steps),
+        "apgd_ce": (0.0, 1.0 * apgd_steps),
+        "apgd_t": (0.0, robust_ce * aa.target_classes * apgd_steps),
+        "fab_t": (robust_t * aa.target_classes * aa.fab_steps,) * 2,
+        "square": (robust_fab * aa.square_queries, 0.0),
+        "masking": (clean * aa.square_queries, factors * apgd_steps),
     }
 
 
@@ -98,7 +99,7 @@ def main(argv=None):
     args = parse_args(argv)
     from patjax.run import config
 
-    s = config.evaluation_settings(config.default_config()).evals
+    s = config.evaluation_settings(config.default_config()).evaluator_settings
     f, g = model_flops(args.model, args.width, args.batch)
     per_pass = {name: (fw * f + gr * g) * args.num_images for name, (fw, gr) in evaluations(s, args.fractions).items()}
     attacks_flop = sum(v for k, v in per_pass.items() if k != "masking")

@@ -267,8 +267,9 @@ def part_eval(args) -> None:
     x_np, y_np = test_images(args.data_dir, args.eval_images)
     for run in args.runs:
         settings, fns, params, batch_stats, step = restore(os.path.join(args.runs_dir, run), args.step)
-        ev = settings.evaluation.evals
-        root = jax.random.PRNGKey(ev.seed)
+        handed = settings.evaluation.evaluator_settings
+        ev = handed["pr"]
+        root = jax.random.PRNGKey(handed.shared.seed)
         results, walls = {}, {}
         for dtype, model_fns in fns.items():
             logits_fn = model_fns.attack_logits_fn(params, batch_stats)  # inference-mode BatchNorm
@@ -276,7 +277,7 @@ def part_eval(args) -> None:
             @jax.jit
             def batch_fn(xb, yb, idx, logits_fn=logits_fn):
                 pr = robustness.pr_statistics(
-                    logits_fn, root, xb, yb, idx, ev.pr_epsilons, ev.pr_samples, ev.pr_chunk_size, "uniform", 0.0
+                    logits_fn, root, xb, yb, idx, ev.epsilons, ev.samples, ev.chunk_size, "uniform", 0.0
                 )
                 return logits_fn(xb), pr["counts"].T  # (B, classes), (B, levels)
 
@@ -295,9 +296,9 @@ def part_eval(args) -> None:
             results[dtype] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
         (lf, cf), (lb, cb) = results["float32"], results["bfloat16"]
         correct_f, correct_b = lf.argmax(-1) == y_np, lb.argmax(-1) == y_np
-        n = ev.pr_samples
+        n = ev.samples
         pr = {}
-        for j, eps in enumerate(ev.pr_epsilons):
+        for j, eps in enumerate(ev.epsilons):
             pf, pb = cf[:, j] / n, cb[:, j] / n
             pr[robustness.level_key(eps)] = {
                 # Table 1: each evaluation's mean PR over its own clean-correct images.

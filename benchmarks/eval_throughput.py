@@ -64,7 +64,7 @@ def run(args) -> dict:
         evaluators=args.evaluators,
         batch_size=args.batch,
     )
-    s = settings.evals
+    s = settings.evaluator_settings
     rates, walls = {}, {}
     for name in settings.evaluators:
         evaluator = evaluators.REGISTRY[name]
@@ -86,8 +86,8 @@ def run(args) -> dict:
         "batch": args.batch,
         "batches": [a, b],
         "pr_samples": args.pr_samples,
-        "pr_epsilons": list(s.pr_epsilons),
-        "pr_chunk_size": s.pr_chunk_size,
+        "pr_epsilons": list(s["pr"].epsilons),
+        "pr_chunk_size": s["pr"].chunk_size,
         "images_per_s": rates,
         "pass_wall_s": walls,  # per pass: warm-up (with compile), A batches, B batches
         "backend": jax.default_backend(),

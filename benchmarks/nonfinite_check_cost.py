@@ -30,7 +30,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     overrides = {"pr_samples": args.pr_samples, "pr_distributions": ("uniform",)}
-    s = config_lib.default_evaluation_settings("cifar10", overrides).evals
+    s = config_lib.default_evaluation_settings("cifar10", overrides).evaluator_settings
     cfg = config_lib.default_config()
     cfg.model = args.model
     train = config_lib.train_settings(cfg)

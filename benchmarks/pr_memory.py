@@ -3,9 +3,9 @@
 
   python benchmarks/pr_memory.py --model resnet18 500:5 100:25 500:25
 
-One forward pass of the PR pass takes len(eval.pr_epsilons) x batch x chunk images
-(`robustness.pr_statistics`), so the chunk (`eval.pr_chunk_size`) bounds its memory. For each
-BATCH:CHUNK the pass (uniform noise, N = eval.pr_samples, a randomly initialized network, random
+One forward pass of the PR pass takes len(eval.pr.epsilons) x batch x chunk images
+(`robustness.pr_statistics`), so the chunk (`eval.pr.chunk_size`) bounds its memory. For each
+BATCH:CHUNK the pass (uniform noise, N = eval.pr.samples, a randomly initialized network, random
 images) is compiled alone and reports its temporaries (the executable's memory analysis), compile
 time (lowering included), images/s of one batch after a warm-up batch on one device (on a CPU
 host, one core's device: not the evaluation's rate, which splits a batch over all of them) and,
@@ -47,7 +47,7 @@ def main(argv=None):
         settings = config_lib.default_evaluation_settings(
             "cifar10", {"pr_distributions": ("uniform",), "pr_chunk_size": chunk}, evaluators="pr", batch_size=batch
         )
-        fn = pr.make_batch_fn(model_fns, settings.evals, "pr_uniform")
+        fn = pr.make_batch_fn(model_fns, settings.evaluator_settings, "pr_uniform")
         images = jnp.asarray(rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8))
         labels, indices = jnp.zeros((batch,), jnp.int32), jnp.arange(batch, dtype=jnp.int32)
         t0 = time.perf_counter()
@@ -62,7 +62,7 @@ def main(argv=None):
             "model": args.model,
             "batch": batch,
             "chunk": chunk,
-            "images_per_forward": len(settings.evals.pr_epsilons) * batch * chunk,
+            "images_per_forward": len(settings.evaluator_settings["pr"].epsilons) * batch * chunk,
             "temp_GiB": round(compiled.memory_analysis().temp_size_in_bytes / 2**30, 2),
             "compile_s": round(compile_s, 1),
             "img_s": round(batch / seconds, 1),

@@ -38,7 +38,8 @@ from patjax.run import eval_files, evaluation, zoo
 
 FLAGS = flags.FLAGS
 
-# Command-line flag -> eval setting it overrides (None: keep the workdir's config).
+# Flags that override an evaluator setting, named by its flat name (`evaluators.flat_names`; None:
+# keep the workdir's config).
 _OVERRIDES = ("pr_samples", "pr_chunk_size", "pr_distribution", "pr_distributions", "seed", "apgd_steps")
 
 
@@ -115,9 +116,10 @@ def evaluate_robustbench(spec, num_examples, overrides):
 
 def main(argv):
     cli_lib.start(argv)
-    # Every setting a flag gives is checked under its config field's name (eval.pr_samples);
+    # Every setting a flag gives is checked under its config field's name (eval.pr.samples);
     # here the user typed the flag.
-    fields = {f"eval.{name}": name for name in cli_lib.given(*_OVERRIDES, "num_examples", "batch_size")}
+    fields = {evaluators.config_field(name): name for name in cli_lib.given(*_OVERRIDES)}
+    fields.update({f"eval.{name}": name for name in cli_lib.given("num_examples", "batch_size")})
     with cli_lib.named_as_flags(fields):
         return evaluate_from_flags()
 

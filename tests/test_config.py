@@ -17,19 +17,23 @@ def write_config(tmp_path, saved) -> str:
     return str(tmp_path)
 
 
+COMMITTED = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0" / "config.json"
+
+
 def test_an_older_config_reads_with_the_behaviour_its_code_had(tmp_path):
-    saved = config_lib.default_config().to_dict()
+    saved = json.loads(COMMITTED.read_text())  # version 1: no config_version
+    assert "config_version" not in saved
     saved["langevin"]["step_size"] = 0.25  # a value the run chose stays
     for field in ("bn_mode", "init", "tolerance"):  # fields newer than the first runs
-        del saved["langevin"][field]
-    del saved["eval"]["pr_distributions"]
+        saved["langevin"].pop(field, None)
+    saved["eval"].pop("pr_distributions", None)
     cfg = workdir_lib.load_config(write_config(tmp_path, saved))
     config_lib.train_settings(cfg)
     # What the code before each field did (hand-written, not read from default_config): the
     # sampler ran BatchNorm in inference mode, started uniformly in the eps-ball, ran all T steps.
     assert (cfg.langevin.bn_mode, cfg.langevin.init, cfg.langevin.tolerance) == ("inference", "uniform", 0.0)
     assert cfg.langevin.step_size == 0.25
-    assert "gaussian" in cfg.eval.pr_distributions
+    assert "gaussian" in cfg.eval.pr.distributions
 
 
 @pytest.mark.parametrize(
@@ -184,3 +188,92 @@ def test_atpr_searches_around_the_attack_blocks_pgd_and_its_spread_is_checked_fo
     assert (s.eps, s.step_size, s.steps, s.num_candidates) == (0.05, 0.01, 7, 10)
     with pytest.raises(UserError, match="atpr.step_size_spread must not exceed attack.step_size"):
         method_of("pat", **{"atpr.step_size_spread": 0.01, "attack.step_size": 0.005})
+
+
+# Version 1's evaluator settings, at the top of `eval` under their flat names, and the block and
+# field version 2 keeps each in: written out by hand.
+VERSION_1_EVAL_FIELDS = {
+    "pr_distribution": ("pr", "distribution"),
+    "pr_distributions": ("pr", "distributions"),
+    "pr_epsilons": ("pr", "epsilons"),
+    "pr_samples": ("pr", "samples"),
+    "pr_chunk_size": ("pr", "chunk_size"),
+    "pdis_c1": ("pr", "pdis_c1"),
+    "entropic_lambda": ("pr", "entropic_lambda"),
+    "prob_acc_q": ("pr", "prob_acc_q"),
+    "attack_eps": ("attack", "eps"),
+    "attack_step_size": ("attack", "step_size"),
+    "attack_steps": ("attack", "steps"),
+    "cw_kappa": ("cw", "kappa"),
+    "apgd_steps": ("apgd", "steps"),
+    "apgd_rho": ("apgd", "rho"),
+    "aa_target_classes": ("aa", "target_classes"),
+    "aa_fab_steps": ("aa", "fab_steps"),
+    "aa_square_queries": ("aa", "square_queries"),
+    "aa_masking_eps_factors": ("aa", "masking_eps_factors"),
+}
+COMMITTED_CONFIGS = sorted((REPO / "docs" / "results").rglob("config.json"))
+
+
+def test_the_upgrade_is_tested_on_committed_version_1_configs():
+    assert sum("config_version" not in json.loads(p.read_text()) for p in COMMITTED_CONFIGS) >= 20
+
+
+@pytest.mark.parametrize("path", COMMITTED_CONFIGS, ids=lambda p: str(p.parent.relative_to(REPO / "docs" / "results")))
+def test_every_committed_config_reads_with_each_eval_setting_in_its_block(path):
+    saved = json.loads(path.read_text())["eval"]
+    cfg = workdir_lib.load_config(str(path.parent))
+    assert cfg.config_version == 2 and not set(VERSION_1_EVAL_FIELDS) & set(cfg.eval)
+    moved = 0
+    for flat, (block, field) in VERSION_1_EVAL_FIELDS.items():
+        if flat in saved:
+            value = cfg.eval[block][field]
+            assert (list(value) if isinstance(value, tuple) else value) == saved[flat], flat
+            moved += 1
+    assert moved >= 12  # the fields every committed run wrote
+    for field in ("seed", "confidence", "bootstrap_resamples", "num_examples", "batch_size"):
+        assert cfg.eval[field] == saved[field]
+
+
+def test_an_evaluation_records_its_settings_under_the_names_committed_results_have():
+    """results.json's "settings" keep version 1's flat names, so that a new evaluation is compared
+    with a committed one field by field (`eval_files.check_comparable`)."""
+    from patjax.run import evaluation
+
+    committed = json.loads((COMMITTED.parent / "eval" / "results.json").read_text())["settings"]
+    settings = config_lib.evaluation_settings(workdir_lib.load_config(str(COMMITTED.parent)))
+    record = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
+    assert set(record) == set(committed)
+    assert {k: record[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")} == {
+        k: committed[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")
+    }
+
+
+def test_a_config_of_an_unknown_version_is_refused(tmp_path):
+    saved = config_lib.default_config().to_dict()
+    saved["config_version"] = 3
+    with pytest.raises(UserError, match="config_version 3 is not one this patjax reads"):
+        workdir_lib.load_config(write_config(tmp_path, saved))
+
+
+@pytest.mark.parametrize(
+    "field, message",
+    [
+        ("eval.pr_samples", "eval.pr_samples is not a config field; it is eval.pr.samples since config version 2"),
+        ("eval.pr.sample", "eval.pr.sample is not a config field"),
+        ("langevin.stepz", "langevin.stepz is not a config field"),
+    ],
+)
+def test_a_field_the_config_does_not_have_is_refused_not_ignored(field, message):
+    """A ConfigDict takes any new field; a config file written for version 1 (cfg.eval.pr_samples =
+    20) or with a typo would otherwise run with the default."""
+    cfg = config_lib.default_config()
+    *blocks, name = field.split(".")
+    target = cfg
+    for block in blocks:
+        target = target[block]
+    target[name] = 20
+    for read in (config_lib.train_settings, config_lib.evaluation_settings):
+        with pytest.raises(UserError) as error:
+            read(cfg)
+        assert str(error.value) == message

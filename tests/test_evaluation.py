@@ -1,7 +1,6 @@
 """The evaluation driver: batch/chunk invariance, intervals against scipy, the comparison table,
 paired differences and the plot, and clean CLI errors."""
 
-import dataclasses
 import inspect
 import json
 import os
@@ -58,16 +57,14 @@ def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **k
 
 def tiny_config(**eval_overrides):
     cfg = config_lib.default_config()
-    cfg.eval.pr_samples = 6
-    cfg.eval.pr_chunk_size = 4
-    cfg.eval.attack_steps = 3
-    cfg.eval.apgd_steps = 6
-    cfg.eval.attack_eps = 0.05
-    cfg.eval.attack_step_size = 0.02
+    cfg.eval.pr.samples = 6
+    cfg.eval.pr.chunk_size = 4
+    cfg.eval.attack.steps = 3
+    cfg.eval.apgd.steps = 6
+    cfg.eval.attack.eps = 0.05
+    cfg.eval.attack.step_size = 0.02
     cfg.eval.bootstrap_resamples = 200
-    for k, v in eval_overrides.items():
-        cfg.eval[k] = v
-    return cfg
+    return config_lib.with_eval_overrides(cfg, eval_overrides)
 
 
 def figures_close(a, b, path=""):
@@ -311,7 +308,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     correct = (x.reshape(n, -1) @ w + b).argmax(1) == split.labels
     np.testing.assert_array_equal(z["clean.correct"], correct)
     assert 0 < correct.sum() < n
-    epsilons = [float(e) for e in cfg.eval.pr_epsilons]
+    epsilons = [float(e) for e in cfg.eval.pr.epsilons]
     expected_counts = np.zeros((n, len(epsilons)), int)
     for i in range(n):
         for j in range(N):
@@ -481,8 +478,8 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
     cases = [
         ({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
         ({"overrides": {"seed": 2**32}}, "eval.seed must be an integer in [0, 4294967295]"),
-        ({"overrides": {"pr_samples": 0}}, "eval.pr_samples must be an integer in [1, 1000000], got 0"),
-        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr_chunk_size must be an integer in [1, 10000]"),
+        ({"overrides": {"pr_samples": 0}}, "eval.pr.samples must be an integer in [1, 1000000], got 0"),
+        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr.chunk_size must be an integer in [1, 10000]"),
         ({"batch_size": 0}, "eval.batch_size must be an integer in [1, 10000], got 0"),
         ({"num_examples": 2.5}, "eval.num_examples must be an integer in [1, 1000000], or -1 (the whole test split)"),
         (
@@ -505,16 +502,17 @@ def test_prob_acc_is_strict_at_the_threshold():
     # count; counted by hand in integers: #{counts > 100 (1 - q)}.
     counts = np.array([80, 81, 90, 91, 95, 96, 99, 100])
     correct = np.array([True] * 7 + [False])  # the 100/100 image is not clean-correct
-    s = config_lib.evaluation_settings(config_lib.default_config()).evals
-    s = dataclasses.replace(
-        s,
-        pr_samples=100,
-        entropic_lambda=0.5,
-        confidence=0.95,
-        bootstrap_resamples=100,
-        seed=0,
-        prob_acc_q=(0.2, 0.1, 0.05, 0.01),
-    )
+    s = config_lib.default_evaluation_settings(
+        "cifar10",
+        {
+            "pr_samples": 100,
+            "entropic_lambda": 0.5,
+            "confidence": 0.95,
+            "bootstrap_resamples": 100,
+            "seed": 0,
+            "prob_acc_q": (0.2, 0.1, 0.05, 0.01),
+        },
+    ).evaluator_settings
     figs = evaluators.pr.level_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
     for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
         assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)
@@ -599,7 +597,7 @@ def test_default_pr_pass_takes_at_most_10000_images_a_forward():
     # (docs/evaluation.md). The library call's default batch is the config's.
     cfg = config_lib.default_config()
     ev = cfg.eval
-    assert len(ev.pr_epsilons) * ev.batch_size * ev.pr_chunk_size <= 10_000
+    assert len(ev.pr.epsilons) * ev.batch_size * ev.pr.chunk_size <= 10_000
     assert inspect.signature(api.evaluate).parameters["batch_size"].default == ev.batch_size
 
 

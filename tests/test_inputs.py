@@ -740,12 +740,14 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path,
 # settings class the discovery below stops finding.
 SETTINGS_CLASSES = {
     "AlpSettings",
+    "ApgdSettings",
     "AtprSearchSettings",
     "AtprSettings",
     "AttackSettings",
+    "AutoAttackSettings",
     "ClpSettings",
+    "CWSettings",
     "DiagnosticSettings",
-    "EvalSettings",
     "EvaluationSettings",
     "FgsmSettings",
     "LangevinSettings",
@@ -753,8 +755,12 @@ SETTINGS_CLASSES = {
     "MethodSettings",
     "ModelSettings",
     "OptimizerSettings",
+    "PRSettings",
     "SamplerSettings",
+    "Settings",
+    "SharedSettings",
     "SnisSettings",
+    "ThreatModelSettings",
     "TradesSettings",
     "TrainSettings",
 }
@@ -813,8 +819,8 @@ def config_with(name, value):
     chunk is capped at N, and num_epochs may be 0 once the steps are set (its own test)."""
     cfg = config_lib.default_config()
     cfg.model = "resnet18"  # a network that takes model_width
-    if name == "eval.pr_chunk_size":
-        cfg.eval.pr_samples = 1_000_000
+    if name == "eval.pr.chunk_size":
+        cfg.eval.pr.samples = 1_000_000
     if name == "num_epochs":
         cfg.num_train_steps = 7
     if name.startswith(("attack.", "atpr.")):  # a method that reads both blocks, so that they are read back
@@ -843,8 +849,30 @@ def read_back(settings, name):
     if name.startswith("atpr."):
         return getattr(settings.method.own, name.split(".")[1])
     if name.startswith("eval."):
-        return getattr(settings.evaluation.evals, name.split(".")[1])
+        return evaluator_setting(settings.evaluation, name)
     return getattr(settings, name)
+
+
+def evaluator_setting(evaluation, name):
+    """The value an evaluation's settings hold for the eval field `name` (eval.seed, eval.pr.samples)."""
+    *block, field = name.split(".")[1:]
+    handed = evaluation.evaluator_settings
+    return getattr(handed[block[0]] if block else handed.shared, field)
+
+
+# The API's keyword (and a suite's override) for each eval count, written out by hand: the names
+# results.json records them under.
+FLAT_NAMES = {
+    "eval.seed": "seed",
+    "eval.bootstrap_resamples": "bootstrap_resamples",
+    "eval.attack.steps": "attack_steps",
+    "eval.apgd.steps": "apgd_steps",
+    "eval.aa.target_classes": "aa_target_classes",
+    "eval.aa.fab_steps": "aa_fab_steps",
+    "eval.aa.square_queries": "aa_square_queries",
+    "eval.pr.samples": "pr_samples",
+    "eval.pr.chunk_size": "pr_chunk_size",
+}
 
 
 def config_ranges() -> dict:
@@ -869,12 +897,11 @@ def test_each_declared_count_is_accepted_at_its_bounds_and_refused_beyond_them(n
             config_lib.train_settings(config_with(name, value))
         assert str(error.value) == beyond_message(r, value)
     if name.startswith("eval.") and name not in ("eval.num_examples", "eval.batch_size"):
-        field = name.split(".")[1]
+        field = FLAT_NAMES[name]
         base = {"pr_samples": 1_000_000} if field == "pr_chunk_size" else {}
         for value in (r.minimum, r.maximum):
-            assert (
-                getattr(config_lib.default_evaluation_settings("cifar10", {**base, field: value}).evals, field) == value
-            )
+            settings = config_lib.default_evaluation_settings("cifar10", {**base, field: value})
+            assert evaluator_setting(settings, name) == value
         for value in beyond:
             with pytest.raises(UserError) as error:
                 config_lib.default_evaluation_settings("cifar10", {**base, field: value})
@@ -894,8 +921,9 @@ def test_a_run_longer_than_the_int32_step_counter_is_refused(num_epochs, batch_s
 
 
 def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
-    settings = config_lib.default_evaluation_settings("cifar10", {"pr_samples": 20, "pr_chunk_size": 5000}).evals
-    assert (settings.pr_samples, settings.pr_chunk_size) == (20, 20)
+    settings = config_lib.default_evaluation_settings("cifar10", {"pr_samples": 20, "pr_chunk_size": 5000})
+    pr = settings.evaluator_settings["pr"]
+    assert (pr.samples, pr.chunk_size) == (20, 20)
 
 
 # Every integer flag of every command, and where its range is declared: a declared count (its name)
@@ -903,10 +931,10 @@ def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
 FLAG_RANGES = {
     ("evaluate", "num_examples"): "eval.num_examples",
     ("evaluate", "batch_size"): "eval.batch_size",
-    ("evaluate", "pr_samples"): "eval.pr_samples",
-    ("evaluate", "pr_chunk_size"): "eval.pr_chunk_size",
+    ("evaluate", "pr_samples"): "eval.pr.samples",
+    ("evaluate", "pr_chunk_size"): "eval.pr.chunk_size",
     ("evaluate", "seed"): "eval.seed",
-    ("evaluate", "apgd_steps"): "eval.apgd_steps",
+    ("evaluate", "apgd_steps"): "eval.apgd.steps",
     ("evaluate", "model_width"): "model_width",
     ("diagnose", "num_examples"): "--num_examples",
     ("diagnose", "steps"): "--steps",
@@ -938,7 +966,7 @@ def test_every_integer_flag_of_every_command_has_its_range_declared():
 def test_each_count_flag_is_refused_beyond_its_bound_in_one_line_naming_the_flag_writing_nothing(tmp_path):
     """Every integer flag whose range is a declared count, beyond its upper bound (and the
     evaluation's below its lower one), and the commands' own: the line names the flag the user
-    typed, not the config field it sets (the API's path names the field, eval.pr_samples, which is
+    typed, not the config field it sets (the API's path names the field, eval.pr.samples, which is
     what a caller there set)."""
     run = REPO / "docs" / "results" / "convergence_cpu" / "runs" / "cifar10_small_cnn" / "pat_s0"
     workdir = tmp_path / "pat_s0"
@@ -976,12 +1004,14 @@ def test_each_count_flag_is_refused_beyond_its_bound_in_one_line_naming_the_flag
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize("field", ["attack_eps", "cw_kappa", "pr_epsilons"])
-def test_a_float_setting_infinite_in_float32_is_refused(field):
+@pytest.mark.parametrize(
+    "flat_name, field", [("attack_eps", "attack.eps"), ("cw_kappa", "cw.kappa"), ("pr_epsilons", "pr.epsilons")]
+)
+def test_a_float_setting_infinite_in_float32_is_refused(flat_name, field):
     """1e39 is a finite Python float and inf in the float32 attack or noise it sets."""
-    value = (1e39,) if field == "pr_epsilons" else 1e39
+    value = (1e39,) if field == "pr.epsilons" else 1e39
     with pytest.raises(UserError) as error:
-        config_lib.default_evaluation_settings("cifar10", {field: value})
+        config_lib.default_evaluation_settings("cifar10", {flat_name: value})
     assert str(error.value) == f"eval.{field} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}"
 
 

@@ -216,7 +216,7 @@ TOP2 = common.Evaluator(
     "top2",
     passes=lambda s: ("top2",),
     make_batch_fn=_top2_batch_fn,
-    figures=lambda per_image, s: {"top2_accuracy": common.proportion(per_image["top2"]["hit"], s.confidence)},
+    figures=lambda per_image, s: {"top2_accuracy": common.proportion(per_image["top2"]["hit"], s.shared.confidence)},
 )
 
 
@@ -248,8 +248,9 @@ def test_a_new_evaluator_runs_through_the_api_and_prints_with_its_figure(monkeyp
 
 
 # ---------------------------------------------------------------------------------------
-# An attack: a function (logits_fn, key, x, y, *, eps, ...) -> x_adv in attacks/pgd.py, and
-# an evaluator for it from common.attack_evaluator with the next free key stream.
+# An attack with one setting: a function (logits_fn, key, x, y, *, eps, ...) -> x_adv in
+# attacks/, and an evaluator module for it with its own settings class, from
+# common.attack_evaluator; one line in REGISTRY.
 
 
 def margin_sign_step(logits_fn, key, x, y, *, eps):
@@ -259,17 +260,39 @@ def margin_sign_step(logits_fn, key, x, y, *, eps):
     return jnp.clip(x + eps * jnp.sign(grad), 0.0, 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class MarginStepSettings:
+    """The evaluator's own setting: the step as a fraction of the threat model's eps."""
+
+    fraction: float = 1.0
+
+    def __post_init__(self):
+        if not 0 < self.fraction <= 1:
+            raise UserError(f"eval.margin_step.fraction must be in (0, 1], got {self.fraction}")
+
+
 def _step_robust(logits_fn, key, indices, x, y, s):
-    attacked = lambda k, xi, yi: margin_sign_step(logits_fn, k, xi, yi, eps=s.attack_eps)
+    eps = s["attack"].eps * s["margin_step"].fraction
+    attacked = lambda k, xi, yi: margin_sign_step(logits_fn, k, xi, yi, eps=eps)
     return jnp.argmax(logits_fn(common.per_example(attacked, key, indices, x, y)), -1) == y
 
 
 # Its random stream is its name's (`common.attack_key`): no number to choose.
-STEP = common.attack_evaluator("margin_step", "MarginStep", _step_robust, lambda s: {"eps": s.attack_eps, "steps": 1})
+STEP = common.attack_evaluator(
+    "margin_step",
+    "MarginStep",
+    _step_robust,
+    lambda s: {"eps": s["attack"].eps * s["margin_step"].fraction, "steps": 1},
+    MarginStepSettings,
+)
 
 
 def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_model(monkeypatch, linear_images):
     register(monkeypatch, STEP)
+    # Its setting is a config field, a flat name and a recorded setting, from the registry line alone.
+    assert config_lib.default_config().eval.margin_step.fraction == 1.0
+    with pytest.raises(UserError, match=r"eval.margin_step.fraction must be in \(0, 1\], got 1.5"):
+        config_lib.default_evaluation_settings("cifar10", {"margin_step_fraction": 1.5})
     images, labels, kernel, bias = linear_images
     kernel, bias, labels = kernel[:, :2], bias[:2], labels % 2  # two classes: s(x) is affine
     results = api.evaluate(
@@ -278,10 +301,11 @@ def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_mo
         labels,
         evaluators="clean,margin_step",
         batch_size=16,
-        attack_eps=0.05,
+        attack_eps=0.1,
+        margin_step_fraction=0.5,
     )
     # By hand: the margin's gradient is w_other - w_y, so the step moves every pixel by -eps times
-    # the sign of w_y - w_other, clipped; robust when the class is still y there.
+    # the sign of w_y - w_other, clipped; robust when the class is still y there. eps = 0.5 x 0.1.
     x = (images / 255.0).reshape(40, -1)
     direction = np.sign(kernel[:, labels] - kernel[:, 1 - labels]).T
     adv_logits = np.clip(x - 0.05 * direction, 0, 1) @ kernel + bias
@@ -290,6 +314,7 @@ def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_mo
     assert 0 < robust.sum() < 40
     fig = results["figures"]["margin_step"]
     assert fig["value"] == pytest.approx(robust.mean()) and fig["settings"] == {"eps": 0.05, "steps": 1}
+    assert results["settings"]["margin_step_fraction"] == 0.5
     worst = results["figures"]["worst_case"]
     assert worst["attacks"] == ["margin_step"] and worst["value"] == pytest.approx(np.mean(robust & correct))
     assert "MarginStep %" in report.comparison(["linear"], [results])

@@ -27,8 +27,8 @@ def tiny_config(**overrides):
     cfg.progress_bar = False
     cfg.eval.num_examples = 16
     cfg.eval.batch_size = 8
-    cfg.eval.pr_samples = 4
-    cfg.eval.pr_chunk_size = 2
+    cfg.eval.pr.samples = 4
+    cfg.eval.pr.chunk_size = 2
     for key, value in overrides.items():
         target = cfg
         *path, last = key.split(".")
@@ -182,8 +182,8 @@ def run_cli(*args, cwd=REPO):
         pytest.param("--config.langevin.step_size=-0.3", "langevin.step_size", marks=pytest.mark.slow),
         pytest.param("--config.learning_rate=-0.05", "learning_rate must be > 0", marks=pytest.mark.slow),
         pytest.param(
-            "--config.eval.pr_epsilons=(-0.1,0.2)",
-            "eval.pr_epsilons must be non-empty and non-negative",
+            "--config.eval.pr.epsilons=(-0.1,0.2)",
+            "eval.pr.epsilons must be non-empty and non-negative",
             marks=pytest.mark.slow,
         ),
         pytest.param(

@@ -204,7 +204,7 @@ def fab_target_classes(logits: jax.Array, n_target_classes: int = 9) -> jax.Arra
     (fab_base.py: output.sort(dim=-1)[1][:, -self.target_class])."""
     if n_target_classes + 1 > logits.shape[-1]:  # raised while tracing: before any image is attacked
         raise UserError(
-            f"AutoAttack's targeted attacks with {n_target_classes} target classes (eval.aa_target_classes) need "
+            f"AutoAttack's targeted attacks with {n_target_classes} target classes (eval.aa.target_classes) need "
             f"at least {n_target_classes + 1} classes; the model has {logits.shape[-1]}"
         )
     order = jnp.argsort(logits, axis=-1)

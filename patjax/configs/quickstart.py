@@ -23,5 +23,5 @@ def get_config():
     cfg.eval.num_examples = 500
     cfg.eval.batch_size = 250
     cfg.eval.evaluators = ("clean", "pgd20", "pr")
-    cfg.eval.pr_distributions = ("uniform",)
+    cfg.eval.pr.distributions = ("uniform",)
     return cfg

@@ -4,10 +4,14 @@ their registry, and the host-side intervals (`stats`). Imports `methods`, `pat`,
 
 REGISTRY is the only list of evaluator names; ALIASES name groups of them; an evaluator's
 `worst_case` flag puts it in the worst case over attacks. Adding an evaluator: a module with
-an `Evaluator` and one line here.
+an `Evaluator` (and its own settings class, if it has settings) and one line here; its settings
+become the config block `eval.<block>` (`blocks`) and the flat names `<block>_<field>`
+(`flat_names`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -45,6 +49,58 @@ def derived_names(registry: dict) -> dict:
     }
 
 
+def blocks() -> dict:
+    """{block of the config's `eval`: its settings class}: the threat model every attack reads,
+    then each registered evaluator's own settings, in the registry's order."""
+    found = {common.THREAT_BLOCK: common.ThreatModelSettings}
+    for e in REGISTRY.values():
+        if e.settings is not None:
+            assert found.setdefault(e.settings_block, e.settings) is e.settings, (
+                f"two settings for eval.{e.settings_block}"
+            )
+    return found
+
+
+# The flat names of three of PR's settings, which results.json recorded before the settings had
+# blocks: kept, so that every committed evaluation stays comparable (`run.eval_files`).
+KEPT_FLAT_NAMES = {
+    ("pr", "pdis_c1"): "pdis_c1",
+    ("pr", "entropic_lambda"): "entropic_lambda",
+    ("pr", "prob_acc_q"): "prob_acc_q",
+}
+
+
+def flat_names() -> dict:
+    """{flat name: (block, field)} of every evaluator setting; (None, field) for the shared ones.
+
+    A block's field is `<block>_<field>` (pr.samples is pr_samples), a shared one its own name
+    (seed). The flat names are those results.json's "settings" record, the API's keywords and a
+    suite's eval overrides take, and the evaluate command's flags (--pr_samples); a config
+    written before the blocks held them at the top of its `eval` block (`config.upgrade`)."""
+    names = {f.name: (None, f.name) for f in dataclasses.fields(common.SharedSettings)}
+    for block, settings in blocks().items():
+        for f in dataclasses.fields(settings):
+            names[KEPT_FLAT_NAMES.get((block, f.name), f"{block}_{f.name}")] = (block, f.name)
+    return names
+
+
+def config_field(flat_name: str) -> str:
+    """The config field a flat name sets, as its checks name it: pr_samples -> eval.pr.samples."""
+    block, field = flat_names()[flat_name]
+    return ".".join(("eval", *([block] if block else []), field))
+
+
+def record(s: common.Settings) -> dict:
+    """Every evaluator setting under its flat name, as results.json's "settings" records it (tuples
+    as lists), and p_dis's sigma, which its c1 gives."""
+    out = {}
+    for name, (block, field) in flat_names().items():
+        value = getattr(s.shared if block is None else s[block], field)
+        out[name] = list(value) if isinstance(value, tuple) else value
+    out["pdis_sigma"] = s[pr.BLOCK].pdis_sigma
+    return out
+
+
 _DERIVED = derived_names(REGISTRY)
 NAMES, ALIASES = _DERIVED["NAMES"], _DERIVED["ALIASES"]
 WORST_CASE, OTHER_ATTACKS = _DERIVED["WORST_CASE"], _DERIVED["OTHER_ATTACKS"]
@@ -76,4 +132,4 @@ def worst_case(per_image: dict, names, s) -> dict | None:
     worst = np.logical_and.reduce([per_image[a]["robust"] for a in ran])
     if "clean" in per_image:
         worst = worst & per_image["clean"]["correct"]
-    return dict(common.proportion(worst, s.confidence), attacks=ran)
+    return dict(common.proportion(worst, s.shared.confidence), attacks=ran)

@@ -1,8 +1,12 @@
-"""APGD-CE and APGD-DLR (Croce & Hein, 2020): step-size-free PGD, one restart each."""
+"""APGD-CE and APGD-DLR (Croce & Hein, 2020): step-size-free PGD, one restart each, at the threat
+model's eps; their own settings (block `eval.apgd`) are AutoAttack's too."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from patjax.attacks import apgd
+from patjax.core.errors import UserError, check_counts, count
 from patjax.evaluators import common
 
 # apgd.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded
@@ -13,12 +17,28 @@ DEPARTURE = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class ApgdSettings:
+    """APGD's settings (config block `eval.apgd`), shared by apgd_ce, apgd_dlr and AutoAttack's
+    APGD-CE and APGD-T: the reference's 100 iterations and rho = 0.75."""
+
+    steps: int = count("eval.apgd.steps", 1, 100_000, default=100)
+    rho: float = 0.75
+
+    def __post_init__(self):
+        check_counts(self)
+        if not 0 < self.rho <= 1:
+            raise UserError(f"eval.apgd.rho must be in (0, 1], got {self.rho}")
+
+
+BLOCK = "apgd"
+
+
 def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
+        own, eps = s[BLOCK], s[common.THREAT_BLOCK].eps
         return common.per_example(
-            lambda k, xi, yi: apgd.apgd(
-                logits_fn, k, xi, yi, eps=s.attack_eps, steps=s.apgd_steps, loss=loss, rho=s.apgd_rho
-            ),
+            lambda k, xi, yi: apgd.apgd(logits_fn, k, xi, yi, eps=eps, steps=own.steps, loss=loss, rho=own.rho),
             key,
             indices,
             x,
@@ -27,15 +47,15 @@ def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
 
     def settings(s) -> dict:
         return {
-            "eps": s.attack_eps,
-            "steps": s.apgd_steps,
-            "rho": s.apgd_rho,
+            "eps": s[common.THREAT_BLOCK].eps,
+            "steps": s[BLOCK].steps,
+            "rho": s[BLOCK].rho,
             "loss": loss,
             "restarts": 1,
             "departure": DEPARTURE,
         }
 
-    return common.attack_evaluator(name, label, batch_robust, settings)
+    return common.attack_evaluator(name, label, batch_robust, settings, ApgdSettings, BLOCK)
 
 
 APGD_CE = _apgd("ce", name="apgd_ce", label="APGD-CE")

@@ -1,12 +1,13 @@
 """PGD-20 and CW-20: accuracy under the paper's white-box L-inf attacks (Section 5, Appendix E).
 
-pgd20: PGD on the cross-entropy; cw20: the same PGD on the Carlini-Wagner margin loss (kappa);
-both with a uniform random start in the eps ball, `eval.attack_steps` steps of
-`eval.attack_step_size`, each image attacked on its own (`common.per_example`).
+pgd20: PGD on the cross-entropy; cw20: the same PGD on the Carlini-Wagner margin loss (its own
+setting, kappa: block `eval.cw`); both with a uniform random start in the threat model's ball
+(`eval.attack`: eps, steps of step_size), each image attacked on its own (`common.per_example`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax.numpy as jnp
@@ -15,18 +16,28 @@ from patjax.attacks import pgd
 from patjax.evaluators import common
 
 
-def _pgd(loss: str, name: str, label: str) -> common.Evaluator:
+@dataclasses.dataclass(frozen=True)
+class CWSettings:
+    """cw20's own setting (config block `eval.cw`)."""
+
+    # The margin loss's confidence: 2 as the AT-PR code's evaluate.py (cw_loss(..., margin=2)), the
+    # closest public source of the Table-1 protocol; the paper does not state it.
+    kappa: float = 2.0
+
+
+def _pgd(loss: str, name: str, label: str, settings_type=None, block: str = "") -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
-        loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s.cw_kappa)
+        threat = s[common.THREAT_BLOCK]
+        loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s["cw"].kappa)
         x_adv = common.per_example(
             lambda k, xi, yi: pgd.pgd(
                 logits_fn,
                 k,
                 xi,
                 yi,
-                eps=s.attack_eps,
-                step_size=s.attack_step_size,
-                steps=s.attack_steps,
+                eps=threat.eps,
+                step_size=threat.step_size,
+                steps=threat.steps,
                 loss_fn=loss_fn,
                 random_start=True,
             ),
@@ -38,18 +49,19 @@ def _pgd(loss: str, name: str, label: str) -> common.Evaluator:
         return jnp.argmax(logits_fn(x_adv), -1) == y
 
     def settings(s) -> dict:
-        kappa = {"kappa": s.cw_kappa} if loss == "cw_margin" else {}
+        threat = s[common.THREAT_BLOCK]
+        kappa = {"kappa": s["cw"].kappa} if loss == "cw_margin" else {}
         return {
-            "eps": s.attack_eps,
-            "step_size": s.attack_step_size,
-            "steps": s.attack_steps,
+            "eps": threat.eps,
+            "step_size": threat.step_size,
+            "steps": threat.steps,
             "loss": loss,
             **kappa,
             "random_start": "uniform",
         }
 
-    return common.attack_evaluator(name, label, batch_robust, settings)
+    return common.attack_evaluator(name, label, batch_robust, settings, settings_type, block)
 
 
 PGD20 = _pgd("ce", name="pgd20", label="PGD")
-CW20 = _pgd("cw_margin", name="cw20", label="CW")
+CW20 = _pgd("cw_margin", name="cw20", label="CW", settings_type=CWSettings, block="cw")

@@ -1,4 +1,5 @@
-"""aa: standard AutoAttack (Croce & Hein 2020) at eps = eval.attack_eps, with gradient-masking checks.
+"""aa: standard AutoAttack (Croce & Hein 2020) at the threat model's eps (eval.attack.eps), with
+gradient-masking checks; its own settings are the block `eval.aa`, its APGD's `eval.apgd`.
 
 The reference's 'standard' version (autoattack.py): APGD-CE (1 restart), APGD-T (the 9 classes
 with the highest clean logits after the top one, 1 restart each), FAB-T (the same 9 targets) and
@@ -18,7 +19,7 @@ Gradient-masking checks (Athalye et al. 2018; Carlini et al. 2019), reported wit
     against APGD-CE alone: a black-box attack significantly stronger than the white-box one
     (one-sided exact sign test on the images only one of them fools, p < 1 - eval.confidence)
     is a sign that the gradients mislead;
-  - APGD-CE at growing eps (eval.aa_masking_eps_factors x eps): robust accuracy must fall to 0;
+  - APGD-CE at growing eps (eval.aa.masking_eps_factors x eps): robust accuracy must fall to 0;
     a model still robust at eps = 0.5 is not robust, its gradients are.
 Neither check proves the absence of masking; a failed one is reported in `masking_signs`.
 No model in patjax is randomized at test time (BatchNorm runs in inference mode, no input
@@ -27,15 +28,40 @@ noise), so the randomized-defence version (EOT) is not needed and not offered.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
 from patjax.attacks import apgd, fab, square
+from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
+from patjax.evaluators import apgd as apgd_evaluators
 from patjax.evaluators import common
 
+
+@dataclasses.dataclass(frozen=True)
+class AutoAttackSettings:
+    """AutoAttack's own settings (config block `eval.aa`): the reference's 9 target classes,
+    FAB-T's 100 iterations and Square's 5,000 queries; the gradient-masking check runs APGD-CE
+    again at these multiples of the threat model's eps. At most CIFAR-100's 99 other classes are
+    targets (an evaluation checks them against the model's, `fab.fab_target_classes`)."""
+
+    target_classes: int = count("eval.aa.target_classes", 1, 99, default=9)
+    fab_steps: int = count("eval.aa.fab_steps", 1, 100_000, default=100)
+    square_queries: int = count("eval.aa.square_queries", 1, 1_000_000, default=5000)
+    masking_eps_factors: tuple = (2.0, 4.0, 8.0, 16.0)
+
+    def __post_init__(self):
+        check_counts(self)
+        object.__setattr__(self, "masking_eps_factors", tuple(float(f) for f in self.masking_eps_factors))
+        if any(not f > 1 for f in self.masking_eps_factors):
+            raise UserError(f"eval.aa.masking_eps_factors must be > 1, got {self.masking_eps_factors}")
+
+
+BLOCK = "aa"
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order
 SQUARE_GAIN_TOLERANCE = 0.002  # checks.py: check_square_sr's alpha
 LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square"}
@@ -58,7 +84,7 @@ def _key(seed: int, stream: int):
 
 
 def _masking_passes(s) -> tuple:
-    return ("aa_square_alone",) + tuple(f"aa_apgd_ce_x{f:g}" for f in s.aa_masking_eps_factors)
+    return ("aa_square_alone",) + tuple(f"aa_apgd_ce_x{f:g}" for f in s[BLOCK].masking_eps_factors)
 
 
 def passes(s) -> tuple:
@@ -67,11 +93,11 @@ def passes(s) -> tuple:
 
 def _apgd_t(logits_fn, key, x, y, s):
     """APGD-T on one image (x: (1, ...)): a run per target rank, until one fools it."""
-    targets = fab.fab_target_classes(logits_fn(x), s.aa_target_classes)  # (targets, 1)
+    targets = fab.fab_target_classes(logits_fn(x), s[BLOCK].target_classes)  # (targets, 1)
 
     def cond(state):
         rank, robust = state
-        return (rank < s.aa_target_classes) & robust[0]
+        return (rank < s[BLOCK].target_classes) & robust[0]
 
     def body(state):
         rank, robust = state
@@ -80,10 +106,10 @@ def _apgd_t(logits_fn, key, x, y, s):
             jax.random.fold_in(key, rank),
             x,
             y,
-            eps=s.attack_eps,
-            steps=s.apgd_steps,
+            eps=s[common.THREAT_BLOCK].eps,
+            steps=s[apgd_evaluators.BLOCK].steps,
             loss="dlr_targeted",
-            rho=s.apgd_rho,
+            rho=s[apgd_evaluators.BLOCK].rho,
             target=targets[rank],
         )
         return rank + 1, robust & run.robust
@@ -93,10 +119,12 @@ def _apgd_t(logits_fn, key, x, y, s):
 
 
 def make_batch_fn(model_fns, s, pass_name):
+    own, apgd_settings = s[BLOCK], s[apgd_evaluators.BLOCK]
     name = pass_name[len("aa_") :]
     stream = {"apgd_ce": 0, "apgd_t": 1, "fab_t": 2, "square": 3, "square_alone": 3}.get(name, 4)
-    key = _key(s.seed, stream)
-    eps = s.attack_eps * float(name.split("_x")[1]) if "_x" in name else s.attack_eps
+    key = _key(s.shared.seed, stream)
+    factor = float(name.split("_x")[1]) if "_x" in name else 1.0  # the masking check's larger balls
+    eps = s[common.THREAT_BLOCK].eps * factor
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -104,7 +132,16 @@ def make_batch_fn(model_fns, s, pass_name):
         if name.startswith("apgd_ce"):
             robust = common.per_example(
                 lambda k, xi, yi: (
-                    apgd.apgd(logits_fn, k, xi, yi, eps=eps, steps=s.apgd_steps, loss="ce", rho=s.apgd_rho).robust
+                    apgd.apgd(
+                        logits_fn,
+                        k,
+                        xi,
+                        yi,
+                        eps=eps,
+                        steps=apgd_settings.steps,
+                        loss="ce",
+                        rho=apgd_settings.rho,
+                    ).robust
                 ),
                 key,
                 indices,
@@ -120,11 +157,11 @@ def make_batch_fn(model_fns, s, pass_name):
             }
         if name == "fab_t":  # no randomness with one restart: the batch runs as one
             out = fab.fab_t(
-                logits_fn, key, x, labels, eps=eps, n_target_classes=s.aa_target_classes, n_iter=s.aa_fab_steps
+                logits_fn, key, x, labels, eps=eps, n_target_classes=own.target_classes, n_iter=own.fab_steps
             )
             return {"robust": ~out.fooled, "norm": out.norm}
         out = common.per_example(
-            lambda k, xi, yi: square.square_linf(logits_fn, k, xi, yi, eps=eps, n_queries=s.aa_square_queries),
+            lambda k, xi, yi: square.square_linf(logits_fn, k, xi, yi, eps=eps, n_queries=own.square_queries),
             key,
             indices,
             x,
@@ -161,18 +198,20 @@ def combine(per_image, s) -> dict:
 
 
 def figures(per_image, s) -> dict:
+    eps, own, apgd_settings = s[common.THREAT_BLOCK].eps, s[BLOCK], s[apgd_evaluators.BLOCK]
+    confidence = s.shared.confidence
     out = per_image["aa"]
     n = len(out["robust"])
     clean = per_image["aa_apgd_ce"]["clean_correct"]
-    fig = dict(common.proportion(out["robust"], s.confidence))
+    fig = dict(common.proportion(out["robust"], confidence))
     # Its own clean accuracy (APGD-CE's first pass classifies every image), so that an `aa`
     # evaluation without the clean evaluator still reports the figure its robust ones are read against.
-    fig["clean_accuracy"] = common.proportion(clean, s.confidence)
+    fig["clean_accuracy"] = common.proportion(clean, confidence)
     fig["after"] = {}  # robust accuracy after each attack of the sequence (the reference's log)
     robust = clean.copy()
     for stage in STAGES:
         robust = robust & per_image[f"aa_{stage}"]["robust"]
-        fig["after"][stage] = common.proportion(robust, s.confidence)
+        fig["after"][stage] = common.proportion(robust, confidence)
     fig["broken_by"] = {
         "misclassified": int(np.sum(out["broken_by"] == 0)),
         **{stage: int(np.sum(out["broken_by"] == k)) for k, stage in enumerate(STAGES, start=1)},
@@ -180,9 +219,9 @@ def figures(per_image, s) -> dict:
     }
     square_alone = per_image["aa_square_alone"]["robust"]  # False where not attacked (clean errors)
     apgd_alone = per_image["aa_apgd_ce"]["robust"]
-    by_eps = {f"{s.attack_eps:.6g}": common.proportion(apgd_alone, s.confidence)}
-    for f in s.aa_masking_eps_factors:
-        by_eps[f"{s.attack_eps * f:.6g}"] = common.proportion(per_image[f"aa_apgd_ce_x{f:g}"]["robust"], s.confidence)
+    by_eps = {f"{eps:.6g}": common.proportion(apgd_alone, confidence)}
+    for f in own.masking_eps_factors:
+        by_eps[f"{eps * f:.6g}"] = common.proportion(per_image[f"aa_apgd_ce_x{f:g}"]["robust"], confidence)
     signs = []
     # The reference's own check (checks.py: check_square_sr): Square, run after the gradient-based
     # attacks, should find (almost) nothing they missed.
@@ -194,20 +233,19 @@ def figures(per_image, s) -> dict:
     square_only = int(np.sum(apgd_alone & ~square_alone & clean))  # fooled by Square, not by APGD-CE
     apgd_only = int(np.sum(~apgd_alone & square_alone & clean))
     p_value = sign_test_p_value(square_only, apgd_only)
-    if p_value < 1 - s.confidence:
+    if p_value < 1 - confidence:
         signs.append(
             f"Square alone fools {square_only} images APGD-CE alone does not, APGD-CE {apgd_only} that Square "
             f"does not (sign test p = {p_value:.2g})"
         )
-    largest = by_eps[f"{s.attack_eps * max(s.aa_masking_eps_factors):.6g}"] if s.aa_masking_eps_factors else None
+    largest = by_eps[f"{eps * max(own.masking_eps_factors):.6g}"] if own.masking_eps_factors else None
     if largest is not None and largest["value"] > 0:
         signs.append(
-            f"robust accuracy {largest['value']:.2%} at eps {s.attack_eps * max(s.aa_masking_eps_factors):.4g} "
-            "(it should be 0)"
+            f"robust accuracy {largest['value']:.2%} at eps {eps * max(own.masking_eps_factors):.4g} (it should be 0)"
         )
     fig["masking"] = {
-        "square_alone": common.proportion(square_alone, s.confidence),
-        "apgd_ce_alone": common.proportion(apgd_alone, s.confidence),
+        "square_alone": common.proportion(square_alone, confidence),
+        "apgd_ce_alone": common.proportion(apgd_alone, confidence),
         "fooled_by_square_not_apgd_ce": square_only,
         "fooled_by_apgd_ce_not_square": apgd_only,
         "square_stronger_p_value": p_value,
@@ -215,22 +253,30 @@ def figures(per_image, s) -> dict:
         "masking_signs": signs,
     }
     fig["settings"] = {
-        "eps": s.attack_eps,
+        "eps": eps,
         "version": "standard",
         "attacks": list(STAGES),
-        "apgd_steps": s.apgd_steps,
-        "apgd_rho": s.apgd_rho,
+        "apgd_steps": apgd_settings.steps,
+        "apgd_rho": apgd_settings.rho,
         "restarts": 1,
-        "target_classes": s.aa_target_classes,
-        "fab_steps": s.aa_fab_steps,
-        "square_queries": s.aa_square_queries,
+        "target_classes": own.target_classes,
+        "fab_steps": own.fab_steps,
+        "square_queries": own.square_queries,
         "square_p_init": 0.8,
-        "masking_eps_factors": list(s.aa_masking_eps_factors),
+        "masking_eps_factors": list(own.masking_eps_factors),
         "num_examples": n,
     }
     return {"aa": fig}
 
 
 EVALUATOR = common.Evaluator(
-    "aa", passes, make_batch_fn, figures, worst_case=True, label="AutoAttack", subset=subset, combine=combine
+    "aa",
+    passes,
+    make_batch_fn,
+    figures,
+    worst_case=True,
+    label="AutoAttack",
+    subset=subset,
+    combine=combine,
+    settings=AutoAttackSettings,
 )

@@ -23,7 +23,7 @@ def make_batch_fn(model_fns, s, pass_name):
 
 
 def figures(per_image, s) -> dict:
-    return {"clean_accuracy": common.proportion(per_image["clean"]["correct"], s.confidence)}
+    return {"clean_accuracy": common.proportion(per_image["clean"]["correct"], s.shared.confidence)}
 
 
 EVALUATOR = common.Evaluator("clean", passes, make_batch_fn, figures)

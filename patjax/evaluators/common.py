@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import time
 import zlib
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -29,97 +29,80 @@ from patjax.core import sharding
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
 from patjax.evaluators import stats
-from patjax.pat import robustness
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 
 
 def headline_first(headline: str, laws) -> tuple:
     """The PR perturbation laws in the order every figure and table lists them: the headline
-    law first (eval.pr_distribution; the Table-1 protocol's is 'uniform'), then the others of
+    law first (eval.pr.distribution; the Table-1 protocol's is 'uniform'), then the others of
     `laws` in their order."""
     return (headline, *(d for d in laws if d != headline))
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    """Every evaluator's settings, typed where the config enters (`config.evaluation_settings`)
-    and checked here, once; what results.json records under "settings" (`dataclasses.asdict`),
-    under the names of the config's `eval` block.
+class SharedSettings:
+    """What every evaluator reads (the top of the config's `eval` block): the root seed of every
+    key, and the confidence and bootstrap of every interval.
 
-    The counts' upper bounds keep every loop counter and sample index inside int32 and every
-    allocation a machine can hold, at 100 to 10,000 times the paper's values (N = 100, 20 attack
-    steps, 100 APGD steps, 9 target classes): a PR sample's index is chunk * chunk_size + i in
-    int32; one PR forward pass takes len(eps) x batch x chunk images (500 x 4 x 10,000 is 20
-    million CIFAR images); the bootstrap draws resamples x images int32 indices (20,000 x 10,000
-    test images: 800 MB); at most CIFAR-100's 99 other classes are targets (an evaluation checks
-    them against the model's, `autoattack`)."""
+    The bootstrap draws resamples x images int32 indices (20,000 x 10,000 test images: 800 MB)."""
 
-    pr_distributions: tuple  # the headline law first (the Table-1 protocol: 'uniform')
-    pr_epsilons: tuple
-    pr_samples: int = count("eval.pr_samples", 1, 1_000_000)  # N per image
-    pr_chunk_size: int = count("eval.pr_chunk_size", 1, 10_000)  # capped at pr_samples
-    pdis_c1: float
-    pdis_sigma: float  # of p_dis, 1 / sqrt(2 c1)
-    entropic_lambda: float
-    attack_eps: float
-    attack_step_size: float
-    attack_steps: int = count("eval.attack_steps", 0, 100_000)
-    cw_kappa: float
-    apgd_steps: int = count("eval.apgd_steps", 1, 100_000)
-    apgd_rho: float
-    aa_target_classes: int = count("eval.aa_target_classes", 1, 99)  # and < the model's classes
-    aa_fab_steps: int = count("eval.aa_fab_steps", 1, 100_000)
-    aa_square_queries: int = count("eval.aa_square_queries", 1, 1_000_000)
-    aa_masking_eps_factors: tuple
-    prob_acc_q: tuple
-    confidence: float
-    bootstrap_resamples: int = count("eval.bootstrap_resamples", 100, 20_000)
-    seed: int = count("eval.seed", 0, SEED_LIMIT - 1)
+    seed: int = count("eval.seed", 0, SEED_LIMIT - 1, default=0)
+    confidence: float = 0.95
+    bootstrap_resamples: int = count("eval.bootstrap_resamples", 100, 20_000, default=2000)
 
     def __post_init__(self):
-        # Every check runs before any evaluator, so a bad setting fails in a second, not after
-        # the evaluation.
-        for d in self.pr_distributions:
-            if d not in robustness.ALL_DISTRIBUTIONS:
-                raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
-        if not self.pr_distributions or self.pr_distribution not in robustness.DISTRIBUTIONS:
-            raise UserError(f"eval.pr_distribution must be one of {robustness.DISTRIBUTIONS}")
         check_counts(self)
-        # A chunk beyond N evaluates samples that are then masked out: the counts are the same,
-        # the work and memory chunk / N times more.
-        object.__setattr__(self, "pr_chunk_size", min(self.pr_chunk_size, self.pr_samples))
-        if any(not f > 1 for f in self.aa_masking_eps_factors):
-            raise UserError(f"eval.aa_masking_eps_factors must be > 1, got {tuple(self.aa_masking_eps_factors)}")
-        if self.attack_eps < 0 or self.attack_step_size < 0:
-            raise UserError("eval.attack_eps and eval.attack_step_size must be >= 0")
-        if not 0 < self.apgd_rho <= 1:
-            raise UserError(f"eval.apgd_rho must be in (0, 1], got {self.apgd_rho}")
         if not 0 < self.confidence < 1:
             raise UserError(f"eval.confidence must be in (0, 1), got {self.confidence}")
-        if any(not 0 < q < 1 for q in self.prob_acc_q):
-            raise UserError(f"eval.prob_acc_q must lie in (0, 1), got {tuple(self.prob_acc_q)}")
-        if not self.pr_epsilons or min(self.pr_epsilons) < 0:
-            raise UserError("eval.pr_epsilons must be non-empty and non-negative")
-        if robustness.PDIS in self.pr_distributions and not self.pdis_c1 > 0:
-            raise UserError(f"p_dis needs c1 > 0 (eval.pdis_c1, else langevin.c1), got {self.pdis_c1}")
-        if self.entropic_lambda < 0:
-            raise UserError(f"the entropic risk's lambda must be >= 0, got {self.entropic_lambda}")
 
-    @property
-    def pr_distribution(self) -> str:
-        """The law of the headline PR."""
-        return self.pr_distributions[0]
+
+@dataclasses.dataclass(frozen=True)
+class ThreatModelSettings:
+    """The ball every worst-case attack evaluator searches (config block `eval.attack`): Appendix
+    E's L-inf eps = 8/255; PGD-20's and CW-20's step size 2/255 and 20 steps (APGD, AutoAttack
+    and their masking checks take eps only, and their own steps)."""
+
+    eps: float = 8 / 255
+    step_size: float = 2 / 255
+    steps: int = count("eval.attack.steps", 0, 100_000, default=20)
+
+    def __post_init__(self):
+        check_counts(self)
+        if self.eps < 0 or self.step_size < 0:
+            raise UserError("eval.attack.eps and eval.attack.step_size must be >= 0")
+
+
+THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attack evaluator reads
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What an evaluator is handed: the shared settings, and every block of the config's `eval`
+    (`s["pr"]`, `s["attack"]`, ...: each evaluator's own, declared beside its code and named by its
+    registry entry, and the threat model). Every block is read and checked whichever evaluators
+    run, so that a bad field fails before any evaluation (`config.evaluation_settings`)."""
+
+    shared: SharedSettings
+    blocks: Mapping[str, Any]
+
+    def __getitem__(self, block: str):
+        return self.blocks[block]
 
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
-    """One evaluator behind the registry (`patjax.evaluators.REGISTRY`).
+    """One evaluator behind the registry (`patjax.evaluators.REGISTRY`). Each function below is
+    handed the evaluation's `Settings` `s`: its own block is `s[block]`.
 
     passes: settings -> names of its passes (one compiled function and one per-image output
       each; PR has one per perturbation distribution).
     make_batch_fn: (model_fns, settings, pass name) -> the jitted per-batch function.
     figures: (per-image outputs of every pass run, settings) -> {figure name: figure}.
+    settings: its own frozen settings dataclass (each field a field of the config block
+      `eval.<block>`, its default the config's), or None; evaluators that share a block (APGD-CE
+      and APGD-DLR) name the same class.
+    block: the block its settings are read from (default: its name).
     worst_case: whether its per-image outcome joins the worst case over attacks.
     label: its column's name in tables.
     subset: (pass name, per-image outputs of the passes before it) -> the indices of the images
@@ -139,21 +122,35 @@ class Evaluator:
     label: str = ""
     subset: Callable | None = None
     combine: Callable | None = None
+    settings: type | None = None
+    block: str = ""
+
+    @property
+    def settings_block(self) -> str:
+        return self.block or self.name
 
 
-def attack_evaluator(name: str, label: str, batch_robust: Callable, settings: Callable) -> Evaluator:
+def attack_evaluator(
+    name: str,
+    label: str,
+    batch_robust: Callable,
+    settings: Callable,
+    settings_type: type | None = None,
+    block: str = "",
+) -> Evaluator:
     """A worst-case attack as an evaluator: one pass whose per-image output is `robust`.
 
     batch_robust(logits_fn, key, indices, x, y, s) -> (batch,) bool: whether each image is still
     classified correctly after the attack (keys per image: `per_example`, from the attack's own
-    stream, `attack_key(seed, name)`); settings(s) -> the attack's settings recorded with its figure.
+    stream, `attack_key(seed, name)`); settings(s) -> the attack's settings recorded with its figure;
+    settings_type, block: its own settings and their block (`Evaluator`).
     """
 
     def passes(s) -> tuple:
         return (name,)
 
     def make_batch_fn(model_fns, s, pass_name):
-        key = attack_key(s.seed, name)
+        key = attack_key(s.shared.seed, name)
 
         def fn(params, batch_stats, images, labels, indices):
             logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -162,9 +159,11 @@ def attack_evaluator(name: str, label: str, batch_robust: Callable, settings: Ca
         return jax.jit(fn)
 
     def figures(per_image, s) -> dict:
-        return {name: dict(proportion(per_image[name]["robust"], s.confidence), settings=settings(s))}
+        return {name: dict(proportion(per_image[name]["robust"], s.shared.confidence), settings=settings(s))}
 
-    return Evaluator(name, passes, make_batch_fn, figures, worst_case=True, label=label)
+    return Evaluator(
+        name, passes, make_batch_fn, figures, worst_case=True, label=label, settings=settings_type, block=block
+    )
 
 
 # The streams the committed figures were drawn with, numbered by hand before streams were derived
@@ -339,7 +338,7 @@ def bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarr
     return idx
 
 
-def mean_with_interval(values, s, mask=None) -> dict:
+def mean_with_interval(values, s: SharedSettings, mask=None) -> dict:
     """Mean of per-image `values` over the images in `mask` (default: all), with the interval of
     `stats.ratio_interval`: resampling all images, so a subset such as the clean-correct images
     is drawn anew in every resample, exactly as the suite tables do."""

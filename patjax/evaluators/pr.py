@@ -1,8 +1,8 @@
 """Probabilistic robustness PR(x, eps) (Section 2.3), with the Theorem 2 lower bound and the
 entropic risk, from one pass of N perturbations per image and level.
 
-One pass per perturbation distribution (`eval.pr_distributions`: gaussian, uniform at every
-eps of `eval.pr_epsilons`; pdis at its sigma = 1/sqrt(2 c1)). Per image and level the pass
+One pass per perturbation distribution (`eval.pr.distributions`: gaussian, uniform at every
+eps of `eval.pr.epsilons`; pdis at its sigma = 1/sqrt(2 c1)). Per image and level the pass
 returns the counts of non-adversarial samples and the loss statistics of
 `robustness.pr_statistics`; the figures are means over images with bootstrap intervals, over
 all images and over the clean-correct ones (the paper's convention, AT-PR's Prob.Acc).
@@ -10,29 +10,91 @@ all images and over the clean-correct ones (the paper's convention, AT-PR's Prob
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
+from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
 from patjax.evaluators import common, stats
 from patjax.pat import robustness
 
+BLOCK = "pr"
 
-def levels(s, distribution):
+
+@dataclasses.dataclass(frozen=True)
+class PRSettings:
+    """PR's own settings (config block `eval.pr`), checked here before any evaluator runs.
+
+    The counts' upper bounds keep every sample index inside int32 and every allocation a machine
+    can hold, at 10,000 times the paper's N = 100: a sample's index is chunk * chunk_size + i in
+    int32; one forward pass takes len(epsilons) x batch x chunk images (500 x 4 x 10,000 is 20
+    million CIFAR images)."""
+
+    # The law of the headline PR (results.json's `pr`, over clean-correct images):
+    # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
+    # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1].
+    distribution: str = "uniform"
+    # PR is computed for every law listed ('pdis' = the paper's p_dis with c1 below) and always for
+    # `distribution`, which is listed first whatever the order given.
+    distributions: tuple = ("uniform", "gaussian", "pdis")
+    epsilons: tuple = (0.1, 0.12, 0.15, 0.2)
+    samples: int = count("eval.pr.samples", 1, 1_000_000, default=100)  # N perturbations per image
+    # Perturbations per image evaluated at once: one forward pass takes len(epsilons) x batch x
+    # chunk images (4 x 500 x 5 = 10,000 at the defaults), which bounds the pass's memory
+    # (docs/evaluation.md); the counts do not depend on it. Capped at `samples`.
+    chunk_size: int = count("eval.pr.chunk_size", 1, 10_000, default=5)
+    # p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d; <= 0: the sampler's langevin.c1
+    # (resolved where the config is read, `config.evaluation_settings`).
+    pdis_c1: float = -1.0
+    entropic_lambda: float = -1.0  # < 0: langevin.c2 - pat.beta (Proposition 10), resolved as pdis_c1
+    prob_acc_q: tuple = (0.2, 0.1, 0.05, 0.01)  # ProbAcc_q: the fraction of images with PR_i > 1 - q
+
+    def __post_init__(self):
+        for d in self.distributions:
+            if d not in robustness.ALL_DISTRIBUTIONS:
+                raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
+        if self.distribution not in robustness.DISTRIBUTIONS:
+            raise UserError(f"eval.pr.distribution must be one of {robustness.DISTRIBUTIONS}")
+        laws = common.headline_first(self.distribution, self.distributions)
+        object.__setattr__(self, "distributions", tuple(str(d) for d in laws))
+        object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
+        object.__setattr__(self, "prob_acc_q", tuple(float(q) for q in self.prob_acc_q))
+        check_counts(self)
+        # A chunk beyond N evaluates samples that are then masked out: the counts are the same,
+        # the work and memory chunk / N times more.
+        object.__setattr__(self, "chunk_size", min(self.chunk_size, self.samples))
+        if any(not 0 < q < 1 for q in self.prob_acc_q):
+            raise UserError(f"eval.pr.prob_acc_q must lie in (0, 1), got {self.prob_acc_q}")
+        if not self.epsilons or min(self.epsilons) < 0:
+            raise UserError("eval.pr.epsilons must be non-empty and non-negative")
+        if robustness.PDIS in self.distributions and not self.pdis_c1 > 0:
+            raise UserError(f"p_dis needs c1 > 0 (eval.pr.pdis_c1, else langevin.c1), got {self.pdis_c1}")
+        if self.entropic_lambda < 0:
+            raise UserError(f"the entropic risk's lambda must be >= 0, got {self.entropic_lambda}")
+
+    @property
+    def pdis_sigma(self) -> float:
+        """p_dis's scale, 1 / sqrt(2 c1) (nan without a c1)."""
+        return robustness.pdis_sigma(self.pdis_c1) if self.pdis_c1 > 0 else float("nan")
+
+
+def levels(s: PRSettings, distribution):
     """(perturbation levels, their result keys): eps for gaussian/uniform, sigma of p_dis for pdis."""
     if distribution == robustness.PDIS:
         return (s.pdis_sigma,), [f"c1={s.pdis_c1:g}"]
-    return s.pr_epsilons, [robustness.level_key(e) for e in s.pr_epsilons]
+    return s.epsilons, [robustness.level_key(e) for e in s.epsilons]
 
 
 def passes(s) -> tuple:
-    return tuple(f"pr_{d}" for d in s.pr_distributions)
+    return tuple(f"pr_{d}" for d in s[BLOCK].distributions)
 
 
 def make_batch_fn(model_fns, s, pass_name):
-    distribution = pass_name[len("pr_") :]
-    level_values, _ = levels(s, distribution)
-    root = jax.random.PRNGKey(s.seed)
+    distribution, own = pass_name[len("pr_") :], s[BLOCK]
+    level_values, _ = levels(own, distribution)
+    root = jax.random.PRNGKey(s.shared.seed)
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -43,10 +105,10 @@ def make_batch_fn(model_fns, s, pass_name):
             labels,
             indices,
             level_values,
-            s.pr_samples,
-            s.pr_chunk_size,
+            own.samples,
+            own.chunk_size,
             distribution,
-            s.entropic_lambda,
+            own.entropic_lambda,
         )
         return {k: v.T for k, v in pr_stats.items()}  # (batch, levels)
 
@@ -55,34 +117,38 @@ def make_batch_fn(model_fns, s, pass_name):
 
 def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     """Figures of one perturbation level from per-image statistics (arrays over images)."""
-    n_samples = s.pr_samples
+    own, shared = s[BLOCK], s.shared
+    n_samples = own.samples
     per_image = np.asarray(counts, np.float64) / n_samples
-    lam = s.entropic_lambda
+    lam = own.entropic_lambda
     mean_loss = np.asarray(sum_loss, np.float64) / n_samples
     risk = robustness.entropic_risk(lse_loss, n_samples, lam, sum_loss)
-    cp_lo, cp_hi = stats.clopper_pearson(counts, n_samples, s.confidence)
+    cp_lo, cp_hi = stats.clopper_pearson(counts, n_samples, shared.confidence)
     out = {}
     clean_correct = np.asarray(correct, bool)
     for subset, mask in (("all", np.ones_like(clean_correct)), ("clean_correct", clean_correct)):
-        fig = common.mean_with_interval(per_image, s, mask)
+        fig = common.mean_with_interval(per_image, shared, mask)
         if mask.sum() > 1:
             fig.update({k: float(v) for k, v in robustness.variance_decomposition(per_image[mask], n_samples).items()})
         out[subset] = fig
     # ProbAcc_q: fraction of images with PR_i > 1 - q, over all images (`prob_acc`) and over
     # clean-correct images (`clean_correct.prob_acc`, AT-PR's Prob.Acc convention).
-    out["prob_acc"] = {robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s) for q in s.prob_acc_q}
-    out["clean_correct"]["prob_acc"] = {
-        robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, s, clean_correct) for q in s.prob_acc_q
+    out["prob_acc"] = {
+        robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, shared) for q in own.prob_acc_q
     }
-    out["expected_loss"] = common.mean_with_interval(mean_loss, s)
+    out["clean_correct"]["prob_acc"] = {
+        robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, shared, clean_correct)
+        for q in own.prob_acc_q
+    }
+    out["expected_loss"] = common.mean_with_interval(mean_loss, shared)
     bound = robustness.lower_bound(mean_loss)
-    out["lower_bound"] = common.mean_with_interval(bound, s)
+    out["lower_bound"] = common.mean_with_interval(bound, shared)
     # PR_i >= max(0, bound_i) too, so the mean of the positive parts is a (tighter) valid bound;
     # its Monte-Carlo estimate is biased up, though (E max(0, B-hat) >= max(0, E B-hat)).
-    out["lower_bound_positive_part"] = common.mean_with_interval(np.maximum(bound, 0.0), s)
-    out["entropic_risk"] = common.mean_with_interval(risk, s)
+    out["lower_bound_positive_part"] = common.mean_with_interval(np.maximum(bound, 0.0), shared)
+    out["entropic_risk"] = common.mean_with_interval(risk, shared)
     # Biased high for finite N (the Monte-Carlo R_lambda is biased low, Jensen).
-    out["lower_bound_entropic"] = common.mean_with_interval(robustness.lower_bound(risk), s)
+    out["lower_bound_entropic"] = common.mean_with_interval(robustness.lower_bound(risk), shared)
     out["per_image_clopper_pearson_mean_width"] = float(np.mean(cp_hi - cp_lo)) if per_image.size else None
     return out
 
@@ -90,8 +156,8 @@ def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
 def figures(per_image, s) -> dict:
     correct = per_image["clean"]["correct"]
     out = {}
-    for d in s.pr_distributions:
-        _, keys = levels(s, d)
+    for d in s[BLOCK].distributions:
+        _, keys = levels(s[BLOCK], d)
         st = per_image[f"pr_{d}"]
         out[d] = {
             k: level_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j], correct, s)
@@ -100,4 +166,4 @@ def figures(per_image, s) -> dict:
     return {"pr": out}
 
 
-EVALUATOR = common.Evaluator("pr", passes, make_batch_fn, figures, needs_clean=True)
+EVALUATOR = common.Evaluator("pr", passes, make_batch_fn, figures, needs_clean=True, settings=PRSettings)

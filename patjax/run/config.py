@@ -28,7 +28,6 @@ from patjax.core.errors import (
 )
 from patjax.data import cifar
 from patjax.evaluators import common as evaluators_common
-from patjax.pat import robustness
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state
 
@@ -48,6 +47,9 @@ RESUMABLE_FIELDS = (
     "eval",
     "data_dir",
 )
+
+
+WHOLE_SPLIT = -1  # eval.num_examples meaning every image of the test split
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -92,54 +94,52 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.log_test_examples = -1
     cfg.progress_bar = True
 
-    # Evaluation defaults used by `python -m patjax.evaluate` (flags override them).
+    # How a run is evaluated (`python -m patjax.evaluate`; its flags override these): the test
+    # images, the batch, the evaluators (names of patjax.evaluators.REGISTRY or its aliases
+    # 'apgd', 'all'), the settings every evaluator shares (`evaluators.common.SharedSettings`),
+    # and a block per evaluator setting class (`evaluators.blocks()`: the threat model
+    # `eval.attack`, `eval.cw`, `eval.apgd`, `eval.aa`, `eval.pr`), each written from its class's
+    # defaults, where each field's meaning and source are said.
     cfg.eval = ml_collections.ConfigDict()
     cfg.eval.batch_size = 500
-    cfg.eval.num_examples = -1  # -1: the whole test split
-    cfg.eval.pr_epsilons = (0.1, 0.12, 0.15, 0.2)
-    cfg.eval.pr_samples = 100  # N perturbations per image
-    # The law of the headline PR (results.json's `pr`, over clean-correct images):
-    # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
-    # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1].
-    cfg.eval.pr_distribution = "uniform"
-    # Perturbations per image evaluated at once: one forward pass takes len(pr_epsilons) x batch x
-    # chunk images (4 x 500 x 5 = 10,000 at the defaults), which bounds the PR pass's memory
-    # (docs/evaluation.md); the counts do not depend on it.
-    cfg.eval.pr_chunk_size = 5
-    cfg.eval.seed = 0
-    # Evaluators (`--evaluators` overrides): names of patjax.evaluators.REGISTRY or its aliases
-    # ('apgd', 'all'). A workdir's config without these fields gets these defaults (`upgrade`).
+    cfg.eval.num_examples = WHOLE_SPLIT
     cfg.eval.evaluators = ("all",)
-    cfg.eval.attack_eps = 8 / 255  # PGD-20 / CW-20 / APGD budget (Appendix E)
-    cfg.eval.attack_step_size = 2 / 255  # PGD-20 / CW-20 alpha
-    cfg.eval.attack_steps = 20
-    # CW-inf margin loss confidence: 2 as the AT-PR code's evaluate.py (cw_loss(..., margin=2)), the
-    # closest public source of the Table-1 protocol; the paper does not state it.
-    cfg.eval.cw_kappa = 2.0
-    cfg.eval.apgd_steps = 100
-    cfg.eval.apgd_rho = 0.75
-    # AutoAttack ('aa', standard version): APGD-CE and APGD-T use apgd_steps and apgd_rho; the
-    # reference's 9 target classes, FAB-T's 100 iterations and Square's 5,000 queries; the
-    # gradient-masking check runs APGD-CE again at these multiples of attack_eps.
-    cfg.eval.aa_target_classes = 9
-    cfg.eval.aa_fab_steps = 100
-    cfg.eval.aa_square_queries = 5000
-    cfg.eval.aa_masking_eps_factors = (2.0, 4.0, 8.0, 16.0)
-    # PR is computed for every distribution listed ('pdis' = the paper's p_dis with c1 below) and
-    # always for pr_distribution, whose figure is the top-level `pr` of results.json.
-    cfg.eval.pr_distributions = ("uniform", "gaussian", "pdis")
-    cfg.eval.pdis_c1 = -1.0  # <= 0: langevin.c1; p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d
-    cfg.eval.entropic_lambda = -1.0  # < 0: langevin.c2 - pat.beta (Proposition 10)
-    cfg.eval.prob_acc_q = (0.2, 0.1, 0.05, 0.01)
-    cfg.eval.confidence = 0.95
-    cfg.eval.bootstrap_resamples = 2000
+    cfg.eval.update(_defaults(evaluators_common.SharedSettings))
+    for block, settings_class in evaluators_lib.blocks().items():
+        cfg.eval[block] = ml_collections.ConfigDict(_defaults(settings_class))
+    cfg.config_version = CONFIG_VERSION
     return cfg
 
 
+# The shape of the config: 2 gives each evaluator setting class its block of `eval` (eval.pr.samples);
+# 1, written without the field, held them all at the top of `eval` under their flat names
+# (eval.pr_samples). `upgrade` reads both.
+CONFIG_VERSION = 2
+
+
+def _from_version_1(saved: dict) -> dict:
+    """A version-1 config in version 2's shape: each evaluator setting moved from the top of `eval`
+    (its flat name) into its block (`evaluators.flat_names`)."""
+    saved = copy.deepcopy(saved)
+    ev = saved.get("eval")
+    if isinstance(ev, dict):
+        for name, (block, field) in evaluators_lib.flat_names().items():
+            if block is not None and name in ev:
+                ev.setdefault(block, {})[field] = ev.pop(name)
+    saved["config_version"] = 2
+    return saved
+
+
 def upgrade(saved: dict) -> ml_collections.ConfigDict:
-    """A config read from a workdir, completed with `default_config()`'s: a field missing from the
-    saved config reads as its default, so every field's default is what runs saved without that
-    field computed. The one place a workdir's config is completed."""
+    """A config read from a workdir, in the current shape (`CONFIG_VERSION`) and completed with
+    `default_config()`'s: a field missing from the saved config reads as its default, so every
+    field's default is what runs saved without that field computed. The one place a workdir's
+    config is completed."""
+    version = saved.get("config_version", 1)
+    if version not in (1, CONFIG_VERSION):
+        raise UserError(f"config_version {version!r} is not one this patjax reads (1 or {CONFIG_VERSION})")
+    if version == 1:
+        saved = _from_version_1(saved)
 
     def merge(base: dict, over: dict) -> dict:
         return {
@@ -233,10 +233,14 @@ def _defaults(settings_class) -> dict:
 _READ_AS = {"float": float, "bool": bool, "str": str, float: float, bool: bool, str: str}
 
 
-def _from_block(settings_class, block):
-    """The settings of one config block: each field of the class read from the block."""
+def _from_block(settings_class, block, **resolved):
+    """The settings of one config block: each field of the class read from the block, or taken
+    from `resolved` (a default that depends on another block)."""
     return settings_class(
-        **{f.name: _READ_AS.get(f.type, lambda v: v)(block[f.name]) for f in dataclasses.fields(settings_class)}
+        **{
+            f.name: resolved[f.name] if f.name in resolved else _READ_AS.get(f.type, lambda v: v)(block[f.name])
+            for f in dataclasses.fields(settings_class)
+        }
     )
 
 
@@ -276,9 +280,32 @@ def method_settings(cfg) -> methods.MethodSettings:
     )
 
 
+def refuse_unknown_fields(cfg: ml_collections.ConfigDict) -> None:
+    """A one-line UserError for a field the config does not have (a ConfigDict takes any new
+    field it is given, and no setting would read it): a typo, or a config file written for
+    version 1, whose evaluator settings sat at the top of `eval` (eval.pr_samples is now
+    eval.pr.samples)."""
+    known = default_config()
+
+    def walk(given, expected, prefix):
+        for key in given:
+            if key not in expected:
+                name = f"{prefix}{key}"
+                moved = evaluators_lib.flat_names().get(key) if prefix == "eval." else None
+                hint = f"; it is {evaluators_lib.config_field(key)} since config version 2" if moved else ""
+                raise UserError(f"{name} is not a config field{hint}")
+            if isinstance(given[key], ml_collections.ConfigDict) and isinstance(
+                expected[key], ml_collections.ConfigDict
+            ):
+                walk(given[key], expected[key], f"{prefix}{key}.")
+
+    walk(cfg, known, "")
+
+
 def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
     """The typed settings of a run, or a one-line UserError for a config that would fail later
     or silently compute something else. Each field is checked by the settings it belongs to."""
+    refuse_unknown_fields(cfg)
     finite_numbers(cfg.to_dict())
     record = json.loads(cfg.to_json())
     record["data_dir"] = _absolute_data_dir(record.get("data_dir"))
@@ -300,18 +327,15 @@ def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
     )
 
 
-WHOLE_SPLIT = -1  # eval.num_examples meaning every image of the test split
-
-
 @dataclasses.dataclass(frozen=True)
 class EvaluationSettings:
     """What an evaluation reads, typed and checked once from a config (`evaluation_settings`):
-    the test split, the evaluators, how many images and the evaluators' own settings."""
+    the test split, the evaluators, how many images, and what each evaluator is handed."""
 
     dataset: str
     data_dir: Optional[str]
     evaluators: tuple  # names of the registry, in its order (`evaluators.parse`)
-    evals: evaluators_common.EvalSettings
+    evaluator_settings: evaluators_common.Settings
     # The first images of the split (capped at its size); 0 is refused rather than read as "all":
     # a full evaluation takes hours on a CPU.
     num_examples: int = count("eval.num_examples", 1, 1_000_000, sentinel=WHOLE_SPLIT, meaning="the whole test split")
@@ -321,20 +345,24 @@ class EvaluationSettings:
         check_counts(self)
 
 
-def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict]) -> ml_collections.ConfigDict:
-    """A copy of cfg with fields of its `eval` block replaced (e.g. {'pr_samples': 20}); an
-    unknown field is refused."""
+def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict] = None) -> ml_collections.ConfigDict:
+    """A copy of cfg with fields of its `eval` block replaced, each named by its flat name
+    (`evaluators.flat_names`: {'pr_samples': 20} sets eval.pr.samples) or, for the evaluation's
+    own fields, its name (num_examples, batch_size, evaluators); an unknown name is refused."""
     if not overrides:
         return cfg
     cfg = copy.deepcopy(cfg)
+    names = evaluators_lib.flat_names()
     for key, value in overrides.items():
-        if key not in cfg.eval:
+        block, field = names.get(key, (None, key))
+        target = cfg.eval[block] if block else cfg.eval
+        if field not in target or isinstance(target[field], ml_collections.ConfigDict):
             raise UserError(f"unknown eval setting {key!r}")
         value = python_scalars(value)
         try:
-            cfg.eval[key] = value
+            target[field] = value
         except TypeError:  # ConfigDict keeps each field's type: a str where an int is, say
-            expected = type(cfg.eval[key]).__name__
+            expected = type(target[field]).__name__
             raise UserTypeError(f"eval setting {key} must be of type {expected}, got {value!r}") from None
     return cfg
 
@@ -350,36 +378,27 @@ def evaluation_settings(
     """The typed settings of an evaluation of a run with config cfg: its `eval` block with
     `overrides` replacing fields, and evaluators, num_examples and batch_size where given (the
     command line's flags). The one place the `eval` block is read; its sampler's c1, c2 and
-    PAT's beta set p_dis and the entropic lambda by default."""
+    PAT's beta set p_dis and the entropic lambda by default (the one place they are resolved)."""
     cfg = with_eval_overrides(cfg, overrides)
+    refuse_unknown_fields(cfg)
     cifar.check_dataset(str(cfg.dataset))
     finite_numbers(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
-    distributions = evaluators_common.headline_first(ev.pr_distribution, ev.pr_distributions)
-    c1 = float(ev.pdis_c1) if ev.pdis_c1 > 0 else float(cfg.langevin.c1)
-    lam = float(ev.entropic_lambda) if ev.entropic_lambda >= 0 else float(cfg.langevin.c2) - float(cfg.pat.beta)
-    evals = evaluators_common.EvalSettings(
-        pr_distributions=tuple(str(d) for d in distributions),
-        pr_epsilons=tuple(float(e) for e in ev.pr_epsilons),
-        pr_samples=ev.pr_samples,
-        pr_chunk_size=ev.pr_chunk_size,
-        pdis_c1=c1,
-        pdis_sigma=robustness.pdis_sigma(c1) if c1 > 0 else float("nan"),
-        entropic_lambda=max(lam, 0.0),
-        attack_eps=float(ev.attack_eps),
-        attack_step_size=float(ev.attack_step_size),
-        attack_steps=ev.attack_steps,
-        cw_kappa=float(ev.cw_kappa),
-        apgd_steps=ev.apgd_steps,
-        apgd_rho=float(ev.apgd_rho),
-        aa_target_classes=ev.aa_target_classes,
-        aa_fab_steps=ev.aa_fab_steps,
-        aa_square_queries=ev.aa_square_queries,
-        aa_masking_eps_factors=tuple(float(f) for f in ev.aa_masking_eps_factors),
-        prob_acc_q=tuple(float(q) for q in ev.prob_acc_q),
-        confidence=float(ev.confidence),
-        bootstrap_resamples=ev.bootstrap_resamples,
-        seed=ev.seed,
+    pr = ev[evaluators_lib.pr.BLOCK]
+    resolved = {
+        evaluators_lib.pr.BLOCK: {
+            "pdis_c1": float(pr.pdis_c1) if pr.pdis_c1 > 0 else float(cfg.langevin.c1),
+            "entropic_lambda": float(pr.entropic_lambda)
+            if pr.entropic_lambda >= 0
+            else max(float(cfg.langevin.c2) - float(cfg.pat.beta), 0.0),
+        }
+    }
+    handed = evaluators_common.Settings(
+        shared=_from_block(evaluators_common.SharedSettings, ev),
+        blocks={
+            block: _from_block(cls, ev[block], **resolved.get(block, {}))
+            for block, cls in evaluators_lib.blocks().items()
+        },
     )
     return EvaluationSettings(
         dataset=str(cfg.dataset),
@@ -387,7 +406,7 @@ def evaluation_settings(
         evaluators=evaluators_lib.parse(ev.evaluators if evaluators is None else evaluators),
         num_examples=ev.num_examples if num_examples is None else num_examples,
         batch_size=ev.batch_size if batch_size is None else batch_size,
-        evals=evals,
+        evaluator_settings=handed,
     )
 
 

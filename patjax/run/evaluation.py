@@ -8,7 +8,7 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
   clean_accuracy      fraction of test images classified correctly
   pr                  the headline PR: {"0.1": {value, interval, n}, ...}, the mean of per-image
                       PR_i over the images the model classifies correctly, under
-                      eval.pr_distribution (default uniform: the Table-1 protocol, `PROTOCOL`)
+                      eval.pr.distribution (default uniform: the Table-1 protocol, `PROTOCOL`)
   pr_all_images       the same law's mean over every evaluated image (misclassified ones included)
   pr_protocol         what `pr` is, in words
   figures             every figure with its interval, method, number of images and settings;
@@ -21,7 +21,6 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 
@@ -62,7 +61,7 @@ def evaluate_state(
     per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
       evaluation's identity, `eval_files.identity`).
     """
-    s, names, batch_size = settings.evals, settings.evaluators, settings.batch_size
+    s, names, batch_size = settings.evaluator_settings, settings.evaluators, settings.batch_size
     n = num_images(settings, split)
     chosen = [evaluators_lib.REGISTRY[name] for name in names]
     if "clean" not in names and any(e.needs_clean for e in chosen):
@@ -89,11 +88,12 @@ def evaluate_state(
     if "clean" in per_image:
         results["clean_accuracy"] = float(per_image["clean"]["correct"].mean())
     if "pr" in names:
-        headline = figures["pr"][s.pr_distribution]
+        pr = s[evaluators_lib.pr.BLOCK]
+        headline = figures["pr"][pr.distribution]
         keep = ("value", "interval", "n")
         results["pr"] = {k: {f: v["clean_correct"][f] for f in keep} for k, v in headline.items()}
         results["pr_all_images"] = {k: {f: v["all"][f] for f in keep} for k, v in headline.items()}
-        results["pr_protocol"] = protocol_text(s.pr_distribution, s.pr_samples)
+        results["pr_protocol"] = protocol_text(pr.distribution, pr.samples)
     results["figures"] = figures
     results["settings"] = settings_record(
         settings,
@@ -116,13 +116,11 @@ def num_images(settings: config_lib.EvaluationSettings, split: cifar.Split) -> i
 
 def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, num_clean_correct=None) -> dict:
     """results.json's "settings": what an evaluation of `n` images of the model of `step` was made with."""
-    s = settings.evals
     return {
         "num_examples": int(n),
         "num_clean_correct": num_clean_correct,
         "evaluators": list(settings.evaluators),
-        "pr_distribution": s.pr_distribution,
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()},
+        **evaluators_lib.record(settings.evaluator_settings),
         **robustness.DEFINITIONS,
         "dataset": settings.dataset,
         "split": "test",
@@ -152,9 +150,10 @@ def _flatten_per_image(per_image, s, n) -> dict:
         for k, v in out.items():
             flat[f"{name}.{k}"] = v
         if "counts" in out:  # per-image PR_i = counts / N and its Clopper-Pearson interval
-            flat[f"{name}.pr"] = out["counts"] / s.pr_samples
+            samples = s[evaluators_lib.pr.BLOCK].samples
+            flat[f"{name}.pr"] = out["counts"] / samples
             flat[f"{name}.cp_lower"], flat[f"{name}.cp_upper"] = stats.clopper_pearson(
-                out["counts"], s.pr_samples, s.confidence
+                out["counts"], samples, s.shared.confidence
             )
     return flat
 

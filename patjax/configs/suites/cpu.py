@@ -39,7 +39,7 @@ def _cpu_config(
     pr: dict,
 ) -> ml_collections.ConfigDict:
     """The base config of the CPU suites: real CIFAR-10, the small CNN, lr 0.05 with the paper's
-    MultiStepLR shape, PR with the suite's laws (`pr`: eval fields)."""
+    MultiStepLR shape, PR with the suite's laws (`pr`: eval settings by their flat names, `evaluators.flat_names`)."""
     cfg = config_lib.default_config()
     cfg.dataset = "cifar10"
     cfg.data_dir = data_dir
@@ -50,9 +50,7 @@ def _cpu_config(
     cfg.langevin.steps = langevin_steps
     cfg.eval.num_examples = eval_examples
     cfg.eval.batch_size = eval_batch_size
-    for key, value in pr.items():
-        cfg.eval[key] = value
-    return cfg
+    return config_lib.with_eval_overrides(cfg, pr)
 
 
 def ablation_cpu_suite(data_dir: Optional[str]) -> Suite:

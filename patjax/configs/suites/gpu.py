@@ -35,8 +35,7 @@ def table1_gpu_suite(data_dir: Optional[str]) -> Suite:
     cfg.model = "resnet18"
     cfg.data_dir = data_dir
     cfg.num_epochs = TABLE1_GPU_EPOCHS
-    for key, value in TABLE1_EVAL.items():
-        cfg.eval[key] = value
+    cfg = config_lib.with_eval_overrides(cfg, TABLE1_EVAL)
     cfg.eval.num_examples = TABLE1_GPU_EVAL_EXAMPLES
     curve_every = TABLE1_GPU_CURVE_EVERY_EPOCHS * STEPS_PER_EPOCH
     # A checkpoint at every curve point, each kept until its model is (the run's end, a stop at

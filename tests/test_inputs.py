@@ -735,6 +735,39 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_no_workdir(tmp_path,
     assert tree_hash(tmp_path) == before
 
 
+@pytest.mark.slow
+def test_a_field_the_config_lacks_is_one_line_naming_it_and_no_workdir(tmp_path):
+    """On the command line (absl's config flag raises a bare KeyError) and in a config file written
+    for config version 1, whose evaluator settings sat at the top of `eval`: a ConfigDict takes the
+    new field, which no setting would read (`config.refuse_unknown_fields`)."""
+    path = tmp_path / "version_1.py"
+    path.write_text(
+        "from patjax.run.config import default_config\n\ndef get_config():\n"
+        "    cfg = default_config()\n    cfg.eval.pr_samples = 20\n    return cfg\n"
+    )
+    before = tree_hash(tmp_path)
+    main = ("main.py", "--config=quickstart", f"--workdir={tmp_path}/run")
+    cases = [
+        (
+            (*main, "--config.eval.pr_samples=20"),
+            "error: --config.eval.pr_samples: the config has no field eval.pr_samples",
+        ),
+        (
+            (*main, "--config.langevin.stepz=2"),
+            "error: --config.langevin.stepz: the config has no field langevin.stepz; "
+            'Did you mean "steps" instead of "stepz"?',
+        ),
+        (
+            ("main.py", f"--config={path}", f"--workdir={tmp_path}/run"),
+            "error: eval.pr_samples is not a config field; it is eval.pr.samples since config version 2",
+        ),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env), cases):
+        assert one_error_line(done) == message, args
+    assert tree_hash(tmp_path) == before
+
+
 # Every integer setting declares its range beside its field (`errors.count`); the tables below are
 # derived from those declarations, so a count added without a range fails here, and so does a
 # settings class the discovery below stops finding.

@@ -93,13 +93,46 @@ def parse_flags(argv):
     except UserError as error:  # a config file that the command's own loader refuses
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (OSError, AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
-        detail = one_line(error) or type(error).__name__
+    except (AttributeError, KeyError) as error:
+        unknown = unknown_override(argv, error)
+        if unknown is None:
+            exit_config_error(error)
+        suggestion = " ".join(config_error_text(error).splitlines()[1:])  # ml_collections' "Did you mean ..."
         print(
-            f"error: cannot load the config given on the command line: {type(error).__name__}: {detail}",
+            f"error: --config.{unknown}: the config has no field {unknown}{'; ' if suggestion else ''}{suggestion}",
             file=sys.stderr,
         )
         sys.exit(2)
+    except (OSError, TypeError, ValueError, SyntaxError) as error:
+        exit_config_error(error)
+
+
+def config_error_text(error) -> str:
+    """The message of ml_collections' AttributeError or KeyError for a missing field, which may
+    wrap a KeyError whose own first argument is the text ("'name'\nDid you mean ...")."""
+    inner = error.args[0] if error.args else ""
+    if isinstance(inner, BaseException):
+        inner = inner.args[0] if inner.args else ""
+    return str(inner)
+
+
+def unknown_override(argv, error) -> str | None:
+    """The `--config.a.b=...` override whose path holds the field an AttributeError or KeyError
+    of ml_collections names (the config has no such field), or None."""
+    missing = (config_error_text(error).splitlines() or [""])[0].strip("'\"")
+    for arg in argv[1:]:
+        if arg.startswith("--config."):
+            path = arg[len("--config.") :].split("=")[0]
+            if missing in path.split("."):
+                return path
+    return None
+
+
+def exit_config_error(error) -> None:
+    """A config that failed to load, in one line, exit 2."""
+    detail = one_line(error) or type(error).__name__
+    print(f"error: cannot load the config given on the command line: {type(error).__name__}: {detail}", file=sys.stderr)
+    sys.exit(2)
 
 
 # Path flags: each command checks its paths with these before it reads or writes anything, so a

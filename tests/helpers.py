@@ -1,15 +1,25 @@
-"""Tiny models for tests, with closed-form gradients; PyTorch networks made to look trained;
-weights files cut short; a command line run as a user runs it."""
+"""What several test files share: tiny models with closed-form gradients and the configs that
+train or evaluate them in seconds; PyTorch networks made to look trained; weights files cut
+short; a command line run as a user runs it."""
 
 import os
 import subprocess
 import sys
+import types
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import REPO
 from safetensors import SafetensorError, safe_open
+
+from patjax.configs import quickstart
+from patjax.data import cifar
+from patjax.models.networks import ModelFns
+from patjax.run import config as config_lib
+from patjax.run import evaluation
 
 
 class Linear(nn.Module):
@@ -71,3 +81,79 @@ def run_module(module, *flags, timeout=300):
     return subprocess.run(
         [sys.executable, "-m", module, *flags], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Configs and setups that train or evaluate in seconds.
+
+
+def tiny_config(**overrides):
+    cfg = quickstart.get_config()
+    cfg.batch_size = 8
+    cfg.num_train_steps = 4
+    cfg.langevin.steps = 2
+    cfg.checkpoint_every_steps = 2
+    cfg.log_every_steps = 2
+    cfg.progress_bar = False
+    cfg.eval.num_examples = 16
+    cfg.eval.batch_size = 8
+    cfg.eval.pr.samples = 4
+    cfg.eval.pr.chunk_size = 2
+    for key, value in overrides.items():
+        target = cfg
+        *path, last = key.split(".")
+        for p in path:
+            target = target[p]
+        target[last] = value
+    return cfg
+
+
+def linear_setup(seed=0):
+    """A sharp linear classifier of 3 classes and 4 random images: (logits_fn, x, y, W, b)."""
+    model = Linear(3)
+    x = jax.random.uniform(jax.random.PRNGKey(seed), (4, 4, 4, 3))
+    y = jnp.array([0, 1, 2, 1])
+    variables = model.init(jax.random.PRNGKey(1), x)
+    W = np.asarray(variables["params"]["Dense_0"]["kernel"]) * 5.0  # a sharper classifier
+    b = np.asarray(variables["params"]["Dense_0"]["bias"])
+    variables = {"params": {"Dense_0": {"kernel": jnp.asarray(W), "bias": jnp.asarray(b)}}}
+    logits_fn = lambda xa: model.apply(variables, xa)
+    return logits_fn, x, y, W, b
+
+
+def tiny_setup(scale=1.0, num_images=7, model_seed=0):
+    """A linear model and images labelled by the model of seed 0 (a third of them wrongly); another
+    model_seed gives another model on the same labelled images."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(num_images, 4, 4, 3), dtype=np.uint8)
+    model = Linear(num_classes=10)
+    init = lambda seed: jax.tree.map(
+        lambda p: p * 8.0 * scale, model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))["params"]
+    )
+    params = init(0)
+    logits = np.asarray(model.apply({"params": params}, cifar.to_float(images)))
+    labels = logits.argmax(1).astype(np.int32)
+    labels[::3] = (labels[::3] + 1) % 10  # some clean errors
+    if model_seed:
+        params = jax.tree.map(lambda a, b: 0.6 * a + 0.4 * b, params, init(model_seed))
+    state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(3))
+    return ModelFns(model.apply), state, cifar.Split(images, labels)
+
+
+def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **kwargs):
+    """evaluation.evaluate_state with the settings of cfg, as evaluate_workdir builds them."""
+    settings = config_lib.evaluation_settings(cfg, evaluators=evaluators, batch_size=batch_size)
+    return evaluation.evaluate_state(settings, model_fns, state, split, **kwargs)
+
+
+def eval_config(**eval_overrides):
+    """The default config with an evaluation small enough for a linear model on a few images."""
+    cfg = config_lib.default_config()
+    cfg.eval.pr.samples = 6
+    cfg.eval.pr.chunk_size = 4
+    cfg.eval.attack.steps = 3
+    cfg.eval.apgd.steps = 6
+    cfg.eval.attack.eps = 0.05
+    cfg.eval.attack.step_size = 0.02
+    cfg.eval.bootstrap_resamples = 200
+    return config_lib.with_eval_overrides(cfg, eval_overrides)

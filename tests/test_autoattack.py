@@ -4,8 +4,8 @@ ones before it left robust; the masking checks are reported."""
 
 import numpy as np
 import pytest
+from helpers import eval_config, evaluate, tiny_setup
 from scipy import stats
-from test_evaluation import evaluate, tiny_config, tiny_setup
 
 from patjax.data import cifar
 from patjax.evaluators import autoattack
@@ -27,7 +27,7 @@ def worst_case_margin(W, b, x, y, eps):
 @pytest.fixture(scope="module")
 def evaluated():
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
-    cfg = tiny_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
+    cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
     results = evaluate(
         cfg, model_fns, state, split, batch_size=8, progress=False, evaluators="aa", per_image_out=per_image
@@ -92,7 +92,7 @@ def test_figures_do_not_depend_on_the_batch(evaluated):
     """Each pass runs at the width of the images it attacks (common.pass_width), not the batch:
     one batch of all 40 images gives every image the same outcome as batches of 8."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
-    cfg = tiny_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
+    cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
     evaluate(cfg, model_fns, state, split, batch_size=40, progress=False, evaluators="aa", per_image_out=per_image)
     _, _, _, reference = evaluated

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from conftest import train_run
-from helpers import Linear, np_cross_entropy, np_softmax
-from test_train import tiny_config
+from helpers import Linear, np_cross_entropy, np_softmax, tiny_config
 
 from patjax import methods
 from patjax.attacks import inner, pgd

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, train_run
+from helpers import tiny_config
 from safetensors.numpy import load_file
-from test_train import tiny_config
 
 from patjax.data import cifar
 from patjax.run import workdir as workdir_lib

@@ -9,8 +9,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, train_run
-from test_samplers import linear_setup
-from test_train import tiny_config
+from helpers import linear_setup, tiny_config
 
 from patjax.pat import langevin_diagnostic
 from patjax.pat.langevin import LangevinSettings

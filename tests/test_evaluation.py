@@ -7,14 +7,12 @@ import os
 import re
 import subprocess
 import sys
-import types
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import REPO
-from helpers import Linear
+from helpers import eval_config, evaluate, tiny_setup
 from scipy import stats
 
 from patjax import api, evaluators
@@ -22,49 +20,11 @@ from patjax.core import files
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import stats as patjax_stats
-from patjax.models.networks import ModelFns
 from patjax.reporting import plots, report
 from patjax.run import checkpoints, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 from patjax.suites import aggregate, run_outcomes
-
-
-def tiny_setup(scale=1.0, num_images=7, model_seed=0):
-    """A linear model and images labelled by the model of seed 0 (a third of them wrongly); another
-    model_seed gives another model on the same labelled images."""
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, size=(num_images, 4, 4, 3), dtype=np.uint8)
-    model = Linear(num_classes=10)
-    init = lambda seed: jax.tree.map(
-        lambda p: p * 8.0 * scale, model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4, 4, 3)))["params"]
-    )
-    params = init(0)
-    logits = np.asarray(model.apply({"params": params}, cifar.to_float(images)))
-    labels = logits.argmax(1).astype(np.int32)
-    labels[::3] = (labels[::3] + 1) % 10  # some clean errors
-    if model_seed:
-        params = jax.tree.map(lambda a, b: 0.6 * a + 0.4 * b, params, init(model_seed))
-    state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(3))
-    return ModelFns(model.apply), state, cifar.Split(images, labels)
-
-
-def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **kwargs):
-    """evaluation.evaluate_state with the settings of cfg, as evaluate_workdir builds them."""
-    settings = config_lib.evaluation_settings(cfg, evaluators=evaluators, batch_size=batch_size)
-    return evaluation.evaluate_state(settings, model_fns, state, split, **kwargs)
-
-
-def tiny_config(**eval_overrides):
-    cfg = config_lib.default_config()
-    cfg.eval.pr.samples = 6
-    cfg.eval.pr.chunk_size = 4
-    cfg.eval.attack.steps = 3
-    cfg.eval.apgd.steps = 6
-    cfg.eval.attack.eps = 0.05
-    cfg.eval.attack.step_size = 0.02
-    cfg.eval.bootstrap_resamples = 200
-    return config_lib.with_eval_overrides(cfg, eval_overrides)
 
 
 def figures_close(a, b, path=""):
@@ -89,7 +49,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
     for batch_size, chunk in ((4, 4), (3, 5)):
         per_image = {}
         results = evaluate(
-            tiny_config(pr_chunk_size=chunk),
+            eval_config(pr_chunk_size=chunk),
             model_fns,
             state,
             split,
@@ -146,7 +106,7 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
     model_fns, state, split = tiny_setup()
     per_image = {}
     results = evaluate(
-        tiny_config(pr_distributions=("gaussian",)),
+        eval_config(pr_distributions=("gaussian",)),
         model_fns,
         state,
         split,
@@ -169,7 +129,7 @@ def write_eval(workdir, scale, model_seed=0):
     model_fns, state, split = tiny_setup(scale, num_images=12, model_seed=model_seed)
     per_image = {}
     results = evaluate(
-        tiny_config(pr_distributions=("gaussian",)),
+        eval_config(pr_distributions=("gaussian",)),
         model_fns,
         state,
         split,
@@ -290,7 +250,7 @@ def fake_workdir(tmp_path, monkeypatch, cfg, scale=1.0):
 def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, monkeypatch):
     lam, conf, resamples, seed = 0.5, 0.9, 300, 4
     # The defaults' headline PR is the Table-1 protocol: uniform noise, clean-correct images.
-    cfg = tiny_config(
+    cfg = eval_config(
         pr_distributions=(), entropic_lambda=lam, confidence=conf, bootstrap_resamples=resamples, seed=seed
     )
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
@@ -396,7 +356,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
 
 @pytest.mark.slow
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
-    cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     results_path = os.path.join(workdir, "eval", "results.json")
@@ -527,7 +487,7 @@ def eval_files_bytes(eval_dir):
 def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_stays_byte_identical(
     tmp_path, monkeypatch
 ):
-    cfg = tiny_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     evaluation.compare([workdir], None)  # draws eval/pr_vs_eps.png

@@ -3,7 +3,7 @@ evaluation runs when an evaluator needs another's pass."""
 
 import numpy as np
 import pytest
-from test_evaluation import evaluate, tiny_config, tiny_setup
+from helpers import eval_config, evaluate, tiny_setup
 
 from patjax import evaluators
 from patjax.core.errors import UserError
@@ -30,7 +30,7 @@ def test_names_aliases_and_order():
 def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
     model_fns, state, split = tiny_setup()
     results = evaluate(
-        tiny_config(pr_distribution="gaussian", pr_distributions=()),
+        eval_config(pr_distribution="gaussian", pr_distributions=()),
         model_fns,
         state,
         split,
@@ -51,11 +51,11 @@ def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
 def test_worst_case_is_the_conjunction_of_the_attacks_run_and_clean():
     model_fns, state, split = tiny_setup(scale=0.3)
     results = evaluate(
-        tiny_config(), model_fns, state, split, batch_size=4, progress=False, evaluators="clean,pgd20,cw20"
+        eval_config(), model_fns, state, split, batch_size=4, progress=False, evaluators="clean,pgd20,cw20"
     )
     per_image = {}
     evaluate(
-        tiny_config(),
+        eval_config(),
         model_fns,
         state,
         split,

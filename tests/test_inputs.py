@@ -18,7 +18,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from conftest import REPO, find_data_dir, train_run
-from test_train import tiny_config
+from helpers import tiny_config
 
 from patjax import api
 from patjax.configs import suites as shipped_suites

@@ -25,7 +25,7 @@ devices.initialize_distributed()
 devices.use_cpu_cores_as_devices()
 import jax
 sys.path.insert(0, {tests!r})
-from test_train import tiny_config
+from helpers import tiny_config
 from conftest import train_run
 from patjax.run import train, workdir as workdir_lib
 out = {{}}

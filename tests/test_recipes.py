@@ -15,9 +15,8 @@ import optax
 import pytest
 import tensorflow_datasets as tfds
 from conftest import train_run
-from helpers import Linear, np_cross_entropy, np_softmax
+from helpers import Linear, np_cross_entropy, np_softmax, tiny_config
 from scipy import stats as scipy_stats
-from test_train import tiny_config
 
 from patjax import api, evaluators, methods
 from patjax.attacks.logits import margin

@@ -5,23 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Linear, np_softmax
+from helpers import linear_setup, np_softmax
 
 from patjax.pat.langevin import LangevinSettings, langevin_sample
 
 B, SHAPE, K = 4, (4, 4, 3), 3
-
-
-def linear_setup(seed=0):
-    model = Linear(K)
-    x = jax.random.uniform(jax.random.PRNGKey(seed), (B, *SHAPE))
-    y = jnp.array([0, 1, 2, 1])
-    variables = model.init(jax.random.PRNGKey(1), x)
-    W = np.asarray(variables["params"]["Dense_0"]["kernel"]) * 5.0  # a sharper classifier
-    b = np.asarray(variables["params"]["Dense_0"]["bias"])
-    variables = {"params": {"Dense_0": {"kernel": jnp.asarray(W), "bias": jnp.asarray(b)}}}
-    logits_fn = lambda xa: model.apply(variables, xa)
-    return logits_fn, x, y, W, b
 
 
 def sample(logits_fn, key, x, y, **kw):

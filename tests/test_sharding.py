@@ -19,7 +19,7 @@ from conftest import REPO
 SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
-from test_train import tiny_config
+from helpers import tiny_config
 from conftest import train_run
 from patjax.run import eval_files, evaluation, train, workdir as workdir_lib
 from patjax.core import sharding
@@ -71,7 +71,7 @@ def test_two_device_data_parallel_step_and_evaluation_equal_single_device(tmp_pa
 RESUME_SCRIPT = r"""
 import sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
-from test_train import tiny_config
+from helpers import tiny_config
 from conftest import train_run
 from patjax.run import train
 assert jax.device_count() == 2, jax.devices()

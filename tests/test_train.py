@@ -10,32 +10,12 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from conftest import REPO, train_run
+from helpers import tiny_config
 
 from patjax.configs import quickstart
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.run import config, evaluation, train
-
-
-def tiny_config(**overrides):
-    cfg = quickstart.get_config()
-    cfg.batch_size = 8
-    cfg.num_train_steps = 4
-    cfg.langevin.steps = 2
-    cfg.checkpoint_every_steps = 2
-    cfg.log_every_steps = 2
-    cfg.progress_bar = False
-    cfg.eval.num_examples = 16
-    cfg.eval.batch_size = 8
-    cfg.eval.pr.samples = 4
-    cfg.eval.pr.chunk_size = 2
-    for key, value in overrides.items():
-        target = cfg
-        *path, last = key.split(".")
-        for p in path:
-            target = target[p]
-        target[last] = value
-    return cfg
 
 
 def params_of(state):

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 from conftest import REPO, train_run
-from test_train import tiny_config
+from helpers import tiny_config
 
 from patjax.core.errors import UserError
 from patjax.run import evaluation
@@ -26,7 +26,7 @@ FAST_COMPILE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 SCRIPT = """
 import json, sys, numpy as np, jax
 sys.path.insert(0, {tests!r})
-from test_train import tiny_config
+from helpers import tiny_config
 from conftest import train_run
 from patjax.run import evaluation, train, workdir as workdir_lib
 assert jax.device_count() == {devices}, jax.devices()

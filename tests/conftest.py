@@ -3,9 +3,10 @@
 import pathlib
 
 import jax
+import numpy as np
 import pytest
 
-from patjax.data import cifar
+from patjax.data import cifar, download
 
 # Compile time dominates a CPU test suite; numerics are unchanged by skipping XLA's
 # heavier passes, which is all these tests look at.
@@ -57,3 +58,31 @@ def records_per_file(monkeypatch):
         monkeypatch.setattr(cifar, "OFFICIAL_RECORDS", counts)
 
     return allow
+
+
+FAKE_RECORDS = 64  # images per file of `fake_data_dir`: 320 to train on, 64 to test on
+
+
+@pytest.fixture(scope="session")
+def fake_cifar10(tmp_path_factory) -> str:
+    """A folder of CIFAR-10's official binary files (label byte, 3,072 pixel bytes per record) of
+    FAKE_RECORDS random records each, written once per session."""
+    root = tmp_path_factory.mktemp("fake_data")
+    folder = root / download.ARCHIVES["cifar10"][3]  # cifar-10-batches-bin
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for names in download.SPLIT_FILES["cifar10"].values():
+        for name in names:
+            labels = rng.integers(0, 10, (FAKE_RECORDS, 1), dtype=np.uint8)
+            pixels = rng.integers(0, 256, (FAKE_RECORDS, 3072), dtype=np.uint8)
+            np.concatenate([labels, pixels], axis=1).tofile(folder / name)
+    return str(root)
+
+
+@pytest.fixture
+def fake_data_dir(fake_cifar10, records_per_file):
+    """A data_dir of CIFAR-10's layout and shapes and random content, for the tests that need
+    images of the right shape rather than CIFAR's (training and resuming a tiny run, a suite's
+    bookkeeping): a fraction of a second to read instead of the real files' 180 MB."""
+    records_per_file(FAKE_RECORDS)
+    return fake_cifar10

@@ -14,14 +14,14 @@ from patjax.run import torch_weights
 # kind: (its registry's names, the docs file whose table has a row per name, the test files one
 # of which must have a test that uses it, the module whose attributes the registered objects are).
 KINDS = {
-    "model": (tuple(networks.MODELS), "docs/api.md", ("tests/test_models.py",), "models"),
+    "model": (tuple(networks.MODELS), "docs/api.md", ("tests/models/test_models.py",), "models"),
     "method": (
         tuple(methods.REGISTRY),
         "docs/baselines.md",
-        ("tests/test_baselines.py", "tests/test_methods.py"),
+        ("tests/methods/test_baselines.py", "tests/methods/test_methods.py"),
         "methods",
     ),
-    "evaluator": (evaluators.NAMES, "docs/evaluation.md", ("tests/test_evaluation.py",), "evaluators"),
+    "evaluator": (evaluators.NAMES, "docs/evaluation.md", ("tests/run/test_evaluation.py",), "evaluators"),
 }
 CASES = [(kind, name) for kind, (names, *_) in KINDS.items() for name in names]
 

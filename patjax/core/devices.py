@@ -39,7 +39,7 @@ def use_cpu_cores_as_devices() -> int:
     leaves the other cores nearly idle; with one device per core the train step's batch is
     split over a 'data' mesh (sharding.make_mesh) and each share runs on its own core
     (benchmarks/README.md). The math is the same on any number of devices
-    (tests/test_sharding.py); float sums are ordered differently. Also sizes XLA's intra-op
+    (tests/core/test_sharding.py); float sums are ordered differently. Also sizes XLA's intra-op
     thread pool for that many devices (`intra_op_threads`) unless PJRT_NPROC is set.
 
     PATJAX_CPU_DEVICES=N overrides the count (1: a single device, as plain JAX); an

@@ -14,7 +14,7 @@ a slow generic loop. `conv2d` therefore has a custom VJP: the input gradient is 
 convolution computed through a physically reordered copy of the kernel (window reversed,
 in/out swapped) held behind `jax.lax.optimization_barrier`, so XLA cannot fold the
 reorder back into the convolution; the weight gradient stays plain autodiff. The result
-equals autodiff's up to float summation order (tests/test_ops.py).
+equals autodiff's up to float summation order (tests/models/test_ops.py).
 
 The RGB stem: inputs with a channel count that is not a multiple of 4 (3) are zero-padded
 to one on CPU (input and kernel alike, so no value changes): the library kernels run a

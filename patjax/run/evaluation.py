@@ -126,7 +126,7 @@ def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, 
         "split": "test",
         "batch_size": int(settings.batch_size),
         # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
-        # count up to float summation order (tests/test_sharding.py).
+        # count up to float summation order (tests/core/test_sharding.py).
         "devices": int(sharding.make_mesh(settings.batch_size).size),
         "step": int(step),
     }

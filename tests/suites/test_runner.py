@@ -81,9 +81,9 @@ def load_counts(workdir, name):
 
 
 @pytest.mark.slow
-def test_suite_trains_evaluates_reports_and_resumes(tmp_path, data_dir, monkeypatch):
+def test_suite_trains_evaluates_reports_and_resumes(tmp_path, fake_data_dir, monkeypatch):
     workdir = str(tmp_path / "suite")
-    suite = tiny_suite(data_dir)
+    suite = tiny_suite(fake_data_dir)
     trained = []
     real_train = train.train_run
     monkeypatch.setattr(
@@ -422,7 +422,7 @@ def race_suite(data_dir):
 RACE_RECORDS = 16
 RACE = """
 import os, sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]
 import orbax.checkpoint as ocp
 from patjax.data import cifar
 from patjax import experiments
@@ -452,7 +452,7 @@ else:
             sys.exit("the worker never paused")
         time.sleep(0.05)
 experiments.cli()
-""".format(tests=str(REPO / "tests"), records=RACE_RECORDS)
+""".format(tests=str(REPO / "tests"), here=str(REPO / "tests" / "suites"), records=RACE_RECORDS)
 
 
 @pytest.mark.slow

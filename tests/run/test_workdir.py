@@ -142,9 +142,9 @@ def truncate_largest_file(step_dir):
 
 
 @pytest.mark.slow
-def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, data_dir, capfd):
+def test_damaged_newest_checkpoint_falls_back_with_one_warning(tmp_path, fake_data_dir, capfd):
     workdir = str(tmp_path / "run")
-    cfg = tiny_config(data_dir=data_dir)
+    cfg = tiny_config(data_dir=fake_data_dir)
     train_run(cfg, workdir)  # checkpoints at steps 2 and 4
     truncate_largest_file(os.path.join(workdir, "checkpoints", "4"))
     capfd.readouterr()

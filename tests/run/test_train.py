@@ -67,8 +67,8 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
 
 
 @pytest.mark.slow
-def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, data_dir):
-    cfg = tiny_config(data_dir=data_dir)
+def test_interrupted_then_resumed_equals_uninterrupted_bitwise(tmp_path, fake_data_dir):
+    cfg = tiny_config(data_dir=fake_data_dir)
     straight = train_run(cfg, str(tmp_path / "a"))
     first = train_run(cfg, str(tmp_path / "b"), stop_after_steps=2)
     assert int(first.step) == 2
@@ -121,8 +121,8 @@ def test_training_time_is_summed_over_the_windows_of_every_sitting(tmp_path):
 
 
 @pytest.mark.slow
-def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
-    cfg = tiny_config(data_dir=data_dir, num_train_steps=2)
+def test_incomplete_checkpoint_is_never_restored(tmp_path, fake_data_dir):
+    cfg = tiny_config(data_dir=fake_data_dir, num_train_steps=2)
     workdir = tmp_path / "run"
     train_run(cfg, str(workdir))
     # What a kill during a save leaves behind: Orbax's temporary directory for step 4.
@@ -130,19 +130,19 @@ def test_incomplete_checkpoint_is_never_restored(tmp_path, data_dir):
     (partial / "default.orbax-checkpoint-tmp").mkdir(parents=True)
     (partial / "default.orbax-checkpoint-tmp" / "manifest.ocdbt").write_bytes(b"\0" * 10)
     longer = tiny_config(
-        data_dir=data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)
+        data_dir=fake_data_dir, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)
     )  # milestones stay at 2
     state = train_run(longer, str(workdir))
     assert int(state.step) == 3  # resumed from step 2, the last complete checkpoint
 
 
 @pytest.mark.slow
-def test_resume_with_a_different_config_is_refused_and_leaves_the_workdir(tmp_path, data_dir):
+def test_resume_with_a_different_config_is_refused_and_leaves_the_workdir(tmp_path, fake_data_dir):
     workdir = str(tmp_path / "run")
-    train_run(tiny_config(data_dir=data_dir, num_train_steps=2), workdir)
+    train_run(tiny_config(data_dir=fake_data_dir, num_train_steps=2), workdir)
     before = open(os.path.join(workdir, "config.json")).read()
     with pytest.raises(UserError, match="langevin.c1"):
-        train_run(tiny_config(data_dir=data_dir, **{"langevin.c1": 0.5}), workdir)
+        train_run(tiny_config(data_dir=fake_data_dir, **{"langevin.c1": 0.5}), workdir)
     assert open(os.path.join(workdir, "config.json")).read() == before
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
 
@@ -205,17 +205,17 @@ def test_evaluate_without_checkpoint_fails_cleanly(tmp_path):
 
 
 @pytest.mark.slow
-def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp_path, data_dir, monkeypatch):
+def test_config_json_holds_an_absolute_data_dir_and_a_moved_data_dir_resumes(tmp_path, fake_data_dir, monkeypatch):
     # A relative --config.data_dir is saved absolute, so patjax.evaluate run from another
     # directory finds the data; data_dir may change on resume (the data moved), other fields not.
     workdir = str(tmp_path / "run")
-    monkeypatch.chdir(os.path.dirname(data_dir))
-    train_run(tiny_config(data_dir=os.path.basename(data_dir), num_train_steps=2), workdir)
+    monkeypatch.chdir(os.path.dirname(fake_data_dir))
+    train_run(tiny_config(data_dir=os.path.basename(fake_data_dir), num_train_steps=2), workdir)
     saved = json.load(open(os.path.join(workdir, "config.json")))
-    assert saved["data_dir"] == os.path.abspath(data_dir)
+    assert saved["data_dir"] == os.path.abspath(fake_data_dir)
     monkeypatch.chdir(tmp_path)
     link = str(tmp_path / "moved_data")
-    os.symlink(data_dir, link)
+    os.symlink(fake_data_dir, link)
     state = train_run(tiny_config(data_dir=link, num_train_steps=3, lr_decay_fractions=(2 / 3, 2 / 3)), workdir)
     assert int(state.step) == 3
 

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.reference  # slow (README.md has the time): python -m pytest -q -m reference tests
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RUN = REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0"  # a committed PGD-trained model
 
 

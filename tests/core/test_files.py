@@ -22,7 +22,7 @@ from patjax.core import files
 from patjax.core.errors import UserError
 from patjax.run import kept_models
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_append_after_a_cut_line_keeps_the_whole_lines(tmp_path):

@@ -21,7 +21,7 @@ from conftest import train_run
 from patjax.core.errors import UserError
 from patjax.data import cifar, download
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 class Served:

@@ -2,7 +2,7 @@
 PyTorch model with trained-looking BatchNorm statistics gives, once loaded into patjax, the
 logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported back load
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
-the key. (tests/test_models.py checks the parameter counts against the references'.)"""
+the key. (tests/models/test_models.py checks the parameter counts against the references'.)"""
 
 import hashlib
 import json
@@ -36,9 +36,10 @@ def abstract_variables(name, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def images(data_dir):
-    split = cifar.load_split("cifar10", "test", data_dir)
-    return np.asarray(cifar.to_float(split.images[:4]))
+def images():
+    """Four 8-bit images of CIFAR's shape (the networks' logits are compared, not their accuracy)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    return np.asarray(cifar.to_float(pixels))
 
 
 # (patjax name, width or None, normalize): each network as a user would bring it; the ResNets'
@@ -306,7 +307,7 @@ OVERWRITE_REMEDY = "pass --overwrite to replace it, or choose another --out"
 def test_a_damaged_or_foreign_weights_file_is_one_line_wherever_it_is_read(tmp_path):
     """One reader of a .safetensors file (`files.read_safetensors`): a file cut short gives the
     same line through the library, `evaluate --torch_checkpoint` and `export --out` (kept models:
-    tests/test_kept_models.py), and a file without patjax metadata says so."""
+    tests/run/test_kept_models.py), and a file without patjax metadata says so."""
     params, batch_stats = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), abstract_variables("small_cnn"))
     damaged = str(tmp_path / "damaged.safetensors")
     torch_weights.export(damaged, "small_cnn", params, batch_stats, CIFAR10)

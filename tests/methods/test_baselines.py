@@ -272,7 +272,7 @@ def test_invalid_baseline_settings_are_refused(field, value):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(set(methods.REGISTRY) - {"pat"}))  # pat: tests/test_train.py
+@pytest.mark.parametrize("name", sorted(set(methods.REGISTRY) - {"pat"}))  # pat: tests/run/test_train.py
 def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
     cfg = tiny_config(
         method=name,

@@ -18,7 +18,7 @@ and normalization RobustBench gives it (`patjax.run.zoo`).
 
 Checks every workdir (config, checkpoint, settings) first, then evaluates each one's newest
 checkpoint (`patjax.run.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then DIR/eval/results.json) and
-prints the comparison of all of them (`patjax.run.evaluation.compare`). The evaluators are those of
+prints the comparison of all of them (`patjax.run.comparison.compare`). The evaluators are those of
 `patjax.evaluators`; docs/evaluation.md describes the figures and their intervals.
 """
 
@@ -34,7 +34,7 @@ from patjax.core import sharding
 from patjax.core.errors import UserError
 from patjax.models import networks
 from patjax.reporting import plots, report
-from patjax.run import eval_files, evaluation, zoo
+from patjax.run import comparison, eval_files, evaluation, zoo
 
 FLAGS = flags.FLAGS
 
@@ -152,11 +152,11 @@ def evaluate_from_flags():
             )
             if sharding.is_writer():
                 print(
-                    f"{evaluation.workdir_name(workdir)}: wrote {eval_files.results_path(workdir)} "
+                    f"{comparison.workdir_name(workdir)}: wrote {eval_files.results_path(workdir)} "
                     f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
                 )
     if sharding.is_writer():
-        print(evaluation.compare(FLAGS.workdir, FLAGS.plot, FLAGS.plot_over))
+        print(comparison.compare(FLAGS.workdir, FLAGS.plot, FLAGS.plot_over))
 
 
 def define_flags():

@@ -23,7 +23,7 @@ from helpers import tiny_config
 from patjax import api
 from patjax.configs import suites as shipped_suites
 from patjax.core.errors import UserError
-from patjax.run import checkpoints, evaluation, train
+from patjax.run import checkpoints, comparison, train
 from patjax.run import config as config_lib
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
@@ -660,7 +660,7 @@ def test_a_damaged_evaluation_file_is_refused_by_a_comparison_naming_it(tmp_path
     damage(pathlib.Path(b, "eval", file))
     before = tree_hash(tmp_path)
     with pytest.raises(UserError) as error:
-        evaluation.compare([a, b])
+        comparison.compare([a, b])
     assert str(error.value) == f"{b}/eval/{file} {problem}"
     assert tree_hash(tmp_path) == before  # no plot, no paired differences: the plot was once drawn first
 

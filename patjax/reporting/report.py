@@ -206,7 +206,7 @@ ESTIMAND_WORDS = {
 
 
 def differences(diffs, dist) -> str:
-    """Paired PR differences of `evaluation.paired_differences` under `dist`, one table per estimand."""
+    """Paired PR differences of `comparison.paired_differences` under `dist`, one table per estimand."""
     if not diffs:
         return ""
     eps_keys = list(diffs[0]["distributions"].get(dist, {}))

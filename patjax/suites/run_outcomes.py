@@ -15,7 +15,7 @@ from patjax import evaluators
 from patjax.core.files import read_json
 from patjax.evaluators.common import headline_first
 from patjax.pat import robustness
-from patjax.run import eval_files, evaluation, train
+from patjax.run import comparison, eval_files, train
 from patjax.suites import Run
 
 ATTACKS = evaluators.TABLE_ATTACKS
@@ -89,6 +89,6 @@ def figure(value, interval, method, n):
 
 
 def pairing(outcomes: Sequence[RunOutcome]):
-    """(bootstrap indices, confidence) shared by runs that may be paired (`evaluation.pairing`);
+    """(bootstrap indices, confidence) shared by runs that may be paired (`comparison.pairing`);
     raises if they were not evaluated on the same images with the same noise."""
-    return evaluation.pairing([o.settings for o in outcomes], [o.run.name for o in outcomes])
+    return comparison.pairing([o.settings for o in outcomes], [o.run.name for o in outcomes])

@@ -21,7 +21,7 @@ from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import stats as patjax_stats
 from patjax.reporting import plots, report
-from patjax.run import checkpoints, eval_files, evaluation
+from patjax.run import checkpoints, comparison, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 from patjax.suites import aggregate, run_outcomes
@@ -150,7 +150,7 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     a, b = str(tmp_path / "run_a"), str(tmp_path / "run_b")
     pa, pb = write_eval(a, 1.0), write_eval(b, 0.3, model_seed=5)
     plot = str(tmp_path / "plot.png")
-    text = evaluation.compare([a, b], plot)
+    text = comparison.compare([a, b], plot)
     for column in ("Acc %", "PR(0.1) %", "PR(0.12) %", "PR(0.15) %", "PR(0.2) %", "dPR(0.1) pp"):
         assert column in text
     assert "PGD %" not in text and "CW %" not in text  # neither run was attacked: no column of dashes
@@ -197,18 +197,18 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
     old["settings"]["uniform"] = "x + eps * U[-1,1]^d, clipped to [0,1]"
     json.dump(old, open(results_b, "w"))
     with pytest.raises(UserError, match=r"different settings \(uniform\)"):
-        evaluation.compare([a, b], plot)
+        comparison.compare([a, b], plot)
 
 
 def test_paired_evaluations_share_one_resampling_of_their_images():
     s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr_samples": 6}
-    indices, confidence = evaluation.pairing([s, dict(s)], ["a", "b"])
+    indices, confidence = comparison.pairing([s, dict(s)], ["a", "b"])
     assert confidence == 0.9
     # The documented draw: numpy's default generator seeded with the evaluation seed, images with
     # replacement, one row per resample.
     np.testing.assert_array_equal(indices, np.random.default_rng(3).integers(0, 7, size=(100, 7)))
     with pytest.raises(UserError, match=r"'a' and 'b' were evaluated with different settings \(seed\)"):
-        evaluation.pairing([s, dict(s, seed=4)], ["a", "b"])
+        comparison.pairing([s, dict(s, seed=4)], ["a", "b"])
 
 
 @pytest.mark.slow
@@ -331,7 +331,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
     assert saved["settings"]["pr_distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
-    text = evaluation.compare([workdir], str(tmp_path / "plot.png"))
+    text = comparison.compare([workdir], str(tmp_path / "plot.png"))
     assert "[90 % intervals]" in text and "PR: Table-1 protocol" in text
 
     # One estimator per figure: the suite tables' mean over one seed, computed from the
@@ -378,7 +378,7 @@ def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkey
     with pytest.raises(UserError, match=r"per_image.npz does not belong to results.json \(seed 1 vs 0\)"):
         eval_files.load_results(workdir)
     with pytest.raises(UserError, match="does not belong"):
-        evaluation.compare([workdir, workdir], str(tmp_path / "p.png"))
+        comparison.compare([workdir, workdir], str(tmp_path / "p.png"))
     # A file written before the identity was stored is checked on its number of images.
     np.savez(os.path.join(workdir, "eval", "per_image.npz"), image_index=np.arange(4))
     with pytest.raises(UserError, match="holds 4 images but results.json 5"):
@@ -490,7 +490,7 @@ def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_
     cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
-    evaluation.compare([workdir], None)  # draws eval/pr_vs_eps.png
+    comparison.compare([workdir], None)  # draws eval/pr_vs_eps.png
     eval_dir = os.path.join(workdir, "eval")
     before = eval_files_bytes(eval_dir)
     assert "pr_vs_eps.png" in before

@@ -1,0 +1,81 @@
+"""Comparing evaluated runs: one table of their figures, the paired PR differences against the
+first run (same images, same perturbations: common random numbers), and the PR plot. Reads the
+eval/ files `evaluation` writes (`eval_files.load_results`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from patjax.core import files, locks
+from patjax.evaluators import stats
+from patjax.reporting import plots, report
+from patjax.run import eval_files
+
+
+def pairing(settings_list, names) -> tuple:
+    """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
+    `names` in errors) share when paired: one resampling of the same images for all of them, so
+    that a difference's interval reflects the images, not independent draws. Raises a UserError
+    unless they were evaluated on common random numbers (`eval_files.check_comparable`)."""
+    first = settings_list[0]
+    for settings, name in zip(settings_list[1:], names[1:]):
+        eval_files.check_comparable(first, settings, names[0], name)
+    indices = stats.bootstrap_indices(int(first["num_examples"]), int(first["bootstrap_resamples"]), int(first["seed"]))
+    return indices, float(first["confidence"])
+
+
+def paired_differences(workdirs, results_list, per_images) -> list:
+    """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`): same
+    images, same perturbations."""
+    names = [workdir_name(w) for w in workdirs]
+    base_res, base = results_list[0], per_images[0]
+    st = base_res["settings"]
+    indices, confidence = pairing([r["settings"] for r in results_list], workdirs)
+    out = []
+    for name, res, pi in zip(names[1:], results_list[1:], per_images[1:]):
+        row = {"run": name, "baseline": names[0], "distributions": {}}
+        for d in res["settings"]["pr_distributions"]:
+            key = f"pr_{d}.counts"
+            if key not in pi or key not in base or "clean.correct" not in pi or "clean.correct" not in base:
+                continue
+            row["distributions"][d] = {
+                level: stats.pr_difference(
+                    pi[key][:, j],
+                    pi["clean.correct"],
+                    base[key][:, j],
+                    base["clean.correct"],
+                    st["pr_samples"],
+                    indices,
+                    confidence,
+                )
+                for j, level in enumerate(res["figures"]["pr"][d])
+            }
+        out.append(row)
+    return out
+
+
+def workdir_name(workdir: str) -> str:
+    return os.path.basename(os.path.normpath(workdir))
+
+
+def compare(workdirs, plot_path=None, plot_over="clean_correct") -> str:
+    """Table, paired differences (against the first workdir) and PNG plot (PR over `plot_over`'s
+    images, `plots.plot_pr`) of evaluated workdirs; writes the plot and
+    PLOT_paired_differences.json, returns the text to print."""
+    loaded = [eval_files.load_results(w) for w in workdirs]
+    results_list = [r for r, _ in loaded]
+    names = [workdir_name(w) for w in workdirs]
+    text = report.comparison(names, results_list)
+    # The default plot is a file of the first run's eval/: written under its lock, as its evaluation is.
+    into_run = plot_path is None
+    plot_path = plot_path or eval_files.plot_path(workdirs[0])
+    with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
+        if any("pr" in r.get("figures", {}) for r in results_list):
+            plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)
+            text += f"\nplot: {plot_path}"
+        if len(workdirs) > 1:
+            diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
+            text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
+            files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
+    return text

@@ -917,3 +917,20 @@ def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_pa
         json.load(open(os.path.join(a, "eval", "results.json")))["figures"]
         == json.load(open(os.path.join(b, "eval", "results.json")))["figures"]
     )
+
+
+@pytest.mark.parametrize("name", ["table1_cpu", "convergence_cpu", "stationary_cpu"])
+def test_every_committed_run_counts_as_finished_under_todays_code(name):
+    """Each committed run's config.json (config version 1) read, upgraded and checked against the
+    suite's current config as a resume is (`workdir.check_resume_compatible`), its evaluation
+    matching the suite's settings and its kept models and curve points there: a suite run on the
+    committed folder would have nothing to do, so nothing is retrained or re-evaluated."""
+    from patjax.configs.suites import get_suite
+    from patjax.suites import plan, run_outcomes, run_status
+
+    workdir = REPO / "docs" / "results" / name
+    suite = get_suite(name, None)
+    runs = [r for r in plan(suite) if os.path.isdir(run_outcomes.run_dir(str(workdir), r))]
+    assert len(runs) >= 6
+    for run in runs:
+        assert run_status.finished(suite, run, run_outcomes.run_dir(str(workdir), run)), run.name

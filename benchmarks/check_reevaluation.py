@@ -60,7 +60,11 @@ def rounding_only(a, b, path: str) -> bool:
 
 def differences(a, b, path=""):
     if isinstance(a, dict) and isinstance(b, dict):
-        out = [(False, f"{path}: keys {sorted(set(a) ^ set(b))}")] if set(a) != set(b) else []
+        # A setting recorded now that the committed figure did not record (a newer field, e.g. the
+        # threat model's norm) is the record growing, not a figure moving.
+        grown = set(b) - set(a) if path.endswith(".settings") else set()
+        keys_a, keys_b = set(a), set(b) - grown
+        out = [(False, f"{path}: keys {sorted(keys_a ^ keys_b)}")] if keys_a != keys_b else []
         return out + [d for k in set(a) & set(b) for d in differences(a[k], b[k], f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]

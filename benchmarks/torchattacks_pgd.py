@@ -3,14 +3,15 @@
 
   pip install torch==2.13.0 torchattacks==3.5.1
   python benchmarks/torchattacks_pgd.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
-      --num_examples=500
+      --num_examples=500 [--norm=l2 --eps=0.5 --alpha=0.125]
 
 The run's model is written as a PyTorch state_dict by `python -m patjax.export` (a .pt file),
 loaded strictly into patjax_torch.models' network, and attacked by torchattacks.PGD (L-inf,
-eps 8/255, alpha 2/255, 20 steps, random start); patjax's `pgd20` evaluator (the same budget)
-runs on the same images through `patjax.api.evaluate`. Prints one JSON line: both robust
-accuracies, the images on which they disagree, and each wall time. The two draw different
-random starts, so a few images may differ.
+eps 8/255, alpha 2/255, 20 steps, random start) or, with --norm=l2, torchattacks.PGDL2 (the L2
+ball of radius --eps, steps of --alpha); patjax's `pgd20` evaluator (the same budget and
+threat model) runs on the same images through `patjax.api.evaluate`. Prints one JSON line: both
+robust accuracies, the images on which they disagree, and each wall time. The two draw
+different random starts, so a few images may differ.
 """
 
 import argparse
@@ -40,6 +41,10 @@ def main():
     p.add_argument("--workdir", required=True)
     p.add_argument("--num_examples", type=int, default=500)
     p.add_argument("--batch_size", type=int, default=250)
+    p.add_argument("--norm", choices=("linf", "l2"), default="linf")
+    p.add_argument("--eps", type=float, default=8 / 255)
+    p.add_argument("--alpha", type=float, default=2 / 255)
+    p.add_argument("--steps", type=int, default=20)
     a = p.parse_args()
     run, model_fns, state = workdir_lib.restore(a.workdir)
     model = run.model
@@ -60,7 +65,8 @@ def main():
     y = torch.from_numpy(labels.astype(np.int64))
 
     torch.manual_seed(0)
-    attack = torchattacks.PGD(net, eps=8 / 255, alpha=2 / 255, steps=20, random_start=True)
+    attack_class = torchattacks.PGD if a.norm == "linf" else torchattacks.PGDL2
+    attack = attack_class(net, eps=a.eps, alpha=a.alpha, steps=a.steps, random_start=True)
     start = time.perf_counter()
     robust_torch = []
     for i in range(0, len(y), a.batch_size):
@@ -73,7 +79,8 @@ def main():
     start = time.perf_counter()
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     module = networks.create_model(model.name, model.dataset, cifar.NUM_CLASSES[model.dataset], **kwargs)
-    res = api.evaluate((module, variables), images, labels, evaluators="pgd20", batch_size=a.batch_size)
+    threat = {"attack_norm": a.norm, "attack_eps": a.eps, "attack_step_size": a.alpha, "attack_steps": a.steps}
+    res = api.evaluate((module, variables), images, labels, evaluators="pgd20", batch_size=a.batch_size, **threat)
     patjax_wall = time.perf_counter() - start
     robust_patjax = np.asarray(res["per_image"]["pgd20.robust"], bool)
     print(
@@ -81,6 +88,10 @@ def main():
             {
                 "workdir": a.workdir,
                 "num_examples": len(y),
+                "norm": a.norm,
+                "eps": a.eps,
+                "alpha": a.alpha,
+                "steps": a.steps,
                 "torchattacks_pgd20_robust_accuracy": float(robust_torch.mean()),
                 "patjax_pgd20_robust_accuracy": float(robust_patjax.mean()),
                 "patjax_pgd20_interval": res["figures"]["pgd20"]["interval"],

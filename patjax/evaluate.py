@@ -2,6 +2,8 @@
 
   python -m patjax.evaluate --workdir=runs/pat_c10 [--full] [--num_examples=1000] [--batch_size=500]
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
+      [--pr_preset=table1|prbench]   # the headline PR at the radii of the paper's Table 1 or PRBench's
+      [--attack_norm=l2 --attack_eps=0.5 --attack_step_size=0.125]   # PGD-20 and CW-20 in the L2 ball
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
   python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
       [--model_width=W] [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
@@ -32,6 +34,7 @@ from patjax import api, evaluators
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError
+from patjax.evaluators import common, pr
 from patjax.models import networks
 from patjax.reporting import plots, report
 from patjax.run import comparison, eval_files, evaluation, zoo
@@ -40,7 +43,17 @@ FLAGS = flags.FLAGS
 
 # Flags that override an evaluator setting, named by its flat name (`evaluators.flat_names`; None:
 # keep the workdir's config).
-_OVERRIDES = ("pr_samples", "pr_chunk_size", "pr_distribution", "pr_distributions", "seed", "apgd_steps")
+_OVERRIDES = (
+    "pr_samples",
+    "pr_chunk_size",
+    "pr_distribution",
+    "pr_distributions",
+    "seed",
+    "apgd_steps",
+    "attack_norm",
+    "attack_eps",
+    "attack_step_size",
+)
 
 
 # What --torch_checkpoint takes and --robustbench decides itself.
@@ -51,7 +64,9 @@ FULL = {"evaluators": "all", "num_examples": -1, "pr_distributions": "uniform,ga
 
 
 def overrides_from_flags() -> dict:
-    overrides = {k: FLAGS[k].value for k in _OVERRIDES if FLAGS[k].value is not None}
+    """The eval settings the flags give: a --pr_preset's, then each flag given (which wins)."""
+    overrides = dict(pr.PRESETS[FLAGS.pr_preset]) if FLAGS.pr_preset else {}
+    overrides.update({k: FLAGS[k].value for k in _OVERRIDES if FLAGS[k].value is not None})
     if FLAGS.full and "pr_distributions" not in overrides:
         overrides["pr_distributions"] = FULL["pr_distributions"]
     if "pr_distributions" in overrides:
@@ -181,8 +196,25 @@ def define_flags():
         "Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default) or gaussian.",
     )
     flags.DEFINE_string("pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis.")
+    flags.DEFINE_enum(
+        "pr_preset",
+        None,
+        list(pr.PRESETS),
+        "The headline PR's law, radii and N of a published table (the flags above still win): table1 (the "
+        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100) or prbench (PRBench's leaderboard: uniform, "
+        "eps 0.03, 0.08, 0.1, 0.12, N = 100).",
+    )
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
+    flags.DEFINE_enum(
+        "attack_norm",
+        None,
+        list(common.NORMS),
+        "The attacks' threat model: linf (the paper's, the default) or l2 (pgd20 and cw20 as PGD-L2; set "
+        "--attack_eps, e.g. 0.5 as RobustBench's L2, and --attack_step_size).",
+    )
+    flags.DEFINE_float("attack_eps", None, "The attacks' radius (default 8/255, L-inf).")
+    flags.DEFINE_float("attack_step_size", None, "PGD-20's and CW-20's step (default 2/255, L-inf).")
     flags.DEFINE_bool(
         "full",
         False,

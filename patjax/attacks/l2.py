@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from patjax.attacks import pgd as pgd_lib
 from patjax.attacks.logits import LogitsFn
 from patjax.attacks.pgd import cross_entropy_loss, input_gradient
 
@@ -66,3 +67,9 @@ def pgd_l2(
         return project_l2(x_adv + step_size * grad / (_norms(grad) + EPS_FOR_DIVISION), x, eps)
 
     return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_adv))
+
+
+# PGD under each threat model, one signature: what `attack.norm` (training) and `eval.attack.norm`
+# (evaluation) choose from.
+PGD_BY_NORM = {"linf": pgd_lib.pgd, "l2": pgd_l2}
+NORMS = tuple(PGD_BY_NORM)

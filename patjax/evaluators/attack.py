@@ -1,8 +1,11 @@
-"""PGD-20 and CW-20: accuracy under the paper's white-box L-inf attacks (Section 5, Appendix E).
+"""PGD-20 and CW-20: accuracy under the paper's white-box L-inf attacks (Section 5, Appendix E),
+or their L2 forms.
 
 pgd20: PGD on the cross-entropy; cw20: the same PGD on the Carlini-Wagner margin loss (its own
-setting, kappa: block `eval.cw`); both with a uniform random start in the threat model's ball
-(`eval.attack`: eps, steps of step_size), each image attacked on its own (`common.per_example`).
+setting, kappa: block `eval.cw`); both with a random start in the threat model's ball
+(`eval.attack`: norm, eps, steps of step_size), each image attacked on its own
+(`common.per_example`). Under 'linf' the start is uniform in the box and each step a signed
+gradient (`pgd.pgd`); under 'l2' the start and steps are torchattacks' PGDL2's (`l2.pgd_l2`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import functools
 
 import jax.numpy as jnp
 
-from patjax.attacks import pgd
+from patjax.attacks import l2, pgd
 from patjax.evaluators import common
 
 
@@ -29,8 +32,9 @@ def _pgd(loss: str, name: str, label: str, settings_type=None, block: str = "") 
     def batch_robust(logits_fn, key, indices, x, y, s):
         threat = s[common.THREAT_BLOCK]
         loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s["cw"].kappa)
+        attack = l2.PGD_BY_NORM[threat.norm]
         x_adv = common.per_example(
-            lambda k, xi, yi: pgd.pgd(
+            lambda k, xi, yi: attack(
                 logits_fn,
                 k,
                 xi,
@@ -52,15 +56,16 @@ def _pgd(loss: str, name: str, label: str, settings_type=None, block: str = "") 
         threat = s[common.THREAT_BLOCK]
         kappa = {"kappa": s["cw"].kappa} if loss == "cw_margin" else {}
         return {
+            "norm": threat.norm,
             "eps": threat.eps,
             "step_size": threat.step_size,
             "steps": threat.steps,
             "loss": loss,
             **kappa,
-            "random_start": "uniform",
+            "random_start": "uniform" if threat.norm == "linf" else "torchattacks PGDL2's",
         }
 
-    return common.attack_evaluator(name, label, batch_robust, settings, settings_type, block)
+    return common.attack_evaluator(name, label, batch_robust, settings, settings_type, block, norms=l2.NORMS)
 
 
 PGD20 = _pgd("ce", name="pgd20", label="PGD")

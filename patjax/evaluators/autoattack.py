@@ -279,4 +279,5 @@ EVALUATOR = common.Evaluator(
     subset=subset,
     combine=combine,
     settings=AutoAttackSettings,
+    norms=("linf",),
 )

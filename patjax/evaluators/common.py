@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from patjax.attacks import l2
 from patjax.core import sharding
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
@@ -57,20 +58,28 @@ class SharedSettings:
             raise UserError(f"eval.confidence must be in (0, 1), got {self.confidence}")
 
 
+NORMS = l2.NORMS  # the threat models: the L-inf ball (the paper's) and the L2 ball
+
+
 @dataclasses.dataclass(frozen=True)
 class ThreatModelSettings:
     """The ball every worst-case attack evaluator searches (config block `eval.attack`): Appendix
     E's L-inf eps = 8/255; PGD-20's and CW-20's step size 2/255 and 20 steps (APGD, AutoAttack
-    and their masking checks take eps only, and their own steps)."""
+    and their masking checks take eps only, and their own steps). Under norm 'l2' eps is the L2
+    ball's radius and step_size the length of each normalized-gradient step (RobustBench's L2
+    radius is 0.5); each evaluator says which norms it attacks under (`Evaluator.norms`)."""
 
     eps: float = 8 / 255
     step_size: float = 2 / 255
     steps: int = count("eval.attack.steps", 0, 100_000, default=20)
+    norm: str = "linf"
 
     def __post_init__(self):
         check_counts(self)
         if self.eps < 0 or self.step_size < 0:
             raise UserError("eval.attack.eps and eval.attack.step_size must be >= 0")
+        if self.norm not in NORMS:
+            raise UserError(f"eval.attack.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
 
 
 THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attack evaluator reads
@@ -103,6 +112,8 @@ class Evaluator:
       `eval.<block>`, its default the config's), or None; evaluators that share a block (APGD-CE
       and APGD-DLR) name the same class.
     block: the block its settings are read from (default: its name).
+    norms: the threat models (`eval.attack.norm`) it attacks under; None: it reads no threat
+      model (clean accuracy, PR). An evaluation under a norm it lacks is refused before it runs.
     worst_case: whether its per-image outcome joins the worst case over attacks.
     label: its column's name in tables.
     subset: (pass name, per-image outputs of the passes before it) -> the indices of the images
@@ -124,6 +135,7 @@ class Evaluator:
     combine: Callable | None = None
     settings: type | None = None
     block: str = ""
+    norms: tuple | None = None
 
     @property
     def settings_block(self) -> str:
@@ -137,13 +149,14 @@ def attack_evaluator(
     settings: Callable,
     settings_type: type | None = None,
     block: str = "",
+    norms: tuple = ("linf",),
 ) -> Evaluator:
     """A worst-case attack as an evaluator: one pass whose per-image output is `robust`.
 
     batch_robust(logits_fn, key, indices, x, y, s) -> (batch,) bool: whether each image is still
     classified correctly after the attack (keys per image: `per_example`, from the attack's own
     stream, `attack_key(seed, name)`); settings(s) -> the attack's settings recorded with its figure;
-    settings_type, block: its own settings and their block (`Evaluator`).
+    settings_type, block, norms: its own settings, their block, the norms it attacks under (`Evaluator`).
     """
 
     def passes(s) -> tuple:
@@ -162,7 +175,15 @@ def attack_evaluator(
         return {name: dict(proportion(per_image[name]["robust"], s.shared.confidence), settings=settings(s))}
 
     return Evaluator(
-        name, passes, make_batch_fn, figures, worst_case=True, label=label, settings=settings_type, block=block
+        name,
+        passes,
+        make_batch_fn,
+        figures,
+        worst_case=True,
+        label=label,
+        settings=settings_type,
+        block=block,
+        norms=norms,
     )
 
 

@@ -22,6 +22,18 @@ from patjax.pat import robustness
 
 BLOCK = "pr"
 
+# Named headline-PR settings, one flag each (`python -m patjax.evaluate --pr_preset=NAME`), by
+# their flat names (`evaluators.flat_names`): the same estimand as the Table-1 protocol (uniform
+# noise, N = 100 per image, the mean over clean-correct images, a margin >= 0 counting as
+# adversarial) at the radii of a published table.
+PRESETS = {
+    # The paper's Table 1: PR at eps 0.1, 0.12, 0.15, 0.2 (docs/evaluation.md).
+    "table1": {"pr_distribution": "uniform", "pr_epsilons": (0.1, 0.12, 0.15, 0.2), "pr_samples": 100},
+    # PRBench's leaderboard: its evaluate.py (wellzline/PRBenchmark, evaluate_PR) takes
+    # radius = [round(8/255, 2), 0.08, 0.1, 0.12], so its first radius is 0.03, not 8/255.
+    "prbench": {"pr_distribution": "uniform", "pr_epsilons": (0.03, 0.08, 0.1, 0.12), "pr_samples": 100},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class PRSettings:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from patjax.attacks import l2
 from patjax.attacks import pgd as pgd_lib
 from patjax.core.errors import UserError, check_counts, count
 from patjax.models.networks import BN_MODES, ModelFns
@@ -36,6 +37,8 @@ class Method:
     # BatchNorm during its inner attack in its reference code, where it has one (s.attack): how
     # attack.bn_mode='auto' resolves.
     attack_bn_mode: Optional[str] = None
+    # The threat models its inner attack has a form for (`attack.norm`); a run under another is refused.
+    attack_norms: tuple = ("linf",)
     sampler: bool = False  # runs Algorithm 1 (s.sampler, config `langevin`)
     weighted: bool = False  # weights its per-example losses with PAT's SNIS weights (s.snis, config `pat`)
 
@@ -49,11 +52,14 @@ class Method:
 class AttackSettings:
     """The baselines' inner attack (config block `attack`), shared by fgsm, pgd, alp, clp, trades,
     mart, atpr, pgd_cor and fgsm_cor: Appendix E, "10-step attack, L-inf <= 8/255"; alpha = 2/255
-    as MadryLab/cifar10_challenge and AT-PR (TRADES and MART use their own step sizes)."""
+    as MadryLab/cifar10_challenge and AT-PR (TRADES and MART use their own step sizes). Under
+    norm 'l2' epsilon is the L2 ball's radius and step_size each normalized-gradient step's length
+    (`attacks.l2.pgd_l2`), for the methods whose entry lists it (`Method.attack_norms`)."""
 
     epsilon: float = 8 / 255
     step_size: float = 2 / 255
     steps: int = count("attack.steps", 0, 100_000, default=10)
+    norm: str = "linf"  # the threat model: 'linf' (the paper's) | 'l2'
     # BatchNorm during the attack: 'auto' = the baseline's reference code (batch statistics for
     # fgsm/pgd/alp/clp/atpr and the COR variants, running statistics for trades/mart, each
     # method's `Method.attack_bn_mode`); 'inference' | 'train' force one mode for all. Never
@@ -66,6 +72,8 @@ class AttackSettings:
             raise UserError(f"attack.bn_mode must be 'auto', 'inference' or 'train', got {self.bn_mode!r}")
         if self.epsilon < 0 or self.step_size < 0:
             raise UserError("attack.epsilon and attack.step_size must be >= 0")
+        if self.norm not in l2.NORMS:
+            raise UserError(f"attack.norm must be one of {', '.join(l2.NORMS)}, got {self.norm!r}")
 
 
 @dataclasses.dataclass(frozen=True)

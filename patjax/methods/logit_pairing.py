@@ -7,6 +7,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from patjax.attacks import l2
 from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
 from patjax.methods.pgd import pgd_adversarial_batch
 
@@ -67,5 +68,5 @@ def clp(params, model, batch_stats, x, y, key, s):
 # BatchNorm during the attack: batch statistics, as wellzline/AT-PR attack_algorithms.py runs
 # ALP and CLP in model.train() (it also updates the running averages at every attack step, which
 # is not reproduced here; docs/baselines.md).
-ALP = Method("alp", alp, "ALP", settings=AlpSettings, attack_bn_mode="train")
-CLP = Method("clp", clp, "CLP", settings=ClpSettings, attack_bn_mode="train")
+ALP = Method("alp", alp, "ALP", settings=AlpSettings, attack_bn_mode="train", attack_norms=l2.NORMS)
+CLP = Method("clp", clp, "CLP", settings=ClpSettings, attack_bn_mode="train", attack_norms=l2.NORMS)

@@ -3,15 +3,17 @@ PAT weights). The PGD batch is also the inner maximization of the logit-pairing 
 
 from __future__ import annotations
 
-from patjax.attacks import pgd as pgd_lib
+from patjax.attacks import l2
 from patjax.methods.common import Method, weighted_update
 from patjax.models.networks import ModelFns
 
 
 def pgd_adversarial_batch(params, model: ModelFns, batch_stats, x, y, key, s):
-    """L-inf PGD with a uniform random start (Madry et al.; MadryLab/cifar10_challenge)."""
+    """PGD with a random start in the threat model's ball: L-inf, uniform (Madry et al.;
+    MadryLab/cifar10_challenge), or L2 as torchattacks' PGDL2 (`attack.norm`)."""
     logits_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
-    return pgd_lib.pgd(logits_fn, key, x, y, eps=s.attack.epsilon, step_size=s.attack.step_size, steps=s.attack.steps)
+    attack = l2.PGD_BY_NORM[s.attack.norm]
+    return attack(logits_fn, key, x, y, eps=s.attack.epsilon, step_size=s.attack.step_size, steps=s.attack.steps)
 
 
 def pgd(params, model, batch_stats, x, y, key, s):
@@ -30,5 +32,5 @@ def pgd_cor(params, model, batch_stats, x, y, key, s):
 # on the Model(mode='train') graph and wellzline/AT-PR runs pgd_loss in model.train(); both also
 # update the running averages at every attack step, which is not reproduced here (see
 # docs/baselines.md).
-PGD = Method("pgd", pgd, "PGD", attack_bn_mode="train")
-PGD_COR = Method("pgd_cor", pgd_cor, "PGD-COR", attack_bn_mode="train", weighted=True)
+PGD = Method("pgd", pgd, "PGD", attack_bn_mode="train", attack_norms=l2.NORMS)
+PGD_COR = Method("pgd_cor", pgd_cor, "PGD-COR", attack_bn_mode="train", attack_norms=l2.NORMS, weighted=True)

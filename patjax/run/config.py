@@ -271,6 +271,12 @@ def method_settings(cfg) -> methods.MethodSettings:
         attack = found["attack"]
         if attack.bn_mode == "auto":
             attack = dataclasses.replace(attack, bn_mode=entry.attack_bn_mode)
+        if attack.norm not in entry.attack_norms:
+            able = [m.name for m in methods.REGISTRY.values() if attack.norm in m.attack_norms]
+            raise UserError(
+                f"{entry.name}'s inner attack has no {attack.norm} form (attack.norm={attack.norm!r}); under "
+                f"{attack.norm} train {', '.join(able)}"
+            )
     return methods.MethodSettings(
         name=entry.name,
         own=found[entry.settings_block] if entry.settings is not None else None,
@@ -343,6 +349,15 @@ class EvaluationSettings:
 
     def __post_init__(self):
         check_counts(self)
+        norm = self.evaluator_settings[evaluators_common.THREAT_BLOCK].norm
+        chosen = [evaluators_lib.REGISTRY[name] for name in self.evaluators]
+        lacking = [e.name for e in chosen if e.norms is not None and norm not in e.norms]
+        if lacking:
+            able = [name for name, e in evaluators_lib.REGISTRY.items() if e.norms is None or norm in e.norms]
+            raise UserError(
+                f"{', '.join(lacking)} cannot attack under eval.attack.norm={norm!r}; under {norm} choose from "
+                f"{', '.join(able)}"
+            )
 
 
 def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict] = None) -> ml_collections.ConfigDict:

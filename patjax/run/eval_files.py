@@ -148,15 +148,21 @@ def _listed(values) -> str:
     return ",".join(map(str, values)) or "none"
 
 
+# Settings results.json records since evaluations could vary them, with the value every
+# evaluation written before then had: an L2 evaluation does not silently replace an L-inf one.
+IMPLICIT_BEFORE_RECORDED = {"attack_norm": "linf"}
+
+
 def lost_settings(previous: dict, planned: dict) -> list[str]:
     """How an evaluation with `planned` settings (results.json's "settings" as it would write them)
     departs from the `previous` one's: a changed setting, or an evaluator or law it drops. Settings
-    `previous` does not record (files written before they existed) are not compared."""
+    `previous` does not record (files written before they existed) are not compared, but for those
+    whose earlier value is known (`IMPLICIT_BEFORE_RECORDED`)."""
     differing = []
     for key, new in planned.items():
-        if key in INCIDENTAL_FIELDS or key not in previous:
+        if key in INCIDENTAL_FIELDS or (key not in previous and key not in IMPLICIT_BEFORE_RECORDED):
             continue
-        old = previous[key]
+        old = previous.get(key, IMPLICIT_BEFORE_RECORDED.get(key))
         if key in EXTENSIBLE_FIELDS:
             dropped = [v for v in old or () if v not in new]
             if dropped:

@@ -3,6 +3,7 @@ gradients against finite differences, BatchNorm statistics against the closed-fo
 chain, the COR variants at beta = 0, and two training steps of every method."""
 
 import copy
+import json
 
 import jax
 import jax.numpy as jnp
@@ -289,3 +290,52 @@ def test_every_method_trains_two_steps_on_mock_data(tmp_path, name):
     last = json.loads(lines[-1])
     for key in ("loss", "adv_accuracy", "snis_weight_mean", "snis_weight_max", "grad_norm"):
         assert np.isfinite(last[key]), key
+
+
+@pytest.mark.parametrize("name", ["pgd", "pgd_cor", "alp", "clp"])
+def test_under_an_l2_threat_model_the_pgd_baselines_attack_in_the_l2_ball_as_the_closed_form_says(name):
+    """Two classes, a linear model, pixels in [0.25, 0.75]: the loss gradient points along
+    w_other - w_y everywhere, so PGD-L2 ends at x + eps d, d that unit direction (20 steps of eps/4
+    shrink the random start's part across d below 1 %); the training loss is CE there, by hand."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.uniform(0.25, 0.75, (6, 3, 3, 2)), jnp.float32)
+    model = Linear(2)
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    logits = np.asarray(model.apply({"params": params}, x))
+    y = jnp.asarray(logits.argmax(1))
+    eps = 0.2
+    cfg = baseline_config(
+        **{"attack.norm": "l2", "attack.epsilon": eps, "attack.step_size": eps / 4, "attack.steps": 20}
+    )
+    loss, (_, metrics) = method_loss(name, cfg)(params, networks.ModelFns(model.apply), {}, x, y, jax.random.PRNGKey(2))
+    w = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(params["Dense_0"]["bias"], np.float64)
+    yn = np.asarray(y)
+    direction = (w[:, 1 - yn] - w[:, yn]).T
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    x_adv = np.asarray(x, np.float64).reshape(6, -1) + eps * direction
+    ce = np_cross_entropy(x_adv @ w + b, yn)
+    if name == "pgd":
+        np.testing.assert_allclose(float(loss), ce.mean(), rtol=2e-3)
+    assert float(metrics["adv_accuracy"]) == np.mean((x_adv @ w + b).argmax(1) == yn)
+
+
+@pytest.mark.parametrize("name", ["fgsm", "fgsm_cor", "trades", "mart", "atpr"])
+def test_methods_whose_inner_attack_has_no_l2_form_refuse_an_l2_threat_model(name):
+    cfg = baseline_config(**{"attack.norm": "l2"})
+    cfg.method = name
+    with pytest.raises(UserError) as error:
+        train_settings(cfg)
+    assert str(error.value) == (
+        f"{name}'s inner attack has no l2 form (attack.norm='l2'); under l2 train pgd, pgd_cor, alp, clp"
+    )
+
+
+@pytest.mark.slow
+def test_a_pgd_l2_run_trains(tmp_path, fake_data_dir):
+    overrides = {"attack.norm": "l2", "attack.epsilon": 0.5, "attack.step_size": 0.125, "attack.steps": 2}
+    cfg = tiny_config(method="pgd", num_train_steps=2, data_dir=fake_data_dir, **overrides)
+    state = train_run(cfg, str(tmp_path / "pgd_l2"))
+    assert int(state.step) == 2
+    saved = json.load(open(tmp_path / "pgd_l2" / "config.json"))
+    assert saved["attack"]["norm"] == "l2" and saved["attack"]["epsilon"] == 0.5

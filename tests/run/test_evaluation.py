@@ -20,6 +20,7 @@ from patjax.core import files
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import stats as patjax_stats
+from patjax.models import networks
 from patjax.reporting import plots, report
 from patjax.run import checkpoints, comparison, eval_files, evaluation
 from patjax.run import config as config_lib
@@ -647,3 +648,109 @@ def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
     assert ax.get_title() == "uniform noise, N=100 per image"  # not the Table-1 protocol's estimand
     assert ax.get_ylabel().startswith("PR % over all images")
     assert fig._suptitle.get_text().endswith("PR over all images")
+
+
+def test_the_pr_presets_are_the_papers_and_prbenchs_settings():
+    """Written out by hand from each source: Appendix E (N = 100, eps 0.1 ... 0.2, the Table-1
+    law, the default config's headline) and PRBench's evaluate.py (radius = [round(8/255, 2),
+    0.08, 0.1, 0.12], uniform, 100 samples)."""
+    assert evaluators.pr.PRESETS["prbench"] == {
+        "pr_distribution": "uniform",
+        "pr_epsilons": (0.03, 0.08, 0.1, 0.12),
+        "pr_samples": 100,
+    }
+    default = config_lib.default_config().eval.pr
+    assert evaluators.pr.PRESETS["table1"] == {
+        "pr_distribution": default.distribution,
+        "pr_epsilons": tuple(default.epsilons),
+        "pr_samples": default.samples,
+    }
+
+
+@pytest.mark.slow
+def test_the_command_line_takes_the_prbench_preset_and_an_l2_threat_model(tmp_path):
+    """--pr_preset=prbench gives the headline at PRBench's radii (a flag beside it wins);
+    --attack_norm=l2 with its radius and step evaluates PGD-20 in the L2 ball."""
+    from patjax.run import torch_weights
+
+    model = networks.create_model("resnet18", "cifar10", 10, width=4)
+    params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))
+    file = str(tmp_path / "r18.safetensors")
+    meta = {"dataset": "cifar10", "num_classes": 10, "width": 4}
+    torch_weights.export(file, "resnet18", params, batch_stats, networks.DATASET_STATS["cifar10"], metadata=meta)
+    flags = ["--evaluators=clean,pgd20,pr", "--pr_preset=prbench", "--pr_samples=4", "--pr_distributions=uniform"]
+    flags += ["--attack_norm=l2", "--attack_eps=0.5", "--attack_step_size=0.125"]
+    run = subprocess.run(
+        [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}", *flags, "--num_examples=8"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    results = json.load(open(tmp_path / "r18" / "eval" / "results.json"))
+    settings = results["settings"]
+    assert (settings["pr_epsilons"], settings["pr_distribution"]) == ([0.03, 0.08, 0.1, 0.12], "uniform")
+    assert settings["pr_samples"] == 4  # the flag beside the preset wins
+    assert set(results["pr"]) == {"0.03", "0.08", "0.1", "0.12"}
+    assert (settings["attack_norm"], settings["attack_eps"], settings["attack_step_size"]) == ("l2", 0.5, 0.125)
+    assert results["figures"]["pgd20"]["settings"]["norm"] == "l2"
+
+
+def binary_linear_images(n=60, seed=0):
+    """A two-class linear model on 4x4x3 images whose pixels stay in [0.25, 0.75], where an L2 step of
+    0.2 never meets the box: the closed form below holds."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(64, 193, (n, 4, 4, 3), dtype=np.uint8)
+    kernel, bias = rng.normal(size=(48, 2)), rng.normal(size=2)
+    logits = (images / 255.0).reshape(n, -1) @ kernel + bias
+    return images, logits.argmax(1).astype(np.int32), kernel, bias
+
+
+def test_pgd_l2_finds_the_closed_form_attack_of_a_linear_model():
+    """For two classes the loss gradient points along w_other - w_y at every point, so PGD-L2 ends
+    at x + eps d, d that unit direction (each projected step shrinks the random start's component
+    across d; 20 steps of eps/4 leave under 1 % of it): an image is robust iff its margin
+    z_y - z_other exceeds eps |w_y - w_other|_2. Images within 5 % of that threshold are left out."""
+    images, labels, kernel, bias = binary_linear_images()
+    eps = 0.2
+    results = api.evaluate(
+        lambda x: x.reshape(x.shape[0], -1) @ kernel + bias,
+        images,
+        labels,
+        evaluators="clean,pgd20,cw20",
+        batch_size=16,
+        attack_norm="l2",
+        attack_eps=eps,
+        attack_step_size=eps / 4,
+    )
+    x = (images / 255.0).reshape(len(images), -1)
+    z = x @ kernel + bias
+    w_gap = np.linalg.norm(kernel[:, 0] - kernel[:, 1])
+    margin = z[np.arange(len(labels)), labels] - z[np.arange(len(labels)), 1 - labels]
+    robust = margin > eps * w_gap
+    clear = np.abs(margin - eps * w_gap) > 0.05 * eps * w_gap
+    assert 10 < robust[clear].sum() < clear.sum() - 10  # both outcomes occur
+    for name in ("pgd20", "cw20"):
+        np.testing.assert_array_equal(results["per_image"][f"{name}.robust"][clear], robust[clear])
+        assert results["figures"][name]["settings"]["norm"] == "l2"
+    assert results["settings"]["attack_norm"] == "l2" and results["settings"]["attack_eps"] == eps
+
+
+def test_evaluators_that_do_not_attack_under_l2_are_refused_naming_those_that_do():
+    with pytest.raises(UserError) as error:
+        config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l2"}, evaluators="clean,pgd20,apgd,aa")
+    assert str(error.value) == (
+        "apgd_ce, apgd_dlr, aa cannot attack under eval.attack.norm='l2'; under l2 choose from clean, pgd20, cw20, pr"
+    )
+    with pytest.raises(UserError, match="eval.attack.norm must be one of linf, l2, got 'l1'"):
+        config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l1"})
+
+
+def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_was(tmp_path):
+    """A results.json written before the norm was recorded was L-inf (`IMPLICIT_BEFORE_RECORDED`)."""
+    previous = {"settings": {"attack_eps": 0.5, "seed": 0}}
+    assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "linf"}) == []
+    assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "l2"}) == [
+        "attack_norm 'linf' there, 'l2' now"
+    ]

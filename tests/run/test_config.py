@@ -109,7 +109,7 @@ def test_a_resume_keeps_the_learning_rates_the_run_had(tmp_path, step, steps, fr
 METHOD_BLOCKS = {
     "langevin": {"steps", "step_size", "noise_scale", "grad_clip", "c1", "c2", "init", "tolerance", "bn_mode"},
     "pat": {"beta"},
-    "attack": {"epsilon", "step_size", "steps", "bn_mode"},
+    "attack": {"epsilon", "step_size", "steps", "bn_mode", "norm"},
     "fgsm": {"random_start"},
     "alp": {"weight"},
     "clp": {"weight"},
@@ -133,11 +133,12 @@ def test_the_methods_blocks_keep_their_fields_and_every_committed_workdir_reads_
     assert set(methods.blocks()) == set(METHOD_BLOCKS)
     # The paper's and the references' values (Appendix E, TRADES, MART, AT-PR), written by hand.
     assert (cfg.pat.beta, cfg.langevin.steps, cfg.langevin.c2, cfg.langevin.bn_mode) == (0.001, 100, 0.42, "inference")
-    assert (cfg.attack.epsilon, cfg.attack.step_size, cfg.attack.steps, cfg.attack.bn_mode) == (
+    assert (cfg.attack.epsilon, cfg.attack.step_size, cfg.attack.steps, cfg.attack.bn_mode, cfg.attack.norm) == (
         8 / 255,
         2 / 255,
         10,
         "auto",
+        "linf",
     )
     assert (cfg.trades.beta, cfg.trades.step_size, cfg.mart.beta, cfg.alp.weight, cfg.clp.weight) == (
         6.0,
@@ -243,7 +244,7 @@ def test_an_evaluation_records_its_settings_under_the_names_committed_results_ha
     committed = json.loads((COMMITTED.parent / "eval" / "results.json").read_text())["settings"]
     settings = config_lib.evaluation_settings(workdir_lib.load_config(str(COMMITTED.parent)))
     record = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
-    assert set(record) == set(committed)
+    assert set(record) == set(committed) | {"attack_norm"}  # the one setting recorded since
     assert {k: record[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")} == {
         k: committed[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")
     }

@@ -278,3 +278,18 @@ def test_a_field_the_config_does_not_have_is_refused_not_ignored(field, message)
         with pytest.raises(UserError) as error:
             read(cfg)
         assert str(error.value) == message
+
+
+def test_the_pr_defaults_that_depend_on_the_sampler_are_resolved_from_it():
+    """p_dis's c1 is the sampler's unless eval.pr.pdis_c1 > 0 sets it; the entropic risk's lambda is
+    c2 - beta (Proposition 10), never below 0, unless eval.pr.entropic_lambda >= 0 sets it."""
+    cfg = config_lib.default_config()
+    cfg.langevin.c1, cfg.langevin.c2, cfg.pat.beta = 0.7, 0.5, 0.2
+    pr = config_lib.evaluation_settings(cfg).evaluator_settings["pr"]
+    assert (pr.pdis_c1, pr.entropic_lambda) == (0.7, pytest.approx(0.3))
+    assert pr.pdis_sigma == pytest.approx(1 / np.sqrt(2 * 0.7))
+    cfg.pat.beta = 0.9  # c2 - beta < 0: lambda 0, the plain expected loss
+    assert config_lib.evaluation_settings(cfg).evaluator_settings["pr"].entropic_lambda == 0.0
+    cfg.eval.pr.pdis_c1, cfg.eval.pr.entropic_lambda = 2.0, 0.0
+    pr = config_lib.evaluation_settings(cfg).evaluator_settings["pr"]
+    assert (pr.pdis_c1, pr.entropic_lambda) == (2.0, 0.0)

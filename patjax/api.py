@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from patjax import evaluators as evaluators_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError, UserTypeError, one_line
 from patjax.data import cifar
@@ -265,6 +266,18 @@ def evaluate_torch_checkpoint(
     # out_dir/eval/ is written as a run's eval/ is.
     with sharding.writer_lock(out_dir, "an evaluation", remedy=OUT_DIR_REMEDY):
         return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)
+
+
+def same_evaluation(results: dict) -> dict:
+    """The arguments that evaluate another model as `results` (an evaluation's, as results.json
+    holds it) were made: its evaluators, images, batch and every evaluator setting under its flat
+    name (`evaluators.flat_names`), p_dis's c1 and the entropic lambda as resolved. Two models so
+    evaluated see the same images and the same noise, and compare image by image."""
+    s = results["settings"]
+    overrides = {name: s[name] for name in evaluators_lib.flat_names() if name in s}
+    return dict(
+        evaluators=s["evaluators"], num_examples=s["num_examples"], batch_size=s["batch_size"], overrides=overrides
+    )
 
 
 def evaluate_robustbench(

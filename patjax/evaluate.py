@@ -8,6 +8,8 @@
   python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
       [--model_width=W] [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
   python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]
+  python -m patjax.evaluate --workdir=runs/A --torch_checkpoint=theirs.safetensors \
+      --robustbench=Carmon2019Unlabeled [the evaluation flags]   # models from any source in one table
 
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
 `patjax.models.networks` (named by --model, or by the metadata of a file `patjax.export` wrote) is
@@ -18,14 +20,19 @@ results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/). An
 RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
 and normalization RobustBench gives it (`patjax.run.zoo`).
 
-Checks every workdir (config, checkpoint, settings) first, then evaluates each one's newest
-checkpoint (`patjax.run.evaluation.evaluate_workdir`: DIR/eval/per_image.npz, then DIR/eval/results.json) and
-prints the comparison of all of them (`patjax.run.comparison.compare`). The evaluators are those of
-`patjax.evaluators`; docs/evaluation.md describes the figures and their intervals.
+Checks every path and every workdir (config, checkpoint, settings) first, then evaluates each model
+(a workdir's newest checkpoint, `patjax.run.evaluation.evaluate_workdir`: DIR/eval/per_image.npz,
+then DIR/eval/results.json) and prints the comparison of all of them
+(`patjax.run.comparison.compare`): the workdirs, then the PyTorch checkpoints, then the RobustBench
+entries, each in the order given, the first the baseline of the paired differences. Every model
+after the first is evaluated with the first one's settings (`api.same_evaluation`), so all share
+their images and noise. The evaluators are those of `patjax.evaluators`; docs/evaluation.md
+describes the figures and their intervals.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from absl import app, flags
@@ -36,7 +43,7 @@ from patjax.core import sharding
 from patjax.core.errors import UserError
 from patjax.evaluators import common, pr
 from patjax.models import networks
-from patjax.reporting import plots, report
+from patjax.reporting import plots
 from patjax.run import comparison, eval_files, evaluation, zoo
 
 FLAGS = flags.FLAGS
@@ -74,59 +81,88 @@ def overrides_from_flags() -> dict:
     return overrides
 
 
-def print_written(out_dir, name, results):
-    """Where a checkpoint's evaluation went, and its figures."""
-    if sharding.is_writer():
-        print(
-            f"wrote {eval_files.results_path(out_dir)} (wall time per evaluator, s: {results['evaluator_wall_time_s']})"
+def sources() -> list:
+    """(the folder its eval/ goes to, evaluate(**settings) -> results) of every model the flags
+    name: the workdirs, then the PyTorch checkpoints, then the RobustBench entries, each in the
+    order given; every path and name is checked before any model is evaluated."""
+    found = []
+    for workdir in FLAGS.workdir or ():
+        cli_lib.existing_folder("workdir", workdir)
+        found.append((workdir, functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite)))
+    for path in FLAGS.torch_checkpoint or ():
+        cli_lib.existing_file("torch_checkpoint", path)
+        out_dir = FLAGS.out_dir or os.path.splitext(path)[0]
+        if out_dir != path:  # a file without suffix is refused for its suffix
+            cli_lib.output_folder("out_dir", out_dir)
+        evaluate = functools.partial(
+            api.evaluate_torch_checkpoint,
+            path,
+            FLAGS.model,
+            FLAGS.dataset,
+            FLAGS.normalize,
+            out_dir,
+            width=FLAGS.model_width,
+            overwrite=FLAGS.overwrite,
         )
-        print(report.comparison([name], [results]))
-
-
-def evaluate_torch_checkpoint(spec, num_examples, overrides):
-    if FLAGS.workdir:
-        raise UserError("--torch_checkpoint takes no --workdir")
-    cli_lib.existing_file("torch_checkpoint", FLAGS.torch_checkpoint)
-    out_dir = FLAGS.out_dir or os.path.splitext(FLAGS.torch_checkpoint)[0]
-    if out_dir != FLAGS.torch_checkpoint:  # a file without suffix is refused for its suffix
+        found.append((out_dir, evaluate))
+    if FLAGS.robustbench:
+        cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
+    for name in FLAGS.robustbench or ():
+        zoo.entry(name)
+        out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(name, FLAGS.robustbench_dir))[0]
         cli_lib.output_folder("out_dir", out_dir)
-    results = api.evaluate_torch_checkpoint(
-        FLAGS.torch_checkpoint,
-        FLAGS.model,
-        FLAGS.dataset,
-        FLAGS.normalize,
-        out_dir,
-        evaluators=spec,
-        num_examples=num_examples,
-        batch_size=FLAGS.batch_size,
-        overrides=overrides,
-        width=FLAGS.model_width,
-        overwrite=FLAGS.overwrite,
-    )
-    print_written(out_dir, os.path.basename(FLAGS.torch_checkpoint), results)
-
-
-def evaluate_robustbench(spec, num_examples, overrides):
-    given = [f"--{name}" for name in _CHECKPOINT_FLAGS if FLAGS[name].present]
-    if FLAGS.workdir or FLAGS.torch_checkpoint or given:
-        raise UserError(
-            f"--robustbench names the network and its normalization itself: it takes no --workdir, "
-            f"--torch_checkpoint{', ' + ', '.join(given) if given else ''}"
+        evaluate = functools.partial(
+            api.evaluate_robustbench, name, FLAGS.robustbench_dir, out_dir, overwrite=FLAGS.overwrite
         )
-    cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
-    out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(FLAGS.robustbench, FLAGS.robustbench_dir))[0]
-    cli_lib.output_folder("out_dir", out_dir)
-    results = api.evaluate_robustbench(
-        FLAGS.robustbench,
-        FLAGS.robustbench_dir,
-        out_dir,
-        evaluators=spec,
-        num_examples=num_examples,
-        batch_size=FLAGS.batch_size,
-        overrides=overrides,
-        overwrite=FLAGS.overwrite,
-    )
-    print_written(out_dir, FLAGS.robustbench, results)
+        found.append((out_dir, evaluate))
+    return found
+
+
+def check_model_flags() -> None:
+    """The flags that describe a PyTorch checkpoint's network, only where there is one; several
+    models each write beside their own file."""
+    checkpoints, entries = FLAGS.torch_checkpoint or (), FLAGS.robustbench or ()
+    given = [f"--{name}" for name in _CHECKPOINT_FLAGS if FLAGS[name].present]
+    if given and not checkpoints:
+        what = "--robustbench names the network and its normalization itself" if entries else "there is no file"
+        raise UserError(f"{', '.join(given)} describe a --torch_checkpoint file: {what}")
+    if FLAGS.out_dir and len(FLAGS.workdir or ()) + len(checkpoints) + len(entries) > 1:
+        raise UserError("--out_dir names the folder of one --torch_checkpoint or --robustbench, not of several models")
+    if (checkpoints or entries) and FLAGS.compare_only and FLAGS.out_dir:
+        raise UserError("--compare_only reads the eval/ folders already there; it takes no --out_dir")
+
+
+def evaluate_and_compare(spec, num_examples, overrides) -> None:
+    """Every model the flags name evaluated on the same images with the same settings (the first
+    model's: its config's eval block for a workdir, the default config's otherwise, with the
+    flags), so that all share their noise and images (common random numbers), then one table
+    with the paired differences against the first (`comparison.compare`). A single PyTorch
+    checkpoint or RobustBench entry prints its own figures."""
+    check_model_flags()
+    found = sources()
+    if not found:
+        raise UserError("--workdir, --torch_checkpoint or --robustbench is required")
+    if FLAGS.plot:
+        cli_lib.output_file("plot", FLAGS.plot)
+    folders = [folder for folder, _ in found]
+    if not FLAGS.compare_only:
+        # Every workdir is checked before any model is evaluated, so a mistake in the last one does
+        # not surface after the first ones ran for hours.
+        for workdir in FLAGS.workdir or ():
+            evaluation.check_workdir(
+                workdir, num_examples, FLAGS.batch_size, spec, overrides, overwrite=FLAGS.overwrite
+            )
+        settings = dict(evaluators=spec, num_examples=num_examples, batch_size=FLAGS.batch_size, overrides=overrides)
+        for folder, evaluate in found:
+            results = evaluate(**settings)
+            settings = api.same_evaluation(results)  # the rest on the first one's images and noise
+            if sharding.is_writer():
+                print(
+                    f"{comparison.workdir_name(folder)}: wrote {eval_files.results_path(folder)} "
+                    f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
+                )
+    if sharding.is_writer():
+        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over))
 
 
 def main(argv):
@@ -144,34 +180,7 @@ def evaluate_from_flags():
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None
     num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
-    if FLAGS.robustbench:
-        return evaluate_robustbench(spec, num_examples, overrides)
-    if FLAGS.torch_checkpoint:
-        return evaluate_torch_checkpoint(spec, num_examples, overrides)
-    if not FLAGS.workdir:
-        raise UserError("--workdir, --torch_checkpoint or --robustbench is required")
-    for workdir in FLAGS.workdir:
-        cli_lib.existing_folder("workdir", workdir)
-    if FLAGS.plot:
-        cli_lib.output_file("plot", FLAGS.plot)
-    if not FLAGS.compare_only:
-        # Every workdir is checked before any is evaluated, so a mistake in the last one does
-        # not surface after the first ones ran for hours.
-        for workdir in FLAGS.workdir:
-            evaluation.check_workdir(
-                workdir, num_examples, FLAGS.batch_size, spec, overrides, overwrite=FLAGS.overwrite
-            )
-        for workdir in FLAGS.workdir:
-            results = evaluation.evaluate_workdir(
-                workdir, num_examples, FLAGS.batch_size, evaluators=spec, overrides=overrides, overwrite=FLAGS.overwrite
-            )
-            if sharding.is_writer():
-                print(
-                    f"{comparison.workdir_name(workdir)}: wrote {eval_files.results_path(workdir)} "
-                    f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
-                )
-    if sharding.is_writer():
-        print(comparison.compare(FLAGS.workdir, FLAGS.plot, FLAGS.plot_over))
+    return evaluate_and_compare(spec, num_examples, overrides)
 
 
 def define_flags():
@@ -228,7 +237,12 @@ def define_flags():
         "Replace an existing eval/ evaluation made otherwise (other images, seed, N, step, settings; or "
         "evaluators or PR laws this one does not run), which is lost; without it such an evaluation is refused.",
     )
-    flags.DEFINE_string("torch_checkpoint", None, "A PyTorch state_dict file to evaluate instead of a workdir.")
+    flags.DEFINE_multi_string(
+        "torch_checkpoint",
+        None,
+        "A PyTorch state_dict file to evaluate (repeatable; beside workdirs and --robustbench entries: one table "
+        "on the same images and noise).",
+    )
     flags.DEFINE_string(
         "model",
         None,
@@ -254,11 +268,12 @@ def define_flags():
         None,
         "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix).",
     )
-    flags.DEFINE_string(
+    flags.DEFINE_multi_string(
         "robustbench",
         None,
         "A RobustBench CIFAR-10 Linf zoo entry to evaluate (e.g. Carmon2019Unlabeled; docs/api.md lists those "
-        "patjax loads): its checkpoint in --robustbench_dir, fetched there by the robustbench package if missing.",
+        "patjax loads; repeatable): its checkpoint in --robustbench_dir, fetched there by the robustbench "
+        "package if missing.",
     )
     flags.DEFINE_string(
         "robustbench_dir",

@@ -88,3 +88,41 @@ def test_evaluate_export_diagnose_and_experiments_each_do_their_job_on_a_tiny_ru
     assert "wrote" in out["experiments"] and json.load(open(suite / "results.json"))["num_done"] == 0
     pending = [line.split("|")[1].strip() for line in open(suite / "results.md") if "| pending |" in line]
     assert pending == [f"cifar10_small_cnn/{m}_s{s}" for s in (0, 1) for m in ("clean", "pat")]
+
+
+@pytest.mark.slow
+def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_as_one_model(tiny_run, tmp_path):
+    """One table over a workdir and a PyTorch checkpoint: the checkpoint is evaluated with the
+    workdir's settings (its config's PR chunk of 2, not the default 5), on the same images and the
+    same noise, so the workdir's own model, exported, gives the same outcome on every image and a
+    paired PR difference of exactly 0 at every radius."""
+    import shutil
+
+    workdir = str(tmp_path / "run")
+    shutil.copytree(tiny_run, workdir, ignore=shutil.ignore_patterns("eval", "*.lock"))
+    exported = str(tmp_path / "exported.safetensors")
+    finish(start("patjax.export", f"--workdir={workdir}", f"--out={exported}"))
+    out = finish(
+        start(
+            "patjax.evaluate",
+            f"--workdir={workdir}",
+            f"--torch_checkpoint={exported}",
+            "--evaluators=clean,pr",
+            "--num_examples=12",
+            "--pr_distributions=uniform",
+        )
+    )
+    run_results = json.load(open(os.path.join(workdir, "eval", "results.json")))
+    file_results = json.load(open(tmp_path / "exported" / "eval" / "results.json"))
+    assert file_results["settings"]["pr_chunk_size"] == run_results["settings"]["pr_chunk_size"] == 2
+    run_images, file_images = (
+        np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "exported")
+    )
+    for key in ("clean.correct", "pr_uniform.counts"):
+        np.testing.assert_array_equal(run_images[key], file_images[key])
+    differences = json.load(open(os.path.join(workdir, "eval", "pr_vs_eps_paired_differences.json")))
+    assert [row["run"] for row in differences] == ["exported"]
+    for level in differences[0]["distributions"]["uniform"].values():
+        assert level["clean_correct"]["value"] == 0.0
+    paired = [line.split() for line in out.splitlines() if line.strip().startswith("exported  ") and "+0.00" in line]
+    assert paired and all(cell in ("exported", "+0.00", "[+0.00,", "+0.00]") for row in paired for cell in row)

@@ -157,8 +157,8 @@ def test_the_command_line_refuses_the_flags_an_entry_decides(data_dir, tmp_path)
     )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == [
-        "error: --robustbench names the network and its normalization itself: it takes no --workdir, "
-        "--torch_checkpoint, --model, --normalize"
+        "error: --model, --normalize describe a --torch_checkpoint file: --robustbench names the network and its "
+        "normalization itself"
     ]
     assert not any(tmp_path.iterdir())
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from patjax.attacks import l2
 from patjax.attacks.logits import LogitsFn, log_or_zero
 from patjax.attacks.pgd import cross_entropy_loss, input_gradient, project_linf
 from patjax.core.errors import UserError, check_counts, count
@@ -59,10 +60,16 @@ def trades_kl_attack(
     step_size: float,
     steps: int,
     init_noise: float = 0.001,
+    norm: str = "linf",
 ) -> jax.Array:
-    """The TRADES inner maximization (yaodongyu/TRADES trades.py, distance='l_inf'): from
-    x + init_noise * N(0, 1), sign ascent on KL(p(x) || p(x_adv)) with p(x) held fixed."""
+    """The TRADES inner maximization (yaodongyu/TRADES trades.py): from x + init_noise * N(0, 1),
+    ascent on KL(p(x) || p(x_adv)) with p(x) held fixed; distance='l_inf' (norm 'linf'): sign
+    steps of step_size; distance='l_2' (norm 'l2'): `l2.trades_l2_ascent`, whose step the
+    reference sets to 2 eps / steps (step_size is not read)."""
     clean_probs = jax.lax.stop_gradient(jax.nn.softmax(logits_fn(x), axis=-1))
+    if norm == "l2":
+        start = gaussian_start(key, x, init_noise)
+        return l2.trades_l2_ascent(logits_fn, start, x, clean_probs, eps=eps, steps=steps, loss_fn=kl_from_clean_loss)
     return sign_ascent(
         logits_fn,
         gaussian_start(key, x, init_noise),

@@ -69,6 +69,27 @@ def pgd_l2(
     return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_adv))
 
 
+def trades_l2_ascent(
+    logits_fn: LogitsFn, x_start: jax.Array, x: jax.Array, target, *, eps, steps, loss_fn
+) -> jax.Array:
+    """TRADES' L2 inner maximization (yaodongyu/TRADES trades.py, distance='l_2'): delta from
+    x_start - x, `steps` SGD steps of lr = 2 eps / steps along the loss gradient divided by its
+    per-example L2 norm, then x + delta clamped to [0, 1] and delta renormed to L2 <= eps (clamp
+    first, then the ball: torchattacks' PGDL2 is the other way round). Where a gradient is exactly
+    0 the reference draws a random direction; here the step is 0 there (the 1e-10 of
+    EPS_FOR_DIVISION), which changes nothing where the gradient is not 0."""
+    step_size = 2.0 * eps / jnp.maximum(steps, 1)
+
+    def step(_, x_adv):
+        grad = input_gradient(logits_fn, loss_fn, x_adv, target)
+        moved = jnp.clip(x_adv + step_size * grad / (_norms(grad) + EPS_FOR_DIVISION), 0.0, 1.0)
+        delta = moved - x
+        norm = _norms(delta)
+        return x + delta * jnp.minimum(1.0, eps / jnp.where(norm > 0, norm, 1.0))
+
+    return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_start))
+
+
 # PGD under each threat model, one signature: what `attack.norm` (training) and `eval.attack.norm`
 # (evaluation) choose from.
 PGD_BY_NORM = {"linf": pgd_lib.pgd, "l2": pgd_l2}

@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from patjax.attacks import inner
+from patjax.attacks import inner, l2
 from patjax.core.errors import UserError
 from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
 
@@ -15,7 +15,8 @@ from patjax.methods.common import Method, accuracy, mean_ce, train_passes, unifo
 @dataclasses.dataclass(frozen=True)
 class TradesSettings:
     """TRADES's own settings (config block `trades`); its attack's budget and steps are
-    attack.epsilon and attack.steps."""
+    attack.epsilon and attack.steps, and under attack.norm 'l2' its step is the reference's
+    2 eps / steps (step_size is the L-inf step)."""
 
     beta: float = 6.0  # yaodongyu/TRADES train_trades_cifar10.py
     step_size: float = 0.007  # ditto (AT-PR's reimplementation uses 2/255)
@@ -41,6 +42,7 @@ def trades(params, model, batch_stats, x, y, key, s):
         step_size=s.own.step_size,
         steps=s.attack.steps,
         init_noise=s.own.init_noise,
+        norm=s.attack.norm,
     )
     (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
     natural = mean_ce(clean_logits, y)
@@ -60,4 +62,4 @@ def trades(params, model, batch_stats, x, y, key, s):
 
 # BatchNorm during the attack: running statistics, as yaodongyu/TRADES trades.py calls
 # model.eval() before the attack and model.train() after it.
-TRADES = Method("trades", trades, "TRADES", settings=TradesSettings, attack_bn_mode="inference")
+TRADES = Method("trades", trades, "TRADES", settings=TradesSettings, attack_bn_mode="inference", attack_norms=l2.NORMS)

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Linear
 from scipy import stats as scipy_stats
 
-from patjax.attacks import l2
+from patjax.attacks import inner, l2
 
 
 def np_project(x_adv, x, eps):
@@ -59,3 +60,24 @@ def test_the_random_start_is_uniform_in_radius_within_the_ball():
     radii = np.linalg.norm((start - 0.5).reshape(4000, -1), axis=1) / 0.1  # 0.1 keeps every pixel inside [0, 1]
     assert radii.max() <= 1 + 1e-5
     assert scipy_stats.kstest(radii, "uniform").pvalue > 1e-3
+
+
+def test_trades_l2_attack_ends_on_the_l2_sphere_along_the_linear_models_direction():
+    """TRADES' distance='l_2' ascent on KL(p(x) || p(x')) for a two-class linear model: the KL's
+    gradient points along +-(w_1 - w_0) everywhere (its sign set by the start's noise), so 10 steps
+    of 2 eps / 10 reach the sphere |delta|_2 = eps along that line, the start's 0.001 N(0, 1) aside
+    (pixels in [0.25, 0.75]: the box is never met)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.uniform(0.25, 0.75, (6, 3, 3, 2)), jnp.float32)
+    model = Linear(2)
+    params = model.init(jax.random.PRNGKey(1), x)
+    eps = 0.2
+    x_adv = inner.trades_kl_attack(
+        lambda v: model.apply(params, v), jax.random.PRNGKey(2), x, eps=eps, step_size=0.0, steps=10, norm="l2"
+    )
+    w = np.asarray(params["params"]["Dense_0"]["kernel"], np.float64)
+    direction = (w[:, 1] - w[:, 0]) / np.linalg.norm(w[:, 1] - w[:, 0])
+    delta = np.asarray(x_adv - x, np.float64).reshape(6, -1)
+    norms = np.linalg.norm(delta, axis=1)
+    np.testing.assert_allclose(norms, eps, rtol=1e-5)
+    np.testing.assert_allclose(np.abs(delta @ direction) / norms, 1.0, atol=1e-3)

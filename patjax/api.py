@@ -281,19 +281,28 @@ def same_evaluation(results: dict) -> dict:
 
 
 def evaluate_robustbench(
-    name, model_dir, out_dir, evaluators=None, num_examples=None, batch_size=None, overrides=None, overwrite=True
+    name,
+    model_dir,
+    out_dir,
+    evaluators=None,
+    num_examples=None,
+    batch_size=None,
+    overrides=None,
+    overwrite=True,
+    threat_model="Linf",
 ) -> dict:
-    """A RobustBench CIFAR-10 Linf zoo entry (`zoo.load_model`: its checkpoint in model_dir,
-    fetched there if missing) evaluated as a PyTorch checkpoint is; results in out_dir/eval/."""
+    """A RobustBench CIFAR-10 zoo entry of `threat_model` (`zoo.load_model`: its checkpoint in
+    model_dir, fetched there if missing) evaluated as a PyTorch checkpoint is; results in
+    out_dir/eval/. The attacks' threat model is the evaluation's (`eval.attack`), not the entry's."""
     settings = config_lib.default_evaluation_settings(
         zoo.DATASET, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
-    model_fns, state, path = zoo.load_model(name, model_dir)
-    zoo_entry = zoo.entry(name)
+    model_fns, state, path = zoo.load_model(name, model_dir, threat_model)
+    zoo_entry = zoo.entry(name, threat_model)
     record = {
         "model": {
             "robustbench": name,
-            "threat_model": zoo.THREAT_MODEL,
+            "threat_model": threat_model,
             **eval_files.checkpoint_record(path),
             "model": zoo_entry.model,
             "normalize": zoo_entry.normalize or "none",

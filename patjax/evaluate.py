@@ -107,12 +107,18 @@ def sources() -> list:
         found.append((out_dir, evaluate))
     if FLAGS.robustbench:
         cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
+    threat_model = FLAGS.robustbench_threat_model
     for name in FLAGS.robustbench or ():
-        zoo.entry(name)
-        out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(name, FLAGS.robustbench_dir))[0]
+        zoo.entry(name, threat_model)
+        out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(name, FLAGS.robustbench_dir, threat_model))[0]
         cli_lib.output_folder("out_dir", out_dir)
         evaluate = functools.partial(
-            api.evaluate_robustbench, name, FLAGS.robustbench_dir, out_dir, overwrite=FLAGS.overwrite
+            api.evaluate_robustbench,
+            name,
+            FLAGS.robustbench_dir,
+            out_dir,
+            overwrite=FLAGS.overwrite,
+            threat_model=threat_model,
         )
         found.append((out_dir, evaluate))
     return found
@@ -274,6 +280,13 @@ def define_flags():
         "A RobustBench CIFAR-10 Linf zoo entry to evaluate (e.g. Carmon2019Unlabeled; docs/api.md lists those "
         "patjax loads; repeatable): its checkpoint in --robustbench_dir, fetched there by the robustbench "
         "package if missing.",
+    )
+    flags.DEFINE_enum(
+        "robustbench_threat_model",
+        "Linf",
+        list(zoo.THREAT_MODELS),
+        "With --robustbench: the zoo the entries are from, RobustBench's Linf or L2 (the attacks' threat model "
+        "is --attack_norm's).",
     )
     flags.DEFINE_string(
         "robustbench_dir",

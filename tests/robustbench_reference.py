@@ -193,6 +193,32 @@ class PreActBlock(nn.Module):
         return out
 
 
+class PreActBlockV2(nn.Module):
+    """Pre-activation version of the BasicBlock (slightly different forward pass)"""
+
+    expansion = 1
+
+    def __init__(self, in_planes, planes, stride=1, out_shortcut=False):
+        super(PreActBlockV2, self).__init__()
+        self.bn1 = nn.BatchNorm2d(in_planes)
+        self.conv1 = nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, kernel_size=3, stride=1, padding=1, bias=False)
+
+        if stride != 1 or in_planes != self.expansion * planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, self.expansion * planes, kernel_size=1, stride=stride, bias=False)
+            )
+
+    def forward(self, x):
+        out = F.relu(self.bn1(x))
+        shortcut = self.shortcut(out) if hasattr(self, "shortcut") else x
+        out = self.conv1(out)
+        out = self.conv2(F.relu(self.bn2(out)))
+        out += shortcut
+        return out
+
+
 class PreActResNet(nn.Module):
     def __init__(self, block, num_blocks, num_classes=10, bn_before_fc=False, out_shortcut=False):
         super(PreActResNet, self).__init__()
@@ -278,3 +304,43 @@ class Chen2020EfficientNet(WideResNet):
     def forward(self, x):
         x = (x - self.mu) / self.sigma
         return super().forward(x)
+
+
+# --- robustbench/model_zoo/cifar10.py: the L2 entries' classes
+
+
+class Augustin2020AdversarialWideNet(WideResNet):
+    def __init__(self, depth=34, widen_factor=10):
+        super(Augustin2020AdversarialWideNet, self).__init__(depth=depth, widen_factor=widen_factor, sub_block1=False)
+        self.register_buffer(
+            "mu", torch.tensor([0.4913997551666284, 0.48215855929893703, 0.4465309133731618]).view(1, 3, 1, 1)
+        )
+        self.register_buffer(
+            "sigma", torch.tensor([0.24703225141799082, 0.24348516474564, 0.26158783926049628]).view(1, 3, 1, 1)
+        )
+
+    def forward(self, x):
+        x = (x - self.mu) / self.sigma
+        return super(Augustin2020AdversarialWideNet, self).forward(x)
+
+
+class Rice2020OverfittingNetL2(PreActResNet):
+    def __init__(self):
+        super(Rice2020OverfittingNetL2, self).__init__(PreActBlockV2, [2, 2, 2, 2], bn_before_fc=True)
+        self.register_buffer("mu", torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1))
+        self.register_buffer("sigma", torch.tensor([0.2471, 0.2435, 0.2616]).view(1, 3, 1, 1))
+
+    def forward(self, x):
+        x = (x - self.mu) / self.sigma
+        return super(Rice2020OverfittingNetL2, self).forward(x)
+
+
+class Rony2019DecouplingNet(WideResNet):
+    def __init__(self, depth=28, widen_factor=10):
+        super(Rony2019DecouplingNet, self).__init__(depth=depth, widen_factor=widen_factor, sub_block1=False)
+        self.register_buffer("mu", torch.tensor([0.491, 0.482, 0.447]).view(1, 3, 1, 1))
+        self.register_buffer("sigma", torch.tensor([0.247, 0.243, 0.262]).view(1, 3, 1, 1))
+
+    def forward(self, x):
+        x = (x - self.mu) / self.sigma
+        return super(Rony2019DecouplingNet, self).forward(x)

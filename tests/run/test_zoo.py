@@ -36,9 +36,9 @@ def images(data_dir):
     return np.asarray(cifar.to_float(split.images[:3]))
 
 
-def save_as_robustbench_keeps_it(torch, net, model_dir, name, layout):
-    """The entry's checkpoint at MODEL_DIR/cifar10/Linf/NAME.pt, laid out as `layout`; RobustBench's
-    checkpoints of classes with mu and sigma buffers do not hold them."""
+def save_as_robustbench_keeps_it(torch, net, model_dir, name, layout, threat_model="Linf"):
+    """The entry's checkpoint at MODEL_DIR/cifar10/THREAT_MODEL/NAME.pt, laid out as `layout`;
+    RobustBench's checkpoints of classes with mu and sigma buffers do not hold them."""
     state_dict = {k: v for k, v in net.state_dict().items() if k not in ("mu", "sigma")}
     checkpoint = {
         "bare": state_dict,
@@ -46,18 +46,18 @@ def save_as_robustbench_keeps_it(torch, net, model_dir, name, layout):
         "model.": {f"model.{k}": v for k, v in state_dict.items()},
         "last": {"last": state_dict, "best": {k: torch.zeros_like(v) for k, v in state_dict.items()}},
     }[layout]
-    path = os.path.join(model_dir, "cifar10", "Linf", f"{name}.pt")
+    path = os.path.join(model_dir, "cifar10", threat_model, f"{name}.pt")
     os.makedirs(os.path.dirname(path))
     torch.save(checkpoint, path)
     return path
 
 
-def check_logits(torch, net, name, images, tmp_path, layout):
+def check_logits(torch, net, name, images, tmp_path, layout, threat_model="Linf"):
     torch.manual_seed(0)
     net = trained_looking(torch, net, seed=1)
     expected = torch_logits(torch, net, images)
-    path = save_as_robustbench_keeps_it(torch, net, str(tmp_path), name, layout)
-    model_fns, state, found = zoo.load_model(name, str(tmp_path))
+    path = save_as_robustbench_keeps_it(torch, net, str(tmp_path), name, layout, threat_model)
+    model_fns, state, found = zoo.load_model(name, str(tmp_path), threat_model)
     assert found == path
     got = np.asarray(model_fns.infer(state.params, state.batch_stats, images))
     scale = max(1.0, float(np.abs(expected).max()))
@@ -97,6 +97,52 @@ def test_a_narrow_wide_resnet_entry_gives_pytorchs_logits(
     narrow = functools.partial(networks.WideResNet, depth=depth, widen_factor=widen)
     monkeypatch.setitem(networks.MODELS, zoo.entry(name).model, narrow)
     check_logits(torch, build(reference), name, images, tmp_path, layout)
+
+
+# The L2 zoo (robustbench 1.1.1's cifar10.l2): its Rice2020Overfitting is a PreAct ResNet-18 with
+# PreActBlockV2 and a BatchNorm before the head, not the L-inf entry's WRN-34-20; Rony's and
+# Augustin's WideResNets normalize with their own statistics.
+L2_FULL = [
+    ("Rice2020Overfitting", lambda r: r.Rice2020OverfittingNetL2(), "bare"),
+    ("Sehwag2021Proxy_R18", lambda r: r.ResNet18(), "state_dict, module."),
+]
+L2_NARROW = [
+    ("Rony2019Decoupling", lambda r: r.Rony2019DecouplingNet(depth=28, widen_factor=1), 28, 1, "model."),
+    (
+        "Augustin2020Adversarial_34_10",
+        lambda r: r.Augustin2020AdversarialWideNet(depth=34, widen_factor=1),
+        34,
+        1,
+        "bare",
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,build,layout", L2_FULL, ids=[c[0] for c in L2_FULL])
+def test_an_l2_zoo_checkpoint_gives_pytorchs_logits(reference, images, tmp_path, name, build, layout):
+    check_logits(torch, build(reference), name, images, tmp_path, layout, threat_model="L2")
+
+
+@pytest.mark.parametrize("name,build,depth,widen,layout", L2_NARROW, ids=[c[0] for c in L2_NARROW])
+def test_a_narrow_l2_wide_resnet_entry_gives_pytorchs_logits(
+    reference, images, tmp_path, monkeypatch, name, build, depth, widen, layout
+):
+    narrow = functools.partial(networks.WideResNet, depth=depth, widen_factor=widen)
+    monkeypatch.setitem(networks.MODELS, zoo.entry(name, "L2").model, narrow)
+    check_logits(torch, build(reference), name, images, tmp_path, layout, threat_model="L2")
+
+
+def test_an_l2_entry_is_looked_up_in_the_l2_zoo_and_an_uncovered_one_is_named():
+    """The same name is another network in each zoo; an L2 entry patjax has no network for is refused."""
+    assert (zoo.entry("Rice2020Overfitting").model, zoo.entry("Rice2020Overfitting", "L2").model) == (
+        "wrn34_20",
+        "preact_resnet18",
+    )
+    with pytest.raises(UserError, match="'Engstrom2019Robustness' is not a RobustBench CIFAR-10 L2 entry"):
+        zoo.entry("Engstrom2019Robustness", "L2")
+    with pytest.raises(UserError, match="'L1' is not a RobustBench threat model patjax reads; choose Linf, L2"):
+        zoo.entry("Standard", "L1")
 
 
 def test_the_normalization_is_robustbenchs_not_the_datasets():
@@ -178,6 +224,22 @@ def test_the_command_line_evaluates_an_entry(reference, data_dir, tmp_path):
     predicted = torch_logits(torch, net, np.asarray(cifar.to_float(split.images[:8]))).argmax(1)
     assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(np.mean(predicted == split.labels[:8]))
     assert results["model"]["robustbench"] == "Sehwag2021Proxy_R18" and results["model"]["model"] == "resnet18"
+    assert results["model"]["threat_model"] == "Linf"
+    # The same name in the L2 zoo: its own file, its own folder.
+    l2_net = trained_looking(torch, reference.ResNet18(), seed=4)
+    save_as_robustbench_keeps_it(torch, l2_net, str(tmp_path), "Sehwag2021Proxy_R18", "bare", threat_model="L2")
+    done = evaluate(
+        "--robustbench=Sehwag2021Proxy_R18",
+        "--robustbench_threat_model=L2",
+        "--evaluators=clean",
+        "--num_examples=8",
+        "--batch_size=8",
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "cifar10" / "L2" / "Sehwag2021Proxy_R18" / "eval" / "results.json").read_text())
+    predicted = torch_logits(torch, l2_net, np.asarray(cifar.to_float(split.images[:8]))).argmax(1)
+    assert results["figures"]["clean_accuracy"]["value"] == pytest.approx(np.mean(predicted == split.labels[:8]))
+    assert results["model"]["threat_model"] == "L2"
 
 
 def strict_load_refuses(torch, net, checkpoint) -> bool:

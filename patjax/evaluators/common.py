@@ -1,7 +1,9 @@
-"""What every evaluator shares: the interface, the evaluation settings, the padded and sharded
-batch loop, and figures with intervals.
+"""What every evaluator shares: the interface, the settings every evaluator reads (the shared
+ones and the threat model) and the bundle each is handed, the padded and sharded batch loop, and
+figures with intervals.
 
-An evaluator (one module each: `clean`, `attack`, `apgd`, `pr`) is an `Evaluator`: one or more
+An evaluator (one module each: `clean`, `attack`, `apgd`, `autoattack`, `pr`, each declaring its
+own settings) is an `Evaluator`: one or more
 passes over the test images, each a jitted per-batch function
 
     fn(params, batch_stats, images uint8, labels, image indices) -> {name: (batch, ...) array}

@@ -131,7 +131,8 @@ def check_model_flags() -> None:
     given = [f"--{name}" for name in _CHECKPOINT_FLAGS if FLAGS[name].present]
     if given and not checkpoints:
         what = "--robustbench names the network and its normalization itself" if entries else "there is no file"
-        raise UserError(f"{', '.join(given)} describe a --torch_checkpoint file: {what}")
+        verb = "describes" if len(given) == 1 else "describe"
+        raise UserError(f"{', '.join(given)} {verb} a --torch_checkpoint file: {what}")
     if FLAGS.out_dir and len(FLAGS.workdir or ()) + len(checkpoints) + len(entries) > 1:
         raise UserError("--out_dir names the folder of one --torch_checkpoint or --robustbench, not of several models")
     if (checkpoints or entries) and FLAGS.compare_only and FLAGS.out_dir:

@@ -268,15 +268,18 @@ def evaluate_torch_checkpoint(
         return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)
 
 
-def same_evaluation(results: dict) -> dict:
-    """The arguments that evaluate another model as `results` (an evaluation's, as results.json
-    holds it) were made: its evaluators, images, batch and every evaluator setting under its flat
-    name (`evaluators.flat_names`), p_dis's c1 and the entropic lambda as resolved. Two models so
+def same_evaluation(settings: config_lib.EvaluationSettings) -> dict:
+    """The arguments that evaluate any model (a workdir's, a PyTorch checkpoint's, a RobustBench
+    entry's) with `settings`: its evaluators, images, batch and every evaluator setting under its
+    flat name (`evaluators.flat_names`), p_dis's c1 and the entropic lambda as resolved. Models so
     evaluated see the same images and the same noise, and compare image by image."""
-    s = results["settings"]
-    overrides = {name: s[name] for name in evaluators_lib.flat_names() if name in s}
+    record = evaluators_lib.record(settings.evaluator_settings)
+    overrides = {name: record[name] for name in evaluators_lib.flat_names()}
     return dict(
-        evaluators=s["evaluators"], num_examples=s["num_examples"], batch_size=s["batch_size"], overrides=overrides
+        evaluators=settings.evaluators,
+        num_examples=settings.num_examples,
+        batch_size=settings.batch_size,
+        overrides=overrides,
     )
 
 

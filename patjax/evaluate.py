@@ -25,8 +25,9 @@ Checks every path and every workdir (config, checkpoint, settings) first, then e
 then DIR/eval/results.json) and prints the comparison of all of them
 (`patjax.run.comparison.compare`): the workdirs, then the PyTorch checkpoints, then the RobustBench
 entries, each in the order given, the first the baseline of the paired differences. Every model
-after the first is evaluated with the first one's settings (`api.same_evaluation`), so all share
-their images and noise. The evaluators are those of `patjax.evaluators`; docs/evaluation.md
+is evaluated with the first one's settings (its config's eval block for a workdir, the default
+config's for a file, with the flags; `api.same_evaluation`), decided before any model runs, so
+all share their images and noise. The evaluators are those of `patjax.evaluators`; docs/evaluation.md
 describes the figures and their intervals.
 """
 
@@ -44,7 +45,9 @@ from patjax.core.errors import UserError
 from patjax.evaluators import common, pr
 from patjax.models import networks
 from patjax.reporting import plots
-from patjax.run import comparison, eval_files, evaluation, zoo
+from patjax.run import comparison, eval_files, evaluation, torch_weights, zoo
+from patjax.run import config as config_lib
+from patjax.run import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 
@@ -135,16 +138,26 @@ def check_model_flags() -> None:
         raise UserError(f"{', '.join(given)} {verb} a --torch_checkpoint file: {what}")
     if FLAGS.out_dir and len(FLAGS.workdir or ()) + len(checkpoints) + len(entries) > 1:
         raise UserError("--out_dir names the folder of one --torch_checkpoint or --robustbench, not of several models")
-    if (checkpoints or entries) and FLAGS.compare_only and FLAGS.out_dir:
-        raise UserError("--compare_only reads the eval/ folders already there; it takes no --out_dir")
+
+
+def first_settings(spec, num_examples, overrides):
+    """The evaluation settings of the first model the flags name, with the flags: a workdir's
+    config's eval block, else the default config's on the file's (or the zoo's) dataset."""
+    kwargs = dict(evaluators=spec, num_examples=num_examples, batch_size=FLAGS.batch_size)
+    if FLAGS.workdir:
+        return workdir_lib.evaluation_settings(FLAGS.workdir[0], overrides, **kwargs)
+    if FLAGS.torch_checkpoint:
+        dataset = torch_weights.network(FLAGS.torch_checkpoint[0], FLAGS.model, FLAGS.dataset, FLAGS.model_width)[1]
+    else:
+        dataset = zoo.DATASET
+    return config_lib.default_evaluation_settings(dataset, overrides, **kwargs)
 
 
 def evaluate_and_compare(spec, num_examples, overrides) -> None:
-    """Every model the flags name evaluated on the same images with the same settings (the first
-    model's: its config's eval block for a workdir, the default config's otherwise, with the
-    flags), so that all share their noise and images (common random numbers), then one table
-    with the paired differences against the first (`comparison.compare`). A single PyTorch
-    checkpoint or RobustBench entry prints its own figures."""
+    """Every model the flags name evaluated with one set of settings, the first model's
+    (`first_settings`), decided before anything runs, so that all share their images and noise
+    (common random numbers); then one table with the paired differences against the first
+    (`comparison.compare`). A single model prints its own figures."""
     check_model_flags()
     found = sources()
     if not found:
@@ -153,16 +166,13 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
         cli_lib.output_file("plot", FLAGS.plot)
     folders = [folder for folder, _ in found]
     if not FLAGS.compare_only:
-        # Every workdir is checked before any model is evaluated, so a mistake in the last one does
-        # not surface after the first ones ran for hours.
+        same = api.same_evaluation(first_settings(spec, num_examples, overrides))
+        # Every workdir is checked with those settings before any model is evaluated, so a mistake
+        # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():
-            evaluation.check_workdir(
-                workdir, num_examples, FLAGS.batch_size, spec, overrides, overwrite=FLAGS.overwrite
-            )
-        settings = dict(evaluators=spec, num_examples=num_examples, batch_size=FLAGS.batch_size, overrides=overrides)
+            evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, **same)
         for folder, evaluate in found:
-            results = evaluate(**settings)
-            settings = api.same_evaluation(results)  # the rest on the first one's images and noise
+            results = evaluate(**same)
             if sharding.is_writer():
                 print(
                     f"{comparison.workdir_name(folder)}: wrote {eval_files.results_path(folder)} "

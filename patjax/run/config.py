@@ -310,8 +310,8 @@ def refuse_unknown_fields(cfg: ml_collections.ConfigDict) -> None:
 
 def train_settings(cfg: ml_collections.ConfigDict) -> TrainSettings:
     """The typed settings of a run, or a one-line UserError for a config that would fail later
-    or silently compute something else. Each field is checked by the settings it belongs to."""
-    refuse_unknown_fields(cfg)
+    or silently compute something else. Each field is checked by the settings it belongs to; a
+    field the config does not have, by `evaluation_settings`, which reads the whole config once."""
     finite_numbers(cfg.to_dict())
     record = json.loads(cfg.to_json())
     record["data_dir"] = _absolute_data_dir(record.get("data_dir"))

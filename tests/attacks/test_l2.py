@@ -81,3 +81,49 @@ def test_trades_l2_attack_ends_on_the_l2_sphere_along_the_linear_models_directio
     norms = np.linalg.norm(delta, axis=1)
     np.testing.assert_allclose(norms, eps, rtol=1e-5)
     np.testing.assert_allclose(np.abs(delta @ direction) / norms, 1.0, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_trades_l2_ascent_follows_the_reference_loop_step_by_step():
+    """yaodongyu/TRADES trades.py's distance='l_2' branch transcribed in PyTorch (SGD on delta with
+    lr = 2 eps / steps on -KL(sum), the gradient divided by its per-example L2 norm, clamp, renorm_),
+    from the same start delta, on a linear model of 3 classes where the box is met: the same x_adv."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.0, 1.0, (5, 3, 3, 2)).astype(np.float32)
+    x[:, 0] = 0.0  # pixels on the box's faces: the clamp acts
+    w = rng.normal(size=(18, 3)).astype(np.float32)
+    b = rng.normal(size=3).astype(np.float32)
+    delta0 = (0.001 * rng.normal(size=x.shape)).astype(np.float32)
+    eps, steps = 0.5, 7
+
+    xt, wt, bt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b)
+    model = lambda v: v.reshape(v.shape[0], -1) @ wt + bt
+    delta = torch.from_numpy(delta0.copy()).requires_grad_(True)
+    optimizer = torch.optim.SGD([delta], lr=eps / steps * 2)
+    clean = torch.softmax(model(xt), dim=1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = -1 * torch.nn.KLDivLoss(reduction="sum")(torch.log_softmax(model(xt + delta), dim=1), clean)
+        loss.backward()
+        delta.grad.div_(delta.grad.view(5, -1).norm(p=2, dim=1).view(-1, 1, 1, 1))
+        optimizer.step()
+        delta.data.add_(xt)
+        delta.data.clamp_(0, 1).sub_(xt)
+        delta.data.renorm_(p=2, dim=0, maxnorm=eps)
+    expected = (xt + delta).detach().numpy()
+
+    logits_fn = lambda v: v.reshape(v.shape[0], -1) @ jnp.asarray(w) + jnp.asarray(b)
+    clean_probs = jax.nn.softmax(logits_fn(jnp.asarray(x)), axis=-1)
+    got = l2.trades_l2_ascent(
+        logits_fn,
+        jnp.asarray(x + delta0),
+        jnp.asarray(x),
+        clean_probs,
+        eps=eps,
+        steps=steps,
+        loss_fn=inner.kl_from_clean_loss,
+    )
+    np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
+    assert np.abs(expected - x).max() > 0.05  # the attack moved

@@ -2,7 +2,9 @@
 
   python -m patjax.evaluate --workdir=runs/pat_c10 [--full] [--num_examples=1000] [--batch_size=500]
       [--evaluators=clean,pgd20,cw20,apgd,pr] [--pr_samples=100] [--pr_distributions=uniform,gaussian,pdis]
-      [--pr_preset=table1|prbench]   # the headline PR at the radii of the paper's Table 1 or PRBench's
+      [--pr_preset=table1|prbench|l2]   # the headline PR at the radii of the paper's Table 1, PRBench's, or
+                                        # under the L2 law uniform_l2 at L2 radii
+      [--pr_epsilons=0.1,0.12,0.15,0.2]   # the radii of every law of eps
       [--attack_norm=l2 --attack_eps=0.5 --attack_step_size=0.125]   # PGD-20 and CW-20 in the L2 ball
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
   python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
@@ -58,6 +60,7 @@ _OVERRIDES = (
     "pr_chunk_size",
     "pr_distribution",
     "pr_distributions",
+    "pr_epsilons",
     "seed",
     "apgd_steps",
     "attack_norm",
@@ -69,7 +72,8 @@ _OVERRIDES = (
 # What --torch_checkpoint takes and --robustbench decides itself.
 _CHECKPOINT_FLAGS = ("model", "model_width", "normalize", "dataset")
 
-# --full: every evaluator, every law, the whole test split, whatever the workdir's config says.
+# --full: every evaluator, the laws at the L-inf radii (uniform_l2 is at L2 radii: --pr_preset=l2), the
+# whole test split, whatever the workdir's config says.
 FULL = {"evaluators": "all", "num_examples": -1, "pr_distributions": "uniform,gaussian,pdis"}
 
 
@@ -79,9 +83,19 @@ def overrides_from_flags() -> dict:
     overrides.update({k: FLAGS[k].value for k in _OVERRIDES if FLAGS[k].value is not None})
     if FLAGS.full and "pr_distributions" not in overrides:
         overrides["pr_distributions"] = FULL["pr_distributions"]
-    if "pr_distributions" in overrides:
+    if isinstance(overrides.get("pr_distributions"), str):
         overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
+    if isinstance(overrides.get("pr_epsilons"), str):
+        overrides["pr_epsilons"] = radii(overrides["pr_epsilons"])
     return overrides
+
+
+def radii(text: str) -> tuple:
+    """--pr_epsilons' comma-separated numbers; PRSettings checks their range."""
+    try:
+        return tuple(float(e) for e in text.split(",") if e.strip())
+    except ValueError:
+        raise UserError(f"--pr_epsilons takes comma-separated numbers, got {text!r}") from None
 
 
 def sources() -> list:
@@ -219,16 +233,20 @@ def define_flags():
     flags.DEFINE_string(
         "pr_distribution",
         None,
-        "Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default) or gaussian.",
+        "Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default), gaussian or "
+        "uniform_l2.",
     )
-    flags.DEFINE_string("pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis.")
+    flags.DEFINE_string(
+        "pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis,uniform_l2."
+    )
+    flags.DEFINE_string("pr_epsilons", None, "Comma-separated radii of the laws of eps (default 0.1,0.12,0.15,0.2).")
     flags.DEFINE_enum(
         "pr_preset",
         None,
         list(pr.PRESETS),
         "The headline PR's law, radii and N of a published table (the flags above still win): table1 (the "
-        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100) or prbench (PRBench's leaderboard: uniform, "
-        "eps 0.03, 0.08, 0.1, 0.12, N = 100).",
+        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100), prbench (PRBench's leaderboard: uniform, "
+        "eps 0.03, 0.08, 0.1, 0.12, N = 100) or l2 (uniform_l2 alone at L2 radii 0.5, 1, 2, 4, 8, N = 100).",
     )
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")

@@ -32,6 +32,16 @@ PRESETS = {
     # PRBench's leaderboard: its evaluate.py (wellzline/PRBenchmark, evaluate_PR) takes
     # radius = [round(8/255, 2), 0.08, 0.1, 0.12], so its first radius is 0.03, not 8/255.
     "prbench": {"pr_distribution": "uniform", "pr_epsilons": (0.03, 0.08, 0.1, 0.12), "pr_samples": 100},
+    # The same estimand under the L2 law `uniform_l2` alone (no published table: the radii are
+    # patjax's choice, docs/evaluation.md): from AutoAttack's L2 radius on CIFAR-10, 0.5, to past
+    # the noise energy of Table 1's uniform law (its RMS L2 norm is eps sqrt(d / 3), 3.2 to 6.4
+    # on CIFAR's d = 3072 at eps 0.1 to 0.2).
+    "l2": {
+        "pr_distribution": "uniform_l2",
+        "pr_distributions": ("uniform_l2",),
+        "pr_epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
+        "pr_samples": 100,
+    },
 }
 
 
@@ -46,7 +56,8 @@ class PRSettings:
 
     # The law of the headline PR (results.json's `pr`, over clean-correct images):
     # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
-    # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1].
+    # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1] | 'uniform_l2': x + eps v,
+    # v uniform in the unit L2 ball, clipped to [0,1] (`robustness.DEFINITIONS`).
     distribution: str = "uniform"
     # PR is computed for every law listed ('pdis' = the paper's p_dis with c1 below) and always for
     # `distribution`, which is listed first whatever the order given.

@@ -10,11 +10,17 @@ Perturbation distributions around a clean image x (pixel space, every sample in 
   x' = lo + (hi - lo) * u with lo = max(x - eps, 0), hi = min(x + eps, 1), u ~ U[0, 1]: no
   point masses on 0 or 1 (the protocol of the AT-PR code's evaluate.py,
   dist.Uniform(low=max(x - eps, 0), high=min(x + eps, 1)));
+- 'uniform_l2': x + eps * v, v uniform in the unit L2 ball of R^d, clipped to [0, 1]: every
+  sample lies in the L2 ball of radius eps intersected with [0,1]^d (the clip moves a pixel
+  towards x), but the law is not uniform on that intersection: what the box cuts off the ball
+  lands on the box's faces. The uniform law on the intersection has no cheap exact sampler
+  (rejection from the ball accepts with a probability that halves with every saturated pixel,
+  and CIFAR images have dozens); docs/evaluation.md states the choice;
 - 'pdis' (`perturbed_samples`, `pr_statistics` only): the paper's p_dis ~ exp(-c1 ||x'-x||^2)
   on [0,1]^d, a Gaussian of variance 1/(2 c1) per pixel truncated to [0, 1].
 
-Common random numbers: the base noise (z for 'gaussian', u for 'uniform') of sample j of
-image i is drawn from fold_in(fold_in(key, i), j), with i the image's index in the evaluated
+Common random numbers: the base noise (z for 'gaussian', u for 'uniform', v for 'uniform_l2')
+of sample j of image i is drawn from fold_in(fold_in(key, i), j), with i the image's index in the evaluated
 split, and the same base noise is used for every eps (scaled by eps, or mapped onto every
 eps's interval [lo, hi]). So every model evaluated with the same seed sees the same
 perturbations, and batch size and chunk size do not change any figure.
@@ -22,6 +28,7 @@ perturbations, and batch size and chunk size do not change any figure.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -30,20 +37,28 @@ import numpy as np
 
 from patjax.attacks.logits import LogitsFn, margin, true_value
 
-DISTRIBUTIONS = ("gaussian", "uniform")
+DISTRIBUTIONS = ("gaussian", "uniform", "uniform_l2")
 
 
 def base_noise(key: jax.Array, image_index: jax.Array, sample_index: jax.Array, shape, distribution: str) -> jax.Array:
     """Base noise of sample `sample_index` of image `image_index` (common random numbers).
 
-    'gaussian': z ~ N(0, I); 'uniform': u ~ U[0, 1]^d. `perturb` turns it into the sample
-    of every eps; the key is fold_in(fold_in(key, image_index), sample_index).
+    'gaussian': z ~ N(0, I); 'uniform': u ~ U[0, 1]^d; 'uniform_l2': v uniform in the unit L2
+    ball of R^d, d = prod(shape), the first d coordinates of g / |g|_2 with g ~ N(0, I_{d+2})
+    (Voelker, Gosmann & Stewart 2017, "Efficiently sampling vectors and coordinates from the
+    n-sphere and n-ball": dropping two coordinates of a uniform point on the sphere S^{d+1} leaves
+    a uniform point of the ball B^d; one draw, no rejection, no radius drawn apart). `perturb`
+    turns it into the sample of every eps; the key is fold_in(fold_in(key, image_index), sample_index).
     """
     k = jax.random.fold_in(jax.random.fold_in(key, image_index), sample_index)
     if distribution == "gaussian":
         return jax.random.normal(k, shape)
     if distribution == "uniform":
         return jax.random.uniform(k, shape)
+    if distribution == "uniform_l2":
+        d = math.prod(shape)
+        g = jax.random.normal(k, (d + 2,))
+        return (g[:d] / jnp.linalg.norm(g)).reshape(shape)
     raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
 
 
@@ -51,13 +66,13 @@ def perturb(x: jax.Array, epsilons: jax.Array, noise: jax.Array, distribution: s
     """Samples of shape (E, B, S, H, W, C) from images x (B, H, W, C), levels eps (E,) and the
     base noise (B, S, H, W, C) of `base_noise`; every eps uses the same base noise.
 
-    'gaussian': clip(x + eps * z, 0, 1).
+    'gaussian': clip(x + eps * z, 0, 1); 'uniform_l2': clip(x + eps * v, 0, 1).
     'uniform': lo + (hi - lo) * u with lo = max(x - eps, 0), hi = min(x + eps, 1): uniform on
     the L-inf ball of radius eps intersected with [0,1]^d (the final clip only guards rounding).
     """
     xb = x[None, :, None]
     eps = epsilons[:, None, None, None, None, None]
-    if distribution == "gaussian":
+    if distribution in ("gaussian", "uniform_l2"):
         return jnp.clip(xb + eps * noise[None], 0.0, 1.0)
     if distribution == "uniform":
         lo = jnp.maximum(xb - eps, 0.0)
@@ -83,7 +98,14 @@ DEFINITIONS = {
     "pdis": "N(x, 1/(2 c1)) per pixel truncated to [0,1]",
     "gaussian": "x + eps * N(0, I), clipped to [0,1]",
     "uniform": "U[max(x - eps, 0), min(x + eps, 1)] per pixel (uniform on the Linf ball and [0,1]^d)",
+    "uniform_l2": "x + eps * v, v uniform in the unit L2 ball, clipped to [0,1] (not uniform on the ball and [0,1]^d)",
 }
+
+
+def definitions(laws) -> dict:
+    """{law: its definition} for the laws listed, in DEFINITIONS' order: what an evaluation that
+    computes these laws records (a law it does not compute has no bearing on its figures)."""
+    return {d: text for d, text in DEFINITIONS.items() if d in laws}
 
 
 def level_key(level: float) -> str:
@@ -101,7 +123,7 @@ def perturbed_samples(
 ) -> jax.Array:
     """Perturbed images of shape (levels, batch, samples, H, W, C), all in [0, 1].
 
-    'gaussian' / 'uniform': `base_noise` (common random numbers) turned into a sample of every
+    'gaussian' / 'uniform' / 'uniform_l2': `base_noise` (common random numbers) turned into a sample of every
     level eps by `perturb`.
     'pdis': the paper's p_dis(x'; x) proportional to exp(-c1 ||x' - x||^2) on [0,1]^d
     (Theorem 2 needs a density on [0,1]^d): per pixel a Gaussian around x with standard

@@ -27,16 +27,20 @@ IDENTITY_FIELDS = (
     "dataset",
 )
 # Settings two evaluations must share for their per-image outcomes to be paired image by image
-# on the same perturbations (common random numbers), with the definitions of the distributions.
-COMMON_RANDOM_NUMBER_FIELDS = (
-    "num_examples",
-    "pr_samples",
-    "seed",
-    "pr_epsilons",
-    "dataset",
-    "pdis_c1",
-    *robustness.DEFINITIONS,
-)
+# on the same perturbations (common random numbers), with the definitions of the laws both
+# computed (`shared_definitions`).
+COMMON_RANDOM_NUMBER_FIELDS = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1")
+
+
+def recorded_laws(settings: dict) -> list:
+    """The PR laws an evaluation's settings (results.json's) say it computed; for a record without
+    `pr_distributions`, the laws whose definitions it holds."""
+    return list(settings.get("pr_distributions") or [d for d in robustness.DEFINITIONS if d in settings])
+
+
+def shared_definitions(a: dict, b: dict) -> list:
+    """The definition keys two evaluations' settings must agree on: those of the laws both computed."""
+    return [d for d in recorded_laws(a) if d in recorded_laws(b)]
 
 
 def identity(settings: dict) -> dict:
@@ -212,7 +216,7 @@ def check_replaceable(directory: str, planned: dict, record: Optional[dict] = No
 def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
     """Raises UserError unless two evaluations' settings (results.json's `settings`) put them on
     common random numbers: the same images, perturbations and distribution definitions."""
-    differing = [k for k in COMMON_RANDOM_NUMBER_FIELDS if a.get(k) != b.get(k)]
+    differing = [k for k in (*COMMON_RANDOM_NUMBER_FIELDS, *shared_definitions(a, b)) if a.get(k) != b.get(k)]
     if differing:
         raise UserError(
             f"{name_a!r} and {name_b!r} were evaluated with different settings "

@@ -106,7 +106,7 @@ def test_statistics_equal_an_independent_numpy_computation():
     idx = np.array([5, 9, 11], np.int32)
     key = jax.random.PRNGKey(4)
     eps, n, lam = (0.1, 0.3), 10, 0.7
-    for distribution in ("gaussian", "uniform"):
+    for distribution in ("gaussian", "uniform", "uniform_l2"):
         out = robustness.pr_statistics(
             logits_fn, key, jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), eps, n, 4, distribution, lam
         )
@@ -117,6 +117,9 @@ def test_statistics_equal_an_independent_numpy_computation():
                     k = jax.random.fold_in(jax.random.fold_in(key, int(idx[b])), j)
                     if distribution == "gaussian":  # clip(x + eps z, 0, 1), z ~ N(0, I)
                         sample = np.clip(x[b] + e * np.asarray(jax.random.normal(k, SHAPE)), 0, 1)
+                    elif distribution == "uniform_l2":  # clip(x + eps g[:d] / |g|, 0, 1), g ~ N(0, I_{d+2})
+                        g = np.asarray(jax.random.normal(k, (x[b].size + 2,)), np.float64)
+                        sample = np.clip(x[b] + e * (g[:-2] / np.linalg.norm(g)).reshape(SHAPE), 0, 1)
                     else:  # U[max(x - eps, 0), min(x + eps, 1)] per pixel, from u ~ U[0, 1)
                         u = np.asarray(jax.random.uniform(k, SHAPE), np.float64)
                         low, high = np.maximum(x[b] - e, 0.0), np.minimum(x[b] + e, 1.0)
@@ -195,6 +198,39 @@ def test_uniform_is_uniform_on_the_linf_ball_intersected_with_the_unit_cube():
     # ... and it is the documented draw: u = uniform(fold_in(fold_in(key, i), j)).
     k = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(3), 1), 7)
     np.testing.assert_allclose(u01[1, 7], np.asarray(jax.random.uniform(k, SHAPE)), atol=1e-4)
+
+
+def test_uniform_l2_is_uniform_in_the_l2_ball_then_clipped_to_the_unit_cube():
+    """Inside the box (x = 0.5, eps <= 0.2 < 0.5, so no clip) delta = x' - x is uniform in the L2
+    ball of radius eps in d = 48 dimensions: |delta| / eps has the CDF r^d and each coordinate
+    of delta / |delta| is that of a uniform point of the sphere, u_1^2 ~ Beta(1/2, (d - 1)/2).
+    Near a face the clip keeps every sample in the ball and the box."""
+    d, num = int(np.prod(SHAPE)), 2000
+    x = jnp.asarray(np.stack([np.full(SHAPE, 0.5), np.full(SHAPE, 0.02)]).astype(np.float32))
+    levels = jnp.asarray([0.1, 0.2, 0.5], jnp.float32)
+    samples = np.asarray(
+        robustness.perturbed_samples(jax.random.PRNGKey(5), x, jnp.arange(2), jnp.arange(num), levels, "uniform_l2"),
+        np.float64,
+    )  # (levels, images, samples, H, W, C)
+    delta = (samples[0, 0] - 0.5).reshape(num, d)
+    radius = np.linalg.norm(delta, axis=1) / 0.1
+    assert radius.max() <= 1 + 1e-5
+    assert stats.kstest(radius**d, stats.uniform().cdf).pvalue > 1e-3
+    direction = delta / np.linalg.norm(delta, axis=1, keepdims=True)
+    assert stats.kstest(direction[:, 0] ** 2, stats.beta(0.5, (d - 1) / 2).cdf).pvalue > 1e-3
+    assert abs(np.mean(direction[:, 5])) < 4 / np.sqrt(d * num)  # symmetric: sd of the mean 1/sqrt(d num)
+    # A radius uniform in [0, 1] (torchattacks' L2 random start) is rejected by the same test.
+    assert stats.kstest(np.random.default_rng(0).uniform(0, 1, num) ** d, stats.uniform().cdf).pvalue < 1e-6
+    # Common random numbers: eps 0.2 scales the same point of the unit ball.
+    np.testing.assert_allclose((samples[1, 0] - 0.5) / 0.2, (samples[0, 0] - 0.5) / 0.1, atol=1e-5)
+    # Near the face at 0 (x = 0.02, eps = 0.5 > 0.02): in the box, in the ball, and clipped mass on 0.
+    near = samples[2, 1].reshape(num, d)
+    assert near.min() >= 0.0 and near.max() <= 1.0
+    assert np.linalg.norm(near - 0.02, axis=1).max() <= 0.5 + 1e-5
+    assert 0.2 < np.mean(near == 0.0) < 0.5  # P(v_i < -0.02 / 0.5) for a ball coordinate of sd ~ 1/sqrt(d)
+    # ... and it is the documented draw: g ~ normal(fold_in(fold_in(key, i), j), d + 2), x + eps g[:d] / |g|.
+    g = np.asarray(jax.random.normal(jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(5), 1), 7), (d + 2,)))
+    np.testing.assert_allclose(near[7], np.clip(0.02 + 0.5 * g[:d] / np.linalg.norm(g), 0, 1), atol=1e-5)
 
 
 def test_pdis_is_the_truncated_gaussian_on_the_unit_cube():

@@ -21,6 +21,7 @@ from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import stats as patjax_stats
 from patjax.models import networks
+from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import checkpoints, comparison, eval_files, evaluation
 from patjax.run import config as config_lib
@@ -665,6 +666,73 @@ def test_the_pr_presets_are_the_papers_and_prbenchs_settings():
         "pr_epsilons": tuple(default.epsilons),
         "pr_samples": default.samples,
     }
+
+
+def test_the_l2_preset_is_the_l2_law_alone_at_l2_radii():
+    """Written out by hand: uniform_l2 the headline and the only law (the L-inf laws at L2 radii
+    would be other figures under the same name), N = 100, radii from AutoAttack's 0.5 to 8."""
+    assert evaluators.pr.PRESETS["l2"] == {
+        "pr_distribution": "uniform_l2",
+        "pr_distributions": ("uniform_l2",),
+        "pr_epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
+        "pr_samples": 100,
+    }
+
+
+def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the_laws_both_computed():
+    """A law one evaluation computed and the other did not has no definition to agree on; a law both
+    computed must have the same definition (results.json records one per law computed)."""
+    committed = json.loads(
+        (REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0/eval/results.json").read_text()
+    )["settings"]
+    assert "uniform_l2" not in committed
+    laws = ["uniform", "gaussian", "pdis", "uniform_l2"]
+    settings = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": tuple(laws)})
+    new = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
+    assert [k for k in new if k in robustness.DEFINITIONS] == ["pdis", "gaussian", "uniform", "uniform_l2"]
+    new = {**committed, "pr_distributions": laws, "uniform_l2": new["uniform_l2"]}
+    eval_files.check_comparable(committed, new, "committed", "new")
+    eval_files.check_comparable(new, committed, "new", "committed")
+    with pytest.raises(UserError, match=r"\(uniform\): not comparable"):
+        eval_files.check_comparable(committed, {**new, "uniform": "clip(x + eps U[-1, 1])"}, "committed", "new")
+    # An evaluation of the L-inf laws alone records their definitions only, as every committed one does.
+    only_linf = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10", {}), 10, 0)
+    assert [k for k in only_linf if k in robustness.DEFINITIONS] == ["pdis", "gaussian", "uniform"]
+
+
+@pytest.mark.slow
+def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path):
+    """--pr_preset=l2 gives the headline under uniform_l2 at the L2 radii, --pr_epsilons others;
+    a radius that is not a number is one line and no evaluation."""
+    from patjax.run import torch_weights
+
+    model = networks.create_model("resnet18", "cifar10", 10, width=4)
+    params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))
+    file = str(tmp_path / "r18.safetensors")
+    meta = {"dataset": "cifar10", "num_classes": 10, "width": 4}
+    torch_weights.export(file, "resnet18", params, batch_stats, networks.DATASET_STATS["cifar10"], metadata=meta)
+
+    def evaluate_with(*flags):
+        command = [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}", "--num_examples=8"]
+        return subprocess.run(
+            [*command, "--evaluators=clean,pr", "--pr_samples=4", "--overwrite", *flags],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+
+    run = evaluate_with("--pr_preset=l2", "--pr_epsilons=1,3")
+    assert run.returncode == 0, run.stderr
+    results = json.load(open(tmp_path / "r18" / "eval" / "results.json"))
+    settings = results["settings"]
+    assert (settings["pr_distribution"], settings["pr_distributions"]) == ("uniform_l2", ["uniform_l2"])
+    assert settings["pr_epsilons"] == [1.0, 3.0]  # the flag beside the preset wins
+    assert set(results["pr"]) == {"1.0", "3.0"} and set(results["figures"]["pr"]) == {"uniform_l2"}
+    assert settings["uniform_l2"] == robustness.DEFINITIONS["uniform_l2"] and "uniform" not in settings
+    bad = evaluate_with("--pr_epsilons=0.1,big")
+    assert bad.returncode != 0
+    assert bad.stderr.strip() == "error: --pr_epsilons takes comma-separated numbers, got '0.1,big'"
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""The training baselines' inner maximizations in L-inf pixel space: TRADES's KL ascent, MART's
-CE ascent and AT-PR's search over randomized PGDs with its refinement.
+"""The training baselines' inner maximizations: TRADES's KL ascent and MART's CE ascent (in L-inf
+pixel space, or in L2 through `attacks.l2`), and AT-PR's L-inf search over randomized PGDs with
+its refinement.
 
 Each is a pure function of a `logits_fn` (x -> logits, normalization inside the model), a PRNG
 key and arrays, and returns points in the eps-ball around x intersected with [0, 1]^d, under
@@ -92,10 +93,17 @@ def mart_attack(
     step_size: float,
     steps: int,
     init_noise: float = 0.001,
+    norm: str = "linf",
 ) -> jax.Array:
-    """The MART inner maximization (YisenWang/MART mart.py): CE sign ascent from
-    x + init_noise * N(0, 1)."""
-    return sign_ascent(logits_fn, gaussian_start(key, x, init_noise), x, y, eps=eps, step_size=step_size, steps=steps)
+    """The MART inner maximization (YisenWang/MART mart.py): CE ascent from x + init_noise * N(0, 1);
+    norm 'linf': sign steps of step_size, the reference's only form. norm 'l2': the reference has
+    none; mart.py is TRADES' trades.py with the loss changed, so its L2 form here is trades.py's
+    distance='l_2' branch on the CE loss (`l2.trades_l2_ascent`: steps of 2 eps / steps, step_size
+    not read), our inference from that lineage."""
+    start = gaussian_start(key, x, init_noise)
+    if norm == "l2":
+        return l2.trades_l2_ascent(logits_fn, start, x, y, eps=eps, steps=steps, loss_fn=cross_entropy_loss)
+    return sign_ascent(logits_fn, start, x, y, eps=eps, step_size=step_size, steps=steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,7 +72,8 @@ def pgd_l2(
 def trades_l2_ascent(
     logits_fn: LogitsFn, x_start: jax.Array, x: jax.Array, target, *, eps, steps, loss_fn
 ) -> jax.Array:
-    """TRADES' L2 inner maximization (yaodongyu/TRADES trades.py, distance='l_2'): delta from
+    """TRADES' L2 inner maximization (yaodongyu/TRADES trades.py, distance='l_2'; MART's L2 form
+    runs it on the CE loss, `inner.mart_attack`): delta from
     x_start - x, `steps` SGD steps of lr = 2 eps / steps along the loss gradient divided by its
     per-example L2 norm, then x + delta clamped to [0, 1] and delta renormed to L2 <= eps (clamp
     first, then the ball: torchattacks' PGDL2 is the other way round). Where a gradient is exactly

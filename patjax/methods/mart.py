@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from patjax.attacks import inner
+from patjax.attacks import inner, l2
 from patjax.attacks.logits import log_or_zero, other_values, true_value
 from patjax.core.errors import UserError
 from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
@@ -15,8 +15,9 @@ from patjax.methods.common import Method, accuracy, mean_ce, train_passes, unifo
 
 @dataclasses.dataclass(frozen=True)
 class MartSettings:
-    """MART's own settings (config block `mart`); its attack's budget and steps are
-    attack.epsilon and attack.steps."""
+    """MART's own settings (config block `mart`); its attack's budget, steps and threat model are
+    attack.epsilon, attack.steps and attack.norm (step_size is the L-inf step; under L2 the step
+    is 2 eps / steps, `inner.mart_attack`)."""
 
     # < 0: the reference's for the run's model, 5 for resnet18 (MART train_resnet.py), 6 otherwise,
     # resolved where the config is read (`config.block_settings`); a method is handed it resolved.
@@ -45,6 +46,7 @@ def mart(params, model, batch_stats, x, y, key, s):
         step_size=s.own.step_size,
         steps=s.attack.steps,
         init_noise=s.own.init_noise,
+        norm=s.attack.norm,
     )
     (clean_logits, adv_logits), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv])
     adv_probs = jax.nn.softmax(adv_logits, axis=-1)
@@ -69,4 +71,4 @@ def mart(params, model, batch_stats, x, y, key, s):
 
 # BatchNorm during the attack: running statistics, as YisenWang/MART mart.py calls model.eval()
 # before the attack and model.train() after it.
-MART = Method("mart", mart, "MART", settings=MartSettings, attack_bn_mode="inference")
+MART = Method("mart", mart, "MART", settings=MartSettings, attack_bn_mode="inference", attack_norms=l2.NORMS)

@@ -320,14 +320,40 @@ def test_under_an_l2_threat_model_the_pgd_baselines_attack_in_the_l2_ball_as_the
     assert float(metrics["adv_accuracy"]) == np.mean((x_adv @ w + b).argmax(1) == yn)
 
 
-@pytest.mark.parametrize("name", ["fgsm", "fgsm_cor", "mart", "atpr"])
+def test_under_an_l2_threat_model_mart_ascends_the_ce_to_the_l2_sphere_as_the_closed_form_says():
+    """MART's L2 form (trades.py's distance='l_2' loop on the CE): for two classes and a linear
+    model the CE gradient points along d = (w_other - w_y) / |w_other - w_y| everywhere, so 10 steps
+    of 2 eps / 10 end on the sphere at x + eps d, up to the 0.001 N(0, 1) start's part across d,
+    which moves no logit and takes under 0.1 % of the radius (pixels in [0.25, 0.75]: no clamp).
+    The boosted CE at that point by hand; mart.step_size, the L-inf step, is not read."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.uniform(0.25, 0.75, (6, 3, 3, 2)), jnp.float32)
+    model = Linear(2)
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    y = jnp.asarray(np.asarray(model.apply({"params": params}, x)).argmax(1))
+    eps = 0.2
+    cfg = baseline_config(**{"attack.norm": "l2", "attack.epsilon": eps, "attack.steps": 10, "mart.step_size": 0.0})
+    _, (_, metrics) = method_loss("mart", cfg)(params, networks.ModelFns(model.apply), {}, x, y, jax.random.PRNGKey(2))
+    w = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(params["Dense_0"]["bias"], np.float64)
+    yn = np.asarray(y)
+    direction = (w[:, 1 - yn] - w[:, yn]).T
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    logits = (np.asarray(x, np.float64).reshape(6, -1) + eps * direction) @ w + b
+    probs = np_softmax(logits)
+    boosted = np_cross_entropy(logits, yn).mean() + np.mean(-np.log(1.0001 - probs[np.arange(6), 1 - yn] + 1e-12))
+    np.testing.assert_allclose(float(metrics["boosted_ce"]), boosted, rtol=1e-3)
+    assert float(metrics["adv_accuracy"]) == np.mean(logits.argmax(1) == yn)
+
+
+@pytest.mark.parametrize("name", ["fgsm", "fgsm_cor", "atpr"])
 def test_methods_whose_inner_attack_has_no_l2_form_refuse_an_l2_threat_model(name):
     cfg = baseline_config(**{"attack.norm": "l2"})
     cfg.method = name
     with pytest.raises(UserError) as error:
         train_settings(cfg)
     assert str(error.value) == (
-        f"{name}'s inner attack has no l2 form (attack.norm='l2'); under l2 train pgd, pgd_cor, alp, clp, trades"
+        f"{name}'s inner attack has no l2 form (attack.norm='l2'); under l2 train pgd, pgd_cor, alp, clp, trades, mart"
     )
 
 

@@ -1,9 +1,11 @@
-"""APGD and APGD-T in L-inf pixel space (Croce & Hein 2020, "Reliable evaluation of adversarial
-robustness with an ensemble of diverse parameter-free attacks"), following fra31/auto-attack
-autoattack/autopgd_base.py (APGDAttack.attack_single_run and perturb), with their DLR losses.
+"""APGD and APGD-T in L-inf or L2 pixel space (Croce & Hein 2020, "Reliable evaluation of
+adversarial robustness with an ensemble of diverse parameter-free attacks"), following
+fra31/auto-attack autoattack/autopgd_base.py (APGDAttack.attack_single_run and perturb, their
+norm='Linf' and norm='L2' branches), with their DLR losses.
 
 A pure function of a `logits_fn` (x -> logits, normalization inside the model), a PRNG key and
-arrays, looped with `jax.lax`; its points lie in the eps-ball around x intersected with [0, 1]^d.
+arrays, looped with `jax.lax`; its points lie in the eps-ball (L-inf or L2, per example over every
+pixel and channel) around x intersected with [0, 1]^d.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from patjax.attacks.l2 import _norms
 from patjax.attacks.logits import LogitsFn, margin, true_value
 from patjax.attacks.pgd import cross_entropy_loss, project_linf
+
+# autopgd_base.py's APGDAttack.normalize: x / (|x|_p + 1e-12), per example.
+NORMALIZE_EPS = 1e-12
+APGD_NORMS = ("linf", "l2")
 
 
 def dlr_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
@@ -38,6 +45,16 @@ def dlr_targeted_loss(logits: jax.Array, y: jax.Array, target: jax.Array) -> jax
 
 
 APGD_LOSSES = {"ce": cross_entropy_loss, "dlr": dlr_loss, "dlr_targeted": dlr_targeted_loss}
+
+
+def project_l2_apgd(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
+    """The L2 projection of autopgd_base.py's L2 branch: with delta = x_adv - x,
+    clamp(x + delta / (|delta|_2 + 1e-12) * min(eps, |delta|_2), 0, 1): the ball first, the box
+    after, as in `l2.project_l2`, whose factor min(1, eps / |delta|_2) is the same map but for the
+    1e-12 and rounding."""
+    delta = x_adv - x
+    norm = _norms(delta)
+    return jnp.clip(x + delta / (norm + NORMALIZE_EPS) * jnp.minimum(eps, norm), 0.0, 1.0)
 
 
 def apgd_checkpoints(steps: int) -> list[int]:
@@ -76,14 +93,21 @@ def apgd(
     rho: float = 0.75,
     momentum: float = 0.75,
     target: jax.Array | None = None,
+    norm: str = "linf",
 ) -> ApgdResult:
-    """One run of L-inf APGD (autopgd_base.py: APGDAttack.perturb with n_restarts=1, i.e. one
-    attack_single_run on the clean-correct images).
+    """One run of APGD in the L-inf (norm='linf') or L2 (norm='l2') ball (autopgd_base.py:
+    APGDAttack.perturb with n_restarts=1, i.e. one attack_single_run on the clean-correct images).
 
-    - start: x + eps * t / max|t|, t ~ U(-1, 1)^d, clipped to [0, 1];
-    - step size eta = 2 eps per example; update z = P(x_k + eta sign(grad)),
+    - start: x + eps * t / (|t|_p + 1e-12), clipped to [0, 1], with t ~ U(-1, 1)^d and
+      |t|_inf = max|t_i| under L-inf, t ~ N(0, I)^d and the L2 norm under L2 (a point on the
+      sphere of radius eps before the clip);
+    - step size eta = 2 eps per example (alpha = 2 for both norms); update z = P(x_k + eta d_k),
       x_{k+1} = P(x_k + a (z - x_k) + (1 - a)(x_k - x_{k-1})) with a = 1 at the first
-      iteration and `momentum` (0.75) afterwards, P the projection onto the eps-ball ∩ [0, 1]^d;
+      iteration and `momentum` (0.75) afterwards, P the projection onto the eps-ball ∩ [0, 1]^d.
+      Under L-inf d_k = sign(grad) and P clips coordinates to [x - eps, x + eps] then [0, 1];
+      under L2 d_k = grad / (|grad|_2 + 1e-12) and P is `project_l2_apgd`, the reference's
+      x + delta / (|delta|_2 + 1e-12) * min(eps, |delta|_2) clamped to [0, 1] (autopgd_base.py,
+      attack_single_run, norm == 'L2'). All that follows is the same for both norms;
     - checkpoints: the last iteration of each interval (`apgd_checkpoints`, which the loop uses
       for its schedule). At a checkpoint ending an interval of k iterations, an example's step
       size is halved, and it restarts from its best-loss point with that point's gradient, when
@@ -109,6 +133,8 @@ def apgd(
     reference's check_oscillation compares it with loss_steps[-1], a row of its loss buffer not
     yet filled (0). Every other comparison is the reference's.
     """
+    if norm not in APGD_NORMS:
+        raise ValueError(f"unknown APGD norm {norm!r}; choose one of {list(APGD_NORMS)}")
     if loss not in APGD_LOSSES:
         raise ValueError(f"unknown APGD loss {loss!r}; choose one of {sorted(APGD_LOSSES)}")
     if (loss == "dlr_targeted") != (target is not None):
@@ -131,19 +157,32 @@ def apgd(
         (_, (per_example, logits)), grad = jax.value_and_grad(total, has_aux=True)(z)
         return per_example, jnp.argmax(logits, axis=-1) == y, grad
 
-    clean_correct = jnp.argmax(logits_fn(x), axis=-1) == y
-    t = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
-    t_max = jnp.max(jnp.abs(t).reshape(batch, -1), axis=1).reshape(bshape)
-    x_start = jnp.clip(x + eps * t / (t_max + 1e-12), 0.0, 1.0)
-    loss0, correct0, grad0 = loss_and_grad(x_start)
+    if norm == "linf":
+        t = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
+        t_norm = jnp.max(jnp.abs(t).reshape(batch, -1), axis=1).reshape(bshape)
+        direction = jnp.sign
 
-    def project(z):
-        return project_linf(z, x, eps)
+        def project(z):
+            return project_linf(z, x, eps)
+
+    else:
+        t = jax.random.normal(key, x.shape, x.dtype)
+        t_norm = _norms(t)
+
+        def direction(g):
+            return g / (_norms(g) + NORMALIZE_EPS)
+
+        def project(z):
+            return project_l2_apgd(z, x, eps)
+
+    clean_correct = jnp.argmax(logits_fn(x), axis=-1) == y
+    x_start = jnp.clip(x + eps * t / (t_norm + NORMALIZE_EPS), 0.0, 1.0)
+    loss0, correct0, grad0 = loss_and_grad(x_start)
 
     def body(i, s):
         momentum_term = s["x_adv"] - s["x_old"]
         a = jnp.where(i > 0, momentum, 1.0)
-        z = project(s["x_adv"] + s["step"].reshape(bshape) * jnp.sign(s["grad"]))
+        z = project(s["x_adv"] + s["step"].reshape(bshape) * direction(s["grad"]))
         x_new = project(s["x_adv"] + (z - s["x_adv"]) * a + momentum_term * (1 - a))
         loss_new, correct, grad = loss_and_grad(x_new)
         fooled = ~correct

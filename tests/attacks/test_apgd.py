@@ -1,6 +1,7 @@
 """APGD and CW against independent computations: hand-written losses, the checkpoint formula of
-Croce & Hein (2020), closed-form worst cases of a linear classifier, PGD-20 on a trained MLP, and a
-float64 numpy transcription of fra31/auto-attack's APGD on an MLP with a hand-written gradient."""
+Croce & Hein (2020), closed-form worst cases of a linear classifier (L-inf and L2), PGD-20 on a
+trained MLP, and a float64 numpy transcription of fra31/auto-attack's APGD (its Linf and L2
+branches) on an MLP with a hand-written gradient."""
 
 import functools
 
@@ -184,16 +185,38 @@ def np_dlr_and_dlogits(z, y):
     return -num / den, g
 
 
-def np_attack_single_run(x, y, t, eps, n_iter, loss_logits_grad, rho=0.75, literal=False):
-    """APGDAttack.attack_single_run (Linf), t the uniform draw in [-1, 1). Returns (x_best, acc,
-    loss_best, x_best_adv) as the reference does, and per checkpoint (i, rule a, rule b) masks.
+def np_l2_norm(v):
+    """other_utils.py L2_norm(v, keepdim=True)."""
+    return np.sqrt((v**2).reshape(len(v), -1).sum(-1)).reshape((len(v),) + (1,) * (v.ndim - 1))
+
+
+def np_normalize(v, norm):
+    """APGDAttack.normalize: v / (|v|_p + 1e-12) per example."""
+    if norm == "linf":
+        return v / (np.abs(v).reshape(len(v), -1).max(1).reshape((len(v),) + (1,) * (v.ndim - 1)) + 1e-12)
+    return v / (np_l2_norm(v) + 1e-12)
+
+
+def np_l2_step(x, x_adv, x_adv_old, grad, step_size, eps, a):
+    """attack_single_run's gradient step, norm == 'L2' branch, line by line."""
+    grad2 = x_adv - x_adv_old
+    x_adv_1 = x_adv + step_size * np_normalize(grad, "l2")
+    x_adv_1 = np.clip(x + np_normalize(x_adv_1 - x, "l2") * np.minimum(eps, np_l2_norm(x_adv_1 - x)), 0.0, 1.0)
+    x_adv_1 = x_adv + (x_adv_1 - x_adv) * a + grad2 * (1 - a)
+    return np.clip(x + np_normalize(x_adv_1 - x, "l2") * np.minimum(eps, np_l2_norm(x_adv_1 - x)), 0.0, 1.0)
+
+
+def np_attack_single_run(x, y, t, eps, n_iter, loss_logits_grad, rho=0.75, literal=False, norm="linf"):
+    """APGDAttack.attack_single_run, norm 'Linf' (t the uniform draw in [-1, 1)) or 'L2' (t the
+    Gaussian draw). Returns (x_best, acc, loss_best, x_best_adv) as the reference does, and per
+    checkpoint (i, rule a, rule b) masks.
 
     literal=False makes the one change patjax documents: check_oscillation's comparison of
     loss_steps[0] with loss_steps[-1] (a row not yet filled, 0) compares with the start's loss."""
     n = len(y)
     bshape = (n,) + (1,) * (x.ndim - 1)
     n_iter_2, n_iter_min, size_decr = max(int(0.22 * n_iter), 1), max(int(0.06 * n_iter), 1), max(int(0.03 * n_iter), 1)
-    x_adv = x + eps * t / (np.abs(t).reshape(n, -1).max(1).reshape(bshape) + 1e-12)  # normalize
+    x_adv = x + eps * np.ones_like(x) * np_normalize(t, norm)
     x_adv = np.clip(x_adv, 0.0, 1.0)
     x_best, x_best_adv = x_adv.copy(), x_adv.copy()
     loss_steps = np.zeros((n_iter, n))
@@ -211,13 +234,16 @@ def np_attack_single_run(x, y, t, eps, n_iter, loss_logits_grad, rho=0.75, liter
     decisions = []
     for i in range(n_iter):
         grad2 = x_adv - x_adv_old
-        x_adv_old = x_adv.copy()
         a = 0.75 if i > 0 else 1.0
-        x_adv_1 = x_adv + step_size * np.sign(grad)
-        x_adv_1 = np.clip(np.minimum(np.maximum(x_adv_1, x - eps), x + eps), 0.0, 1.0)
-        x_adv_1 = np.clip(
-            np.minimum(np.maximum(x_adv + (x_adv_1 - x_adv) * a + grad2 * (1 - a), x - eps), x + eps), 0.0, 1.0
-        )
+        if norm == "l2":
+            x_adv_1 = np_l2_step(x, x_adv, x_adv_old, grad, step_size, eps, a)
+        else:
+            x_adv_1 = x_adv + step_size * np.sign(grad)
+            x_adv_1 = np.clip(np.minimum(np.maximum(x_adv_1, x - eps), x + eps), 0.0, 1.0)
+            x_adv_1 = np.clip(
+                np.minimum(np.maximum(x_adv + (x_adv_1 - x_adv) * a + grad2 * (1 - a), x - eps), x + eps), 0.0, 1.0
+            )
+        x_adv_old = x_adv.copy()
         x_adv = x_adv_1 + 0.0
         loss_indiv, logits, grad = loss_logits_grad(x_adv, y)
         pred = logits.argmax(1) == y
@@ -252,14 +278,14 @@ def np_attack_single_run(x, y, t, eps, n_iter, loss_logits_grad, rho=0.75, liter
     return x_best, acc, loss_best, x_best_adv, decisions
 
 
-def np_perturb(x, y, t, eps, n_iter, loss_logits_grad, predict):
+def np_perturb(x, y, t, eps, n_iter, loss_logits_grad, predict, norm="linf"):
     """APGDAttack.perturb (best_loss=False, n_restarts=1): attack the clean-correct images only;
     adv = x, replaced by x_best_adv where the run fooled the image. Returns (adv, robust)."""
     acc = predict(x).argmax(1) == y
     adv = x.copy()
     ind_to_fool = np.nonzero(acc)[0]
     _, acc_curr, _, adv_curr, _ = np_attack_single_run(
-        x[ind_to_fool], y[ind_to_fool], t[ind_to_fool], eps, n_iter, loss_logits_grad
+        x[ind_to_fool], y[ind_to_fool], t[ind_to_fool], eps, n_iter, loss_logits_grad, norm=norm
     )
     ind_curr = ~acc_curr
     acc[ind_to_fool[ind_curr]] = False
@@ -360,3 +386,138 @@ def test_apgd_x_adv_is_what_perturb_returns_and_misclassified_exactly_where_not_
         assert (np.abs(x_adv[fooled] - x[fooled]).max(axis=1) > eps / 2).all()
         assert np.abs(x_adv - x).max() <= eps + 1e-6
         np.testing.assert_array_equal(np.asarray(logits_fn(result.x_adv)).argmax(1) != y, ~robust)
+
+
+# ---------------------------------------------------------------------------------------------
+# APGD under the L2 threat model (norm='l2'): the reference's L2 branch of attack_single_run.
+
+
+def test_apgd_refuses_an_unknown_norm():
+    x, y = jnp.full((2, 4), 0.5), jnp.zeros(2, jnp.int32)
+    with pytest.raises(ValueError, match="norm"):
+        apgd.apgd(lambda z: jnp.zeros((z.shape[0], 3)), jax.random.PRNGKey(0), x, y, eps=0.1, norm="L2")
+
+
+def test_apgd_l2_evaluates_only_points_in_the_l2_ball_and_the_box():
+    # Every point the model sees (clean x, start, each iterate), recorded from inside the loop:
+    # L2 distance to x at most eps and pixels in [0, 1]. x spans the whole box and eps is large,
+    # so both the sphere and the faces of the box are reached.
+    rng = np.random.default_rng(4)
+    n, shape, steps, eps = 16, (3, 4, 4), 20, 0.5
+    x = jnp.asarray(rng.uniform(0, 1, size=(n, *shape)), jnp.float32)
+    w1 = jnp.asarray(rng.normal(size=(48, 16)) * 2, jnp.float32)
+    w2 = jnp.asarray(rng.normal(size=(16, 5)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 5, size=n))
+    seen = []
+
+    def logits_fn(z):
+        jax.debug.callback(lambda v: seen.append(np.asarray(v)), z)
+        return jnp.tanh(z.reshape(z.shape[0], -1) @ w1) @ w2
+
+    apgd.apgd(logits_fn, jax.random.PRNGKey(2), x, y, eps=eps, steps=steps, norm="l2")
+    jax.effects_barrier()
+    assert len(seen) == steps + 2
+    points = np.stack(seen)
+    dist = np.sqrt(((points - np.asarray(x)) ** 2).reshape(steps + 2, n, -1).sum(-1))
+    assert dist.max() <= eps * (1 + 1e-5)
+    assert points.min() >= 0.0 and points.max() <= 1.0
+    assert (dist[1:] > 0.999 * eps).mean() > 0.1  # on the sphere
+    assert ((points[1:] == 0.0) | (points[1:] == 1.0)).any(axis=(2, 3, 4)).mean() > 0.3  # on a face
+
+
+def test_apgd_l2_reaches_the_closed_form_worst_case_of_a_linear_classifier():
+    # Binary linear model (class 2 is dead), x in [0.3, 0.7]^d and eps <= 0.3: the box is never
+    # active, the L2 distance to the boundary is margin / |w_y - w_o|_2, and CE, increasing in
+    # -margin, peaks at x - eps (w_y - w_o) / |w_y - w_o|_2.
+    eps = 0.08
+    logits_fn, x, y, w, b = linear_problem()
+    w64, b64, x64 = w.astype(np.float64), b.astype(np.float64), x.astype(np.float64)
+    u = np.arange(len(y))
+    dw = (w64[:, y] - w64[:, 1 - y]).T  # (n, d)
+    dw_norm = np.linalg.norm(dw, axis=1)
+    margin = (x64 @ w64 + b64)[u, y] - (x64 @ w64 + b64)[u, 1 - y]
+    robust = margin > eps * dw_norm
+    clear = np.abs(margin - eps * dw_norm) > 1e-3
+    assert 5 < robust.sum() < len(y) - 5
+    z_opt = (x64 - eps * dw / dw_norm[:, None]) @ w64 + b64
+    ce_opt = np.log(np.exp(z_opt - z_opt.max(1, keepdims=True)).sum(1)) + z_opt.max(1) - z_opt[u, y]
+    for loss in ("ce", "dlr"):
+        result = apgd.apgd(
+            logits_fn, jax.random.PRNGKey(5), jnp.asarray(x), jnp.asarray(y), eps=eps, steps=50, loss=loss, norm="l2"
+        )
+        np.testing.assert_array_equal(np.asarray(result.robust)[clear], robust[clear], err_msg=loss)
+        x_adv = np.asarray(result.x_adv)
+        assert np.sqrt(((x_adv - x) ** 2).sum(1)).max() <= eps * (1 + 1e-5)
+        if loss == "ce":
+            np.testing.assert_allclose(np.asarray(result.best_loss), ce_opt, rtol=1e-4, atol=1e-6)
+
+
+def test_apgd_l2_first_step_equals_the_reference_formulas():
+    # One step from the Gaussian start, on a model misclassifying every point but the clean x
+    # (a +50 logit for y at x, for another class elsewhere, constant, so the gradient is the
+    # MLP's): x_adv is then the first iterate, compared with attack_single_run's L2 formulas in
+    # float64 with the MLP's gradient written out by hand.
+    p, x, y = mlp_problem(n=32)
+    eps = 0.8
+    k = p["w2"].shape[1]
+    key = jax.random.PRNGKey(11)
+    with jax.enable_x64(True):
+        pj = {name: jnp.asarray(v) for name, v in p.items()}
+        x_clean = jnp.asarray(x)
+        bump_y, bump_other = np.eye(k)[y] * 50.0, np.eye(k)[(y + 1) % k] * 50.0
+
+        def logits_fn(z):
+            at_clean = jnp.max(jnp.abs(z - x_clean), axis=1, keepdims=True) < 1e-9
+            return jnp.tanh(z @ pj["w1"] + pj["b1"]) @ pj["w2"] + pj["b2"] + jnp.where(at_clean, bump_y, bump_other)
+
+        result = apgd.apgd(logits_fn, key, x_clean, jnp.asarray(y), eps=eps, steps=1, norm="l2")
+        t = np.asarray(jax.random.normal(key, x.shape, jnp.float64))  # apgd's draw
+    assert not np.asarray(result.robust).any()
+    x0 = np.clip(x + eps * np.ones_like(x) * np_normalize(t, "l2"), 0.0, 1.0)
+    _, dlogits = np_ce_and_dlogits(np_mlp_logits(p, x0) + bump_other, y)
+    grad = np_mlp_input_grad(p, x0, dlogits)
+    x1 = np_l2_step(x, x0, x0, grad, 2.0 * eps, eps, 1.0)
+    np.testing.assert_allclose(np.asarray(result.x_adv), x1, rtol=0, atol=1e-12)
+    # The check discriminates: the step moved every point, and the box clipped some pixels.
+    assert (np_l2_norm(x1 - x0).ravel() > 0.1 * eps).all()
+    assert ((x1 < 1e-9) | (x1 > 1 - 1e-9)).any()
+
+
+def test_apgd_l2_equals_a_float64_transcription_of_auto_attack_halving_and_restarts_included():
+    # CE: every output to float64 rounding. DLR: the robust flags, and the best loss of the robust
+    # images. A fooled image can reach points where y ranks third, where DLR is -(z_y - z_pi1) /
+    # (z_pi1 - z_y) = 1 and its gradient is 0 up to rounding (|g| ~ 1e-12); the L2 step
+    # g / (|g| + 1e-12) turns that rounding into a step of size ~eps, so no two implementations
+    # follow the same path from there (the reference's check_zero_gradients warns of it).
+    # While an image is classified correctly, y ranks first and the gradient is well defined.
+    p, x, y = mlp_problem()
+    eps, steps = 0.8, 40
+    key = jax.random.PRNGKey(7)
+    clean = np_mlp_logits(p, x).argmax(1) == y
+    with jax.enable_x64(True):
+        pj = {name: jnp.asarray(v) for name, v in p.items()}
+        logits_fn = lambda z: jnp.tanh(z @ pj["w1"] + pj["b1"]) @ pj["w2"] + pj["b2"]
+        t = np.asarray(jax.random.normal(key, x.shape, jnp.float64))  # apgd's draw
+        for loss, np_loss in (("ce", np_ce_and_dlogits), ("dlr", np_dlr_and_dlogits)):
+            result = apgd.apgd(
+                logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=eps, steps=steps, loss=loss, norm="l2"
+            )
+            result = jax.tree.map(np.asarray, result)
+
+            def loss_logits_grad(z, labels):
+                logits = np_mlp_logits(p, z)
+                value, dlogits = np_loss(logits, labels)
+                return value, logits, np_mlp_input_grad(p, z, dlogits)
+
+            predict = lambda z: np_mlp_logits(p, z)
+            adv, robust = np_perturb(x, y, t, eps, steps, loss_logits_grad, predict, norm="l2")
+            _, _, loss_best, _, decisions = np_attack_single_run(x, y, t, eps, steps, loss_logits_grad, norm="l2")
+            np.testing.assert_array_equal(result.robust, robust, err_msg=loss)
+            compared = np.ones(len(y), bool) if loss == "ce" else robust
+            np.testing.assert_allclose(result.x_adv[compared], adv[compared], rtol=0, atol=1e-12, err_msg=loss)
+            np.testing.assert_allclose(
+                result.best_loss[compared], loss_best[compared], rtol=1e-9, atol=1e-12, err_msg=loss
+            )
+            # Discriminating: robust and fooled images, and checkpoints that halve some steps only.
+            assert 0 < robust.sum() < clean.sum(), loss
+            assert sum(0 < (a | b).sum() < len(y) for _, a, b in decisions) >= 2, loss

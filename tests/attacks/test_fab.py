@@ -1,7 +1,9 @@
-"""FAB-T against independent computations: the L-inf projection against scipy's linprog, the closed-form
-minimal perturbation of affine models, and a float64 numpy transcription of fra31/auto-attack's
-FABAttack (fab_base.py attack_single_run + perturb with targeted=True, fab_projections.py
-projection_linf) on an MLP with a hand-written gradient."""
+"""FAB-T against independent computations: the L-inf projection against scipy's linprog, the L2
+projection against its KKT conditions solved by bisection on the multiplier and against scipy's
+SLSQP, the closed-form minimal perturbation of affine models, and a float64 numpy transcription of
+fra31/auto-attack's FABAttack (fab_base.py attack_single_run + perturb with targeted=True, norm
+'Linf' or 'L2'; the L2 projection there is the KKT solution, not the reference's) on an MLP with a
+hand-written gradient."""
 
 import functools
 import math
@@ -10,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.optimize import linprog
+from scipy.optimize import linprog, minimize
 
 from patjax.attacks import fab
 
@@ -34,6 +36,46 @@ def linprog_projection(x, w, b):
         method="highs",
     )
     return out.fun if out.status == 0 else None
+
+
+def kkt_projection_l2(x, w, b):
+    """Per row, the d of least |d|_2 with w.(x + d) = b and x + d in [0, 1], and whether the plane
+    meets the box. KKT: d = d(lam) = clip(-lam w, -x, 1 - x) (0 where w_i = 0), and w.d(lam) + c,
+    c = w.x - b, is non-increasing in lam: a bisection on lam finds which coordinates sit on a face,
+    then the linear equation for the others gives lam. Where the plane misses the box, the full
+    move towards it, d(+-inf)."""
+    c = (w * x).sum(1) - b
+    move = lambda lam: np.where(w != 0, np.clip(-lam[:, None] * w, -x, 1 - x), 0.0)
+    gap = lambda lam: (w * move(lam)).sum(1) + c
+    # every coordinate is on its face once |lam| >= 1 / |w_i|
+    lo, hi = np.zeros(len(x)), np.sign(c) * np.where(w != 0, 1 / np.where(w != 0, np.abs(w), 1), 0).max(1)
+    reachable = np.sign(c) * gap(hi) <= 0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        above = np.sign(c) * gap(mid) > 0
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    lam = (lo + hi) / 2
+    d = move(lam)
+    free = (w != 0) & (d > -x) & (d < 1 - x)
+    weight = np.sum(np.where(free, w * w, 0), 1)
+    exact = (c + np.sum(np.where(free, 0, w * d), 1)) / np.where(weight > 0, weight, 1)
+    lam = np.where(reachable & (weight > 0), exact, lam)
+    return move(lam), reachable
+
+
+def slsqp_projection_l2(x, w, b):
+    """min |d|_2^2 s.t. w.(x + d) = b, 0 <= x + d <= 1, by scipy's SLSQP from d = 0: |d|_2."""
+    out = minimize(
+        lambda d: d @ d,
+        np.zeros_like(x),
+        jac=lambda d: 2 * d,
+        method="SLSQP",
+        bounds=list(zip(-x, 1 - x)),
+        constraints=[{"type": "eq", "fun": lambda d: w @ (x + d) - b, "jac": lambda d: w}],
+        options={"ftol": 1e-15, "maxiter": 500},
+    )
+    assert out.success, out.message
+    return np.sqrt(out.fun)
 
 
 def projection_instances(seed, rows, n):
@@ -74,6 +116,43 @@ def test_projection_linf_is_the_exact_minimum_of_the_linear_program():
     assert binding >= 60 and infeasible >= 10, (binding, infeasible)
 
 
+@pytest.mark.slow
+def test_projection_l2_is_the_kkt_minimum():
+    free = binding = infeasible = 0
+    with jax.enable_x64(True):
+        for seed, n in [(0, 2), (1, 3), (2, 8), (3, 20), (4, 48), (5, 300)]:
+            x, w, b = projection_instances(seed, 60, n)
+            # a third of the rows inside the box and near the plane: no face is reached
+            x[::3] = np.random.default_rng(seed).uniform(0.2, 0.8, x[::3].shape)
+            b[::3] = np.sum(w[::3] * x[::3], 1) + (b[::3] - np.sum(w[::3] * x[::3], 1)) * 0.02
+            d = np.asarray(jax.jit(fab.projection_l2)(x, w, b))
+            kkt, reachable = kkt_projection_l2(x, w, b)
+            assert np.all(x + d >= -1e-12) and np.all(x + d <= 1 + 1e-12)
+            assert np.all(d[w == 0] == 0)
+            # where the plane misses the box: every coordinate at the face towards it (what the reference's
+            # projection_l2 returns there, as its projection_linf does)
+            side = np.sign(np.sum(w * x, 1) - b)[:, None]
+            face = (side * w < 0).astype(float)
+            np.testing.assert_allclose(d[~reachable], ((face - x) * (w != 0))[~reachable], atol=1e-12)
+            infeasible += np.sum(~reachable)
+            np.testing.assert_allclose(d, kkt, atol=1e-10)
+            np.testing.assert_allclose(
+                np.sum(w * (x + d), 1)[reachable], b[reachable], atol=1e-9 * (1 + np.abs(b).max())
+            )
+            some = reachable & np.any(w != 0, 1)  # w = 0: nothing moves, nothing to solve
+            if n <= 8:  # the KKT point is the minimum: a general solver finds no shorter d
+                for xi, wi, bi, di in zip(x[some], w[some], b[some], d[some]):
+                    np.testing.assert_allclose(
+                        np.linalg.norm(di), slsqp_projection_l2(xi, wi, bi), rtol=1e-6, atol=1e-9
+                    )
+            x, w, b = x[some], w[some], b[some]
+            unconstrained = x - ((np.sum(w * x, 1) - b) / np.sum(w * w, 1))[:, None] * w
+            inside = np.all((unconstrained >= 0) & (unconstrained <= 1), 1)
+            free += np.sum(inside)
+            binding += np.sum(~inside)
+    assert free >= 40 and binding >= 60 and infeasible >= 10, (free, binding, infeasible)
+
+
 def affine_problem(seed, batch=16, classes=3, lo=0.3, hi=0.7, scale=1.0):
     """logits = flatten(x) W + c with every class past the first two pushed 1e3 below (so only the
     y-vs-t boundary matters); y = the clean prediction except the last image's label."""
@@ -90,40 +169,54 @@ def affine_problem(seed, batch=16, classes=3, lo=0.3, hi=0.7, scale=1.0):
     return logits_fn, x, y, W, c
 
 
-def check_result(result, logits_fn, x, y, eps):
-    x_adv, norm, fooled = (np.asarray(v) for v in result)
+def size(z, norm):
+    """|z|_inf or |z|_2 per row, in float64."""
+    z = np.asarray(z, np.float64).reshape(len(z), -1)
+    return np.abs(z).max(1) if norm == "linf" else np.linalg.norm(z, axis=1)
+
+
+def dual_size(w, norm):
+    """The dual norm (L1 for L-inf, L2 for L2): the smallest |d| with w.d = m is |m| / dual_size(w)."""
+    return np.abs(w).sum(1) if norm == "linf" else np.linalg.norm(w, axis=1)
+
+
+def check_result(result, logits_fn, x, y, eps, norm="linf"):
+    x_adv, reported, fooled = (np.asarray(v) for v in result)
     assert np.all((x_adv >= 0) & (x_adv <= 1))
-    dist = np.abs(x_adv - x).reshape(len(x), -1).max(1)
+    dist = size(x_adv - x, norm)
     pred = np.asarray(logits_fn(jnp.asarray(x_adv))).argmax(1)
     assert np.all(dist[fooled] <= eps + 1e-7)
     assert np.all(pred[fooled] != y[fooled])
     assert not np.any(fooled & ((pred == y) | (dist > eps)))
-    return x_adv, norm, fooled, dist
+    return x_adv, reported, fooled, dist
 
 
-def test_fab_targeted_reaches_the_closed_form_minimum_of_an_affine_model():
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_fab_targeted_reaches_the_closed_form_minimum_of_an_affine_model(norm):
     logits_fn, x, y, W, c = affine_problem(0)
     target = 1 - y
     flat = x.reshape(len(x), -1).astype(np.float64)
     dw = W[:, target].T - W[:, y].T
-    closed = np.abs(np.sum(flat * dw, 1) + c[target] - c[y]) / np.abs(dw).sum(1)
-    assert closed[:-1].max() < 0.25  # the box [0.3, 0.7] +- 0.25 does not bind
+    closed = np.abs(np.sum(flat * dw, 1) + c[target] - c[y]) / dual_size(dw, norm)
+    assert closed[:-1].max() < 0.25  # the box [0.3, 0.7] +- 0.25 does not bind (|d|_inf <= |d|_2)
     eps = float(np.median(closed[:-1]))
-    run = jax.jit(functools.partial(fab.fab_targeted, logits_fn, eps=eps))
+    run = jax.jit(functools.partial(fab.fab_targeted, logits_fn, eps=eps, norm=norm))
     result = run(jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(y), jnp.asarray(target))
-    x_adv, norm, fooled, dist = check_result(result, logits_fn, x, y, eps)
+    x_adv, norm_, fooled, dist = check_result(result, logits_fn, x, y, eps, norm)
     ok = slice(0, -1)
-    assert np.all(norm[ok] >= closed[ok] * (1 - 1e-5))
-    assert np.all(norm[ok] <= closed[ok] * 1.01), norm[ok] / closed[ok]
-    np.testing.assert_allclose(dist[ok], norm[ok], rtol=1e-6)
+    assert np.all(norm_[ok] >= closed[ok] * (1 - 1e-5))
+    assert np.all(norm_[ok] <= closed[ok] * 1.01), norm_[ok] / closed[ok]
+    np.testing.assert_allclose(dist[ok], norm_[ok], rtol=1e-6)
     assert np.all(fooled[ok][closed[ok] * 1.01 < eps]) and not np.any(fooled[ok][closed[ok] > eps])
     assert 0 < fooled[ok].sum() < len(x) - 1
     # misclassified at x: returned as x, norm 0, fooled
-    assert fooled[-1] and norm[-1] == 0 and np.all(x_adv[-1] == x[-1])
+    assert fooled[-1] and norm_[-1] == 0 and np.all(x_adv[-1] == x[-1])
 
 
-def test_fab_targeted_on_an_affine_model_where_the_box_binds():
-    # x near the faces and a steep-enough margin: the linprog minimum with the box is the target.
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_fab_targeted_on_an_affine_model_where_the_box_binds(norm):
+    # x near the faces and a steep-enough margin: the minimum with the box (linprog for L-inf, the
+    # KKT solution for L2) is the target.
     logits_fn, x, y, W, c = affine_problem(1, lo=0.0, hi=1.0, scale=0.3)
     x[:, :2] = np.round(x[:, :2])
     x = x[:-1]
@@ -132,19 +225,25 @@ def test_fab_targeted_on_an_affine_model_where_the_box_binds():
     flat = x.reshape(len(x), -1).astype(np.float64)
     dw = (W[:, target].T - W[:, y].T).astype(np.float64)
     # boundary: dw.z + (c_t - c_y) = 0
-    exact = np.array([linprog_projection(f, w, -(c[t] - c[yy])) for f, w, t, yy in zip(flat, dw, target, y)])
-    free = np.abs(np.sum(flat * dw, 1) + c[target] - c[y]) / np.abs(dw).sum(1)
+    if norm == "linf":
+        exact = np.array([linprog_projection(f, w, -(c[t] - c[yy])) for f, w, t, yy in zip(flat, dw, target, y)])
+    else:
+        d, reachable = kkt_projection_l2(flat, dw, -(c[target] - c[y]).astype(np.float64))
+        assert reachable.all()
+        exact = np.linalg.norm(d, axis=1)
+    free = np.abs(np.sum(flat * dw, 1) + c[target] - c[y]) / dual_size(dw, norm)
     assert np.sum(exact > free * 1.01) >= 4  # the box binds for several images
-    run = jax.jit(functools.partial(fab.fab_targeted, logits_fn, eps=0.0))
+    run = jax.jit(functools.partial(fab.fab_targeted, logits_fn, eps=0.0, norm=norm))
     result = run(jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(y), jnp.asarray(target))
-    _, norm, fooled, _ = check_result(result, logits_fn, x, y, 0.0)
+    _, norm_, fooled, _ = check_result(result, logits_fn, x, y, 0.0, norm)
     assert not fooled.any()
-    assert np.all(norm >= exact * (1 - 1e-5)) and np.all(norm <= exact * 1.01), norm / exact
+    assert np.all(norm_ >= exact * (1 - 1e-5)) and np.all(norm_ <= exact * 1.01), norm_ / exact
 
 
 # ---------------------------------------------------------------------------------------
 # FAB-T against a float64 numpy transcription of fra31/auto-attack (fab_base.py, fab_pt.py,
-# fab_projections.py), which re-indexes the points still to attack as the reference does.
+# fab_projections.py), which re-indexes the points still to attack as the reference does. For L2
+# the projection is `kkt_projection_l2`, not a transcription of the reference's.
 
 
 def np_projection_linf(points, w, b):
@@ -202,7 +301,8 @@ def np_diff_grad(p, z, la, la_target):
     return logits[u, la_target] - logits[u, la], (dw2 * (1 - h**2)) @ p["w1"].T
 
 
-def np_attack_single_run(p, x, y, target_class, rand, eps, n_iter, alpha_max=0.1, eta=1.05, beta=0.9):
+def np_attack_single_run(p, x, y, target_class, rand, eps, n_iter, norm="linf", alpha_max=0.1, eta=1.05, beta=0.9):
+    project = np_projection_linf if norm == "linf" else lambda t, w, b: kkt_projection_l2(t, w, b)[0]
     predict = lambda z: np_mlp(p, z)[0].argmax(1)
     pred = np.nonzero(predict(x) == y)[0]
     if len(pred) == 0:
@@ -215,20 +315,20 @@ def np_attack_single_run(p, x, y, target_class, rand, eps, n_iter, alpha_max=0.1
     x1, x0 = im2.copy(), im2.copy()
     if rand is not None:
         t = rand[pred]
-        x1 = im2 + np.minimum(res2, eps)[:, None] * t / np.abs(t).max(1, keepdims=True) * 0.5
+        x1 = im2 + np.minimum(res2, eps)[:, None] * t / size(t, norm)[:, None] * 0.5
         x1 = x1.clip(0.0, 1.0)
     for _ in range(n_iter):
         df, g = np_diff_grad(p, x1, la2, la_target2)
         b = -df + (g * x1).sum(-1)
-        d3 = np_projection_linf(np.concatenate((x1, x0)), np.concatenate((g, g)), np.concatenate((b, b)))
+        d3 = project(np.concatenate((x1, x0)), np.concatenate((g, g)), np.concatenate((b, b)))
         d1, d2 = d3[:bs], d3[-bs:]
-        a0 = np.maximum(np.abs(d3).max(1, keepdims=True), 1e-8)
+        a0 = np.maximum(size(d3, norm), 1e-8)[:, None]
         a1, a2 = a0[:bs], a0[-bs:]
         alpha = np.minimum(np.maximum(a1 / (a1 + a2), 0), alpha_max)
         x1 = ((x1 + eta * d1) * (1 - alpha) + (im2 + d2 * eta) * alpha).clip(0.0, 1.0)
         ind_adv = np.nonzero(predict(x1) != la2)[0]
         if len(ind_adv):
-            t = np.abs(x1[ind_adv] - im2[ind_adv]).max(1)
+            t = size(x1[ind_adv] - im2[ind_adv], norm)
             better = (t < res2[ind_adv])[:, None]
             adv[ind_adv] = x1[ind_adv] * better + adv[ind_adv] * ~better
             res2[ind_adv] = np.where(better[:, 0], t, res2[ind_adv])
@@ -240,29 +340,31 @@ def np_attack_single_run(p, x, y, target_class, rand, eps, n_iter, alpha_max=0.1
     return adv_c, res_c
 
 
-def np_perturb_targeted(p, x, y, eps, n_target_classes, n_restarts, n_iter, draws):
-    """perturb(targeted=True); draws[run] is the full-batch U(-1, 1) draw of run
-    (target_class - 2) * n_restarts + counter. Also returns the norm fab_t reports (not in the
+def np_perturb_targeted(p, x, y, eps, n_target_classes, n_restarts, n_iter, draws, norm="linf"):
+    """perturb(targeted=True); draws[run] is the full-batch draw (U(-1, 1) for L-inf, N(0, 1) for
+    L2) of run (target_class - 2) * n_restarts + counter. Also returns the norm fab_t reports (not in the
     reference): the successful run's res_c, else the smallest res_c over the runs."""
     adv = x.copy()
     acc = np_mlp(p, x)[0].argmax(1) == y
-    norm = np.where(acc, np.inf, 0.0)
+    dist = np.where(acc, np.inf, 0.0)
     for target_class in range(2, n_target_classes + 2):
         for counter in range(n_restarts):
             ind_to_fool = np.nonzero(acc)[0]
             if len(ind_to_fool) == 0:
                 continue
             rand = draws[(target_class - 2) * n_restarts + counter][ind_to_fool] if counter > 0 else None
-            adv_curr, res_c = np_attack_single_run(p, x[ind_to_fool], y[ind_to_fool], target_class, rand, eps, n_iter)
+            adv_curr, res_c = np_attack_single_run(
+                p, x[ind_to_fool], y[ind_to_fool], target_class, rand, eps, n_iter, norm
+            )
             acc_curr = np_mlp(p, adv_curr)[0].argmax(1) == y[ind_to_fool]
-            res = np.abs(x[ind_to_fool] - adv_curr).max(1)
+            res = size(x[ind_to_fool] - adv_curr, norm)
             acc_curr = np.maximum(acc_curr, res > eps)
             ind_curr = np.nonzero(~acc_curr)[0]
-            norm[ind_to_fool] = np.minimum(norm[ind_to_fool], res_c)
-            norm[ind_to_fool[ind_curr]] = res_c[ind_curr]
+            dist[ind_to_fool] = np.minimum(dist[ind_to_fool], res_c)
+            dist[ind_to_fool[ind_curr]] = res_c[ind_curr]
             acc[ind_to_fool[ind_curr]] = False
             adv[ind_to_fool[ind_curr]] = adv_curr[ind_curr]
-    return adv, acc, norm
+    return adv, acc, dist
 
 
 def mlp_problem(seed=3, n=24, h=16, k=10):
@@ -281,10 +383,11 @@ def mlp_problem(seed=3, n=24, h=16, k=10):
 
 
 @pytest.mark.slow
-def test_fab_t_equals_a_float64_transcription_of_auto_attack():
+@pytest.mark.parametrize("norm, eps", [("linf", 0.03), ("l2", 0.15)])
+def test_fab_t_equals_a_float64_transcription_of_auto_attack(norm, eps):
     p, x, y = mlp_problem()
     n = len(x)
-    eps, n_iter = 0.03, 30
+    n_iter = 30
     with jax.enable_x64(True):
         pj = jax.tree.map(jnp.asarray, p)
         logits_fn = lambda z: jnp.tanh(z.reshape(z.shape[0], -1) @ pj["w1"] + pj["b1"]) @ pj["w2"] + pj["b2"]
@@ -292,41 +395,53 @@ def test_fab_t_equals_a_float64_transcription_of_auto_attack():
         for n_targets, n_restarts in [(9, 1), (2, 3)]:
             run = jax.jit(
                 functools.partial(
-                    fab.fab_t, logits_fn, eps=eps, n_target_classes=n_targets, n_restarts=n_restarts, n_iter=n_iter
+                    fab.fab_t,
+                    logits_fn,
+                    eps=eps,
+                    n_target_classes=n_targets,
+                    n_restarts=n_restarts,
+                    n_iter=n_iter,
+                    norm=norm,
                 )
             )
             result = run(key, jnp.asarray(x), jnp.asarray(y))
             assert result.x_adv.dtype == np.float64
             # fab_targeted draws its start from keys[run] over the whole batch
-            draws = [
-                np.asarray(jax.random.uniform(k, x.shape, jnp.float64, -1.0, 1.0)).reshape(n, -1)
-                for k in jax.random.split(key, n_targets * n_restarts)
-            ]
-            adv, acc, norm_ref = np_perturb_targeted(p, x.reshape(n, -1), y, eps, n_targets, n_restarts, n_iter, draws)
-            what = f"{n_targets} targets, {n_restarts} restarts"
+            draw = (
+                (lambda k: jax.random.uniform(k, x.shape, jnp.float64, -1.0, 1.0))
+                if norm == "linf"
+                else (lambda k: jax.random.normal(k, x.shape, jnp.float64))
+            )
+            draws = [np.asarray(draw(k)).reshape(n, -1) for k in jax.random.split(key, n_targets * n_restarts)]
+            adv, acc, norm_ref = np_perturb_targeted(
+                p, x.reshape(n, -1), y, eps, n_targets, n_restarts, n_iter, draws, norm
+            )
+            what = f"{norm}, {n_targets} targets, {n_restarts} restarts"
             np.testing.assert_allclose(np.asarray(result.x_adv).reshape(n, -1), adv, rtol=0, atol=1e-10, err_msg=what)
             np.testing.assert_array_equal(np.asarray(result.fooled), ~acc, err_msg=what)
             np.testing.assert_allclose(np.asarray(result.norm), norm_ref, rtol=1e-12, err_msg=what)
-            _, norm, fooled, dist = check_result(result, logits_fn, x, y, eps)
-            np.testing.assert_allclose(norm[fooled], dist[fooled], rtol=1e-12)
-            assert np.all(norm[:2] == 0) and fooled[:2].all()
-            assert np.all(norm[~fooled] > eps)
+            _, norm_, fooled, dist = check_result(result, logits_fn, x, y, eps, norm)
+            np.testing.assert_allclose(norm_[fooled], dist[fooled], rtol=1e-12)
+            assert np.all(norm_[:2] == 0) and fooled[:2].all()
+            assert np.all(norm_[~fooled] > eps)
             assert 4 <= fooled[2:].sum() <= n - 6, (what, fooled)
             if n_restarts > 1:
                 # one run from a random start: every image's smallest adversarial, whatever its norm
                 target = fab.fab_target_classes(logits_fn(jnp.asarray(x)), 2)[1]
                 single = jax.jit(
-                    functools.partial(fab.fab_targeted, logits_fn, eps=eps, n_iter=n_iter, random_start=True)
+                    functools.partial(fab.fab_targeted, logits_fn, eps=eps, n_iter=n_iter, random_start=True, norm=norm)
                 )
                 out = single(jax.random.split(key, n_targets * n_restarts)[0], jnp.asarray(x), jnp.asarray(y), target)
-                ref_adv, ref_norm = np_attack_single_run(p, x.reshape(n, -1), y, 3, draws[0], eps, n_iter)
+                ref_adv, ref_norm = np_attack_single_run(p, x.reshape(n, -1), y, 3, draws[0], eps, n_iter, norm)
                 np.testing.assert_allclose(np.asarray(out.x_adv).reshape(n, -1), ref_adv, rtol=0, atol=1e-10)
                 np.testing.assert_allclose(np.asarray(out.norm), ref_norm, rtol=1e-12)
                 assert np.isfinite(ref_norm).sum() >= n // 2
             if n_targets == 9:
                 # some images are first fooled only with a later target than the first
                 first = fooled
-                one = jax.jit(functools.partial(fab.fab_t, logits_fn, eps=eps, n_target_classes=1, n_iter=n_iter))
+                one = jax.jit(
+                    functools.partial(fab.fab_t, logits_fn, eps=eps, n_target_classes=1, n_iter=n_iter, norm=norm)
+                )
                 assert np.sum(first & ~np.asarray(one(key, jnp.asarray(x), jnp.asarray(y)).fooled)) >= 1
 
 
@@ -358,3 +473,12 @@ def test_targets_are_the_ranked_logits_and_need_enough_classes():
     np.testing.assert_array_equal(fab.fab_target_classes(logits, 3), [[3, 0], [2, 1], [4, 2]])
     with pytest.raises(ValueError, match="at least 6 classes"):
         fab.fab_target_classes(logits, 5)
+
+
+def test_an_unknown_norm_is_refused():
+    logits_fn, x, y, _, _ = affine_problem(0, batch=2)
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(ValueError, match="'linf', 'l2', got 'l1'"):
+        fab.fab_t(logits_fn, key, jnp.asarray(x), jnp.asarray(y), eps=0.1, n_target_classes=2, norm="l1")
+    with pytest.raises(ValueError, match="got 'Linf'"):
+        fab.fab_targeted(logits_fn, key, jnp.asarray(x), jnp.asarray(y), jnp.asarray(1 - y), eps=0.1, norm="Linf")

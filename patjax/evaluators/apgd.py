@@ -1,11 +1,12 @@
 """APGD-CE and APGD-DLR (Croce & Hein, 2020): step-size-free PGD, one restart each, at the threat
-model's eps; their own settings (block `eval.apgd`) are AutoAttack's too."""
+model's eps and norm (L-inf or L2, `apgd.apgd`); their own settings (block `eval.apgd`) are
+AutoAttack's too."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from patjax.attacks import apgd
+from patjax.attacks import apgd, l2
 from patjax.core.errors import UserError, check_counts, count
 from patjax.evaluators import common
 
@@ -36,9 +37,11 @@ BLOCK = "apgd"
 
 def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
-        own, eps = s[BLOCK], s[common.THREAT_BLOCK].eps
+        own, threat = s[BLOCK], s[common.THREAT_BLOCK]
         return common.per_example(
-            lambda k, xi, yi: apgd.apgd(logits_fn, k, xi, yi, eps=eps, steps=own.steps, loss=loss, rho=own.rho),
+            lambda k, xi, yi: apgd.apgd(
+                logits_fn, k, xi, yi, eps=threat.eps, steps=own.steps, loss=loss, rho=own.rho, norm=threat.norm
+            ),
             key,
             indices,
             x,
@@ -48,6 +51,7 @@ def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
     def settings(s) -> dict:
         return {
             "eps": s[common.THREAT_BLOCK].eps,
+            "norm": s[common.THREAT_BLOCK].norm,
             "steps": s[BLOCK].steps,
             "rho": s[BLOCK].rho,
             "loss": loss,
@@ -55,7 +59,7 @@ def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
             "departure": DEPARTURE,
         }
 
-    return common.attack_evaluator(name, label, batch_robust, settings, ApgdSettings, BLOCK)
+    return common.attack_evaluator(name, label, batch_robust, settings, ApgdSettings, BLOCK, norms=l2.NORMS)
 
 
 APGD_CE = _apgd("ce", name="apgd_ce", label="APGD-CE")

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from patjax.attacks import square
+from patjax.attacks import square, square_l2
 
 EPS = 8 / 255
 
@@ -333,7 +333,9 @@ def test_l2_square_sides_match_the_reference():
     bottom = np.array([[0.25, 0.25, 0.25], [0.25, 1.25, 0.25]]) / np.sqrt(1.875)
     np.testing.assert_allclose(ref_eta(3, False), np.concatenate([top, -bottom]) / np.sqrt(2), rtol=1e-12)
     with pytest.raises(ValueError):
-        square.square_l2(lambda z: z[:, 0, 0], jax.random.key(0), jnp.zeros((1, 4, 8, 3)), jnp.zeros(1, int), eps=0.5)
+        square_l2.square_l2(
+            lambda z: z[:, 0, 0], jax.random.key(0), jnp.zeros((1, 4, 8, 3)), jnp.zeros(1, int), eps=0.5
+        )
 
 
 @pytest.mark.parametrize("height, width, shared", [(32, 32, False), (16, 20, True), (8, 8, False)])
@@ -345,10 +347,10 @@ def test_l2_start_matches_the_reference(height, width, shared):
     batch = 3
     x = rng.uniform(0, 1, (batch, height, width, 3)).astype(np.float32)
     x[:, :3] = np.round(x[:, :3])
-    _, _, rows, cols = square.l2_start_grid(height, width)
+    _, _, rows, cols = square_l2.l2_start_grid(height, width)
     signs = rng.choice([-1.0, 1.0], (batch, rows, cols, 3)).astype(np.float32)
     flips = rng.uniform(size=(1 if shared else batch, rows, cols)) > 0.5
-    res = square.square_l2_run(
+    res = square_l2.square_l2_run(
         lambda z: jnp.zeros((z.shape[0], 2)),  # margin 0 at every point: attacked, never searched
         x,
         np.zeros(batch, np.int32),
@@ -379,7 +381,7 @@ def test_l2_iterations_match_the_reference(shared):
     x = x[np.argsort(np_margin(logits_fn(x), np.asarray(logits_fn(x)).argmax(1)))[[3, 10, 16, 24, 40, 60, 100]]]
     y = np.asarray(logits_fn(x)).argmax(1)
     batch = len(x)
-    _, _, rows, cols = square.l2_start_grid(size, size)
+    _, _, rows, cols = square_l2.l2_start_grid(size, size)
     start_signs = rng.choice([-1.0, 1.0], (batch, rows, cols, 3)).astype(np.float32)
     start_flips = rng.uniform(size=(1, rows, cols)) > 0.5
     sizes = square.square_sizes(n_iter, size, size, 3, norm="L2")
@@ -388,7 +390,7 @@ def test_l2_iterations_match_the_reference(shared):
     corners = rng.integers(0, size - sizes[:, None, None], (n_iter, 4, n)).astype(np.int32)
     coins = rng.uniform(size=(n_iter, n)) > 0.5
     signs = rng.choice([-1.0, 1.0], (n_iter, batch, 3)).astype(np.float32)
-    res = square.square_l2_run(
+    res = square_l2.square_l2_run(
         logits_fn,
         x,
         y,
@@ -444,7 +446,7 @@ def test_l2_stays_in_the_ball_and_the_unit_box_and_counts_queries():
     y[0] = (y[0] + 1) % 5  # clean-misclassified: not attacked
     # eps traced; the batch-shared squares and the rescaled schedule exercised here.
     run = jax.jit(
-        lambda key, x, y, eps: square.square_l2(
+        lambda key, x, y, eps: square_l2.square_l2(
             logits_fn, key, x, y, eps=eps, n_queries=150, rescale_schedule=True, shared_squares=True, return_trace=True
         )
     )
@@ -480,7 +482,8 @@ def test_l2_linear_model_fools_inside_and_never_beyond():
     w = np.stack([a.reshape(-1), np.zeros(a.size)], axis=1).astype(np.float32)
     logits_fn = linear_model(w, np.zeros(2, np.float32))
     y = np.zeros(len(ratio), np.int32)
-    res = jax.jit(functools.partial(square.square_l2, logits_fn, eps=EPS_L2, n_queries=2000))(jax.random.key(5), x, y)
+    attack = jax.jit(functools.partial(square_l2.square_l2, logits_fn, eps=EPS_L2, n_queries=2000))
+    res = attack(jax.random.key(5), x, y)
     fooled = np.asarray(res.fooled)
     np.testing.assert_array_equal(fooled[ratio <= 0.3], True)
     np.testing.assert_array_equal(fooled[ratio > 1], False)

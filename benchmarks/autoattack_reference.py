@@ -11,7 +11,7 @@ reported beside, not compared against.
 
   pip install torch==2.13.0 pyautoattack==0.2.0 torchattacks==3.5.1
   python benchmarks/autoattack_reference.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
-      --num_examples=500 --out=aa_pgd_s0.json
+      --num_examples=500 --out=aa_pgd_s0.json [--norm=L2]   # L2: eps 0.5 unless --eps
 
 Prints and writes one JSON object: robust accuracy after each attack for both, the images on
 which they disagree, and the wall time of each (patjax's four attack passes, the reference's
@@ -49,7 +49,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="a patjax run with a checkpoint or kept model")
     p.add_argument("--num_examples", type=int, default=500, help="the first N test images")
-    p.add_argument("--eps", type=float, default=8 / 255)
+    p.add_argument("--norm", choices=("Linf", "L2"), default="Linf", help="the reference's norm (patjax's linf / l2)")
+    p.add_argument("--eps", type=float, default=None, help="default 8/255 under Linf, 0.5 under L2 (RobustBench's)")
     p.add_argument("--batch_size", type=int, default=250)
     p.add_argument("--data_dir", default=None)
     p.add_argument(
@@ -90,10 +91,10 @@ def run_patjax(settings, model_fns, state, split):
     }
 
 
-def run_reference(torch_model, x, y, eps, batch_size, seed=0):
+def run_reference(torch_model, x, y, eps, batch_size, norm, seed=0):
     from pyautoattack import AutoAttack
 
-    adversary = AutoAttack(torch_model, norm="Linf", eps=eps, version="standard", seed=seed)
+    adversary = AutoAttack(torch_model, norm=norm, eps=eps, version="standard", seed=seed)
     records = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())
@@ -117,14 +118,14 @@ def run_reference(torch_model, x, y, eps, batch_size, seed=0):
         "after": after,
         "wall_s": round(wall, 1),
         "robust": robust,
-        "settings": "pyautoattack 0.2.0 AutoAttack(norm='Linf', version='standard', seed=0)",
+        "settings": f"pyautoattack 0.2.0 AutoAttack(norm={norm!r}, version='standard', seed=0)",
     }
 
 
-def run_torchattacks(torch_model, x, y, eps, batch_size):
+def run_torchattacks(torch_model, x, y, eps, batch_size, norm):
     import torchattacks
 
-    attack = torchattacks.AutoAttack(torch_model, norm="Linf", eps=eps, version="standard", n_classes=10, seed=0)
+    attack = torchattacks.AutoAttack(torch_model, norm=norm, eps=eps, version="standard", n_classes=10, seed=0)
     start = time.perf_counter()
     x_adv = np.concatenate(
         [attack(x[i : i + batch_size], y[i : i + batch_size]).numpy() for i in range(0, len(x), batch_size)]
@@ -153,6 +154,8 @@ def predict(torch_model, x, batch_size):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.eps is None:
+        args.eps = 8 / 255 if args.norm == "Linf" else 0.5
     from patjax.core import devices
     from patjax.data import cifar
 
@@ -190,6 +193,7 @@ def main(argv=None):
         "workdir": args.workdir,
         "step": int(state.step),
         "num_examples": n,
+        "norm": args.norm,
         "eps": args.eps,
         "max_logit_difference": logit_gap,
         "torch_threads": torch.get_num_threads(),
@@ -199,19 +203,23 @@ def main(argv=None):
     robust = {}
     if "patjax" in wanted:
         settings = workdir_lib.evaluation_settings(
-            args.workdir, {"attack_eps": args.eps}, evaluators="aa", num_examples=n, batch_size=args.batch_size
+            args.workdir,
+            {"attack_eps": args.eps, "attack_norm": args.norm.lower()},
+            evaluators="aa",
+            num_examples=n,
+            batch_size=args.batch_size,
         )
         res = run_patjax(settings, model_fns, state, split)
         robust["patjax"] = res.pop("robust")
         out["patjax"] = res
     if "reference" in wanted:
         with contextlib.suppress(ImportError):
-            res = run_reference(torch_model, x, y, args.eps, args.batch_size)
+            res = run_reference(torch_model, x, y, args.eps, args.batch_size, args.norm)
             robust["reference"] = res.pop("robust")
             out["reference"] = res
     if "torchattacks" in wanted:
         with contextlib.suppress(ImportError):
-            res = run_torchattacks(torch_model, x, y, args.eps, args.batch_size)
+            res = run_torchattacks(torch_model, x, y, args.eps, args.batch_size, args.norm)
             robust["torchattacks"] = res.pop("robust")
             out["torchattacks"] = res
     if "patjax" in robust and "reference" in robust:

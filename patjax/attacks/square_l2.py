@@ -39,6 +39,7 @@ import numpy as np
 
 from patjax.attacks.logits import LogitsFn
 from patjax.attacks.square import SquareResult, check_images, draw_corners, random_search, square_sizes, window
+from patjax.core.errors import UserError
 
 # draw(i, s) -> (vh, vw, vh2, vw2, transposed, signs): the two windows' corners (n,) int32,
 # eta's transposition (n,) bool, n = B or 1, and signs (B, 1, 1, C).
@@ -68,7 +69,10 @@ def l2_start_grid(height: int, width: int) -> tuple[int, int, int, int]:
     """(t, sp, rows, cols) of the L2 start: blocks of side t = h // 5 with top-left corners
     (sp + i t, sp + j t), sp = (h - 5 t) // 2, for i < rows = h // t and j < cols = w // t."""
     if height < 5:
-        raise ValueError(f"L2 Square needs images at least 5 pixels high (start blocks of side h // 5), got {height}")
+        raise UserError(
+            f"L2 Square (AutoAttack under eval.attack.norm='l2') needs images at least 5 pixels high (its start's "
+            f"blocks have side h // 5); these are {height}"
+        )
     t = height // 5
     return t, (height - 5 * t) // 2, height // t, width // t
 

@@ -1,5 +1,6 @@
-"""aa: standard AutoAttack (Croce & Hein 2020) at the threat model's eps (eval.attack.eps), with
-gradient-masking checks; its own settings are the block `eval.aa`, its APGD's `eval.apgd`.
+"""aa: standard AutoAttack (Croce & Hein 2020) at the threat model's eps and norm (eval.attack.eps,
+eval.attack.norm: the reference's norm='Linf' or norm='L2' version), with gradient-masking checks;
+its own settings are the block `eval.aa`, its APGD's `eval.apgd`.
 
 The reference's 'standard' version (autoattack.py): APGD-CE (1 restart), APGD-T (the 9 classes
 with the highest clean logits after the top one, 1 restart each), FAB-T (the same 9 targets) and
@@ -7,7 +8,10 @@ Square (5,000 queries, 1 restart), in that order, each run only on the images st
 the ones before it (the cost stays near one attack's); an image is robust if it is classified
 correctly at x and no attack fools it. Every attack is compiled and batch-sharded like the
 other evaluators: APGD (`apgd.apgd`, whose one departure is its docstring's), FAB-T
-(`patjax.attacks.fab`) and Square (`patjax.attacks.square`) each list how they differ from the reference. The
+(`patjax.attacks.fab`) and Square (`patjax.attacks.square`, its L2 branch
+`patjax.attacks.square_l2`) each list how they differ from the reference, under either norm. The
+L2 version is the same sequence with each attack's L2 branch (autoattack.py's _set_version
+'standard' treats 'Linf' and 'L2' alike). The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
 index (`common.per_example`), so a figure does not depend on the batch size or which images
 an earlier attack left.
@@ -20,7 +24,10 @@ Gradient-masking checks (Athalye et al. 2018; Carlini et al. 2019), reported wit
     (one-sided exact sign test on the images only one of them fools, p < 1 - eval.confidence)
     is a sign that the gradients mislead;
   - APGD-CE at growing eps (eval.aa.masking_eps_factors x eps): robust accuracy must fall to 0;
-    a model still robust at eps = 0.5 is not robust, its gradients are.
+    a model still robust at L-inf eps = 0.5 (a ball that holds the grey image) is not robust, its
+    gradients are. Under L2 the largest default radius, 16 x 0.5 = 8, is short of the sqrt(d) / 2
+    (27.7 on CIFAR) that reaches the grey image from any image, so a figure above 0 there is a
+    sign to look into, not a proof.
 Neither check proves the absence of masking; a failed one is reported in `masking_signs`.
 No model in patjax is randomized at test time (BatchNorm runs in inference mode, no input
 noise), so the randomized-defence version (EOT) is not needed and not offered.
@@ -35,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
-from patjax.attacks import apgd, fab, square
+from patjax.attacks import apgd, fab, l2, square, square_l2
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
 from patjax.evaluators import apgd as apgd_evaluators
@@ -79,6 +86,11 @@ def sign_test_p_value(wins: int, losses: int) -> float:
     return float(special.bdtrc(wins - 1, wins + losses, 0.5)) if wins else 1.0
 
 
+# Square under each threat model (`eval.attack.norm`): the L-inf and L2 branches of square.py.
+SQUARE_BY_NORM = {"linf": square.square_linf, "l2": square_l2.square_l2}
+assert tuple(SQUARE_BY_NORM) == l2.NORMS
+
+
 def _key(seed: int, stream: int):
     return jax.random.fold_in(jax.random.PRNGKey(seed), STREAM_BASE + stream)
 
@@ -111,6 +123,7 @@ def _apgd_t(logits_fn, key, x, y, s):
             loss="dlr_targeted",
             rho=s[apgd_evaluators.BLOCK].rho,
             target=targets[rank],
+            norm=s[common.THREAT_BLOCK].norm,
         )
         return rank + 1, robust & run.robust
 
@@ -124,7 +137,8 @@ def make_batch_fn(model_fns, s, pass_name):
     stream = {"apgd_ce": 0, "apgd_t": 1, "fab_t": 2, "square": 3, "square_alone": 3}.get(name, 4)
     key = _key(s.shared.seed, stream)
     factor = float(name.split("_x")[1]) if "_x" in name else 1.0  # the masking check's larger balls
-    eps = s[common.THREAT_BLOCK].eps * factor
+    eps, norm = s[common.THREAT_BLOCK].eps * factor, s[common.THREAT_BLOCK].norm
+    square_attack = SQUARE_BY_NORM[norm]
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -141,6 +155,7 @@ def make_batch_fn(model_fns, s, pass_name):
                         steps=apgd_settings.steps,
                         loss="ce",
                         rho=apgd_settings.rho,
+                        norm=norm,
                     ).robust
                 ),
                 key,
@@ -157,11 +172,18 @@ def make_batch_fn(model_fns, s, pass_name):
             }
         if name == "fab_t":  # no randomness with one restart: the batch runs as one
             out = fab.fab_t(
-                logits_fn, key, x, labels, eps=eps, n_target_classes=own.target_classes, n_iter=own.fab_steps
+                logits_fn,
+                key,
+                x,
+                labels,
+                eps=eps,
+                n_target_classes=own.target_classes,
+                n_iter=own.fab_steps,
+                norm=norm,
             )
             return {"robust": ~out.fooled, "norm": out.norm}
         out = common.per_example(
-            lambda k, xi, yi: square.square_linf(logits_fn, k, xi, yi, eps=eps, n_queries=own.square_queries),
+            lambda k, xi, yi: square_attack(logits_fn, k, xi, yi, eps=eps, n_queries=own.square_queries),
             key,
             indices,
             x,
@@ -254,6 +276,7 @@ def figures(per_image, s) -> dict:
     }
     fig["settings"] = {
         "eps": eps,
+        "norm": s[common.THREAT_BLOCK].norm,
         "version": "standard",
         "attacks": list(STAGES),
         "apgd_steps": apgd_settings.steps,
@@ -279,5 +302,5 @@ EVALUATOR = common.Evaluator(
     subset=subset,
     combine=combine,
     settings=AutoAttackSettings,
-    norms=("linf",),
+    norms=l2.NORMS,
 )

@@ -1,14 +1,20 @@
 """The aa evaluator (standard AutoAttack): on a linear model the exact L-inf robustness within
-[0, 1]^d is a closed form, which AutoAttack must reach; each attack runs only on the images the
-ones before it left robust; the masking checks are reported."""
+[0, 1]^d is a closed form, and the exact L2 one a small convex problem, which AutoAttack must
+reach; each attack runs only on the images the ones before it left robust; the masking checks are
+reported."""
 
+import types
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import eval_config, evaluate, tiny_setup
+from helpers import Linear, eval_config, evaluate, tiny_setup
 from scipy import stats
 
 from patjax.data import cifar
 from patjax.evaluators import autoattack
+from patjax.models.networks import ModelFns
 from patjax.reporting import report
 
 EPS = 0.03
@@ -119,3 +125,64 @@ def test_an_aa_evaluation_prints_its_clean_accuracy_and_every_interval(evaluated
     assert f"[{100 * ci.low:.2f}, {100 * ci.high:.2f}]" in line
     square = results["figures"]["aa"]["after"]["square"]
     assert f"square {report.pct(square, 2)}" in line and "[" in report.pct(square, 2)
+
+
+def l2_distance_to_class(c, m, lo, hi):
+    """min |d|_2 over d in [lo, hi] (the box around x) with c.d <= -m, m > 0 the margin against one
+    class: KKT, d_i = clip(-lambda c_i, lo_i, hi_i) with lambda >= 0 found by bisection on the
+    decreasing c.d(lambda); inf where even the box's corner does not reach the plane."""
+    step = lambda lam: np.clip(-lam * c, lo, hi)
+    if c @ step(1e12) > -m:
+        return np.inf
+    low, high = 0.0, 1.0
+    while c @ step(high) > -m:
+        high *= 2
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if c @ step(mid) > -m else (low, mid)
+    return np.linalg.norm(step(high))
+
+
+@pytest.mark.slow
+def test_l2_autoattack_reaches_the_exact_l2_robustness_of_a_linear_model():
+    """Under eval.attack.norm=l2 an image of a linear model is robust iff, for every other class, the
+    L2 distance from x to that class's half-space within [0, 1]^d (a convex problem, solved by hand
+    above) exceeds eps; images within 2 % of eps are left out (FAB's backward step lands it a
+    fraction of a percent above the minimum). 8 x 8 images: L2 Square's start needs 5 rows."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, size=(40, 8, 8, 3), dtype=np.uint8)
+    model = Linear(num_classes=10)
+    params = jax.tree.map(lambda p: p * 3.0, model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"])
+    x = np.asarray(cifar.to_float(images), np.float64).reshape(40, -1)
+    W, b = np.asarray(params["Dense_0"]["kernel"], np.float64), np.asarray(params["Dense_0"]["bias"], np.float64)
+    labels = (x @ W + b).argmax(1).astype(np.int32)
+    labels[::5] = (labels[::5] + 1) % 10  # clean errors
+    distance = np.zeros(40)
+    for i, y in enumerate(labels):
+        z = x[i] @ W + b
+        if z.argmax() != y:
+            continue
+        distance[i] = min(
+            l2_distance_to_class(W[:, y] - W[:, j], z[y] - z[j], -x[i], 1 - x[i]) for j in range(10) if j != y
+        )
+    eps = float(np.median(distance[distance > 0]))
+    cfg = eval_config(attack_norm="l2", attack_eps=eps, apgd_steps=20, aa_fab_steps=30, aa_square_queries=300)
+    per_image = {}
+    state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(1))
+    results = evaluate(
+        cfg,
+        ModelFns(model.apply),
+        state,
+        cifar.Split(images, labels),
+        batch_size=8,
+        progress=False,
+        evaluators="aa",
+        per_image_out=per_image,
+    )
+    truth = distance > eps
+    clear = np.abs(distance - eps) > 0.02 * eps
+    assert 5 < truth[clear].sum() < clear.sum() - 5  # both outcomes occur
+    np.testing.assert_array_equal(per_image["aa.robust"][clear], truth[clear])
+    fig = results["figures"]["aa"]
+    assert fig["settings"]["norm"] == "l2" and fig["settings"]["eps"] == eps
+    assert per_image["aa.robust"].sum() == fig["value"] * 40

@@ -5,7 +5,7 @@
       [--pr_preset=table1|prbench|l2]   # the headline PR at the radii of the paper's Table 1, PRBench's, or
                                         # under the L2 law uniform_l2 at L2 radii
       [--pr_epsilons=0.1,0.12,0.15,0.2]   # the radii of every law of eps
-      [--attack_norm=l2 --attack_eps=0.5 --attack_step_size=0.125]   # PGD-20 and CW-20 in the L2 ball
+      [--attack_norm=l2 --attack_eps=0.5 --attack_step_size=0.125]   # every attack in the L2 ball
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
   python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
       [--model_width=W] [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
@@ -254,8 +254,8 @@ def define_flags():
         "attack_norm",
         None,
         list(common.NORMS),
-        "The attacks' threat model: linf (the paper's, the default) or l2 (pgd20 and cw20 as PGD-L2; set "
-        "--attack_eps, e.g. 0.5 as RobustBench's L2, and --attack_step_size).",
+        "The attacks' threat model: linf (the paper's, the default) or l2 (pgd20 and cw20 as PGD-L2, APGD and "
+        "AutoAttack as their L2 versions; set --attack_eps, e.g. 0.5 as RobustBench's L2, and --attack_step_size).",
     )
     flags.DEFINE_float("attack_eps", None, "The attacks' radius (default 8/255, L-inf).")
     flags.DEFINE_float("attack_step_size", None, "PGD-20's and CW-20's step (default 2/255, L-inf).")

@@ -35,6 +35,14 @@ def _percent(value) -> float:
 PR_IMAGE_SETS = {"clean_correct": "the images each run classifies correctly", "all": "all images"}
 
 
+# What eps is under each law of eps (`robustness.DEFINITIONS`).
+RADIUS_LABELS = {
+    "uniform": "eps (L-inf radius)",
+    "uniform_l2": "eps (L2 radius)",
+    "gaussian": "eps (std. dev. per pixel)",
+}
+
+
 def plot_pr(names, results_list, over: str = "clean_correct"):
     """Figure: PR against eps with interval bands, one line per run, one panel per law; PR over
     `over` (PR_IMAGE_SETS): by default the Table-1 estimand, the mean over the images each run
@@ -65,7 +73,7 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
             )
         protocol = " (the Table-1 protocol)" if d == "uniform" and over == "clean_correct" else ""
         ax.set_title(f"{d} noise{protocol}, N={s['pr_samples']} per image", fontsize=10)
-        ax.set_xlabel("eps")
+        ax.set_xlabel(RADIUS_LABELS.get(d, "eps"))
         images = "clean-correct" if over == "clean_correct" else "all"
         ax.set_ylabel(f"PR % over {images} images\n({confidence_pct(s)} bootstrap interval)")
         ax.grid(alpha=0.3)

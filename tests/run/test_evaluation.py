@@ -639,6 +639,7 @@ def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
     np.testing.assert_allclose(ax.lines[1].get_ydata(), [90, 80])
     assert ax.get_title() == "uniform noise (the Table-1 protocol), N=100 per image"
     assert ax.get_ylabel() == "PR % over clean-correct images\n(95 % bootstrap interval)"
+    assert ax.get_xlabel() == "eps (L-inf radius)"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["A (over 40 images)", "B (over 55 images)"]
     assert fig._suptitle.get_text() == (
         "First 100 CIFAR-10 test images;\nPR over the images each run classifies correctly"

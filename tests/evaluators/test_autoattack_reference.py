@@ -41,3 +41,20 @@ def test_aa_agrees_with_the_reference_image_for_image(tmp_path, capsys):
     assert len(out["robust_in_patjax_only"]) + len(out["robust_in_reference_only"]) <= 1
     for stage in ("apgd_ce", "apgd_t", "fab_t", "square"):
         assert abs(out["patjax"]["after"][stage] - out["reference"]["after"][stage]) <= 1 / n + 1e-4
+
+
+def test_aa_l2_agrees_with_the_reference_attack_by_attack(capsys):
+    """The L2 version, each attack alone on every image (`--individual`): FAB-T and Square rarely
+    find anything after APGD-T in the sequence, so only this compares them on real images."""
+    pytest.importorskip("pyautoattack", reason="needs the reference AutoAttack (pip install -e '.[bench]')")
+    n = 16
+    out = load_benchmark().main(
+        [f"--workdir={RUN}", f"--num_examples={n}", f"--batch_size={n}", "--norm=L2", "--individual"]
+    )
+    capsys.readouterr()
+    assert out["norm"] == "L2" and out["eps"] == 0.5
+    for stage in ("apgd_ce", "apgd_t", "fab_t", "square"):
+        figures = out["individual"][stage]
+        assert figures["images_disagreeing"] <= 1, (stage, figures)
+    # Some image is robust and some is not under each attack alone, so the comparison is not vacuous.
+    assert 0 < out["individual"]["apgd_ce"]["patjax"] < 1

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from patjax.attacks.l2 import _norms
+from patjax.attacks.l2 import norms
 from patjax.attacks.logits import LogitsFn, margin, true_value
 from patjax.attacks.pgd import cross_entropy_loss, project_linf
 
@@ -53,7 +53,7 @@ def project_l2_apgd(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> j
     after, as in `l2.project_l2`, whose factor min(1, eps / |delta|_2) is the same map but for the
     1e-12 and rounding."""
     delta = x_adv - x
-    norm = _norms(delta)
+    norm = norms(delta)
     return jnp.clip(x + delta / (norm + NORMALIZE_EPS) * jnp.minimum(eps, norm), 0.0, 1.0)
 
 
@@ -167,10 +167,10 @@ def apgd(
 
     else:
         t = jax.random.normal(key, x.shape, x.dtype)
-        t_norm = _norms(t)
+        t_norm = norms(t)
 
         def direction(g):
-            return g / (_norms(g) + NORMALIZE_EPS)
+            return g / (norms(g) + NORMALIZE_EPS)
 
         def project(z):
             return project_l2_apgd(z, x, eps)

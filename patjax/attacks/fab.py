@@ -57,12 +57,14 @@ Differences from the reference:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from patjax.attacks import l2
 from patjax.attacks.logits import LogitsFn
 from patjax.core.errors import UserError
 
@@ -209,10 +211,6 @@ def _linf(z: jax.Array) -> jax.Array:
     return jnp.max(jnp.abs(z.reshape(z.shape[0], -1)), axis=1)
 
 
-def _l2(z: jax.Array) -> jax.Array:
-    return jnp.sqrt(jnp.sum(jnp.square(z.reshape(z.shape[0], -1)), axis=1))
-
-
 def fab_targeted(
     logits_fn: LogitsFn,
     key: jax.Array,
@@ -238,7 +236,8 @@ def fab_targeted(
     fooled: argmax f(x_adv) != y and norm <= eps.
     """
     _check_norm(norm)
-    size, project = (_linf, projection_linf) if norm == "linf" else (_l2, projection_l2)
+    l2_size = functools.partial(l2.norms, keepdims=False)
+    size, project = (_linf, projection_linf) if norm == "linf" else (l2_size, projection_l2)
     batch = x.shape[0]
     bshape = (batch,) + (1,) * (x.ndim - 1)
     flat = lambda z: z.reshape(batch, -1)

@@ -20,9 +20,9 @@ from patjax.attacks.pgd import cross_entropy_loss, input_gradient
 EPS_FOR_DIVISION = 1e-10
 
 
-def _norms(v: jax.Array) -> jax.Array:
-    """Per-example L2 norms, shaped to broadcast against v."""
-    return jnp.sqrt(jnp.sum(jnp.square(v), axis=tuple(range(1, v.ndim)), keepdims=True))
+def norms(v: jax.Array, keepdims: bool = True) -> jax.Array:
+    """Per-example L2 norms over every pixel and channel: shaped to broadcast against v, or (B,)."""
+    return jnp.sqrt(jnp.sum(jnp.square(v), axis=tuple(range(1, v.ndim)), keepdims=keepdims))
 
 
 def project_l2(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
@@ -30,7 +30,7 @@ def project_l2(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Ar
     [0, 1]^d (torchattacks `PGDL2`: the rescaling first, the clip after; a point that is x itself
     stays x)."""
     delta = x_adv - x
-    norm = _norms(delta)
+    norm = norms(delta)
     factor = jnp.where(norm > 0, jnp.minimum(eps / jnp.where(norm > 0, norm, 1.0), 1.0), 1.0)
     return jnp.clip(x + delta * factor, 0.0, 1.0)
 
@@ -41,7 +41,7 @@ def l2_random_start(key: jax.Array, x: jax.Array, eps: float) -> jax.Array:
     k_direction, k_radius = jax.random.split(key)
     delta = jax.random.normal(k_direction, x.shape, x.dtype)
     radius = jax.random.uniform(k_radius, (x.shape[0],) + (1,) * (x.ndim - 1), x.dtype)
-    return jnp.clip(x + delta * (radius / _norms(delta) * eps), 0.0, 1.0)
+    return jnp.clip(x + delta * (radius / norms(delta) * eps), 0.0, 1.0)
 
 
 def pgd_l2(
@@ -64,7 +64,7 @@ def pgd_l2(
 
     def step(_, x_adv):
         grad = input_gradient(logits_fn, loss_fn, x_adv, y)
-        return project_l2(x_adv + step_size * grad / (_norms(grad) + EPS_FOR_DIVISION), x, eps)
+        return project_l2(x_adv + step_size * grad / (norms(grad) + EPS_FOR_DIVISION), x, eps)
 
     return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_adv))
 
@@ -83,9 +83,9 @@ def trades_l2_ascent(
 
     def step(_, x_adv):
         grad = input_gradient(logits_fn, loss_fn, x_adv, target)
-        moved = jnp.clip(x_adv + step_size * grad / (_norms(grad) + EPS_FOR_DIVISION), 0.0, 1.0)
+        moved = jnp.clip(x_adv + step_size * grad / (norms(grad) + EPS_FOR_DIVISION), 0.0, 1.0)
         delta = moved - x
-        norm = _norms(delta)
+        norm = norms(delta)
         return x + delta * jnp.minimum(1.0, eps / jnp.where(norm > 0, norm, 1.0))
 
     return jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, step, x_start))

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from patjax.attacks import l2
 from patjax.attacks.logits import LogitsFn
 from patjax.attacks.square import SquareResult, check_images, draw_corners, random_search, square_sizes, window
 from patjax.core.errors import UserError
@@ -101,11 +102,6 @@ def _l2_start(signs: jax.Array, transposed: jax.Array, height: int, width: int) 
     return jnp.where((inside_r[:, None] & inside_c[None, :])[None, :, :, None], delta, 0.0)
 
 
-def _l2_norms(v: jax.Array) -> jax.Array:
-    """lp_norm: per-image L2 norms, (B, 1, 1, 1)."""
-    return jnp.sqrt(jnp.sum(jnp.square(v), axis=(1, 2, 3), keepdims=True))
-
-
 def _window_norms(v: jax.Array, mask: jax.Array) -> jax.Array:
     """Per (image, channel) L2 norms of v on the mask, (B, 1, 1, C)."""
     return jnp.sqrt(jnp.sum(jnp.where(mask, jnp.square(v), 0.0), axis=(1, 2), keepdims=True))
@@ -113,7 +109,7 @@ def _window_norms(v: jax.Array, mask: jax.Array) -> jax.Array:
 
 def _on_sphere(x: jax.Array, delta: jax.Array, eps) -> jax.Array:
     """clip(x + normalize(delta) * eps, 0, 1), normalize(d) = d / (|d| + 1e-12) as square.py's."""
-    return jnp.clip(x + delta / (_l2_norms(delta) + 1e-12) * eps, 0.0, 1.0)
+    return jnp.clip(x + delta / (l2.norms(delta) + 1e-12) * eps, 0.0, 1.0)
 
 
 def square_l2(
@@ -210,7 +206,7 @@ def square_l2_run(
         delta = x_best - x
         norm_1 = _window_norms(delta, window_1)
         norm_windows = _window_norms(delta, window_1 | window_2)
-        norm_image = _l2_norms(delta)
+        norm_image = l2.norms(delta)
         new = jnp.where(window_1, pattern[..., None] * signs + delta / (1e-12 + norm_1), 0.0)
         target = jnp.sqrt(jnp.maximum(eps_sq - jnp.square(norm_image), 0.0) / channels + jnp.square(norm_windows))
         new = new / (1e-12 + _window_norms(new, window_1)) * target

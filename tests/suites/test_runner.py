@@ -25,6 +25,7 @@ from patjax.core import locks
 from patjax.core.errors import UserError
 from patjax.data import download
 from patjax.evaluators import stats as patjax_stats
+from patjax.pat import robustness
 from patjax.reporting import plots
 from patjax.run import config as config_lib
 from patjax.run import eval_files, kept_models, train
@@ -117,15 +118,21 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, fake_data_dir, mon
     runner.run_suite(suite, workdir, stream=io.StringIO())
     assert len(trained) == 4
 
-    # An evaluation made under an earlier definition of a PR distribution is stale: re-evaluated
-    # (not retrained).
+    # An evaluation made under an earlier definition of a PR distribution it computed is stale:
+    # re-evaluated (not retrained). One of a law it did not compute has no bearing on it.
     stale = json.load(open(eval_json))
+    assert "uniform" not in stale["settings"]  # the suite computes gaussian alone
     stale["settings"]["uniform"] = "x + eps * U[-1,1]^d, clipped to [0,1]"
     json.dump(stale, open(eval_json, "w"))
     log = io.StringIO()
     runner.run_suite(suite, workdir, stream=log)
+    assert len(trained) == 4 and "tiny/pat_wos_s0: reused" in log.getvalue()
+    stale["settings"]["gaussian"] = "x + eps * N(0, I), not clipped"
+    json.dump(stale, open(eval_json, "w"))
+    log = io.StringIO()
+    runner.run_suite(suite, workdir, stream=log)
     assert len(trained) == 4 and "tiny/pat_wos_s0: reused" not in log.getvalue()
-    assert json.load(open(eval_json))["settings"]["uniform"].startswith("U[max(x - eps, 0)")
+    assert json.load(open(eval_json))["settings"]["gaussian"] == robustness.DEFINITIONS["gaussian"]
 
     # Outputs.
     assert open(os.path.join(workdir, "pr_vs_eps.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -106,6 +106,7 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size):
     from patjax.data import cifar
     from patjax.evaluators import autoattack
 
+    clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
     out = {}
     for stage in autoattack.STAGES:
         fn = autoattack.make_batch_fn(model_fns, settings.evaluator_settings, f"aa_{stage}")
@@ -122,7 +123,6 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size):
             )
             for i in range(0, len(split), batch_size)
         ]
-        clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
         out[stage] = (np.concatenate(robust) & (clean == split.labels), round(time.perf_counter() - start, 1))
     return out
 

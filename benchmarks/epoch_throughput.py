@@ -146,13 +146,16 @@ def run(args) -> dict:
         # count is the program's, so the same flags with --iters 0 on a CPU give it.
         flops_per_image = (f0 + T * (f1 - f0)) / args.batch or None
 
-    times = []
+    times, ends = [], []
     for i in range((args.warmup + args.iters) if args.iters > 0 else 0):
         t0 = time.perf_counter()
         state, metrics = compiled(state, images, labels, permutation)
         jax.block_until_ready((state, metrics))
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+            # The wall clock, comparable across processes: two benchmarks sharing a device are
+            # compared only over the steps both ran at the same time.
+            ends.append(time.time())
     median = statistics.median(times) if times else float("nan")
     images_per_s = args.batch / median
     device = jax.devices()[0]
@@ -170,6 +173,7 @@ def run(args) -> dict:
         "compile_s": round(compile_s, 3),
         "median_step_s": round(median, 4) if times else None,
         "step_times_s": [round(t, 4) for t in times],
+        "step_end_unix": [round(t, 4) for t in ends],
         "images_per_s": round(images_per_s, 3) if times else None,
         "epoch_s_projected": round(EPOCH_IMAGES / images_per_s, 1) if times else None,
         "flops_per_image": flops_per_image,

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO
 
@@ -189,6 +190,29 @@ def test_the_encoding_of_cifar_records_is_lossless_and_a_damaged_file_is_refused
         gps.decode_cifar(raw)
 
 
+def test_rates_together_count_only_the_steps_both_processes_ran_at_once():
+    """Two benchmarks sharing a device, written out by hand: PGD steps at 0.5 s alone, 0.8 s while
+    PAT (0.9 s a step) runs, then 0.5 s again. Over its whole run PGD's median is its alone step
+    (the window that measured 0.039 s "together" for a 0.080 s step); over the span both ran in,
+    0.8 s. Too few steps in the span give None, which the plan reads as not measured."""
+    gps = load_script()
+
+    def run(start, times):
+        ends = list(np.round(start + np.cumsum(times), 4))
+        return {"step_end_unix": ends, "step_times_s": times}
+
+    pgd = run(100.0, [0.5] * 4 + [0.8] * 6 + [0.5] * 4)
+    pat = run(101.9, [0.9] * 5)  # 101.9 to 106.4: PGD's 0.8 s steps from 102.0 to 106.0 lie inside
+    assert np.median(pgd["step_times_s"]) == 0.5
+    medians, counts = gps.overlap_medians({"pgd": pgd, "pat": pat}, 5)
+    assert medians == {"pgd": 0.8, "pat": 0.9} and counts == {"pgd": 5, "pat": 5}
+    medians, _ = gps.overlap_medians({"pgd": pgd, "pat": pat}, 6)
+    assert medians == {"pgd": None, "pat": None}
+    # One after the other: no span in common.
+    medians, counts = gps.overlap_medians({"pgd": run(100.0, [0.5] * 4), "pat": run(103.0, [0.9] * 5)}, 1)
+    assert medians == {"pgd": None, "pat": None} and counts == {"pgd": 0, "pat": 0}
+
+
 def test_the_pair_plan_takes_the_largest_part_that_fits_the_measured_rates(tmp_path):
     """plan_pair against the budget arithmetic written out by hand: 5,850 steps at the slower
     step, the fixed costs, per-model evaluation with 3 laws or 1, packing and the spare."""
@@ -218,6 +242,10 @@ def test_the_pair_plan_takes_the_largest_part_that_fits_the_measured_rates(tmp_p
     pgd_1_law = 5850 * 0.030 + fixed + (60 + 25)  # 395.5 s
     with pytest.raises(gps.Failure, match="nothing fits"):
         plan(pgd_1_law - 2)
+    # Rates together not measured: only the methods alone are candidates.
+    rates["together"] = {"pat": None, "pgd": None}
+    (stage / "rates.json").write_text(json.dumps(rates))
+    assert plan(both_3_laws + 2)["methods"] == ["pat"]
 
 
 @pytest.mark.slow
@@ -271,6 +299,12 @@ def test_the_dry_run_lays_the_data_down_and_runs_the_window_and_brings_its_resul
             "1500",
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        if part == 1:
+            # The CPU's two 2-step benchmarks may not overlap at all; call 2 must still exercise
+            # the window's plan of both methods at once, so it gets rates it can plan that from.
+            rates = json.loads((stage / "rates.json").read_text())
+            rates["together"] = {m: rates["together"][m] or rates["alone"][m] for m in rates["alone"]}
+            (stage / "rates.json").write_text(json.dumps(rates))
     laid = stage / "data" / "cifar-10-batches-bin"
     assert sorted(os.listdir(laid)) == sorted(os.listdir(CIFAR))
     assert all(sha256(laid / n) == sha256(CIFAR / n) for n in os.listdir(CIFAR))

@@ -9,7 +9,7 @@ Here (the machine with the repository and the data), before the window:
 On the device machine (call K carries [".gpu/carryK"]):
   python3 benchmarks/gpu_paper_scale.py device setup smoke rates     # call 1
   python3 benchmarks/gpu_paper_scale.py device setup pair             # call 2
-  (also: main-job [--epochs N], send --name NAME --first K)
+  (also: main-job [--epochs N] [--compute_dtypes float32,bfloat16] [--no_evaluate], send --name NAME --first K)
 Here, after the calls:
   python benchmarks/gpu_paper_scale.py collect FILES_AT [FILES_AT ...]  # check the pieces' hashes, unpack
   python benchmarks/gpu_paper_scale.py travel retrack   # docs/results/ back in the index, the tree as before
@@ -772,26 +772,35 @@ class Device:
             raise Failure(f"{label}: {', '.join(failed)}; log.txt has the output")
         return walls, outputs
 
-    def main_job(self, epochs: int) -> None:
-        """main.py with the paper's config for `epochs` epochs, then patjax.evaluate on it."""
-        workdir = os.path.join(self.stage, "work", "main_job")
-        steps = epochs * (DRY_MAIN_JOB_STEPS if self.dry_run else STEPS_PER_EPOCH)
-        train = [sys.executable, "main.py", f"--config={MAIN_JOB_CONFIG}", f"--workdir={workdir}"]
-        train += [f"--config.data_dir={self.data}", "--config.progress_bar=False", f"--stop_after_steps={steps}"]
-        # --overwrite: a rerun on a warm machine resumes the training, so its evaluation is of a later step.
-        evaluate = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--overwrite"]
-        with self.packed("main_job", workdir):
-            wall, _ = self.run("main job: train", train + (DRY_MAIN_JOB if self.dry_run else []), 540)
-            windows = _windows(workdir)
-            steady = windows[1:]  # the first window holds the compilation
-            mean = round(sum(w["s_per_epoch"] for w in steady) / len(steady), 1) if steady else None
-            entry = {"step": "main job: train", "steps": steps, "process_wall_s": round(wall, 1), "windows": windows}
-            self.record({**entry, "s_per_epoch_after_compile": mean})
-            self.say(f"main job: {steps} steps in {wall:.1f} s, s/epoch after the compilation {mean}")
-            wall, _ = self.run("main job: evaluate", evaluate + (DRY_EVALUATE if self.dry_run else []), 540)
-            with open(os.path.join(workdir, "eval", "results.json")) as f:
-                per_evaluator = json.load(f).get("evaluator_wall_time_s")
-            self.record({"step": "main job: evaluate", "process_wall_s": round(wall, 1), "evaluators_s": per_evaluator})
+    def main_job(self, epochs: int, dtypes: tuple = ("float32",), evaluate: bool = True) -> None:
+        """main.py with the paper's config for `epochs` epochs in each compute dtype, each packed
+        as `main_job_DTYPE` (results, metrics and config; no checkpoint), then patjax.evaluate on
+        it unless `evaluate` is False (window C measures the loop's s/epoch only)."""
+        for dtype in dtypes:
+            label = f"main job {dtype}"
+            workdir = os.path.join(self.stage, "work", f"main_job_{dtype}")
+            steps = epochs * (DRY_MAIN_JOB_STEPS if self.dry_run else STEPS_PER_EPOCH)
+            train = [sys.executable, "main.py", f"--config={MAIN_JOB_CONFIG}", f"--workdir={workdir}"]
+            train += [f"--config.data_dir={self.data}", "--config.progress_bar=False", f"--stop_after_steps={steps}"]
+            train += [f"--config.compute_dtype={dtype}", *(DRY_MAIN_JOB if self.dry_run else [])]
+            # --overwrite: a rerun on a warm machine resumes the training, so its evaluation is of a later step.
+            evaluate_command = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--overwrite"]
+            with self.packed(f"main_job_{dtype}", workdir):
+                wall, _ = self.run(f"{label}: train", train, 540)
+                windows = _windows(workdir)
+                steady = windows[1:]  # the first window holds the compilation
+                mean = round(sum(w["s_per_epoch"] for w in steady) / len(steady), 1) if steady else None
+                entry = {"step": f"{label}: train", "steps": steps, "process_wall_s": round(wall, 1), "windows": windows}
+                self.record({**entry, "s_per_epoch_after_compile": mean})
+                self.say(f"{label}: {steps} steps in {wall:.1f} s, s/epoch after the compilation {mean}")
+                if not evaluate:
+                    continue
+                command = evaluate_command + (DRY_EVALUATE if self.dry_run else [])
+                wall, _ = self.run(f"{label}: evaluate", command, 540)
+                with open(os.path.join(workdir, "eval", "results.json")) as f:
+                    per_evaluator = json.load(f).get("evaluator_wall_time_s")
+                entry = {"step": f"{label}: evaluate", "process_wall_s": round(wall, 1)}
+                self.record({**entry, "evaluators_s": per_evaluator})
 
     def plan_pair(self, methods: tuple) -> dict:
         """The largest part of the pair that fits what is left of this call, from the measured
@@ -1006,6 +1015,10 @@ def parse_args(argv=None):
     device.add_argument("--dry_run", action="store_true", help="tiny stand-ins on the same path (CPU)")
     device.add_argument("--epochs", type=int, default=2, help="main job: epochs of the paper's config")
     device.add_argument(
+        "--compute_dtypes", default="float32", help="main job: one run per dtype, in order (float32,bfloat16)"
+    )
+    device.add_argument("--no_evaluate", action="store_true", help="main job: train only (the loop's s/epoch)")
+    device.add_argument(
         "--budget_s", type=float, default=570, help="this call's seconds (under its timeout_s): no step runs past them"
     )
     device.add_argument(
@@ -1050,7 +1063,12 @@ def main(argv=None) -> int:
                         raise Failure(f"pair takes --methods from {', '.join(PAIR_METHOD)}, got {args.methods!r}")
                     device.pair(methods)
                 elif step == "main-job":
-                    device.main_job(args.epochs)
+                    dtypes = tuple(args.compute_dtypes.split(","))
+                    if args.epochs < 1:
+                        raise Failure(f"main-job takes --epochs of at least 1, got {args.epochs}")
+                    if not dtypes or any(d not in ("float32", "bfloat16") for d in dtypes):
+                        raise Failure(f"main-job takes --compute_dtypes from float32, bfloat16, got {args.compute_dtypes!r}")
+                    device.main_job(args.epochs, dtypes, not args.no_evaluate)
                 else:
                     if not args.name:
                         raise Failure("send takes --name (and --first)")

@@ -312,13 +312,17 @@ def test_the_dry_run_lays_the_data_down_and_runs_the_window_and_brings_its_resul
     assert set(rates["alone"]) == set(rates["together"]) == {"pat", "pgd"}
     # What does not fit call 2's $OUT (the second model) comes back with a `send` call.
     assert len(os.listdir(out2)) <= 8
-    out3 = tmp_path / "out3"
-    args = ("device", "send", "main-job", "--name", "pair_model_pgd", "--epochs", "1", "--out", str(out3), "--dry_run")
+    out3, out4 = tmp_path / "out3", tmp_path / "out4"
+    args = ("device", "send", "--name", "pair_model_pgd", "--out", str(out3), "--dry_run")
     done = script("--stage", str(stage), *args, "--budget_s", "600")
     assert done.returncode == 0, done.stderr
+    # Window C's main job: the paper's config in each compute dtype, each run packed on its own.
+    args = ("device", "main-job", "--epochs", "1", "--compute_dtypes", "float32,bfloat16", "--out", str(out4))
+    done = script("--stage", str(stage), *args, "--dry_run", "--budget_s", "600")
+    assert done.returncode == 0, done.stderr
     back = tmp_path / "back"
-    assert len(os.listdir(out3)) <= 8
-    done = script("collect", str(out2), str(out3), "--into", str(back))
+    assert len(os.listdir(out3)) <= 8 and len(os.listdir(out4)) <= 8
+    done = script("collect", str(out2), str(out3), str(out4), "--into", str(back))
     assert done.returncode == 0, done.stderr
     # The device's workdirs keep their locks (a workdir's .lock stays after its writer ends):
     # there was something hidden to leave out, and none of it came back.
@@ -340,11 +344,20 @@ def test_the_dry_run_lays_the_data_down_and_runs_the_window_and_brings_its_resul
     ]
     assert settings[0]["num_examples"] == settings[1]["num_examples"] == 16 and settings[0]["seed"] == 0
     assert "pgd_s0" in (pair / "compare.txt").read_text()
-    # The main job: 1 "epoch" of 2 steps, evaluated; each window's seconds from metrics.jsonl by hand.
-    timings = json.loads((out3 / "timings.json").read_text())
-    main_job = next(t for t in timings if t["step"] == "main job: train")
-    metrics = [json.loads(line) for line in (back / "main_job" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [2] and main_job["steps"] == 2
-    assert [w["seconds"] for w in main_job["windows"]] == [round(2 * 32 / m["images_per_s"], 2) for m in metrics]
-    assert json.loads((back / "main_job" / "eval" / "results.json").read_text())["settings"]["num_examples"] == 16
+    # The main job: 1 "epoch" of 2 steps per dtype, evaluated; each window's seconds from
+    # metrics.jsonl by hand.
+    timings = json.loads((out4 / "timings.json").read_text())
+    for dtype in ("float32", "bfloat16"):
+        main_job = next(t for t in timings if t["step"] == f"main job {dtype}: train")
+        run = back / f"main_job_{dtype}"
+        assert json.loads((run / "config.json").read_text())["compute_dtype"] == dtype
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in metrics] == [2] and main_job["steps"] == 2
+        assert [w["seconds"] for w in main_job["windows"]] == [round(2 * 32 / m["images_per_s"], 2) for m in metrics]
+        assert json.loads((run / "eval" / "results.json").read_text())["settings"]["num_examples"] == 16
+    assert not (back / "main_job_float32" / "checkpoints").exists()
+    # A main job of no epochs or an unknown dtype is refused in one line, before anything runs.
+    for bad in (("--epochs", "0"), ("--compute_dtypes", "float16")):
+        done = script("--stage", str(stage), "device", "main-job", *bad, "--out", str(tmp_path / "out5"), "--dry_run")
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert json.loads((out / "env.json").read_text())["versions"]["jax"]

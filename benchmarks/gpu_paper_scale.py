@@ -717,8 +717,8 @@ class Device:
         medians, counts = overlap_medians(results, 1 if self.dry_run else MIN_OVERLAP_STEPS)
         for method, result in results.items():
             rates["together"][method] = medians[method]
-            entry = {"step": f"rate {method} together", "wall_s": round(walls[method], 1), "overlap_steps": counts[method]}
-            self.record({**entry, "result": result})
+            entry = {"step": f"rate {method} together", "wall_s": round(walls[method], 1)}
+            self.record({**entry, "overlap_steps": counts[method], "result": result})
         with open(os.path.join(self.stage, "rates.json"), "w") as f:
             json.dump(rates, f, indent=1)
         self.say(f"rates (s/step): {json.dumps(rates)}")
@@ -790,8 +790,8 @@ class Device:
                 windows = _windows(workdir)
                 steady = windows[1:]  # the first window holds the compilation
                 mean = round(sum(w["s_per_epoch"] for w in steady) / len(steady), 1) if steady else None
-                entry = {"step": f"{label}: train", "steps": steps, "process_wall_s": round(wall, 1), "windows": windows}
-                self.record({**entry, "s_per_epoch_after_compile": mean})
+                entry = {"step": f"{label}: train", "steps": steps, "process_wall_s": round(wall, 1)}
+                self.record({**entry, "windows": windows, "s_per_epoch_after_compile": mean})
                 self.say(f"{label}: {steps} steps in {wall:.1f} s, s/epoch after the compilation {mean}")
                 if not evaluate:
                     continue
@@ -1067,7 +1067,8 @@ def main(argv=None) -> int:
                     if args.epochs < 1:
                         raise Failure(f"main-job takes --epochs of at least 1, got {args.epochs}")
                     if not dtypes or any(d not in ("float32", "bfloat16") for d in dtypes):
-                        raise Failure(f"main-job takes --compute_dtypes from float32, bfloat16, got {args.compute_dtypes!r}")
+                        got = args.compute_dtypes
+                        raise Failure(f"main-job takes --compute_dtypes from float32, bfloat16, got {got!r}")
                     device.main_job(args.epochs, dtypes, not args.no_evaluate)
                 else:
                     if not args.name:

@@ -219,3 +219,47 @@ def test_profile_step_reads_a_gpu_trace():
     # Busy: 0-4000 and the copy to 5000, 5000-9000, 10000-14000.
     assert result["device_busy_ms"] == round((9000 + 4000) / 1e6, 3) and result["kernels"] == 6
     assert result["top_ops"][0]["op"] == "cudnn-conv.1" and result["top_ops"][0]["calls"] == 2
+
+
+def test_compare_per_image_counts_each_flip_on_the_shared_images(tmp_path):
+    """Two hand-made per_image files over overlapping images (A: 0-5, B: 2-7, in another order):
+    on images 2-5, one clean prediction and one PGD outcome flipped, one PR count moved by 3,
+    a loss moved by 0.25; the command line prints those numbers and refuses a file without
+    image_index in one line."""
+    import numpy as np
+
+    a = {
+        "image_index": np.arange(6),
+        "clean.correct": np.array([1, 1, 1, 0, 1, 1], bool),
+        "pgd20.robust": np.array([0, 1, 0, 0, 1, 0], bool),
+        "pr_uniform.counts": np.array([[9, 9], [8, 8], [7, 7], [6, 6], [5, 5], [4, 4]], np.int32),
+        "pr_uniform.lse_loss": np.zeros((6, 2), np.float32),
+        "meta.seed": np.array(0),
+    }
+    order = np.array([7, 6, 5, 4, 3, 2])  # B's rows: images 7, 6, 5, 4, 3, 2
+    b = {
+        "image_index": order,
+        "clean.correct": np.array([1, 1, 1, 1, 1, 1], bool),  # image 3: 0 -> 1
+        "pgd20.robust": np.array([1, 1, 0, 0, 0, 0], bool),  # image 4: 1 -> 0 (7, 6 not shared)
+        "pr_uniform.counts": np.array([[0, 0], [0, 0], [4, 4], [5, 2], [6, 6], [7, 7]], np.int32),  # image 4: -3
+        "pr_uniform.lse_loss": np.zeros((6, 2), np.float32),
+    }
+    b["pr_uniform.lse_loss"][order == 2, 1] = 0.25
+    np.savez(tmp_path / "a.npz", **a)
+    np.savez(tmp_path / "b.npz", **b)
+    spec = importlib.util.spec_from_file_location("compare_per_image", REPO / "benchmarks" / "compare_per_image.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = {r[0]: r[1:] for r in module.compare(dict(np.load(tmp_path / "a.npz")), dict(np.load(tmp_path / "b.npz")))}
+    assert rows == {
+        "clean.correct": (4, 1, 1, None),
+        "pgd20.robust": (4, 1, -1, None),
+        "pr_uniform.counts": (4, 1, -3, None),
+        "pr_uniform.lse_loss": (4, None, None, 0.25),
+    }
+    command = [sys.executable, str(REPO / "benchmarks" / "compare_per_image.py")]
+    done = subprocess.run([*command, str(tmp_path / "a.npz"), str(tmp_path / "b.npz")], capture_output=True, text=True)
+    assert done.returncode == 0 and "pr_uniform.counts" in done.stdout and "-3" in done.stdout
+    np.savez(tmp_path / "c.npz", x=np.zeros(3))
+    done = subprocess.run([*command, str(tmp_path / "a.npz"), str(tmp_path / "c.npz")], capture_output=True, text=True)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1

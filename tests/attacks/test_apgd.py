@@ -483,6 +483,7 @@ def test_apgd_l2_first_step_equals_the_reference_formulas():
     assert ((x1 < 1e-9) | (x1 > 1 - 1e-9)).any()
 
 
+@pytest.mark.slow
 def test_apgd_l2_equals_a_float64_transcription_of_auto_attack_halving_and_restarts_included():
     # CE: every output to float64 rounding. DLR: the robust flags, and the best loss of the robust
     # images. A fooled image can reach points where y ranks third, where DLR is -(z_y - z_pi1) /

@@ -1049,6 +1049,12 @@ def main(argv=None) -> int:
         else:
             if not args.out:
                 raise Failure("device steps write to $OUT: set OUT or give --out")
+            # Checked before any step runs, so that a bad flag costs no device time.
+            dtypes = tuple(args.compute_dtypes.split(","))
+            if "main-job" in args.steps and args.epochs < 1:
+                raise Failure(f"main-job takes --epochs of at least 1, got {args.epochs}")
+            if "main-job" in args.steps and any(d not in ("float32", "bfloat16") for d in dtypes):
+                raise Failure(f"main-job takes --compute_dtypes from float32, bfloat16, got {args.compute_dtypes!r}")
             device = Device(root, stage, args.out, args.dry_run, args.budget_s)
             for step in args.steps:
                 if step == "setup":
@@ -1063,12 +1069,6 @@ def main(argv=None) -> int:
                         raise Failure(f"pair takes --methods from {', '.join(PAIR_METHOD)}, got {args.methods!r}")
                     device.pair(methods)
                 elif step == "main-job":
-                    dtypes = tuple(args.compute_dtypes.split(","))
-                    if args.epochs < 1:
-                        raise Failure(f"main-job takes --epochs of at least 1, got {args.epochs}")
-                    if not dtypes or any(d not in ("float32", "bfloat16") for d in dtypes):
-                        got = args.compute_dtypes
-                        raise Failure(f"main-job takes --compute_dtypes from float32, bfloat16, got {got!r}")
                     device.main_job(args.epochs, dtypes, not args.no_evaluate)
                 else:
                     if not args.name:

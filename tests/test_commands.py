@@ -3,6 +3,7 @@ processes: the fast tier's touch of each door. Each command's own test file runs
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -126,3 +127,27 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
         assert level["clean_correct"]["value"] == 0.0
     paired = [line.split() for line in out.splitlines() if line.strip().startswith("exported  ") and "+0.00" in line]
     assert paired and all(cell in ("exported", "+0.00", "[+0.00,", "+0.00]") for row in paired for cell in row)
+
+
+@pytest.mark.slow
+def test_evaluate_step_reproduces_a_suite_curve_point_and_leaves_eval_alone(tmp_path):
+    """`--step=400` on a copy of a committed table1_cpu run evaluates its kept model of step 400
+    into curve/step_000400/: the clean outcomes and uniform PR counts of its first 50 images are
+    those the suite runner's curve point committed (same model, images, seed and noise), and the
+    run's final evaluation in eval/ is untouched. Two workdirs with --step are refused."""
+    source = REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0"
+    run = tmp_path / "pgd_s0"
+    shutil.copytree(source, run, ignore=shutil.ignore_patterns("curve"))
+    final_eval = (run / "eval" / "results.json").read_bytes()
+    flags = ("--evaluators=clean,pr", "--pr_distribution=uniform", "--pr_distributions=uniform", "--seed=0")
+    out = finish(start("patjax.evaluate", f"--workdir={run}", "--step=400", "--num_examples=50", *flags))
+    assert "pgd_s0 step 400" in out
+    new = np.load(run / "curve" / "step_000400" / "per_image.npz")
+    committed = np.load(source / "curve" / "step_000400" / "per_image.npz")
+    assert int(new["meta.step"]) == 400
+    for key in ("image_index", "clean.correct", "pr_uniform.counts"):
+        np.testing.assert_array_equal(new[key], committed[key][:50])
+    assert (run / "eval" / "results.json").read_bytes() == final_eval
+    proc = start("patjax.evaluate", f"--workdir={run}", f"--workdir={run}", "--step=400")
+    proc.communicate(timeout=300)
+    assert proc.returncode == 2

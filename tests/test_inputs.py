@@ -969,6 +969,7 @@ FLAG_RANGES = {
     ("evaluate", "seed"): "eval.seed",
     ("evaluate", "apgd_steps"): "eval.apgd.steps",
     ("evaluate", "model_width"): "model_width",
+    ("evaluate", "step"): "a step with a checkpoint or a kept model (workdir.restore)",
     ("diagnose", "num_examples"): "--num_examples",
     ("diagnose", "steps"): "--steps",
     ("diagnose", "chains"): "--chains",

@@ -263,3 +263,38 @@ def test_compare_per_image_counts_each_flip_on_the_shared_images(tmp_path):
     np.savez(tmp_path / "c.npz", x=np.zeros(3))
     done = subprocess.run([*command, str(tmp_path / "a.npz"), str(tmp_path / "c.npz")], capture_output=True, text=True)
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_matched_accuracy_reads_curve_points_as_the_suite_does_and_interpolates_by_hand():
+    """matched_accuracy.py on the committed table1_cpu runs of seed 1 (PAT's curve, PGD's final
+    evaluation) gives the suite report's matched row to the last digit, and its point value is
+    the linear interpolation written here with numpy: each model's clean accuracy and PR over its
+    clean-correct images, PAT's curve sorted by accuracy, read at PGD's accuracy."""
+    import numpy as np
+
+    runs = REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn"
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "matched_accuracy.py"), "--a", str(runs / "pat_s1")]
+        + ["--b", str(runs / "pgd_s1"), "--final=eval"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    row = json.loads(out)
+    suite = json.loads((REPO / "docs" / "results" / "table1_cpu" / "results.json").read_text())
+    expected = suite["matched"][0]["per_seed"]["1"]
+    assert row["matched_accuracy"] == expected["matched_accuracy"]
+    for eps, figure in row["pr_difference"].items():
+        assert figure["value"] == expected["pr_clean_correct"][eps]["value"]
+        assert figure["interval"] == expected["pr_clean_correct"][eps]["interval"]
+
+    def figures(folder):
+        z = np.load(folder / "per_image.npz")
+        correct, pr = z["clean.correct"].astype(bool), z["pr_uniform.counts"] / 100
+        return correct.mean(), pr[correct].mean(axis=0)
+
+    points = [figures(p) for p in sorted((runs / "pat_s1" / "curve").iterdir())] + [figures(runs / "pat_s1" / "eval")]
+    points.sort(key=lambda p: p[0])
+    accuracy_b, pr_b = figures(runs / "pgd_s1" / "eval")
+    by_hand = np.interp(accuracy_b, [a for a, _ in points], [p[3] for _, p in points]) - pr_b[3]
+    assert abs(row["pr_difference"]["0.2"]["value"] - by_hand) < 1e-12

@@ -65,6 +65,7 @@ PIECE_BYTES = 16 * MIB - 64 * 1024  # under the 16 MiB a file from $OUT may have
 LOG_RESERVE = 2 * MIB  # $OUT room kept for log.txt and the JSON files
 PACK_S = 30  # a call's seconds kept for packing and copying the results into $OUT
 STAGE = ".gpu"  # ignored (.gitignore); everything this script writes lives under it
+INBOX = "inbox"  # .gpu/carryK/inbox/ holds carried pieces; `device setup` gathers them in .gpu/inbox/
 CARRY = "carry"  # .gpu/carryK: what call K carries (the data of DATA_PARTS[K]; the wheels with the first)
 UNTRACKED = "docs/results"
 IGNORE_BLOCK = (
@@ -201,9 +202,12 @@ def file_hash(path: str, algorithm: str = "sha256") -> str:
     return h.hexdigest()
 
 
-def pack(name: str, base: str, members: list, outbox: str, into: str | None = None) -> dict:
+def pack(
+    name: str, base: str, members: list, outbox: str, into: str | None = None, piece_bytes: int = PIECE_BYTES
+) -> dict:
     """Tars `members` (paths relative to `base`) as INTO/... (default NAME/...), splits the tar into pieces of
-    PIECE_BYTES in outbox/NAME/ and writes its manifest there; returns the manifest."""
+    `piece_bytes` (what comes back from $OUT takes PIECE_BYTES) in outbox/NAME/ and writes its manifest
+    there; returns the manifest."""
     folder = os.path.join(outbox, name)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
@@ -214,7 +218,7 @@ def pack(name: str, base: str, members: list, outbox: str, into: str | None = No
     pieces = []
     with open(tar_path, "rb") as f:
         for index in range(10_000):
-            block = f.read(PIECE_BYTES)
+            block = f.read(piece_bytes)
             if not block:
                 break
             piece = f"{name}.tar.{index:03d}"
@@ -360,23 +364,25 @@ def carry_name(part: int) -> str:
     return f"{CARRY}{part}"
 
 
-def travelling_bytes(root: str) -> tuple:
-    """(bytes of the tracked and untracked-not-ignored files, {carried folder: its bytes})."""
+def travelling_bytes(root: str, stage: str | None = None) -> tuple:
+    """(bytes of the tracked and untracked-not-ignored files, {carried folder of `stage` (default
+    ROOT/STAGE): its bytes})."""
     listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
     tree = sum(os.path.getsize(os.path.join(root, p)) for p in listed if p and os.path.isfile(os.path.join(root, p)))
     carried = {}
-    for part in DATA_PARTS:
-        top = os.path.join(root, STAGE, carry_name(part))
-        if os.path.isdir(top):
-            carried[carry_name(part)] = sum(
+    stage = stage or os.path.join(root, STAGE)
+    for name in sorted(os.listdir(stage)) if os.path.isdir(stage) else ():
+        top = os.path.join(stage, name)
+        if name.startswith(CARRY) and os.path.isdir(top):  # the data's and a carried run's (gpu_carried_run.py)
+            carried[name] = sum(
                 os.path.getsize(os.path.join(folder, n)) for folder, _, names in os.walk(top) for n in names
             )
     return tree, carried
 
 
-def travel_check(root: str) -> None:
+def travel_check(root: str, stage: str | None = None) -> None:
     """Each call carries one .gpu/carryK beside the tree: each pair must be under the limit."""
-    tree, carried = travelling_bytes(root)
+    tree, carried = travelling_bytes(root, stage)
     for name, carry in sorted(carried.items()) or [("(nothing carried)", 0)]:
         total = tree + carry
         print(
@@ -544,6 +550,7 @@ class Device:
         self.deadline = time.time() + budget_s
         self.data = os.path.join(self.stage, "data")  # where `setup` lays the carried files down
         self.outbox = os.path.join(self.stage, "outbox")
+        self.inbox = os.path.join(self.stage, INBOX)  # what calls carried in pieces, gathered across calls
         self.site = os.path.join(self.stage, "site")
         os.makedirs(out, exist_ok=True)
         self.log = open(os.path.join(out, "log.txt"), "a")
@@ -645,6 +652,13 @@ class Device:
                     shutil.move(source, os.path.join(target, entry))
         with open(sums_file, "w") as f:
             json.dump(sums, f, indent=1)
+        for name in carried:  # a carried run's pieces (gpu_carried_run.py): kept beyond this call
+            folder = os.path.join(self.stage, name, INBOX)
+            if os.path.isdir(folder):
+                os.makedirs(self.inbox, exist_ok=True)
+                for entry in sorted(os.listdir(folder)):
+                    shutil.move(os.path.join(folder, entry), os.path.join(self.inbox, entry))
+                self.say(f"setup: the pieces carried in {name} moved to {self.inbox}")
         present = sorted(n for n in CIFAR_SIZES if os.path.isfile(os.path.join(target, n)))
         for name in present:
             check_cifar_file(os.path.join(target, name), sums.get(name))

@@ -43,10 +43,10 @@ from absl import app, flags
 from patjax import api, evaluators
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
-from patjax.core.errors import UserError
+from patjax.core.errors import UserError, fraction
 from patjax.evaluators import common, pr
 from patjax.models import networks
-from patjax.reporting import plots
+from patjax.reporting import plots, report
 from patjax.run import comparison, eval_files, evaluation, torch_weights, zoo
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -91,11 +91,11 @@ def overrides_from_flags() -> dict:
 
 
 def radii(text: str) -> tuple:
-    """--pr_epsilons' comma-separated numbers; PRSettings checks their range."""
+    """--pr_epsilons' comma-separated numbers or fractions; PRSettings checks their range."""
     try:
-        return tuple(float(e) for e in text.split(",") if e.strip())
-    except ValueError:
-        raise UserError(f"--pr_epsilons takes comma-separated numbers, got {text!r}") from None
+        return tuple(fraction(e.strip()) for e in text.split(",") if e.strip())
+    except UserError:
+        raise UserError(f"--pr_epsilons takes comma-separated numbers or fractions, got {text!r}") from None
 
 
 def sources() -> list:
@@ -208,6 +208,11 @@ def main(argv):
 
 def evaluate_from_flags():
     overrides = overrides_from_flags()
+    filled = {k: v for k, v in config_lib.with_norm_radii(overrides).items() if k not in overrides}
+    if filled and sharding.is_writer():  # a default that decides every attack's figure is said
+        norm = overrides["attack_norm"]
+        given = ", ".join(f"--{k}={report.radius(v, norm)}" for k, v in filled.items())
+        print(f"--attack_norm={norm}: {given}, the standard {report.NORM_SYMBOLS[norm]} radius and step on CIFAR-10")
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None
     num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
@@ -255,10 +260,15 @@ def define_flags():
         None,
         list(common.NORMS),
         "The attacks' threat model: linf (the paper's, the default) or l2 (pgd20 and cw20 as PGD-L2, APGD and "
-        "AutoAttack as their L2 versions; set --attack_eps, e.g. 0.5 as RobustBench's L2, and --attack_step_size).",
+        "AutoAttack as their L2 versions); without --attack_eps and --attack_step_size, the norm's standard "
+        "ones: L-inf 8/255 and 2/255, L2 0.5 and 0.125 (RobustBench's and AutoAttack's on CIFAR-10).",
     )
-    flags.DEFINE_float("attack_eps", None, "The attacks' radius (default 8/255, L-inf).")
-    flags.DEFINE_float("attack_step_size", None, "PGD-20's and CW-20's step (default 2/255, L-inf).")
+    cli_lib.define_fraction(
+        "attack_eps", None, "The attacks' radius, a number or a fraction (default: the norm's, L-inf 8/255, L2 0.5)."
+    )
+    cli_lib.define_fraction(
+        "attack_step_size", None, "PGD-20's and CW-20's step (default: the norm's, L-inf 2/255, L2 0.125)."
+    )
     flags.DEFINE_bool(
         "full",
         False,

@@ -1099,3 +1099,99 @@ def test_the_training_command_refuses_each_declared_count_beyond_its_bound_in_on
     for done, name in zip(commands_at_once(commands, env=env), names):
         assert one_error_line(done) == f"error: {beyond_message(ranges[name], ranges[name].maximum + 1)}"
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Radii: each norm's own defaults, L-inf radii in [0, 1], fractions where a radius is typed.
+
+
+@pytest.mark.parametrize(
+    "overrides, eps, step",
+    [
+        ({"attack_norm": "l2"}, 0.5, 0.125),  # RobustBench's and AutoAttack's L2 radius, not 8/255
+        ({"attack_norm": "linf"}, 8 / 255, 2 / 255),
+        ({"attack_norm": "l2", "attack_eps": 1.0}, 1.0, 0.125),  # a radius given wins, the step is L2's
+        ({"attack_norm": "l2", "attack_step_size": 0.1}, 0.5, 0.1),
+        ({"attack_eps": 4 / 255}, 4 / 255, 2 / 255),  # no norm given: the config's
+    ],
+)
+def test_a_norm_chosen_without_a_radius_takes_its_standard_radius_and_step(overrides, eps, step):
+    threat = config_lib.default_evaluation_settings("cifar10", overrides).evaluator_settings["attack"]
+    assert (threat.eps, threat.step_size) == (eps, step)
+
+
+def test_a_norm_chosen_without_a_radius_replaces_the_radius_of_the_workdirs_norm():
+    """A config evaluated under L2 at 0.5 and asked for L-inf gets 8/255, not 0.5 as an L-inf radius."""
+    cfg = config_lib.default_config()
+    cfg.eval.attack.norm, cfg.eval.attack.eps, cfg.eval.attack.step_size = "l2", 0.5, 0.125
+    threat = config_lib.evaluation_settings(cfg, {"attack_norm": "linf"}).evaluator_settings["attack"]
+    assert (threat.norm, threat.eps, threat.step_size) == ("linf", 8 / 255, 2 / 255)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: config_lib.default_evaluation_settings("cifar10", {"attack_eps": 8.0}),
+            "eval.attack.eps=8 > 1: did you mean 8/255 = 0.0314? (L-inf radii are in [0, 1])",
+        ),
+        (
+            lambda: config_lib.default_evaluation_settings("cifar10", {"attack_step_size": 2.0}),
+            "eval.attack.step_size=2 > 1: did you mean 2/255 = 0.0078? (L-inf radii are in [0, 1])",
+        ),
+        (
+            lambda: config_lib.train_settings(tiny_config(method="pgd", **{"attack.epsilon": 8.0})),
+            "attack.epsilon=8 > 1: did you mean 8/255 = 0.0314? (L-inf radii are in [0, 1])",
+        ),
+        (
+            lambda: config_lib.train_settings(tiny_config(method="trades", **{"attack.step_size": 2.0})),
+            "attack.step_size=2 > 1: did you mean 2/255 = 0.0078? (L-inf radii are in [0, 1])",
+        ),
+    ],
+)
+def test_an_linf_radius_above_one_is_refused_with_its_likely_meaning(make, message):
+    with pytest.raises(UserError) as error:
+        make()
+    assert str(error.value) == message
+
+
+def test_an_l2_radius_above_one_is_a_radius():
+    """Above 1 is an L2 radius like any other (the L2 preset's PR radii reach 8)."""
+    threat = config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l2", "attack_eps": 2.0})
+    assert threat.evaluator_settings["attack"].eps == 2.0
+    assert config_lib.train_settings(tiny_config(method="pgd", **{"attack.norm": "l2", "attack.epsilon": 2.0}))
+
+
+@pytest.mark.parametrize("text, value", [("8/255", 8 / 255), ("0.5", 0.5), ("1/4", 0.25), (" 3 / 2 ", 1.5)])
+def test_a_radius_is_read_as_a_number_or_a_fraction(text, value):
+    from patjax.core import cli
+
+    assert cli.FractionParser().parse(text) == value
+
+
+@pytest.mark.parametrize("text", ["8/0", "8/", "a/255", "1/2/3"])
+def test_a_fraction_that_is_not_one_is_refused_naming_it(text):
+    from patjax.core import cli
+
+    with pytest.raises(UserError, match=f"expected a number or a fraction such as 8/255, got {re.escape(repr(text))}"):
+        cli.FractionParser().parse(text)
+
+
+@pytest.mark.slow
+def test_the_commands_refuse_an_linf_radius_in_pixel_levels_and_take_fractions(tmp_path):
+    """Evaluation and training alike: 8 meant as 8/255 is one line with that reading, before any
+    model or data is read and with nothing written; 8/255 is taken (the step's refusal comes after it)."""
+    models, run = tmp_path / "models", tmp_path / "run"
+    evaluate = ("-m", "patjax.evaluate", "--robustbench=Carmon2019Unlabeled", f"--robustbench_dir={models}")
+    train = ("main.py", "--config=configs/quickstart.py", f"--workdir={run}")
+    cases = [
+        ((*evaluate, "--attack_eps=8"), "--attack_eps=8 > 1: did you mean 8/255 = 0.0314?"),
+        ((*evaluate, "--attack_eps=8/255", "--attack_step_size=2"), "--attack_step_size=2 > 1: did you mean 2/255"),
+        ((*evaluate, "--attack_eps=8/0"), "expected a number or a fraction such as 8/255, got '8/0'"),
+        ((*train, "--config.attack.epsilon=8"), "attack.epsilon=8 > 1: did you mean 8/255 = 0.0314?"),
+        ((*train, "--config.attack.epsilon=8/255", "--config.attack.step_size=2"), "attack.step_size=2 > 1"),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env), cases):
+        assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
+    assert os.listdir(tmp_path) == []

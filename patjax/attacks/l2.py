@@ -95,3 +95,7 @@ def trades_l2_ascent(
 # (evaluation) choose from.
 PGD_BY_NORM = {"linf": pgd_lib.pgd, "l2": pgd_l2}
 NORMS = tuple(PGD_BY_NORM)
+# Each norm's standard radius and PGD step on CIFAR-10 (images in [0, 1]): L-inf 8/255 with 2/255
+# (Madry et al., the paper's Appendix E), L2 0.5 with 0.125 (RobustBench's and AutoAttack's L2
+# radius; step eps/4 as the L-inf one), used where a norm is chosen without a radius.
+RADII = {"linf": (8 / 255, 2 / 255), "l2": (0.5, 0.125)}

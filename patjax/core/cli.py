@@ -9,9 +9,29 @@ import sys
 from typing import Callable, Mapping
 
 from absl import flags, logging
+from ml_collections import config_flags
 
 from patjax.core import devices
-from patjax.core.errors import UserError, one_line
+from patjax.core.errors import UserError, fraction, one_line
+
+
+class FractionParser(flags.FloatParser):
+    """absl's float parser, which also reads a fraction of two numbers (8/255), the way L-inf
+    radii and steps are written; a value it cannot read is refused in one line (a UserError is a
+    ValueError, which absl reports as the flag's bad value)."""
+
+    def parse(self, argument):
+        return super().parse(fraction(argument) if isinstance(argument, str) and "/" in argument else argument)
+
+
+def define_fraction(name: str, default, help_text: str) -> None:
+    """A float flag that also takes a fraction (`FractionParser`)."""
+    flags.DEFINE(FractionParser(), name, default, help_text)
+
+
+# Every float field of a config given as --config.x=... reads fractions too
+# (--config.attack.epsilon=8/255): ml_collections' public hook for the parser of a field's type.
+config_flags.register_flag_parser_for_type(float, FractionParser())
 
 
 def guarded(main: Callable) -> Callable:
@@ -41,7 +61,7 @@ def named_as_flags(settings: Mapping[str, str]):
     except UserError as error:
         message = str(error)
         for setting, flag in settings.items():
-            if message.startswith(f"{setting} "):
+            if message.startswith((f"{setting} ", f"{setting}=")):
                 raise type(error)(f"--{flag}{message[len(setting) :]}") from None
         raise
 

@@ -76,6 +76,6 @@ def compare(workdirs, plot_path=None, plot_over="clean_correct") -> str:
             text += f"\nplot: {plot_path}"
         if len(workdirs) > 1:
             diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
-            text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
+            text += "\n\n" + report.differences(diffs, results_list[0]["settings"])
             files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
     return text

@@ -16,7 +16,7 @@ import ml_collections
 
 from patjax import evaluators as evaluators_lib
 from patjax import methods
-from patjax.attacks import inner
+from patjax.attacks import inner, l2
 from patjax.core.errors import (
     INT32_MAX,
     UserError,
@@ -366,6 +366,7 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
     own fields, its name (num_examples, batch_size, evaluators); an unknown name is refused."""
     if not overrides:
         return cfg
+    overrides = with_norm_radii(overrides)
     cfg = copy.deepcopy(cfg)
     names = evaluators_lib.flat_names()
     for key, value in overrides.items():
@@ -380,6 +381,16 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
             expected = type(target[field]).__name__
             raise UserTypeError(f"eval setting {key} must be of type {expected}, got {value!r}") from None
     return cfg
+
+
+def with_norm_radii(overrides: dict) -> dict:
+    """Overrides that choose the attacks' norm (attack_norm) without its radius or step, completed
+    with that norm's standard ones (`l2.RADII`): the config's radius belongs to the config's norm,
+    and 8/255 read as an L2 radius is a threat model nobody reports. Radii given win."""
+    radii = l2.RADII.get(overrides.get("attack_norm"))
+    if radii is None:  # no norm given, or one ThreatModelSettings refuses by name
+        return overrides
+    return {"attack_eps": radii[0], "attack_step_size": radii[1], **overrides}
 
 
 def evaluation_settings(

@@ -44,6 +44,7 @@ from patjax import api, evaluators
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError, fraction
+from patjax.data import cifar
 from patjax.evaluators import common, pr
 from patjax.models import networks
 from patjax.reporting import plots, report
@@ -87,6 +88,8 @@ def overrides_from_flags() -> dict:
         overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
     if isinstance(overrides.get("pr_epsilons"), str):
         overrides["pr_epsilons"] = radii(overrides["pr_epsilons"])
+    if FLAGS.data_dir:  # every model's test split, the workdirs' recorded folders included
+        overrides["data_dir"] = cli_lib.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
     return overrides
 
 
@@ -181,6 +184,7 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
     folders = [folder for folder, _ in found]
     if not FLAGS.compare_only:
         same = api.same_evaluation(first_settings(spec, num_examples, overrides))
+        same["overrides"].update({k: overrides[k] for k in ("data_dir",) if k in overrides})
         # Every workdir is checked with those settings before any model is evaluated, so a mistake
         # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():
@@ -227,6 +231,12 @@ def define_flags():
         "Test images to evaluate, the first ones of the split; -1: all of them (default: config.eval).",
     )
     flags.DEFINE_integer("batch_size", None, "Images per evaluation batch (default: config.eval).")
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "The folder of the test split (holding cifar-10-batches-bin/ ...) or tfds (default: the workdir's config's, "
+        "else found or downloaded).",
+    )
     flags.DEFINE_string(
         "evaluators",
         None,

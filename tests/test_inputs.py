@@ -1195,3 +1195,30 @@ def test_the_commands_refuse_an_linf_radius_in_pixel_levels_and_take_fractions(t
     for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env), cases):
         assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 32, 3), (2, 32, 0, 3), (2, 0, 0, 3), (2, 32, 32, 0)])
+def test_images_without_pixels_are_refused_naming_their_shape_before_the_model(shape):
+    """Zero height or width used to reach the model and come back as 'logits not finite'."""
+    with pytest.raises(UserError) as error:
+        api.evaluate(linear_logits, np.zeros(shape, np.uint8), np.zeros(2, np.int32), evaluators="clean")
+    assert str(error.value) == f"images of shape {shape} have no pixels (height, width or channels 0)"
+
+
+def test_a_data_file_the_user_cannot_read_is_one_line_naming_it(tmp_path, monkeypatch):
+    """Tests run as root, who reads any file: np.fromfile is made to fail as it does for a user
+    without read permission."""
+    from patjax.data import cifar, download
+
+    folder = tmp_path / download.ARCHIVES["cifar10"][3]
+    folder.mkdir()
+    for name in download.SPLIT_FILES["cifar10"]["test"]:
+        (folder / name).write_bytes(b"")
+
+    def denied(path, dtype=None):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(np, "fromfile", denied)
+    with pytest.raises(UserError) as error:
+        cifar.load_split("cifar10", "test", str(tmp_path))
+    assert str(error.value) == f"{folder / 'test_batch.bin'}: cannot be read (Permission denied)"

@@ -169,6 +169,12 @@ def existing_folder(flag: str, path: str) -> str:
     return path
 
 
+def data_folder(flag: str, path: str, *names: str) -> str:
+    """A data folder the command reads: an existing folder, or one of `names`, the sources a loader
+    reads without a folder (`tfds`)."""
+    return path if path in names else existing_folder(flag, path)
+
+
 def existing_file(flag: str, path: str) -> str:
     """A file the command reads: it must exist and not be a folder."""
     if not os.path.exists(path):

@@ -363,13 +363,16 @@ class EvaluationSettings:
 def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict] = None) -> ml_collections.ConfigDict:
     """A copy of cfg with fields of its `eval` block replaced, each named by its flat name
     (`evaluators.flat_names`: {'pr_samples': 20} sets eval.pr.samples) or, for the evaluation's
-    own fields, its name (num_examples, batch_size, evaluators); an unknown name is refused."""
+    own fields, its name (num_examples, batch_size, evaluators, data_dir); an unknown name is refused."""
     if not overrides:
         return cfg
     overrides = with_norm_radii(overrides)
     cfg = copy.deepcopy(cfg)
     names = evaluators_lib.flat_names()
     for key, value in overrides.items():
+        if key == "data_dir":  # where the test split is read from, not what is computed on it
+            cfg.data_dir = value
+            continue
         block, field = names.get(key, (None, key))
         target = cfg.eval[block] if block else cfg.eval
         if field not in target or isinstance(target[field], ml_collections.ConfigDict):

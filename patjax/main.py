@@ -73,6 +73,9 @@ class _ConfigFile(flags.ArgumentParser):
 
 
 def define_flags():
+    # Every float field given as --config.x=... reads fractions too (--config.attack.epsilon=8/255):
+    # ml_collections' public hook for the parser of a field's type.
+    config_flags.register_flag_parser_for_type(float, cli_lib.FractionParser())
     config_flags.DEFINE_config_file(
         "config",
         None,

@@ -9,7 +9,6 @@ import sys
 from typing import Callable, Mapping
 
 from absl import flags, logging
-from ml_collections import config_flags
 
 from patjax.core import devices
 from patjax.core.errors import UserError, fraction, one_line
@@ -27,11 +26,6 @@ class FractionParser(flags.FloatParser):
 def define_fraction(name: str, default, help_text: str) -> None:
     """A float flag that also takes a fraction (`FractionParser`)."""
     flags.DEFINE(FractionParser(), name, default, help_text)
-
-
-# Every float field of a config given as --config.x=... reads fractions too
-# (--config.attack.epsilon=8/255): ml_collections' public hook for the parser of a field's type.
-config_flags.register_flag_parser_for_type(float, FractionParser())
 
 
 def guarded(main: Callable) -> Callable:

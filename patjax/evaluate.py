@@ -18,7 +18,8 @@ A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of 
 evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
 names and layouts of `patjax.run.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
-results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/). An entry of
+results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/, or FILE_suffix/ where
+that is a run's workdir; `eval_files.default_out_dir`). An entry of
 RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
 and normalization RobustBench gives it (`patjax.run.zoo`).
 
@@ -36,7 +37,6 @@ describes the figures and their intervals.
 from __future__ import annotations
 
 import functools
-import os
 
 from absl import app, flags
 
@@ -102,16 +102,17 @@ def radii(text: str) -> tuple:
 
 
 def sources() -> list:
-    """(the folder its eval/ goes to, evaluate(**settings) -> results) of every model the flags
-    name: the workdirs, then the PyTorch checkpoints, then the RobustBench entries, each in the
-    order given; every path and name is checked before any model is evaluated."""
+    """(the folder its eval/ goes to, what the user named it by, evaluate(**settings) -> results)
+    of every model the flags name: the workdirs, then the PyTorch checkpoints, then the RobustBench
+    entries, each in the order given; every path and name is checked before any model is evaluated."""
     found = []
     for workdir in FLAGS.workdir or ():
         cli_lib.existing_folder("workdir", workdir)
-        found.append((workdir, functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite)))
+        evaluate = functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite)
+        found.append((workdir, workdir, evaluate))
     for path in FLAGS.torch_checkpoint or ():
         cli_lib.existing_file("torch_checkpoint", path)
-        out_dir = FLAGS.out_dir or os.path.splitext(path)[0]
+        out_dir = FLAGS.out_dir or eval_files.default_out_dir(path)
         if out_dir != path:  # a file without suffix is refused for its suffix
             cli_lib.output_folder("out_dir", out_dir)
         evaluate = functools.partial(
@@ -124,13 +125,15 @@ def sources() -> list:
             width=FLAGS.model_width,
             overwrite=FLAGS.overwrite,
         )
-        found.append((out_dir, evaluate))
+        found.append((out_dir, path, evaluate))
     if FLAGS.robustbench:
         cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
     threat_model = FLAGS.robustbench_threat_model
     for name in FLAGS.robustbench or ():
         zoo.entry(name, threat_model)
-        out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(name, FLAGS.robustbench_dir, threat_model))[0]
+        out_dir = FLAGS.out_dir or eval_files.default_out_dir(
+            zoo.checkpoint_path(name, FLAGS.robustbench_dir, threat_model)
+        )
         cli_lib.output_folder("out_dir", out_dir)
         evaluate = functools.partial(
             api.evaluate_robustbench,
@@ -140,7 +143,7 @@ def sources() -> list:
             overwrite=FLAGS.overwrite,
             threat_model=threat_model,
         )
-        found.append((out_dir, evaluate))
+        found.append((out_dir, name, evaluate))
     return found
 
 
@@ -181,7 +184,8 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
         raise UserError("--workdir, --torch_checkpoint or --robustbench is required")
     if FLAGS.plot:
         cli_lib.output_file("plot", FLAGS.plot)
-    folders = [folder for folder, _ in found]
+    folders = [folder for folder, _, _ in found]
+    names = comparison.labels([named for _, named, _ in found])
     if not FLAGS.compare_only:
         same = api.same_evaluation(first_settings(spec, num_examples, overrides))
         same["overrides"].update({k: overrides[k] for k in ("data_dir",) if k in overrides})
@@ -189,15 +193,16 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
         # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():
             evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, **same)
-        for folder, evaluate in found:
+        for folder, name, (_, _, evaluate) in zip(folders, names, found):
             results = evaluate(**same)
             if sharding.is_writer():
                 print(
-                    f"{comparison.workdir_name(folder)}: wrote {eval_files.results_path(folder)} "
+                    f"{name}: wrote {eval_files.results_path(folder)} "
                     f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
                 )
     if sharding.is_writer():
-        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over))
+        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over, names))
+        print("evaluations: " + ", ".join(f"{n} in {eval_files.eval_dir(f)}" for n, f in zip(names, folders)))
 
 
 def main(argv):
@@ -321,7 +326,8 @@ def define_flags():
     flags.DEFINE_string(
         "out_dir",
         None,
-        "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix).",
+        "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix, "
+        "or FILE_suffix where that is a run's workdir).",
     )
     flags.DEFINE_multi_string(
         "robustbench",

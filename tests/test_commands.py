@@ -95,12 +95,13 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
     """One table over a workdir and a PyTorch checkpoint: the checkpoint is evaluated with the
     workdir's settings (its config's PR chunk of 2, not the default 5), on the same images and the
     same noise, so the workdir's own model, exported, gives the same outcome on every image and a
-    paired PR difference of exactly 0 at every radius."""
+    paired PR difference of exactly 0 at every radius. The file, exported beside the run under its
+    name, is labelled by its file name, and its evaluation goes beside the run, not into it."""
     import shutil
 
     workdir = str(tmp_path / "run")
     shutil.copytree(tiny_run, workdir, ignore=shutil.ignore_patterns("eval", "*.lock"))
-    exported = str(tmp_path / "exported.safetensors")
+    exported = str(tmp_path / "run.safetensors")
     finish(start("patjax.export", f"--workdir={workdir}", f"--out={exported}"))
     out = finish(
         start(
@@ -113,19 +114,23 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
         )
     )
     run_results = json.load(open(os.path.join(workdir, "eval", "results.json")))
-    file_results = json.load(open(tmp_path / "exported" / "eval" / "results.json"))
+    file_results = json.load(open(tmp_path / "run_safetensors" / "eval" / "results.json"))
+    assert file_results["model"]["torch_checkpoint"] == "run.safetensors"
     assert file_results["settings"]["pr_chunk_size"] == run_results["settings"]["pr_chunk_size"] == 2
     run_images, file_images = (
-        np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "exported")
+        np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "run_safetensors")
     )
     for key in ("clean.correct", "pr_uniform.counts"):
         np.testing.assert_array_equal(run_images[key], file_images[key])
     differences = json.load(open(os.path.join(workdir, "eval", "pr_vs_eps_paired_differences.json")))
-    assert [row["run"] for row in differences] == ["exported"]
+    assert [(row["baseline"], row["run"]) for row in differences] == [("run", "run.safetensors")]
     for level in differences[0]["distributions"]["uniform"].values():
         assert level["clean_correct"]["value"] == 0.0
-    paired = [line.split() for line in out.splitlines() if line.strip().startswith("exported  ") and "+0.00" in line]
-    assert paired and all(cell in ("exported", "+0.00", "[+0.00,", "+0.00]") for row in paired for cell in row)
+    paired = [line.split() for line in out.splitlines() if line.strip().startswith("run.safetensors ") and "+0" in line]
+    assert paired and all(cell in ("run.safetensors", "+0.00", "[+0.00,", "+0.00]") for row in paired for cell in row)
+    assert out.splitlines()[-1] == (
+        f"evaluations: run in {workdir}/eval, run.safetensors in {tmp_path}/run_safetensors/eval"
+    )
 
 
 @pytest.mark.slow

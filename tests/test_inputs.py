@@ -1222,3 +1222,19 @@ def test_a_data_file_the_user_cannot_read_is_one_line_naming_it(tmp_path, monkey
     with pytest.raises(UserError) as error:
         cifar.load_split("cifar10", "test", str(tmp_path))
     assert str(error.value) == f"{folder / 'test_batch.bin'}: cannot be read (Permission denied)"
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [("quikstart", "did you mean quickstart? "), ("pat_cifar1O.py", "did you mean pat_cifar10? "), ("zzz", "")],
+)
+def test_a_mistyped_config_name_lists_the_shipped_configs(tmp_path, monkeypatch, name, hint):
+    from patjax import configs
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as error:
+        configs.load_file(name)
+    assert str(error.value) == (
+        f"config file {name}: no such file; {hint}--config takes a config file or a shipped config's name: "
+        "quickstart, pat_cifar10, pat_cifar100"
+    )

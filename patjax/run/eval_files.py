@@ -12,6 +12,7 @@ import numpy as np
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import robustness
+from patjax.run import workdir as workdir_lib
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
@@ -222,6 +223,18 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
             f"{name_a!r} and {name_b!r} were evaluated with different settings "
             f"({', '.join(differing)}): not comparable on common random numbers"
         )
+
+
+def default_out_dir(path: str) -> str:
+    """Where the evaluation of a model file (a PyTorch checkpoint, a RobustBench entry's) goes when
+    no folder is named: beside the file, its path without the suffix (model.safetensors ->
+    model/), unless that folder is a run's workdir (the run exported beside itself:
+    quickstart.safetensors next to quickstart/), whose own evaluation it would mix with; then
+    the path with the suffix's dot as an underscore (quickstart_safetensors/)."""
+    stem, suffix = os.path.splitext(path)
+    if suffix and os.path.isfile(workdir_lib.config_path(stem)):
+        return f"{stem}_{suffix[1:]}"
+    return stem
 
 
 def eval_dir(workdir: str, step: Optional[int] = None) -> str:

@@ -861,3 +861,23 @@ def test_a_radius_is_written_as_published():
         "0",
     ]
     assert report.radius(8 / 255, "l2") == f"{8 / 255:g}" and report.radius(0.5, "l2") == "0.5"
+
+
+def test_labels_tell_the_sources_apart():
+    """A workdir and the file exported from it (both 'quickstart' by their stems) read apart; two
+    workdirs of one name in different folders are named by their paths."""
+    assert comparison.labels(["runs/quickstart/", "runs/quickstart.safetensors", "Carmon2019Unlabeled"]) == [
+        "quickstart",
+        "quickstart.safetensors",
+        "Carmon2019Unlabeled",
+    ]
+    assert comparison.labels(["a/pgd", "b/pgd/"]) == ["a/pgd", "b/pgd"]
+
+
+def test_a_files_evaluation_goes_beside_it_and_never_into_a_run_of_its_name(tmp_path):
+    file = str(tmp_path / "quickstart.safetensors")
+    assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart")  # the documented default
+    (tmp_path / "quickstart").mkdir()
+    assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart")  # a folder, but no run
+    (tmp_path / "quickstart" / "config.json").write_text("{}")
+    assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart_safetensors")

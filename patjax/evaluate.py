@@ -219,9 +219,9 @@ def evaluate_from_flags():
     overrides = overrides_from_flags()
     filled = {k: v for k, v in config_lib.with_norm_radii(overrides).items() if k not in overrides}
     if filled and sharding.is_writer():  # a default that decides every attack's figure is said
-        norm = overrides["attack_norm"]
-        given = ", ".join(f"--{k}={report.radius(v, norm)}" for k, v in filled.items())
-        print(f"--attack_norm={norm}: {given}, the standard {report.NORM_SYMBOLS[norm]} radius and step on CIFAR-10")
+        print(
+            report.norm_radii_line("--attack_norm", overrides["attack_norm"], {f"--{k}": v for k, v in filled.items()})
+        )
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None
     num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]

@@ -23,6 +23,7 @@ from ml_collections import config_flags
 from patjax import configs
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
+from patjax.reporting import report
 from patjax.run import config, train
 
 FLAGS = flags.FLAGS
@@ -51,12 +52,25 @@ def shipped_config(argv: list[str]) -> list[str]:
 def main(argv):
     cli_lib.start(argv)
     cli_lib.output_folder("workdir", FLAGS.workdir)
+    with_norm_radii(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
     state = train.train_run(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
     if sharding.is_writer():
         print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
+
+
+def with_norm_radii(cfg, given: dict) -> None:
+    """A threat model whose norm the command line sets (--config.attack.norm=l2) without its
+    radius or step takes the norm's standard ones (`config.with_norm_radii`), said in one line."""
+    for names in config.CONFIG_THREATS:
+        filled = {k: v for k, v in config.with_norm_radii(given, names).items() if k not in given}
+        if filled:
+            cfg.update_from_flattened_dict(filled)
+            if sharding.is_writer():
+                flags_given = {f"--config.{k}": v for k, v in filled.items()}
+                print(report.norm_radii_line(f"--config.{names[0]}", given[names[0]], flags_given))
 
 
 class _ConfigFile(flags.ArgumentParser):

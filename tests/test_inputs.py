@@ -1238,3 +1238,41 @@ def test_a_mistyped_config_name_lists_the_shipped_configs(tmp_path, monkeypatch,
         f"config file {name}: no such file; {hint}--config takes a config file or a shipped config's name: "
         "quickstart, pat_cifar10, pat_cifar100"
     )
+
+
+def test_a_norm_set_on_the_training_command_line_without_a_radius_takes_its_standard_one(capsys):
+    from patjax import main as main_lib
+
+    cfg = tiny_config(method="pgd")
+    main_lib.with_norm_radii(cfg, {"attack.norm": "l2", "eval.attack.norm": "l2", "eval.attack.eps": 1.0})
+    assert (cfg.attack.epsilon, cfg.attack.step_size) == (0.5, 0.125)
+    assert (cfg.eval.attack.eps, cfg.eval.attack.step_size) == (8 / 255, 0.125)  # the given radius is set later
+    assert capsys.readouterr().out.splitlines() == [
+        "--config.attack.norm=l2: --config.attack.epsilon=0.5, --config.attack.step_size=0.125, the standard L2 "
+        "radius and step on CIFAR-10",
+        "--config.eval.attack.norm=l2: --config.eval.attack.step_size=0.125, the standard L2 radius and step on "
+        "CIFAR-10",
+    ]
+    cfg = tiny_config(method="pgd")
+    main_lib.with_norm_radii(cfg, {"attack.norm": "l2", "attack.epsilon": 1.0, "attack.step_size": 0.25})
+    assert (cfg.attack.epsilon, cfg.attack.step_size) == (8 / 255, 2 / 255)  # nothing filled: ml_collections sets them
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_the_training_command_says_the_radius_a_norm_took(tmp_path):
+    """The command line's overrides are what decides (ml_collections' record of them): the line
+    comes before the method's own refusal (fgsm has no L2 form), which ends the command."""
+    run = run_cli(
+        "main.py",
+        "--config=configs/quickstart.py",
+        f"--workdir={tmp_path}/run",
+        "--config.method=fgsm",
+        "--config.attack.norm=l2",
+    )
+    assert run.stdout.splitlines()[0] == (
+        "--config.attack.norm=l2: --config.attack.epsilon=0.5, --config.attack.step_size=0.125, the standard L2 "
+        "radius and step on CIFAR-10"
+    )
+    assert one_error_line(run).startswith("error: fgsm's inner attack has no l2 form")
+    assert os.listdir(tmp_path) == []

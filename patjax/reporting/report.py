@@ -76,6 +76,13 @@ def threat_model(settings) -> str:
     return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(settings['attack_eps'], norm)}"
 
 
+def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
+    """The line a command prints where a norm given without its radius or step took the norm's
+    standard ones (`config.with_norm_radii`): `filled` is {the flag that would set it: value}."""
+    given = ", ".join(f"{flag}={radius(value, norm)}" for flag, value in filled.items())
+    return f"{norm_flag}={norm}: {given}, the standard {NORM_SYMBOLS.get(norm, norm)} radius and step on CIFAR-10"
+
+
 def pr_law(settings) -> str:
     """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
     headline PR's law, radii and samples of a results.json settings record."""

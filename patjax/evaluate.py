@@ -108,7 +108,7 @@ def sources() -> list:
     found = []
     for workdir in FLAGS.workdir or ():
         cli_lib.existing_folder("workdir", workdir)
-        evaluate = functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite)
+        evaluate = functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite, step=FLAGS.step)
         found.append((workdir, workdir, evaluate))
     for path in FLAGS.torch_checkpoint or ():
         cli_lib.existing_file("torch_checkpoint", path)
@@ -186,20 +186,26 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
         cli_lib.output_file("plot", FLAGS.plot)
     folders = [folder for folder, _, _ in found]
     names = comparison.labels([named for _, named, _ in found])
+    if FLAGS.step is not None and (len(found) != 1 or not FLAGS.workdir or FLAGS.compare_only):
+        raise UserError("--step evaluates a step of one --workdir (not --compare_only, no other model)")
     if not FLAGS.compare_only:
         same = api.same_evaluation(first_settings(spec, num_examples, overrides))
         same["overrides"].update({k: overrides[k] for k in ("data_dir",) if k in overrides})
         # Every workdir is checked with those settings before any model is evaluated, so a mistake
         # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():
-            evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, **same)
+            evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **same)
         for folder, name, (_, _, evaluate) in zip(folders, names, found):
             results = evaluate(**same)
             if sharding.is_writer():
                 print(
-                    f"{name}: wrote {eval_files.results_path(folder)} "
+                    f"{name}: wrote {eval_files.results_path(folder, FLAGS.step)} "
                     f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
                 )
+    if FLAGS.step is not None:  # a learning-curve point: its own figures, compared with nothing
+        if sharding.is_writer():
+            print(report.comparison([f"{names[0]} step {FLAGS.step}"], [results]))
+        return
     if sharding.is_writer():
         print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over, names))
         print("evaluations: " + ", ".join(f"{n} in {eval_files.eval_dir(f)}" for n, f in zip(names, folders)))
@@ -289,6 +295,12 @@ def define_flags():
         False,
         "Every evaluator and PR law on the whole test split (flags given "
         "explicitly still win), whatever the workdir's config evaluates by default.",
+    )
+    flags.DEFINE_integer(
+        "step",
+        None,
+        "Evaluate the model of this training step (its checkpoint or kept model) of one --workdir "
+        "instead of the newest, into WORKDIR/curve/step_N/: a learning-curve point.",
     )
     flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")
     flags.DEFINE_bool(

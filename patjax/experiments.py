@@ -16,7 +16,6 @@ resume: docs/cluster.md), `patjax.suites.handover` carries unfinished runs in gi
 from __future__ import annotations
 
 import os
-import time
 
 import jax
 from absl import app, flags
@@ -75,9 +74,7 @@ def main(argv):
             f"wrote {os.path.join(FLAGS.workdir, 'results.md')} ({summary['num_done']}/{summary['num_runs']} runs done)"
         )
         return
-    if FLAGS.max_minutes is not None and not FLAGS.max_minutes > 0:
-        raise UserError(f"--max_minutes must be positive, got {FLAGS.max_minutes}")
-    stop_at = None if FLAGS.max_minutes is None else time.time() + 60 * FLAGS.max_minutes
+    stop_at = cli_lib.stop_time(FLAGS.max_minutes)
     if FLAGS.compilation_cache:
         # Runs of one method differ only in the seed, and every run of a group is evaluated by the
         # same functions: XLA's persistent cache compiles each once per suite.

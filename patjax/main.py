@@ -56,7 +56,12 @@ def main(argv):
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
-    state = train.train_run(settings, FLAGS.workdir, stop_after_steps=FLAGS.stop_after_steps)
+    state = train.train_run(
+        settings,
+        FLAGS.workdir,
+        stop_after_steps=FLAGS.stop_after_steps,
+        stop_at=cli_lib.stop_time(FLAGS.max_minutes),
+    )
     if sharding.is_writer():
         print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
 
@@ -103,6 +108,12 @@ def define_flags():
         "stop_after_steps",
         None,
         "Stop (with a checkpoint) after this many steps of this invocation; rerun to resume.",
+    )
+    flags.DEFINE_float(
+        "max_minutes",
+        None,
+        "Stop (with a checkpoint) once this invocation has run this many minutes, after the step "
+        "under way: a job's or a session's time limit; rerun to resume.",
     )
     flags.mark_flags_as_required(["config", "workdir"])
 

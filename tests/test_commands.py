@@ -3,6 +3,7 @@ processes: the fast tier's touch of each door. Each command's own test file runs
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -97,8 +98,6 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
     same noise, so the workdir's own model, exported, gives the same outcome on every image and a
     paired PR difference of exactly 0 at every radius. The file, exported beside the run under its
     name, is labelled by its file name, and its evaluation goes beside the run, not into it."""
-    import shutil
-
     workdir = str(tmp_path / "run")
     shutil.copytree(tiny_run, workdir, ignore=shutil.ignore_patterns("eval", "*.lock"))
     exported = str(tmp_path / "run.safetensors")
@@ -138,8 +137,6 @@ def test_the_no_data_error_gives_advice_that_works_in_each_command_that_prints_i
     """From a checkout with no data beside it, an empty cache and no network, training and
     evaluation each end in one line whose advice names a flag or variable; each piece of advice,
     followed in the command that printed it, runs."""
-    import shutil
-
     from patjax.models import networks
     from patjax.run import torch_weights
 
@@ -199,3 +196,27 @@ def test_the_quickstart_command_run_again_resumes_its_workdir_named_like_the_con
     again = run()
     assert again.returncode == 0, again.stderr[-2000:]
     assert "trained pat to step 2 of 2: quickstart/checkpoints/2" in again.stdout
+
+
+@pytest.mark.slow
+def test_evaluate_step_reproduces_a_suite_curve_point_and_leaves_eval_alone(tmp_path):
+    """`--step=400` on a copy of a committed table1_cpu run evaluates its kept model of step 400
+    into curve/step_000400/: the clean outcomes and uniform PR counts of its first 50 images are
+    those the suite runner's curve point committed (same model, images, seed and noise), and the
+    run's final evaluation in eval/ is untouched. Two workdirs with --step are refused."""
+    source = REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn" / "pgd_s0"
+    run = tmp_path / "pgd_s0"
+    shutil.copytree(source, run, ignore=shutil.ignore_patterns("curve"))
+    final_eval = (run / "eval" / "results.json").read_bytes()
+    flags = ("--evaluators=clean,pr", "--pr_distribution=uniform", "--pr_distributions=uniform", "--seed=0")
+    out = finish(start("patjax.evaluate", f"--workdir={run}", "--step=400", "--num_examples=50", *flags))
+    assert "pgd_s0 step 400" in out
+    new = np.load(run / "curve" / "step_000400" / "per_image.npz")
+    committed = np.load(source / "curve" / "step_000400" / "per_image.npz")
+    assert int(new["meta.step"]) == 400
+    for key in ("image_index", "clean.correct", "pr_uniform.counts"):
+        np.testing.assert_array_equal(new[key], committed[key][:50])
+    assert (run / "eval" / "results.json").read_bytes() == final_eval
+    proc = start("patjax.evaluate", f"--workdir={run}", f"--workdir={run}", "--step=400")
+    proc.communicate(timeout=300)
+    assert proc.returncode == 2

@@ -969,6 +969,7 @@ FLAG_RANGES = {
     ("evaluate", "seed"): "eval.seed",
     ("evaluate", "apgd_steps"): "eval.apgd.steps",
     ("evaluate", "model_width"): "model_width",
+    ("evaluate", "step"): "a step with a checkpoint or a kept model (workdir.restore)",
     ("diagnose", "num_examples"): "--num_examples",
     ("diagnose", "steps"): "--steps",
     ("diagnose", "chains"): "--chains",
@@ -1236,8 +1237,9 @@ def test_a_mistyped_config_name_lists_the_shipped_configs(tmp_path, monkeypatch,
         configs.load_file(name)
     assert str(error.value) == (
         f"config file {name}: no such file; {hint}--config takes a config file or a shipped config's name: "
-        "quickstart, pat_cifar10, pat_cifar100"
+        f"{', '.join(configs.NAMES)}"
     )
+    assert configs.NAMES[:3] == ("quickstart", "pat_cifar10", "pat_cifar100")
 
 
 def test_a_norm_set_on_the_training_command_line_without_a_radius_takes_its_standard_one(capsys):

@@ -15,7 +15,7 @@ import ml_collections
 from patjax.core.errors import UserError, one_line
 from patjax.run.config import default_config
 
-NAMES = ("quickstart", "pat_cifar10", "pat_cifar100")
+NAMES = ("quickstart", "pat_cifar10", "pat_cifar100", "pgd_atpr_cifar10")
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -4,9 +4,11 @@ devices and processes are set up first (`devices`); path flags are checked for t
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
-from typing import Callable, Mapping
+import time
+from typing import Callable, Mapping, Optional
 
 from absl import flags, logging
 
@@ -63,6 +65,16 @@ def named_as_flags(settings: Mapping[str, str]):
 def given(*names: str) -> list:
     """The flags among `names` that the command line sets."""
     return [name for name in names if flags.FLAGS[name].present]
+
+
+def stop_time(max_minutes: Optional[float]) -> Optional[float]:
+    """When --max_minutes=M, counted from now, runs out (`time.time()`), or None without it: a
+    session's or a job's time limit, at which training stops with a checkpoint and leaves."""
+    if max_minutes is None:
+        return None
+    if not (max_minutes > 0 and math.isfinite(max_minutes)):
+        raise UserError(f"--max_minutes must be a positive number of minutes, got {max_minutes}")
+    return time.time() + 60 * max_minutes
 
 
 def start(argv) -> None:

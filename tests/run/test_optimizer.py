@@ -45,3 +45,34 @@ def test_multistep_schedule_decays_at_epochs_75_and_90_of_100():
         (100 * spe - 1, 0.0001),
     ]:
         np.testing.assert_allclose(float(schedule(step)), lr, rtol=1e-5)
+
+
+def test_the_atpr_recipe_trains_as_torch_sgd_with_its_milestones():
+    """pgd_atpr_cifar10 against the AT-PR code's optimizer run in PyTorch itself:
+    optim.SGD(lr=0.1, momentum=0.9, weight_decay=5e-4) (no Nesterov) stepped by
+    MultiStepLR([75, 90], 0.1) once an epoch, on the same gradients, across both milestones."""
+    import torch
+
+    from patjax.configs import pgd_atpr_cifar10
+
+    cfg = pgd_atpr_cifar10.get_config()
+    cfg.num_epochs = 100
+    spe = 2  # steps per epoch: the milestones at epochs 75 and 90 fall at steps 150 and 180
+    settings = optimizer_settings(cfg)
+    tx = optimizer_lib.make_optimizer(settings, settings.schedule(spe))
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(4).astype(np.float32)
+    grads = rng.standard_normal((100 * spe, 4)).astype(np.float32)
+    p, opt_state = jnp.asarray(p0), tx.init(jnp.asarray(p0))
+    w = torch.nn.Parameter(torch.tensor(p0))
+    sgd = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=5e-4)
+    lr_scheduler = torch.optim.lr_scheduler.MultiStepLR(sgd, milestones=[75, 90], gamma=0.1)
+    for step, g in enumerate(grads):
+        updates, opt_state = tx.update(jnp.asarray(g), opt_state, p)
+        p = p + updates
+        w.grad = torch.tensor(g)
+        sgd.step()
+        if (step + 1) % spe == 0:
+            lr_scheduler.step()
+        if step in (149, 150, 179, 180, len(grads) - 1):
+            np.testing.assert_allclose(np.asarray(p), w.detach().numpy(), rtol=2e-5, atol=1e-6)

@@ -172,6 +172,11 @@ def run_cli(*args, cwd=REPO):
             marks=pytest.mark.slow,
         ),
         pytest.param(
+            "--max_minutes=0",
+            "--max_minutes must be a positive number of minutes, got 0.0",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
             "--config.num_train_steps=-5",
             "num_train_steps must be an integer in [1, 2147483647], or -1 (num_epochs sets the length)",
             marks=pytest.mark.slow,

@@ -271,8 +271,8 @@ def define_flags():
         None,
         list(pr.PRESETS),
         "The headline PR's law, radii and N of a published table (the flags above still win): table1 (the "
-        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100), prbench (PRBench's leaderboard: uniform, "
-        "eps 0.03, 0.08, 0.1, 0.12, N = 100) or l2 (uniform_l2 alone at L2 radii 0.5, 1, 2, 4, 8, N = 100).",
+        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100), prbench (PRBench's protocol: its uniform law "
+        "alone, eps 0.03, 0.08, 0.1, 0.12, N = 100) or l2 (uniform_l2 alone at L2 radii 0.5, 1, 2, 4, 8, N = 100).",
     )
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")

@@ -651,7 +651,11 @@ def unchanged_but_locks(root) -> str:
     "damage, file, problem",
     [
         (cut, "per_image.npz", "is damaged (not a readable .npz: File is not a zip file); evaluate the run again"),
-        (without_figures, "results.json", "is damaged (no figures); move it away, or evaluate again with --overwrite"),
+        (
+            without_figures,
+            "results.json",
+            "is damaged (no figures); move it away and evaluate again (patjax-evaluate --overwrite replaces it)",
+        ),
     ],
     ids=["cut-per-image", "results-without-figures"],
 )
@@ -1278,3 +1282,16 @@ def test_the_training_command_says_the_radius_a_norm_took(tmp_path):
     )
     assert one_error_line(run).startswith("error: fgsm's inner attack has no l2 form")
     assert os.listdir(tmp_path) == []
+
+
+def test_the_advice_for_a_missing_evaluation_names_the_command_that_makes_it(tmp_path):
+    """A learning-curve point is made by --step (a plain evaluation would write eval/ instead)."""
+    from patjax.run import eval_files
+
+    run = str(tmp_path / "run")
+    with pytest.raises(UserError) as error:
+        eval_files.load_results(run)
+    assert str(error.value).endswith(f"; run python -m patjax.evaluate --workdir={run}")
+    with pytest.raises(UserError) as error:
+        eval_files.load_results(run, 400)
+    assert str(error.value).endswith(f"; run python -m patjax.evaluate --workdir={run} --step=400")

@@ -283,7 +283,9 @@ def write_results(workdir: str, results: dict, per_image: dict, step: Optional[i
     return written
 
 
-RESULTS_REMEDY = "move it away, or evaluate again with --overwrite"
+# Said by every command that reads evaluations (evaluate, and experiments, which takes no
+# --overwrite and evaluates again a run whose evaluation is missing): each can follow it.
+RESULTS_REMEDY = "move it away and evaluate again (patjax-evaluate --overwrite replaces it)"
 PER_IMAGE_REMEDY = "evaluate the run again"
 
 
@@ -302,6 +304,7 @@ def load_results(workdir: str, step: Optional[int] = None):
     if results is None:
         raise UserError(
             f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate --workdir={workdir}"
+            + (f" --step={step}" if step is not None else "")
         )
     check_results(results, results_path(workdir, step), RESULTS_REMEDY)
     npz = per_image_path(workdir, step)

@@ -41,6 +41,7 @@ import functools
 from absl import app, flags
 
 from patjax import api, evaluators
+from patjax.attacks import l2
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError, fraction
@@ -223,7 +224,7 @@ def main(argv):
 
 def evaluate_from_flags():
     overrides = overrides_from_flags()
-    filled = {k: v for k, v in config_lib.with_norm_radii(overrides).items() if k not in overrides}
+    filled = {k: v for k, v in l2.with_norm_radii(overrides, *config_lib.EVAL_THREAT).items() if k not in overrides}
     if filled and sharding.is_writer():  # a default that decides every attack's figure is said
         print(
             report.norm_radii_line("--attack_norm", overrides["attack_norm"], {f"--{k}": v for k, v in filled.items()})

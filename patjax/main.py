@@ -21,6 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from patjax import configs
+from patjax.attacks import l2
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
 from patjax.reporting import report
@@ -52,7 +53,7 @@ def shipped_config(argv: list[str]) -> list[str]:
 def main(argv):
     cli_lib.start(argv)
     cli_lib.output_folder("workdir", FLAGS.workdir)
-    with_norm_radii(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
+    complete_threat_models(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
@@ -66,11 +67,11 @@ def main(argv):
         print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
 
 
-def with_norm_radii(cfg, given: dict) -> None:
+def complete_threat_models(cfg, given: dict) -> None:
     """A threat model whose norm the command line sets (--config.attack.norm=l2) without its
-    radius or step takes the norm's standard ones (`config.with_norm_radii`), said in one line."""
+    radius or step takes the norm's standard ones (`l2.with_norm_radii`), said in one line."""
     for names in config.CONFIG_THREATS:
-        filled = {k: v for k, v in config.with_norm_radii(given, names).items() if k not in given}
+        filled = {k: v for k, v in l2.with_norm_radii(given, *names).items() if k not in given}
         if filled:
             cfg.update_from_flattened_dict(filled)
             if sharding.is_writer():

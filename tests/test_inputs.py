@@ -1250,7 +1250,7 @@ def test_a_norm_set_on_the_training_command_line_without_a_radius_takes_its_stan
     from patjax import main as main_lib
 
     cfg = tiny_config(method="pgd")
-    main_lib.with_norm_radii(cfg, {"attack.norm": "l2", "eval.attack.norm": "l2", "eval.attack.eps": 1.0})
+    main_lib.complete_threat_models(cfg, {"attack.norm": "l2", "eval.attack.norm": "l2", "eval.attack.eps": 1.0})
     assert (cfg.attack.epsilon, cfg.attack.step_size) == (0.5, 0.125)
     assert (cfg.eval.attack.eps, cfg.eval.attack.step_size) == (8 / 255, 0.125)  # the given radius is set later
     assert capsys.readouterr().out.splitlines() == [
@@ -1260,7 +1260,7 @@ def test_a_norm_set_on_the_training_command_line_without_a_radius_takes_its_stan
         "CIFAR-10",
     ]
     cfg = tiny_config(method="pgd")
-    main_lib.with_norm_radii(cfg, {"attack.norm": "l2", "attack.epsilon": 1.0, "attack.step_size": 0.25})
+    main_lib.complete_threat_models(cfg, {"attack.norm": "l2", "attack.epsilon": 1.0, "attack.step_size": 0.25})
     assert (cfg.attack.epsilon, cfg.attack.step_size) == (8 / 255, 2 / 255)  # nothing filled: ml_collections sets them
     assert capsys.readouterr().out == ""
 

@@ -70,7 +70,7 @@ class ThreatModelSettings:
     and their masking checks take eps only, and their own steps). Under norm 'l2' eps is the L2
     ball's radius and step_size the length of each normalized-gradient step (RobustBench's L2
     radius is 0.5); each evaluator says which norms it attacks under (`Evaluator.norms`). A norm
-    chosen without a radius takes its own (`l2.RADII`, `config.with_norm_radii`); an L-inf radius
+    chosen without a radius takes its own (`l2.RADII`, `l2.with_norm_radii`); an L-inf radius
     above 1 is refused as one written in pixel levels."""
 
     eps: float = 8 / 255

@@ -78,7 +78,7 @@ def threat_model(settings) -> str:
 
 def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
     """The line a command prints where a norm given without its radius or step took the norm's
-    standard ones (`config.with_norm_radii`): `filled` is {the flag that would set it: value}."""
+    standard ones (`l2.with_norm_radii`): `filled` is {the flag that would set it: value}."""
     given = ", ".join(f"{flag}={radius(value, norm)}" for flag, value in filled.items())
     return f"{norm_flag}={norm}: {given}, the standard {NORM_SYMBOLS.get(norm, norm)} radius and step on CIFAR-10"
 

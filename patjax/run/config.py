@@ -366,7 +366,7 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
     own fields, its name (num_examples, batch_size, evaluators, data_dir); an unknown name is refused."""
     if not overrides:
         return cfg
-    overrides = with_norm_radii(overrides)
+    overrides = l2.with_norm_radii(overrides, *EVAL_THREAT)
     cfg = copy.deepcopy(cfg)
     names = evaluators_lib.flat_names()
     for key, value in overrides.items():
@@ -386,25 +386,12 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
     return cfg
 
 
-# The (norm, radius, step) fields of each threat model: an evaluation's overrides by their flat
-# names, and a config's fields, the training attack's and the evaluation's.
+# Each threat model's (norm, radius, step) (`l2.with_norm_radii`): flat names, then config fields.
 EVAL_THREAT = ("attack_norm", "attack_eps", "attack_step_size")
 CONFIG_THREATS = (
     ("attack.norm", "attack.epsilon", "attack.step_size"),
     ("eval.attack.norm", "eval.attack.eps", "eval.attack.step_size"),
 )
-
-
-def with_norm_radii(overrides: dict, names: tuple = EVAL_THREAT) -> dict:
-    """Overrides that choose a threat model's norm (names[0]) without its radius or step
-    (names[1:]), completed with that norm's standard ones (`l2.RADII`): the config's radius
-    belongs to the config's norm, and 8/255 read as an L2 radius is a threat model nobody
-    reports. Radii given win."""
-    norm, eps, step = names
-    radii = l2.RADII.get(overrides.get(norm))
-    if radii is None:  # no norm given, or one the settings refuse by name
-        return overrides
-    return {eps: radii[0], step: radii[1], **overrides}
 
 
 def evaluation_settings(

@@ -120,6 +120,8 @@ def as_split(images, labels) -> cifar.Split:
         raise UserError(f"images: no images (N = 0), got shape {images.shape}; pass at least one")
     if images.ndim != 4 or labels.shape != images.shape[:1] or not len(labels):
         raise UserError(f"images must be (N, H, W, C) and labels (N,), N >= 1, got {images.shape} and {labels.shape}")
+    if 0 in images.shape[1:]:  # no pixels: the model would read nothing and return NaN or fail
+        raise UserError(f"images of shape {images.shape} have no pixels (height, width or channels 0)")
     if images.shape[1] in (1, 3) and images.shape[3] not in (1, 3):
         raise UserError(f"images of shape {images.shape} look channels-first (N, C, H, W); pass (N, H, W, C)")
     if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):

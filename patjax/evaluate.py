@@ -18,7 +18,8 @@ A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of 
 evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
 names and layouts of `patjax.run.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
-results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/). An entry of
+results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/, or FILE_suffix/ where
+that is a run's workdir; `eval_files.default_out_dir`). An entry of
 RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
 and normalization RobustBench gives it (`patjax.run.zoo`).
 
@@ -36,14 +37,15 @@ describes the figures and their intervals.
 from __future__ import annotations
 
 import functools
-import os
 
 from absl import app, flags
 
 from patjax import api, evaluators
+from patjax.attacks import l2
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
-from patjax.core.errors import UserError
+from patjax.core.errors import UserError, fraction
+from patjax.data import cifar
 from patjax.evaluators import common, pr
 from patjax.models import networks
 from patjax.reporting import plots, report
@@ -87,29 +89,31 @@ def overrides_from_flags() -> dict:
         overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
     if isinstance(overrides.get("pr_epsilons"), str):
         overrides["pr_epsilons"] = radii(overrides["pr_epsilons"])
+    if FLAGS.data_dir:  # every model's test split, the workdirs' recorded folders included
+        overrides["data_dir"] = cli_lib.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
     return overrides
 
 
 def radii(text: str) -> tuple:
-    """--pr_epsilons' comma-separated numbers; PRSettings checks their range."""
+    """--pr_epsilons' comma-separated numbers or fractions; PRSettings checks their range."""
     try:
-        return tuple(float(e) for e in text.split(",") if e.strip())
-    except ValueError:
-        raise UserError(f"--pr_epsilons takes comma-separated numbers, got {text!r}") from None
+        return tuple(fraction(e.strip()) for e in text.split(",") if e.strip())
+    except UserError:
+        raise UserError(f"--pr_epsilons takes comma-separated numbers or fractions, got {text!r}") from None
 
 
 def sources() -> list:
-    """(the folder its eval/ goes to, evaluate(**settings) -> results) of every model the flags
-    name: the workdirs, then the PyTorch checkpoints, then the RobustBench entries, each in the
-    order given; every path and name is checked before any model is evaluated."""
+    """(the folder its eval/ goes to, what the user named it by, evaluate(**settings) -> results)
+    of every model the flags name: the workdirs, then the PyTorch checkpoints, then the RobustBench
+    entries, each in the order given; every path and name is checked before any model is evaluated."""
     found = []
     for workdir in FLAGS.workdir or ():
         cli_lib.existing_folder("workdir", workdir)
         evaluate = functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite, step=FLAGS.step)
-        found.append((workdir, evaluate))
+        found.append((workdir, workdir, evaluate))
     for path in FLAGS.torch_checkpoint or ():
         cli_lib.existing_file("torch_checkpoint", path)
-        out_dir = FLAGS.out_dir or os.path.splitext(path)[0]
+        out_dir = FLAGS.out_dir or eval_files.default_out_dir(path)
         if out_dir != path:  # a file without suffix is refused for its suffix
             cli_lib.output_folder("out_dir", out_dir)
         evaluate = functools.partial(
@@ -122,13 +126,15 @@ def sources() -> list:
             width=FLAGS.model_width,
             overwrite=FLAGS.overwrite,
         )
-        found.append((out_dir, evaluate))
+        found.append((out_dir, path, evaluate))
     if FLAGS.robustbench:
         cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
     threat_model = FLAGS.robustbench_threat_model
     for name in FLAGS.robustbench or ():
         zoo.entry(name, threat_model)
-        out_dir = FLAGS.out_dir or os.path.splitext(zoo.checkpoint_path(name, FLAGS.robustbench_dir, threat_model))[0]
+        out_dir = FLAGS.out_dir or eval_files.default_out_dir(
+            zoo.checkpoint_path(name, FLAGS.robustbench_dir, threat_model)
+        )
         cli_lib.output_folder("out_dir", out_dir)
         evaluate = functools.partial(
             api.evaluate_robustbench,
@@ -138,7 +144,7 @@ def sources() -> list:
             overwrite=FLAGS.overwrite,
             threat_model=threat_model,
         )
-        found.append((out_dir, evaluate))
+        found.append((out_dir, name, evaluate))
     return found
 
 
@@ -179,28 +185,31 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
         raise UserError("--workdir, --torch_checkpoint or --robustbench is required")
     if FLAGS.plot:
         cli_lib.output_file("plot", FLAGS.plot)
-    folders = [folder for folder, _ in found]
+    folders = [folder for folder, _, _ in found]
+    names = comparison.labels([named for _, named, _ in found])
     if FLAGS.step is not None and (len(found) != 1 or not FLAGS.workdir or FLAGS.compare_only):
         raise UserError("--step evaluates a step of one --workdir (not --compare_only, no other model)")
     if not FLAGS.compare_only:
         same = api.same_evaluation(first_settings(spec, num_examples, overrides))
+        same["overrides"].update({k: overrides[k] for k in ("data_dir",) if k in overrides})
         # Every workdir is checked with those settings before any model is evaluated, so a mistake
         # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():
             evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **same)
-        for folder, evaluate in found:
+        for folder, name, (_, _, evaluate) in zip(folders, names, found):
             results = evaluate(**same)
             if sharding.is_writer():
                 print(
-                    f"{comparison.workdir_name(folder)}: wrote {eval_files.results_path(folder, FLAGS.step)} "
+                    f"{name}: wrote {eval_files.results_path(folder, FLAGS.step)} "
                     f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
                 )
     if FLAGS.step is not None:  # a learning-curve point: its own figures, compared with nothing
         if sharding.is_writer():
-            print(report.comparison([f"{comparison.workdir_name(folders[0])} step {FLAGS.step}"], [results]))
+            print(report.comparison([f"{names[0]} step {FLAGS.step}"], [results]))
         return
     if sharding.is_writer():
-        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over))
+        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over, names))
+        print("evaluations: " + ", ".join(f"{n} in {eval_files.eval_dir(f)}" for n, f in zip(names, folders)))
 
 
 def main(argv):
@@ -215,6 +224,11 @@ def main(argv):
 
 def evaluate_from_flags():
     overrides = overrides_from_flags()
+    filled = {k: v for k, v in l2.with_norm_radii(overrides, *config_lib.EVAL_THREAT).items() if k not in overrides}
+    if filled and sharding.is_writer():  # a default that decides every attack's figure is said
+        print(
+            report.norm_radii_line("--attack_norm", overrides["attack_norm"], {f"--{k}": v for k, v in filled.items()})
+        )
     chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
     spec = evaluators.parse(chosen) if chosen else None
     num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
@@ -229,6 +243,12 @@ def define_flags():
         "Test images to evaluate, the first ones of the split; -1: all of them (default: config.eval).",
     )
     flags.DEFINE_integer("batch_size", None, "Images per evaluation batch (default: config.eval).")
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "The folder of the test split (holding cifar-10-batches-bin/ ...) or tfds (default: the workdir's config's, "
+        "else found or downloaded).",
+    )
     flags.DEFINE_string(
         "evaluators",
         None,
@@ -252,8 +272,8 @@ def define_flags():
         None,
         list(pr.PRESETS),
         "The headline PR's law, radii and N of a published table (the flags above still win): table1 (the "
-        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100), prbench (PRBench's leaderboard: uniform, "
-        "eps 0.03, 0.08, 0.1, 0.12, N = 100) or l2 (uniform_l2 alone at L2 radii 0.5, 1, 2, 4, 8, N = 100).",
+        "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100), prbench (PRBench's protocol: its uniform law "
+        "alone, eps 0.03, 0.08, 0.1, 0.12, N = 100) or l2 (uniform_l2 alone at L2 radii 0.5, 1, 2, 4, 8, N = 100).",
     )
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
@@ -262,10 +282,15 @@ def define_flags():
         None,
         list(common.NORMS),
         "The attacks' threat model: linf (the paper's, the default) or l2 (pgd20 and cw20 as PGD-L2, APGD and "
-        "AutoAttack as their L2 versions; set --attack_eps, e.g. 0.5 as RobustBench's L2, and --attack_step_size).",
+        "AutoAttack as their L2 versions); without --attack_eps and --attack_step_size, the norm's standard "
+        "ones: L-inf 8/255 and 2/255, L2 0.5 and 0.125 (RobustBench's and AutoAttack's on CIFAR-10).",
     )
-    flags.DEFINE_float("attack_eps", None, "The attacks' radius (default 8/255, L-inf).")
-    flags.DEFINE_float("attack_step_size", None, "PGD-20's and CW-20's step (default 2/255, L-inf).")
+    cli_lib.define_fraction(
+        "attack_eps", None, "The attacks' radius, a number or a fraction (default: the norm's, L-inf 8/255, L2 0.5)."
+    )
+    cli_lib.define_fraction(
+        "attack_step_size", None, "PGD-20's and CW-20's step (default: the norm's, L-inf 2/255, L2 0.125)."
+    )
     flags.DEFINE_bool(
         "full",
         False,
@@ -314,7 +339,8 @@ def define_flags():
     flags.DEFINE_string(
         "out_dir",
         None,
-        "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix).",
+        "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix, "
+        "or FILE_suffix where that is a run's workdir).",
     )
     flags.DEFINE_multi_string(
         "robustbench",

@@ -41,8 +41,8 @@ def main(argv):
     # --report_only and --handover read a suite folder; the others may create it.
     check = cli_lib.existing_folder if FLAGS.report_only or FLAGS.handover else cli_lib.output_folder
     check("workdir", FLAGS.workdir)
-    if FLAGS.data_dir and FLAGS.data_dir != cifar.TFDS:
-        cli_lib.existing_folder("data_dir", FLAGS.data_dir)
+    if FLAGS.data_dir:
+        cli_lib.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
     data_dir = FLAGS.data_dir or cifar.find_data_dir()  # None: found or downloaded when a run loads it
     suite = shipped_suites.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)

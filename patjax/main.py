@@ -21,8 +21,10 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from patjax import configs
+from patjax.attacks import l2
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
+from patjax.reporting import report
 from patjax.run import config, train
 
 FLAGS = flags.FLAGS
@@ -51,6 +53,7 @@ def shipped_config(argv: list[str]) -> list[str]:
 def main(argv):
     cli_lib.start(argv)
     cli_lib.output_folder("workdir", FLAGS.workdir)
+    complete_threat_models(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).
     settings = config.train_settings(FLAGS.config)
@@ -62,6 +65,18 @@ def main(argv):
     )
     if sharding.is_writer():
         print(train.closing_message(settings, FLAGS.workdir, int(state.step)))
+
+
+def complete_threat_models(cfg, given: dict) -> None:
+    """A threat model whose norm the command line sets (--config.attack.norm=l2) without its
+    radius or step takes the norm's standard ones (`l2.with_norm_radii`), said in one line."""
+    for names in config.CONFIG_THREATS:
+        filled = {k: v for k, v in l2.with_norm_radii(given, *names).items() if k not in given}
+        if filled:
+            cfg.update_from_flattened_dict(filled)
+            if sharding.is_writer():
+                flags_given = {f"--config.{k}": v for k, v in filled.items()}
+                print(report.norm_radii_line(f"--config.{names[0]}", given[names[0]], flags_given))
 
 
 class _ConfigFile(flags.ArgumentParser):
@@ -78,6 +93,9 @@ class _ConfigFile(flags.ArgumentParser):
 
 
 def define_flags():
+    # Every float field given as --config.x=... reads fractions too (--config.attack.epsilon=8/255):
+    # ml_collections' public hook for the parser of a field's type.
+    config_flags.register_flag_parser_for_type(float, cli_lib.FractionParser())
     config_flags.DEFINE_config_file(
         "config",
         None,

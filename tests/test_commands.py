@@ -96,12 +96,11 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
     """One table over a workdir and a PyTorch checkpoint: the checkpoint is evaluated with the
     workdir's settings (its config's PR chunk of 2, not the default 5), on the same images and the
     same noise, so the workdir's own model, exported, gives the same outcome on every image and a
-    paired PR difference of exactly 0 at every radius."""
-    import shutil
-
+    paired PR difference of exactly 0 at every radius. The file, exported beside the run under its
+    name, is labelled by its file name, and its evaluation goes beside the run, not into it."""
     workdir = str(tmp_path / "run")
     shutil.copytree(tiny_run, workdir, ignore=shutil.ignore_patterns("eval", "*.lock"))
-    exported = str(tmp_path / "exported.safetensors")
+    exported = str(tmp_path / "run.safetensors")
     finish(start("patjax.export", f"--workdir={workdir}", f"--out={exported}"))
     out = finish(
         start(
@@ -114,19 +113,89 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
         )
     )
     run_results = json.load(open(os.path.join(workdir, "eval", "results.json")))
-    file_results = json.load(open(tmp_path / "exported" / "eval" / "results.json"))
+    file_results = json.load(open(tmp_path / "run_safetensors" / "eval" / "results.json"))
+    assert file_results["model"]["torch_checkpoint"] == "run.safetensors"
     assert file_results["settings"]["pr_chunk_size"] == run_results["settings"]["pr_chunk_size"] == 2
     run_images, file_images = (
-        np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "exported")
+        np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "run_safetensors")
     )
     for key in ("clean.correct", "pr_uniform.counts"):
         np.testing.assert_array_equal(run_images[key], file_images[key])
     differences = json.load(open(os.path.join(workdir, "eval", "pr_vs_eps_paired_differences.json")))
-    assert [row["run"] for row in differences] == ["exported"]
+    assert [(row["baseline"], row["run"]) for row in differences] == [("run", "run.safetensors")]
     for level in differences[0]["distributions"]["uniform"].values():
         assert level["clean_correct"]["value"] == 0.0
-    paired = [line.split() for line in out.splitlines() if line.strip().startswith("exported  ") and "+0.00" in line]
-    assert paired and all(cell in ("exported", "+0.00", "[+0.00,", "+0.00]") for row in paired for cell in row)
+    paired = [line.split() for line in out.splitlines() if line.strip().startswith("run.safetensors ") and "+0" in line]
+    assert paired and all(cell in ("run.safetensors", "+0.00", "[+0.00,", "+0.00]") for row in paired for cell in row)
+    assert out.splitlines()[-1] == (
+        f"evaluations: run in {workdir}/eval, run.safetensors in {tmp_path}/run_safetensors/eval"
+    )
+
+
+@pytest.mark.slow
+def test_the_no_data_error_gives_advice_that_works_in_each_command_that_prints_it(tmp_path, data_dir):
+    """From a checkout with no data beside it, an empty cache and no network, training and
+    evaluation each end in one line whose advice names a flag or variable; each piece of advice,
+    followed in the command that printed it, runs."""
+    from patjax.models import networks
+    from patjax.run import torch_weights
+
+    checkout = tmp_path / "elsewhere" / "checkout"
+    shutil.copytree(REPO / "patjax", checkout / "patjax", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "configs", checkout / "configs")
+    shutil.copy(REPO / "main.py", checkout / "main.py")
+    model = networks.create_model("small_cnn", "cifar10", 10)
+    params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))
+    file = str(tmp_path / "model.safetensors")
+    torch_weights.export(
+        file, "small_cnn", params, batch_stats, networks.DATASET_STATS["cifar10"], {"dataset": "cifar10"}
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PATJAX_DATA_DIR" and "proxy" not in k.lower()}
+    # Port 9 (discard): nothing listens on the loopback address there, as with no network.
+    env.update(
+        PATJAX_CACHE_DIR=str(tmp_path / "cache"), PATJAX_CIFAR_MIRROR="http://127.0.0.1:9", PYTHONPATH=str(checkout)
+    )
+    env.update(PATJAX_CPU_DEVICES="1", no_proxy="*")
+    evaluate = [sys.executable, "-m", "patjax.evaluate", f"--torch_checkpoint={file}", "--evaluators=clean"]
+    evaluate += ["--num_examples=4", "--batch_size=4", "--overwrite"]
+    train = [sys.executable, "main.py", "--config=configs/quickstart.py", f"--workdir={tmp_path}/run"]
+    train += ["--config.num_train_steps=1", "--config.batch_size=8", "--config.log_test_examples=4"]
+    train += ["--config.langevin.steps=1", "--config.progress_bar=false", "--config.eval.batch_size=4"]
+
+    def run(command, extra_env=None):
+        return subprocess.run(
+            command, cwd=checkout, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=300
+        )
+
+    for command, flag in ((evaluate, "--data_dir=DIR"), (train, "--config.data_dir=DIR")):
+        refused = run(command)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        (line,) = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith("error: could not download CIFAR-10"), line
+        assert flag in line and "PATJAX_DATA_DIR=DIR" in line, line
+        followed = run([*command, flag.replace("DIR", data_dir)])
+        assert followed.returncode == 0, followed.stderr[-2000:]
+        by_variable = run(command, {"PATJAX_DATA_DIR": data_dir})
+        assert by_variable.returncode == 0, by_variable.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_quickstart_command_run_again_resumes_its_workdir_named_like_the_config(tmp_path, data_dir):
+    """`--config=quickstart --workdir=quickstart`, stopped and run again as the README says: the
+    folder the first run made does not stand for the config, and the second run resumes it."""
+    command = [sys.executable, "-m", "patjax.main", "--config=quickstart", "--workdir=quickstart"]
+    command += [f"--config.data_dir={data_dir}", "--config.num_train_steps=2", "--config.batch_size=8"]
+    command += ["--config.log_test_examples=4", "--config.langevin.steps=1", "--config.progress_bar=false"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    run = lambda *extra: subprocess.run(
+        [*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    first = run("--stop_after_steps=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert os.listdir(tmp_path / "quickstart" / "checkpoints") == ["1"]
+    again = run()
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "trained pat to step 2 of 2: quickstart/checkpoints/2" in again.stdout
 
 
 @pytest.mark.slow

@@ -651,7 +651,11 @@ def unchanged_but_locks(root) -> str:
     "damage, file, problem",
     [
         (cut, "per_image.npz", "is damaged (not a readable .npz: File is not a zip file); evaluate the run again"),
-        (without_figures, "results.json", "is damaged (no figures); move it away, or evaluate again with --overwrite"),
+        (
+            without_figures,
+            "results.json",
+            "is damaged (no figures); move it away and evaluate again (patjax-evaluate --overwrite replaces it)",
+        ),
     ],
     ids=["cut-per-image", "results-without-figures"],
 )
@@ -1100,3 +1104,194 @@ def test_the_training_command_refuses_each_declared_count_beyond_its_bound_in_on
     for done, name in zip(commands_at_once(commands, env=env), names):
         assert one_error_line(done) == f"error: {beyond_message(ranges[name], ranges[name].maximum + 1)}"
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Radii: each norm's own defaults, L-inf radii in [0, 1], fractions where a radius is typed.
+
+
+@pytest.mark.parametrize(
+    "overrides, eps, step",
+    [
+        ({"attack_norm": "l2"}, 0.5, 0.125),  # RobustBench's and AutoAttack's L2 radius, not 8/255
+        ({"attack_norm": "linf"}, 8 / 255, 2 / 255),
+        ({"attack_norm": "l2", "attack_eps": 1.0}, 1.0, 0.125),  # a radius given wins, the step is L2's
+        ({"attack_norm": "l2", "attack_step_size": 0.1}, 0.5, 0.1),
+        ({"attack_eps": 4 / 255}, 4 / 255, 2 / 255),  # no norm given: the config's
+    ],
+)
+def test_a_norm_chosen_without_a_radius_takes_its_standard_radius_and_step(overrides, eps, step):
+    threat = config_lib.default_evaluation_settings("cifar10", overrides).evaluator_settings["attack"]
+    assert (threat.eps, threat.step_size) == (eps, step)
+
+
+def test_a_norm_chosen_without_a_radius_replaces_the_radius_of_the_workdirs_norm():
+    """A config evaluated under L2 at 0.5 and asked for L-inf gets 8/255, not 0.5 as an L-inf radius."""
+    cfg = config_lib.default_config()
+    cfg.eval.attack.norm, cfg.eval.attack.eps, cfg.eval.attack.step_size = "l2", 0.5, 0.125
+    threat = config_lib.evaluation_settings(cfg, {"attack_norm": "linf"}).evaluator_settings["attack"]
+    assert (threat.norm, threat.eps, threat.step_size) == ("linf", 8 / 255, 2 / 255)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: config_lib.default_evaluation_settings("cifar10", {"attack_eps": 8.0}),
+            "eval.attack.eps=8 > 1: did you mean 8/255 = 0.0314? (L-inf radii are in [0, 1])",
+        ),
+        (
+            lambda: config_lib.default_evaluation_settings("cifar10", {"attack_step_size": 2.0}),
+            "eval.attack.step_size=2 > 1: did you mean 2/255 = 0.0078? (L-inf radii are in [0, 1])",
+        ),
+        (
+            lambda: config_lib.train_settings(tiny_config(method="pgd", **{"attack.epsilon": 8.0})),
+            "attack.epsilon=8 > 1: did you mean 8/255 = 0.0314? (L-inf radii are in [0, 1])",
+        ),
+        (
+            lambda: config_lib.train_settings(tiny_config(method="trades", **{"attack.step_size": 2.0})),
+            "attack.step_size=2 > 1: did you mean 2/255 = 0.0078? (L-inf radii are in [0, 1])",
+        ),
+    ],
+)
+def test_an_linf_radius_above_one_is_refused_with_its_likely_meaning(make, message):
+    with pytest.raises(UserError) as error:
+        make()
+    assert str(error.value) == message
+
+
+def test_an_l2_radius_above_one_is_a_radius():
+    """Above 1 is an L2 radius like any other (the L2 preset's PR radii reach 8)."""
+    threat = config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l2", "attack_eps": 2.0})
+    assert threat.evaluator_settings["attack"].eps == 2.0
+    assert config_lib.train_settings(tiny_config(method="pgd", **{"attack.norm": "l2", "attack.epsilon": 2.0}))
+
+
+@pytest.mark.parametrize("text, value", [("8/255", 8 / 255), ("0.5", 0.5), ("1/4", 0.25), (" 3 / 2 ", 1.5)])
+def test_a_radius_is_read_as_a_number_or_a_fraction(text, value):
+    from patjax.core import cli
+
+    assert cli.FractionParser().parse(text) == value
+
+
+@pytest.mark.parametrize("text", ["8/0", "8/", "a/255", "1/2/3"])
+def test_a_fraction_that_is_not_one_is_refused_naming_it(text):
+    from patjax.core import cli
+
+    with pytest.raises(UserError, match=f"expected a number or a fraction such as 8/255, got {re.escape(repr(text))}"):
+        cli.FractionParser().parse(text)
+
+
+@pytest.mark.slow
+def test_the_commands_refuse_an_linf_radius_in_pixel_levels_and_take_fractions(tmp_path):
+    """Evaluation and training alike: 8 meant as 8/255 is one line with that reading, before any
+    model or data is read and with nothing written; 8/255 is taken (the step's refusal comes after it)."""
+    models, run = tmp_path / "models", tmp_path / "run"
+    evaluate = ("-m", "patjax.evaluate", "--robustbench=Carmon2019Unlabeled", f"--robustbench_dir={models}")
+    train = ("main.py", "--config=configs/quickstart.py", f"--workdir={run}")
+    cases = [
+        ((*evaluate, "--attack_eps=8"), "--attack_eps=8 > 1: did you mean 8/255 = 0.0314?"),
+        ((*evaluate, "--attack_eps=8/255", "--attack_step_size=2"), "--attack_step_size=2 > 1: did you mean 2/255"),
+        ((*evaluate, "--attack_eps=8/0"), "expected a number or a fraction such as 8/255, got '8/0'"),
+        ((*train, "--config.attack.epsilon=8"), "attack.epsilon=8 > 1: did you mean 8/255 = 0.0314?"),
+        ((*train, "--config.attack.epsilon=8/255", "--config.attack.step_size=2"), "attack.step_size=2 > 1"),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
+    for done, (args, message) in zip(commands_at_once([args for args, _ in cases], env), cases):
+        assert one_error_line(done).startswith(f"error: {message}"), (args, done.stderr)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 32, 3), (2, 32, 0, 3), (2, 0, 0, 3), (2, 32, 32, 0)])
+def test_images_without_pixels_are_refused_naming_their_shape_before_the_model(shape):
+    """Zero height or width used to reach the model and come back as 'logits not finite'."""
+    with pytest.raises(UserError) as error:
+        api.evaluate(linear_logits, np.zeros(shape, np.uint8), np.zeros(2, np.int32), evaluators="clean")
+    assert str(error.value) == f"images of shape {shape} have no pixels (height, width or channels 0)"
+
+
+def test_a_data_file_the_user_cannot_read_is_one_line_naming_it(tmp_path, monkeypatch):
+    """Tests run as root, who reads any file: np.fromfile is made to fail as it does for a user
+    without read permission."""
+    from patjax.data import cifar, download
+
+    folder = tmp_path / download.ARCHIVES["cifar10"][3]
+    folder.mkdir()
+    for name in download.SPLIT_FILES["cifar10"]["test"]:
+        (folder / name).write_bytes(b"")
+
+    def denied(path, dtype=None):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(np, "fromfile", denied)
+    with pytest.raises(UserError) as error:
+        cifar.load_split("cifar10", "test", str(tmp_path))
+    assert str(error.value) == f"{folder / 'test_batch.bin'}: cannot be read (Permission denied)"
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [("quikstart", "did you mean quickstart? "), ("pat_cifar1O.py", "did you mean pat_cifar10? "), ("zzz", "")],
+)
+def test_a_mistyped_config_name_lists_the_shipped_configs(tmp_path, monkeypatch, name, hint):
+    from patjax import configs
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as error:
+        configs.load_file(name)
+    assert str(error.value) == (
+        f"config file {name}: no such file; {hint}--config takes a config file or a shipped config's name: "
+        f"{', '.join(configs.NAMES)}"
+    )
+    assert configs.NAMES[:3] == ("quickstart", "pat_cifar10", "pat_cifar100")
+
+
+def test_a_norm_set_on_the_training_command_line_without_a_radius_takes_its_standard_one(capsys):
+    from patjax import main as main_lib
+
+    cfg = tiny_config(method="pgd")
+    main_lib.complete_threat_models(cfg, {"attack.norm": "l2", "eval.attack.norm": "l2", "eval.attack.eps": 1.0})
+    assert (cfg.attack.epsilon, cfg.attack.step_size) == (0.5, 0.125)
+    assert (cfg.eval.attack.eps, cfg.eval.attack.step_size) == (8 / 255, 0.125)  # the given radius is set later
+    assert capsys.readouterr().out.splitlines() == [
+        "--config.attack.norm=l2: --config.attack.epsilon=0.5, --config.attack.step_size=0.125, the standard L2 "
+        "radius and step on CIFAR-10",
+        "--config.eval.attack.norm=l2: --config.eval.attack.step_size=0.125, the standard L2 radius and step on "
+        "CIFAR-10",
+    ]
+    cfg = tiny_config(method="pgd")
+    main_lib.complete_threat_models(cfg, {"attack.norm": "l2", "attack.epsilon": 1.0, "attack.step_size": 0.25})
+    assert (cfg.attack.epsilon, cfg.attack.step_size) == (8 / 255, 2 / 255)  # nothing filled: ml_collections sets them
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_the_training_command_says_the_radius_a_norm_took(tmp_path):
+    """The command line's overrides are what decides (ml_collections' record of them): the line
+    comes before the method's own refusal (fgsm has no L2 form), which ends the command."""
+    run = run_cli(
+        "main.py",
+        "--config=configs/quickstart.py",
+        f"--workdir={tmp_path}/run",
+        "--config.method=fgsm",
+        "--config.attack.norm=l2",
+    )
+    assert run.stdout.splitlines()[0] == (
+        "--config.attack.norm=l2: --config.attack.epsilon=0.5, --config.attack.step_size=0.125, the standard L2 "
+        "radius and step on CIFAR-10"
+    )
+    assert one_error_line(run).startswith("error: fgsm's inner attack has no l2 form")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_advice_for_a_missing_evaluation_names_the_command_that_makes_it(tmp_path):
+    """A learning-curve point is made by --step (a plain evaluation would write eval/ instead)."""
+    from patjax.run import eval_files
+
+    run = str(tmp_path / "run")
+    with pytest.raises(UserError) as error:
+        eval_files.load_results(run)
+    assert str(error.value).endswith(f"; run python -m patjax.evaluate --workdir={run}")
+    with pytest.raises(UserError) as error:
+        eval_files.load_results(run, 400)
+    assert str(error.value).endswith(f"; run python -m patjax.evaluate --workdir={run} --step=400")

@@ -95,3 +95,16 @@ def trades_l2_ascent(
 # (evaluation) choose from.
 PGD_BY_NORM = {"linf": pgd_lib.pgd, "l2": pgd_l2}
 NORMS = tuple(PGD_BY_NORM)
+# Each norm's standard radius and PGD step on CIFAR-10 (images in [0, 1]): L-inf 8/255 with 2/255
+# (Madry et al., the paper's Appendix E), L2 0.5 with 0.125 (RobustBench's and AutoAttack's L2
+# radius; step eps/4 as the L-inf one), used where a norm is chosen without a radius.
+RADII = {"linf": (8 / 255, 2 / 255), "l2": (0.5, 0.125)}
+
+
+def with_norm_radii(given: dict, norm: str, eps: str, step: str) -> dict:
+    """Settings (`given`, by name) that choose a threat model's norm (the setting `norm`) without
+    its radius or step (`eps`, `step`), completed with that norm's standard ones (`RADII`): a
+    config's radius belongs to the config's norm, and 8/255 read as an L2 radius is a threat
+    model nobody reports. Radii given win; an unknown norm is left to the settings to refuse."""
+    radii = RADII.get(given.get(norm))
+    return given if radii is None else {eps: radii[0], step: radii[1], **given}

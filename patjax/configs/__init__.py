@@ -5,6 +5,7 @@ of a config file that `--config` names, read defensively."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.machinery
 import importlib.util
 import os
@@ -32,7 +33,13 @@ def load_file(value: str) -> ml_collections.ConfigDict:
     path, *args = value.split(":", 1)
     where = f"config file {path}"
     if not os.path.isfile(path):
-        raise UserError(f"{where}: {'is a folder, not a file' if os.path.isdir(path) else 'no such file'}")
+        # A name that is no file is most often a shipped config's, mistyped: the names are listed.
+        close = difflib.get_close_matches(os.path.basename(path).removesuffix(".py"), NAMES, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UserError(
+            f"{where}: {'is a folder, not a file' if os.path.isdir(path) else 'no such file'}; {hint}--config takes "
+            f"a config file or a shipped config's name: {', '.join(NAMES)}"
+        )
     loader = importlib.machinery.SourceFileLoader("patjax_config_file", path)
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     try:

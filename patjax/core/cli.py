@@ -13,7 +13,21 @@ from typing import Callable, Mapping, Optional
 from absl import flags, logging
 
 from patjax.core import devices
-from patjax.core.errors import UserError, one_line
+from patjax.core.errors import UserError, fraction, one_line
+
+
+class FractionParser(flags.FloatParser):
+    """absl's float parser, which also reads a fraction of two numbers (8/255), the way L-inf
+    radii and steps are written; a value it cannot read is refused in one line (a UserError is a
+    ValueError, which absl reports as the flag's bad value)."""
+
+    def parse(self, argument):
+        return super().parse(fraction(argument) if isinstance(argument, str) and "/" in argument else argument)
+
+
+def define_fraction(name: str, default, help_text: str) -> None:
+    """A float flag that also takes a fraction (`FractionParser`)."""
+    flags.DEFINE(FractionParser(), name, default, help_text)
 
 
 def guarded(main: Callable) -> Callable:
@@ -43,7 +57,7 @@ def named_as_flags(settings: Mapping[str, str]):
     except UserError as error:
         message = str(error)
         for setting, flag in settings.items():
-            if message.startswith(f"{setting} "):
+            if message.startswith((f"{setting} ", f"{setting}=")):
                 raise type(error)(f"--{flag}{message[len(setting) :]}") from None
         raise
 
@@ -159,6 +173,12 @@ def existing_folder(flag: str, path: str) -> str:
     if not os.path.isdir(path):
         raise UserError(f"--{flag}={path}: is a file, not a folder")
     return path
+
+
+def data_folder(flag: str, path: str, *names: str) -> str:
+    """A data folder the command reads: an existing folder, or one of `names`, the sources a loader
+    reads without a folder (`tfds`)."""
+    return path if path in names else existing_folder(flag, path)
 
 
 def existing_file(flag: str, path: str) -> str:

@@ -79,6 +79,28 @@ def check_counts(settings) -> None:
         object.__setattr__(settings, field, value)
 
 
+def linf_radius(name: str, value: float) -> None:
+    """An L-inf radius or step, in the units of images in [0, 1]: above 1 it is the whole cube, and
+    is almost surely one written in pixel levels (8 meaning 8/255); refused with that reading."""
+    if value > 1:
+        raise UserError(
+            f"{name}={value:g} > 1: did you mean {value:g}/255 = {value / 255:.4f}? (L-inf radii are in [0, 1])"
+        )
+
+
+def fraction(text) -> float:
+    """A number as a command line gives it: a float (0.031) or a fraction of two (8/255), the way
+    L-inf radii are written; a one-line UserError otherwise."""
+    if not isinstance(text, str):
+        return float(text)
+    top, slash, bottom = text.partition("/")
+    try:
+        value = float(top) / float(bottom) if slash else float(text)
+    except (ValueError, ZeroDivisionError):
+        raise UserError(f"expected a number or a fraction such as 8/255, got {text!r}") from None
+    return value
+
+
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 

@@ -123,7 +123,10 @@ def _load_binary(dataset: str, split: str, data_dir: str) -> Split:
         )
     images, labels = [], []
     for path in files:
-        raw = np.fromfile(path, dtype=np.uint8)
+        try:
+            raw = np.fromfile(path, dtype=np.uint8)
+        except OSError as error:  # a file this user may not read, say: its reason, not a traceback
+            raise UserError(f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
         expected = OFFICIAL_RECORDS[dataset][os.path.basename(path)]
         if raw.size != expected * record:
             # A file cut short or grown (a copy interrupted, batches concatenated) would train or

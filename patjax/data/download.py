@@ -266,8 +266,9 @@ def _remove_leftovers(cache_dir: str) -> None:
 def _download_error(dataset: str, url: str, reason: str) -> UserError:
     name, top_dir = DISPLAY_NAMES[dataset], ARCHIVES[dataset][3]
     return UserError(
-        f"could not download {name} from {url} ({reason}); download it yourself and pass "
-        f"--config.data_dir=DIR holding {top_dir}/, or set PATJAX_DATA_DIR"
+        f"could not download {name} from {url} ({reason}); download it yourself into DIR (holding {top_dir}/) and "
+        "pass --data_dir=DIR to patjax-evaluate or patjax-experiments, --config.data_dir=DIR to patjax-train, "
+        "or set PATJAX_DATA_DIR=DIR for any command"
     )
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from patjax.attacks import l2
 from patjax.core import sharding
-from patjax.core.errors import UserError, check_counts, count
+from patjax.core.errors import UserError, check_counts, count, linf_radius
 from patjax.data import cifar
 from patjax.evaluators import stats
 
@@ -69,7 +69,9 @@ class ThreatModelSettings:
     E's L-inf eps = 8/255; PGD-20's and CW-20's step size 2/255 and 20 steps (APGD, AutoAttack
     and their masking checks take eps only, and their own steps). Under norm 'l2' eps is the L2
     ball's radius and step_size the length of each normalized-gradient step (RobustBench's L2
-    radius is 0.5); each evaluator says which norms it attacks under (`Evaluator.norms`)."""
+    radius is 0.5); each evaluator says which norms it attacks under (`Evaluator.norms`). A norm
+    chosen without a radius takes its own (`l2.RADII`, `l2.with_norm_radii`); an L-inf radius
+    above 1 is refused as one written in pixel levels."""
 
     eps: float = 8 / 255
     step_size: float = 2 / 255
@@ -82,6 +84,9 @@ class ThreatModelSettings:
             raise UserError("eval.attack.eps and eval.attack.step_size must be >= 0")
         if self.norm not in NORMS:
             raise UserError(f"eval.attack.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.norm == "linf":
+            linf_radius("eval.attack.eps", self.eps)
+            linf_radius("eval.attack.step_size", self.step_size)
 
 
 THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attack evaluator reads

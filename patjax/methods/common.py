@@ -15,7 +15,7 @@ import optax
 
 from patjax.attacks import l2
 from patjax.attacks import pgd as pgd_lib
-from patjax.core.errors import UserError, check_counts, count
+from patjax.core.errors import UserError, check_counts, count, linf_radius
 from patjax.models.networks import BN_MODES, ModelFns
 from patjax.pat import langevin as langevin_lib
 
@@ -74,6 +74,9 @@ class AttackSettings:
             raise UserError("attack.epsilon and attack.step_size must be >= 0")
         if self.norm not in l2.NORMS:
             raise UserError(f"attack.norm must be one of {', '.join(l2.NORMS)}, got {self.norm!r}")
+        if self.norm == "linf":
+            linf_radius("attack.epsilon", self.epsilon)
+            linf_radius("attack.step_size", self.step_size)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import numpy as np
 
 from patjax.core import files
 from patjax.data.download import DISPLAY_NAMES
+from patjax.evaluators import pr as pr_lib
 from patjax.pat import robustness
 from patjax.reporting.report import confidence_pct, method_label
 
@@ -71,7 +72,10 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
                 alpha=0.25,
                 color=line.get_color(),
             )
-        protocol = " (the Table-1 protocol)" if d == "uniform" and over == "clean_correct" else ""
+        # The uniform law over clean-correct images is the Table-1 protocol's estimand at any radii,
+        # but for PRBench's, which are PRBench's protocol.
+        name = pr_lib.protocol_name(d, s.get("pr_epsilons", ())) or ("the Table-1 protocol" if d == "uniform" else "")
+        protocol = f" ({name})" if name and over == "clean_correct" else ""
         ax.set_title(f"{d} noise{protocol}, N={s['pr_samples']} per image", fontsize=10)
         ax.set_xlabel(RADIUS_LABELS.get(d, "eps"))
         images = "clean-correct" if over == "clean_correct" else "all"

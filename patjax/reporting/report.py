@@ -55,6 +55,45 @@ def md_table(header, rows) -> str:
     return "\n".join(lines)
 
 
+NORM_SYMBOLS = {"linf": "L∞", "l2": "L2"}
+
+
+def radius(eps, norm: str = "linf") -> str:
+    """An attack's radius as it is published: an L-inf one as k/255 where it is one (8/255),
+    else the number (0.5)."""
+    levels = float(eps) * 255
+    if norm == "linf" and levels > 0 and abs(levels - round(levels)) < 1e-6:
+        return f"{round(levels)}/255"
+    return f"{float(eps):g}"
+
+
+def threat_model(settings) -> str:
+    """'L∞, ε = 8/255' of a results.json settings record (a record without the norm, written
+    before it was recorded, is L-inf); '' for one without the attacks' radius."""
+    if "attack_eps" not in settings:
+        return ""
+    norm = settings.get("attack_norm", "linf")
+    return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(settings['attack_eps'], norm)}"
+
+
+def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
+    """The line a command prints where a norm given without its radius or step took the norm's
+    standard ones (`l2.with_norm_radii`): `filled` is {the flag that would set it: value}."""
+    given = ", ".join(f"{flag}={radius(value, norm)}" for flag, value in filled.items())
+    return f"{norm_flag}={norm}: {given}, the standard {NORM_SYMBOLS.get(norm, norm)} radius and step on CIFAR-10"
+
+
+def pr_law(settings) -> str:
+    """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
+    headline PR's law, radii and samples of a results.json settings record."""
+    dist, radii = settings["pr_distribution"], settings.get("pr_epsilons", ())
+    name = evaluators.pr.protocol_name(dist, radii)
+    return (
+        f"{dist} law at ε = {', '.join(f'{float(e):g}' for e in radii)}{f' ({name})' if name else ''}, "
+        f"N = {settings['pr_samples']} per image"
+    )
+
+
 def confidence_pct(settings) -> str:
     return f"{100 * float(settings.get('confidence', 0.95)):g} %"  # 0.95 -> "95 %", 0.9 -> "90 %"
 
@@ -84,7 +123,7 @@ def comparison(names, results_list) -> str:
     s = first["settings"]
     dist = s["pr_distribution"]
     laws = headline_first(dist, s.get("pr_distributions", ()))
-    tables = [images_sentence(names, results_list), ""]
+    tables = [images_sentence(names, results_list)]
     pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
     eps_keys = list(pr_of(first, dist))
     # An attack no run was evaluated with gets no column: a column of dashes reads as a failure.
@@ -95,6 +134,21 @@ def comparison(names, results_list) -> str:
     ]
     table_attacks = [a for a in evaluators.TABLE_ATTACKS if a in evaluated]
     other_attacks = [a for a in evaluators.OTHER_ATTACKS if a in evaluated]
+    threat = threat_model(s)
+    if evaluated and threat:
+        norm, eps = s.get("attack_norm", "linf"), float(s["attack_eps"])
+        decimal = f" = {eps:.4f}" if radius(eps, norm) != f"{eps:g}" else ""
+        tables.append(
+            f"Attacks: {threat}{decimal}; PGD and CW {s['attack_steps']} steps of "
+            f"{radius(s['attack_step_size'], norm)}, APGD and AutoAttack their own."
+        )
+    if eps_keys:
+        tables.append(f"PR: {pr_law(s)}.")
+    tables.append("")
+    # Every attack's column names its threat model: a figure under L2 is never read as an L-inf one.
+    attack_header = lambda a: (
+        f"{evaluators.REGISTRY[a].label} ({threat}) %" if threat else f"{evaluators.REGISTRY[a].label} %"
+    )
     rows = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})
@@ -105,9 +159,7 @@ def comparison(names, results_list) -> str:
         )
     tables += [
         text_table(
-            ["run", "Acc %"]
-            + [f"{evaluators.REGISTRY[a].label} %" for a in table_attacks]
-            + [f"PR({e}) %" for e in eps_keys],
+            ["run", "Acc %"] + [attack_header(a) for a in table_attacks] + [f"PR({e}) %" for e in eps_keys],
             rows,
         ),
     ]
@@ -146,7 +198,7 @@ def comparison(names, results_list) -> str:
     tables += [
         text_table(
             ["run"]
-            + [f"{evaluators.REGISTRY[a].label} %" for a in other_attacks]
+            + [attack_header(a) for a in other_attacks]
             + ["worst %", "worst of"]
             + [f"LB({e}) %" for e in eps_keys],
             extra,
@@ -205,12 +257,15 @@ ESTIMAND_WORDS = {
 }
 
 
-def differences(diffs, dist) -> str:
-    """Paired PR differences of `comparison.paired_differences` under `dist`, one table per estimand."""
+def differences(diffs, settings) -> str:
+    """Paired PR differences of `comparison.paired_differences` under the headline law of
+    `settings` (the baseline's results.json record), one table per estimand, under a line naming
+    the law, its radii and N."""
     if not diffs:
         return ""
+    dist = settings["pr_distribution"]
     eps_keys = list(diffs[0]["distributions"].get(dist, {}))
-    out = []
+    out = [f"Paired PR differences: {pr_law(settings)}."]
     for estimand, words in ESTIMAND_WORDS.items():
         header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({e}) pp" for e in eps_keys]
         rows = [

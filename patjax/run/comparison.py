@@ -25,10 +25,10 @@ def pairing(settings_list, names) -> tuple:
     return indices, float(first["confidence"])
 
 
-def paired_differences(workdirs, results_list, per_images) -> list:
+def paired_differences(workdirs, results_list, per_images, names=None) -> list:
     """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`): same
-    images, same perturbations."""
-    names = [workdir_name(w) for w in workdirs]
+    images, same perturbations; the runs named by `names` (default: `labels(workdirs)`)."""
+    names = names or labels(workdirs)
     base_res, base = results_list[0], per_images[0]
     st = base_res["settings"]
     indices, confidence = pairing([r["settings"] for r in results_list], workdirs)
@@ -55,17 +55,23 @@ def paired_differences(workdirs, results_list, per_images) -> list:
     return out
 
 
-def workdir_name(workdir: str) -> str:
-    return os.path.basename(os.path.normpath(workdir))
+def labels(sources) -> list:
+    """Each model's label in the table, the plot's legend and the paired lines, from what the user
+    named: a workdir by its folder's name, a file by its file name (quickstart.safetensors, not
+    the quickstart of the run it was exported from), a RobustBench entry by its name; where two
+    would still read alike (runs/a/pgd, runs/b/pgd), every one by its path as given."""
+    short = [os.path.basename(os.path.normpath(s)) for s in sources]
+    return short if len(set(short)) == len(short) else [os.path.normpath(s) for s in sources]
 
 
-def compare(workdirs, plot_path=None, plot_over="clean_correct") -> str:
+def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None) -> str:
     """Table, paired differences (against the first workdir) and PNG plot (PR over `plot_over`'s
-    images, `plots.plot_pr`) of evaluated workdirs; writes the plot and
-    PLOT_paired_differences.json, returns the text to print."""
+    images, `plots.plot_pr`) of evaluated workdirs (the folders holding eval/), labelled by `names`
+    (default: `labels(workdirs)`); writes the plot and PLOT_paired_differences.json, returns the
+    text to print."""
     loaded = [eval_files.load_results(w) for w in workdirs]
     results_list = [r for r, _ in loaded]
-    names = [workdir_name(w) for w in workdirs]
+    names = names or labels(workdirs)
     text = report.comparison(names, results_list)
     # The default plot is a file of the first run's eval/: written under its lock, as its evaluation is.
     into_run = plot_path is None
@@ -75,7 +81,7 @@ def compare(workdirs, plot_path=None, plot_over="clean_correct") -> str:
             plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)
             text += f"\nplot: {plot_path}"
         if len(workdirs) > 1:
-            diffs = paired_differences(workdirs, results_list, [p for _, p in loaded])
-            text += "\n\n" + report.differences(diffs, results_list[0]["settings"]["pr_distribution"])
+            diffs = paired_differences(workdirs, results_list, [p for _, p in loaded], names)
+            text += "\n\n" + report.differences(diffs, results_list[0]["settings"])
             files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
     return text

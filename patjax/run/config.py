@@ -16,7 +16,7 @@ import ml_collections
 
 from patjax import evaluators as evaluators_lib
 from patjax import methods
-from patjax.attacks import inner
+from patjax.attacks import inner, l2
 from patjax.core.errors import (
     INT32_MAX,
     UserError,
@@ -363,12 +363,16 @@ class EvaluationSettings:
 def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict] = None) -> ml_collections.ConfigDict:
     """A copy of cfg with fields of its `eval` block replaced, each named by its flat name
     (`evaluators.flat_names`: {'pr_samples': 20} sets eval.pr.samples) or, for the evaluation's
-    own fields, its name (num_examples, batch_size, evaluators); an unknown name is refused."""
+    own fields, its name (num_examples, batch_size, evaluators, data_dir); an unknown name is refused."""
     if not overrides:
         return cfg
+    overrides = l2.with_norm_radii(overrides, *EVAL_THREAT)
     cfg = copy.deepcopy(cfg)
     names = evaluators_lib.flat_names()
     for key, value in overrides.items():
+        if key == "data_dir":  # where the test split is read from, not what is computed on it
+            cfg.data_dir = value
+            continue
         block, field = names.get(key, (None, key))
         target = cfg.eval[block] if block else cfg.eval
         if field not in target or isinstance(target[field], ml_collections.ConfigDict):
@@ -380,6 +384,14 @@ def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict
             expected = type(target[field]).__name__
             raise UserTypeError(f"eval setting {key} must be of type {expected}, got {value!r}") from None
     return cfg
+
+
+# Each threat model's (norm, radius, step) (`l2.with_norm_radii`): flat names, then config fields.
+EVAL_THREAT = ("attack_norm", "attack_eps", "attack_step_size")
+CONFIG_THREATS = (
+    ("attack.norm", "attack.epsilon", "attack.step_size"),
+    ("eval.attack.norm", "eval.attack.eps", "eval.attack.step_size"),
+)
 
 
 def evaluation_settings(

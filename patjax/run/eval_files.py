@@ -12,6 +12,7 @@ import numpy as np
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import robustness
+from patjax.run import workdir as workdir_lib
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
@@ -224,6 +225,18 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
         )
 
 
+def default_out_dir(path: str) -> str:
+    """Where the evaluation of a model file (a PyTorch checkpoint, a RobustBench entry's) goes when
+    no folder is named: beside the file, its path without the suffix (model.safetensors ->
+    model/), unless that folder is a run's workdir (the run exported beside itself:
+    quickstart.safetensors next to quickstart/), whose own evaluation it would mix with; then
+    the path with the suffix's dot as an underscore (quickstart_safetensors/)."""
+    stem, suffix = os.path.splitext(path)
+    if suffix and os.path.isfile(workdir_lib.config_path(stem)):
+        return f"{stem}_{suffix[1:]}"
+    return stem
+
+
 def eval_dir(workdir: str, step: Optional[int] = None) -> str:
     """eval/ (the evaluation of the newest model), or curve/step_N/ (that of the kept model of step N)."""
     return os.path.join(workdir, "eval") if step is None else os.path.join(workdir, "curve", f"step_{int(step):06d}")
@@ -270,7 +283,9 @@ def write_results(workdir: str, results: dict, per_image: dict, step: Optional[i
     return written
 
 
-RESULTS_REMEDY = "move it away, or evaluate again with --overwrite"
+# Said by every command that reads evaluations (evaluate, and experiments, which takes no
+# --overwrite and evaluates again a run whose evaluation is missing): each can follow it.
+RESULTS_REMEDY = "move it away and evaluate again (patjax-evaluate --overwrite replaces it)"
 PER_IMAGE_REMEDY = "evaluate the run again"
 
 
@@ -289,6 +304,7 @@ def load_results(workdir: str, step: Optional[int] = None):
     if results is None:
         raise UserError(
             f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate --workdir={workdir}"
+            + (f" --step={step}" if step is not None else "")
         )
     check_results(results, results_path(workdir, step), RESULTS_REMEDY)
     npz = per_image_path(workdir, step)

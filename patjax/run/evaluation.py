@@ -91,7 +91,7 @@ def evaluate_state(
         keep = ("value", "interval", "n")
         results["pr"] = {k: {f: v["clean_correct"][f] for f in keep} for k, v in headline.items()}
         results["pr_all_images"] = {k: {f: v["all"][f] for f in keep} for k, v in headline.items()}
-        results["pr_protocol"] = protocol_text(pr.distribution, pr.samples)
+        results["pr_protocol"] = protocol_text(pr.distribution, pr.samples, pr.epsilons)
     results["figures"] = figures
     results["settings"] = settings_record(
         settings,
@@ -130,11 +130,14 @@ def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, 
     }
 
 
-def protocol_text(distribution: str, num_samples: int) -> str:
-    """What the headline `pr` of results.json is: the Table-1 protocol, or the same estimand
-    under another law."""
+def protocol_text(distribution: str, num_samples: int, epsilons=()) -> str:
+    """What the headline `pr` of results.json is: the Table-1 protocol (PRBench's at PRBench's
+    radii, the same law and estimand), or the same estimand under another law."""
     if distribution == "uniform":
-        return PROTOCOL.replace("N samples", f"N = {num_samples} samples")
+        text = PROTOCOL.replace("N samples", f"N = {num_samples} samples")
+        if evaluators_lib.pr.protocol_name(distribution, epsilons) == evaluators_lib.pr.PRESET_NAMES["prbench"]:
+            text = text.replace("Table-1 protocol", "PRBench's protocol (the Table-1 protocol's law at its radii)")
+        return text
     return (
         f"per image, the fraction of N = {num_samples} samples of {robustness.DEFINITIONS[distribution]} "
         f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "

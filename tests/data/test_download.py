@@ -187,7 +187,7 @@ def test_wrong_checksum_is_refused(server, tmp_path):
         lambda: download.ensure_dataset("cifar10", cache, url=url, md5="0" * 32, progress=False),
         "md5",
         "0" * 32,
-        "--config.data_dir=DIR holding cifar-10-batches-bin/",
+        "download it yourself into DIR (holding cifar-10-batches-bin/) and pass --data_dir=DIR to patjax-evaluate",
     )
     assert_clean(cache)
 

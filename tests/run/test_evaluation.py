@@ -655,9 +655,10 @@ def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
 def test_the_pr_presets_are_the_papers_and_prbenchs_settings():
     """Written out by hand from each source: Appendix E (N = 100, eps 0.1 ... 0.2, the Table-1
     law, the default config's headline) and PRBench's evaluate.py (radius = [round(8/255, 2),
-    0.08, 0.1, 0.12], uniform, 100 samples)."""
+    0.08, 0.1, 0.12], uniform, 100 samples, and no other law)."""
     assert evaluators.pr.PRESETS["prbench"] == {
         "pr_distribution": "uniform",
+        "pr_distributions": ("uniform",),
         "pr_epsilons": (0.03, 0.08, 0.1, 0.12),
         "pr_samples": 100,
     }
@@ -733,7 +734,7 @@ def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path
     assert settings["uniform_l2"] == robustness.DEFINITIONS["uniform_l2"] and "uniform" not in settings
     bad = evaluate_with("--pr_epsilons=0.1,big")
     assert bad.returncode != 0
-    assert bad.stderr.strip() == "error: --pr_epsilons takes comma-separated numbers, got '0.1,big'"
+    assert bad.stderr.strip() == "error: --pr_epsilons takes comma-separated numbers or fractions, got '0.1,big'"
 
 
 @pytest.mark.slow
@@ -819,3 +820,64 @@ def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_
     assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "l2"}) == [
         "attack_norm 'linf' there, 'l2' now"
     ]
+
+
+def test_every_table_names_its_threat_model_and_pr_law():
+    """The attacks' columns carry their norm and radius (L-inf as k/255), a caption says the
+    step and the PR law with its radii and N; PRBench's radii are named PRBench's protocol, in the
+    table, the paired differences and the plot."""
+    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20", "cw20"])
+    a["settings"].update(attack_norm="linf", attack_eps=8 / 255, attack_step_size=2 / 255, attack_steps=20)
+    a["settings"]["pr_epsilons"] = [0.1, 0.12, 0.15, 0.2]
+    lines = report.comparison(["A"], [a]).splitlines()
+    assert lines[1] == "Attacks: L∞, ε = 8/255 = 0.0314; PGD and CW 20 steps of 2/255, APGD and AutoAttack their own."
+    assert lines[2] == "PR: uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image."
+    assert re.split(r"\s{2,}", lines[4].strip())[:4] == [
+        "run",
+        "Acc %",
+        "PGD (L∞, ε = 8/255) %",
+        "CW (L∞, ε = 8/255) %",
+    ]
+    a["settings"].update(attack_norm="l2", attack_eps=0.5, attack_step_size=0.125, pr_epsilons=[0.03, 0.08, 0.1, 0.12])
+    lines = report.comparison(["A"], [a]).splitlines()
+    assert lines[1] == "Attacks: L2, ε = 0.5; PGD and CW 20 steps of 0.125, APGD and AutoAttack their own."
+    assert lines[2] == "PR: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
+    assert "PGD (L2, ε = 0.5) %" in lines[4] and "L∞" not in "\n".join(lines)
+    diffs = [{"run": "B", "baseline": "A", "distributions": {"uniform": {}}}]
+    assert report.differences(diffs, a["settings"]).splitlines()[0] == (
+        "Paired PR differences: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
+    )
+    assert plots.plot_pr(["A"], [a]).axes[0].get_title() == "uniform noise (PRBench's protocol), N=100 per image"
+    assert evaluation.protocol_text("uniform", 100, (0.03, 0.08, 0.1, 0.12)).startswith("PRBench's protocol")
+    assert evaluation.protocol_text("uniform", 100, (0.1, 0.12, 0.15, 0.2)).startswith("Table-1 protocol:")
+
+
+def test_a_radius_is_written_as_published():
+    assert [report.radius(e) for e in (8 / 255, 2 / 255, 16 / 255, 0.03, 0)] == [
+        "8/255",
+        "2/255",
+        "16/255",
+        "0.03",
+        "0",
+    ]
+    assert report.radius(8 / 255, "l2") == f"{8 / 255:g}" and report.radius(0.5, "l2") == "0.5"
+
+
+def test_labels_tell_the_sources_apart():
+    """A workdir and the file exported from it (both 'quickstart' by their stems) read apart; two
+    workdirs of one name in different folders are named by their paths."""
+    assert comparison.labels(["runs/quickstart/", "runs/quickstart.safetensors", "Carmon2019Unlabeled"]) == [
+        "quickstart",
+        "quickstart.safetensors",
+        "Carmon2019Unlabeled",
+    ]
+    assert comparison.labels(["a/pgd", "b/pgd/"]) == ["a/pgd", "b/pgd"]
+
+
+def test_a_files_evaluation_goes_beside_it_and_never_into_a_run_of_its_name(tmp_path):
+    file = str(tmp_path / "quickstart.safetensors")
+    assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart")  # the documented default
+    (tmp_path / "quickstart").mkdir()
+    assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart")  # a folder, but no run
+    (tmp_path / "quickstart" / "config.json").write_text("{}")
+    assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart_safetensors")

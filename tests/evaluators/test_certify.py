@@ -5,7 +5,10 @@ to PyTorch fed the same noise; (b) the authors' published CIFAR-10 table from th
 per-image logs (tests/evaluators/data/smoothing/PROVENANCE.md); (c) closed forms on a linear
 classifier, where p_A and the smoothed classifier are known exactly."""
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -14,8 +17,8 @@ import numpy as np
 import pytest
 import smoothing_reference
 import torch
-from conftest import REPO
-from helpers import eval_config
+from conftest import REPO, train_run
+from helpers import eval_config, tiny_config
 from scipy.stats import beta, binom, norm
 
 from patjax.data import cifar
@@ -269,3 +272,37 @@ def test_linear_certificates_stay_within_the_exact_radius_and_approach_it():
     predicted = certify.predict(run(n0, n), alpha)
     assert np.all((predicted == exact_class) | (predicted == certify.ABSTAIN))
     assert np.all(predicted[p_a > 0.55] == exact_class[p_a > 0.55])
+
+
+# ---------------------------------------------------------------------------------------
+# The command lines: a Gaussian-augmentation run trained, then certified beside PR.
+
+
+@pytest.mark.slow
+def test_a_gaussian_augmentation_run_trains_and_is_certified_beside_pr_from_the_command_line(tmp_path, data_dir):
+    cfg = tiny_config(data_dir=data_dir, method="gaussian", num_train_steps=4, **{"gaussian.sigma": 0.25})
+    workdir = str(tmp_path / "run")
+    train_run(cfg, workdir)
+
+    def evaluate(*flags):
+        command = [sys.executable, "-m", "patjax.evaluate", f"--workdir={workdir}", "--num_examples=16"]
+        return subprocess.run(
+            [*command, "--evaluators=clean,pr,certify", "--pr_samples=4", *flags],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+
+    flags = ("--certify_sigma=0.25", "--certify_samples=64", "--certify_selection_samples=8", "--certify_radii=0,0.25")
+    run = evaluate(*flags)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "cert(0.25) %" in run.stdout and "PR(0.1) %" in run.stdout
+    results = json.loads((Path(workdir) / "eval" / "results.json").read_text())
+    assert set(results["figures"]["certify"]["certified_accuracy"]) == {"0.0", "0.25"}
+    assert results["settings"]["certify_sigma"] == 0.25 and results["settings"]["certify_samples"] == 64
+    per_image = np.load(Path(workdir) / "eval" / "per_image.npz")
+    assert per_image["certify.radius"].shape == (16,) and per_image["certify_counts.estimation"].sum() == 16 * 64
+    bad = evaluate("--certify_sigma=0", "--overwrite")
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1] == "error: --certify_sigma must be > 0, got 0.0"

@@ -2,6 +2,8 @@
 results (`patjax.run.evaluation`) and the suite tables (`patjax.suites.aggregate`) alike.
 
 - Accuracies of one run: Clopper-Pearson (exact binomial).
+- Randomized smoothing's per-image decisions: CERTIFY's one-sided Clopper-Pearson bound on p_A,
+  PREDICT's exact binomial test.
 - Means over images and every ratio of them (PR over clean-correct images, means over seeds,
   paired differences between runs): the percentile bootstrap over test images of
   `ratio_interval`, every resample drawing the same images for every run (paired).

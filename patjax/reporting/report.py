@@ -231,7 +231,8 @@ ESTIMAND_WORDS = {
 
 
 def differences(diffs, dist) -> str:
-    """Paired PR differences of `comparison.paired_differences` under `dist`, one table per estimand."""
+    """Paired PR differences of `comparison.paired_differences` under `dist`, one table per estimand,
+    then the certified accuracy's at each radius where the runs were certified alike."""
     if not diffs:
         return ""
     eps_keys = list(diffs[0]["distributions"].get(dist, {}))
@@ -243,6 +244,12 @@ def differences(diffs, dist) -> str:
             for row in diffs
         ]
         out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
+    certified = [row for row in diffs if row.get("certified_accuracy")]
+    if certified:
+        radii = list(certified[0]["certified_accuracy"])
+        header = [f"run - {diffs[0]['baseline']}"] + [f"dcert({r}) pp" for r in radii]
+        rows = [[row["run"]] + [signed(row["certified_accuracy"].get(r)) for r in radii] for row in certified]
+        out += ["certified accuracy (randomized smoothing), all images:", text_table(header, rows), ""]
     return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
 
 

@@ -904,3 +904,38 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
         per_image_out=other,
     )
     np.testing.assert_array_equal(other["certify_counts.estimation"], estimation)
+
+
+def test_certified_accuracy_differences_are_paired_over_the_same_images_and_noise():
+    cfg = eval_config(
+        certify_sigma=0.1,
+        certify_selection_samples=5,
+        certify_samples=40,
+        certify_alpha=0.05,
+        certify_radii=(0.0, 0.05),
+    )
+    results, per_images = [], []
+    for model_seed, batch_size in ((0, 4), (1, 4), (0, 3)):  # the third: the first model again
+        model_fns, state, split = tiny_setup(model_seed=model_seed)
+        per_image = {}
+        results.append(
+            evaluate(cfg, model_fns, state, split, "certify", batch_size, progress=False, per_image_out=per_image)
+        )
+        per_images.append(per_image)
+    diffs = comparison.paired_differences(["runs/a", "runs/b", "runs/a_again"], results, per_images)
+    idx = np.random.default_rng(0).integers(0, 7, size=(200, 7))  # the documented bootstrap: seed 0, 200 resamples
+    hits = [
+        [(p["certify.class"] == split.labels) & (p["certify.radius"] >= r) for r in (0.0, 0.05)] for p in per_images
+    ]
+    for j, r in enumerate(("0.0", "0.05")):
+        fig = diffs[0]["certified_accuracy"][r]
+        diff = hits[1][j].astype(float) - hits[0][j]
+        assert fig["value"] == pytest.approx(diff.mean()) and fig["n"] == 7
+        np.testing.assert_allclose(fig["interval"], np.quantile(diff[idx].mean(1), [0.025, 0.975]), atol=1e-12)
+        # The same model on the same noise (another batch): the same certificates, a difference of 0.
+        assert diffs[1]["certified_accuracy"][r] == {**fig, "value": 0.0, "interval": [0.0, 0.0]}
+    assert any(np.any(h[1] != h[0]) for h in zip(*hits[:2]))  # the two models differ somewhere
+    assert "dcert(0.05) pp" in report.differences(diffs, "uniform")
+    # Certified under other settings, the runs are not paired on their certificates.
+    other = {**results[1], "settings": {**results[1]["settings"], "certify_samples": 41}}
+    assert "certified_accuracy" not in comparison.paired_differences(["a", "b"], [results[0], other], per_images)[0]

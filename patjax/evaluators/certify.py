@@ -40,10 +40,11 @@ ABSTAIN = -1  # the class of an abstention, as Cohen et al.'s Smooth.ABSTAIN
 class CertifySettings:
     """CERTIFY's settings (config block `eval.certify`); the defaults are Cohen et al.'s
     (code/certify.py: N0 = 100, N = 100,000, alpha = 0.001; sigma = 0.25 is one of the four
-    CIFAR-10 levels of their Table/Figure, 0.12, 0.25, 0.50, 1.00).
+    noise levels of their CIFAR-10 table, analysis/markdown/vary_noise_cifar10: 0.12, 0.25, 0.50,
+    1.00).
 
     Sample indices run to n0 + n + chunk_size in int32 (`robustness.class_counts`); one forward
-    pass takes batch x chunk_size images."""
+    pass takes batch x chunk_size images (500 x 20 = 10,000 at the defaults, as PR's pass)."""
 
     sigma: float = 0.25  # the smoothing noise's standard deviation, in [0, 1] pixel units
     # Radii at which certified accuracy is reported (their CIFAR-10 table: 0.25 to 1.5 by 0.25).
@@ -51,7 +52,7 @@ class CertifySettings:
     selection_samples: int = count("eval.certify.selection_samples", 1, 10_000_000, default=100)  # n0
     samples: int = count("eval.certify.samples", 1, 100_000_000, default=100_000)  # n
     alpha: float = 0.001  # the failure probability of each image's certificate and prediction
-    chunk_size: int = count("eval.certify.chunk_size", 1, 100_000, default=20)  # samples per image at once
+    chunk_size: int = count("eval.certify.chunk_size", 1, 10_000, default=20)  # samples per image at once
 
     def __post_init__(self):
         check_counts(self)

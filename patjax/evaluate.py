@@ -91,18 +91,17 @@ def overrides_from_flags() -> dict:
         overrides["pr_distributions"] = FULL["pr_distributions"]
     if isinstance(overrides.get("pr_distributions"), str):
         overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
-    for name in ("pr_epsilons", "certify_radii"):
-        if isinstance(overrides.get(name), str):
-            overrides[name] = radii(overrides[name], name)
+    if isinstance(overrides.get("pr_epsilons"), str):
+        overrides["pr_epsilons"] = radii(overrides["pr_epsilons"])
     return overrides
 
 
-def radii(text: str, flag: str = "pr_epsilons") -> tuple:
-    """--pr_epsilons' or --certify_radii's comma-separated numbers; their settings check the range."""
+def radii(text: str) -> tuple:
+    """--pr_epsilons' comma-separated numbers; PRSettings checks their range."""
     try:
         return tuple(float(e) for e in text.split(",") if e.strip())
     except ValueError:
-        raise UserError(f"--{flag} takes comma-separated numbers, got {text!r}") from None
+        raise UserError(f"--pr_epsilons takes comma-separated numbers, got {text!r}") from None
 
 
 def sources() -> list:
@@ -257,6 +256,12 @@ def define_flags():
     )
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
+    flags.DEFINE_float("certify_sigma", None, "certify: the smoothing noise's sigma in [0,1] pixels (default 0.25).")
+    flags.DEFINE_list("certify_radii", None, "certify: comma-separated L2 radii (default 0,0.25,...,1.5).")
+    flags.DEFINE_integer("certify_samples", None, "certify: n, CERTIFY's estimation samples (default 100000).")
+    flags.DEFINE_integer("certify_selection_samples", None, "certify: n0, the selection samples (default 100).")
+    flags.DEFINE_float("certify_alpha", None, "certify: the failure probability (default 0.001).")
+    flags.DEFINE_integer("certify_chunk_size", None, "certify: samples per image evaluated at once (memory).")
     flags.DEFINE_enum(
         "attack_norm",
         None,
@@ -266,12 +271,6 @@ def define_flags():
     )
     flags.DEFINE_float("attack_eps", None, "The attacks' radius (default 8/255, L-inf).")
     flags.DEFINE_float("attack_step_size", None, "PGD-20's and CW-20's step (default 2/255, L-inf).")
-    flags.DEFINE_float("certify_sigma", None, "certify: the smoothing noise's sigma in [0,1] pixels (default 0.25).")
-    flags.DEFINE_string("certify_radii", None, "certify: comma-separated L2 radii (default 0,0.25,...,1.5).")
-    flags.DEFINE_integer("certify_samples", None, "certify: n, CERTIFY's estimation samples (default 100000).")
-    flags.DEFINE_integer("certify_selection_samples", None, "certify: n0, the selection samples (default 100).")
-    flags.DEFINE_float("certify_alpha", None, "certify: the failure probability (default 0.001).")
-    flags.DEFINE_integer("certify_chunk_size", None, "certify: samples per image evaluated at once (memory).")
     flags.DEFINE_bool(
         "full",
         False,

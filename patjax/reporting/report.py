@@ -231,8 +231,7 @@ ESTIMAND_WORDS = {
 
 
 def differences(diffs, dist) -> str:
-    """Paired PR differences of `comparison.paired_differences` under `dist`, one table per estimand,
-    then the certified accuracy's at each radius where the runs were certified alike."""
+    """Paired PR differences of `comparison.paired_differences` under `dist`, one table per estimand."""
     if not diffs:
         return ""
     eps_keys = list(diffs[0]["distributions"].get(dist, {}))

@@ -13,19 +13,6 @@ from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import eval_files
 
-
-def pairing(settings_list, names) -> tuple:
-    """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
-    `names` in errors) share when paired: one resampling of the same images for all of them, so
-    that a difference's interval reflects the images, not independent draws. Raises a UserError
-    unless they were evaluated on common random numbers (`eval_files.check_comparable`)."""
-    first = settings_list[0]
-    for settings, name in zip(settings_list[1:], names[1:]):
-        eval_files.check_comparable(first, settings, names[0], name)
-    indices = stats.bootstrap_indices(int(first["num_examples"]), int(first["bootstrap_resamples"]), int(first["seed"]))
-    return indices, float(first["confidence"])
-
-
 # The certify settings two evaluations must share for their certificates to be paired: the same
 # noise then reaches both models (the seed, `eval_files.COMMON_RANDOM_NUMBER_FIELDS`, is shared).
 CERTIFY_PAIRING_FIELDS = ("certify_sigma", "certify_selection_samples", "certify_samples", "certify_alpha")
@@ -54,6 +41,18 @@ def certified_differences(settings, per_image, base_settings, base, indices, con
             "interval_method": "paired percentile bootstrap over images",
         }
     return out
+
+
+def pairing(settings_list, names) -> tuple:
+    """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
+    `names` in errors) share when paired: one resampling of the same images for all of them, so
+    that a difference's interval reflects the images, not independent draws. Raises a UserError
+    unless they were evaluated on common random numbers (`eval_files.check_comparable`)."""
+    first = settings_list[0]
+    for settings, name in zip(settings_list[1:], names[1:]):
+        eval_files.check_comparable(first, settings, names[0], name)
+    indices = stats.bootstrap_indices(int(first["num_examples"]), int(first["bootstrap_resamples"]), int(first["seed"]))
+    return indices, float(first["confidence"])
 
 
 def paired_differences(workdirs, results_list, per_images) -> list:

@@ -243,13 +243,20 @@ def differences(diffs, dist) -> str:
             for row in diffs
         ]
         out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
-    certified = [row for row in diffs if row.get("certified_accuracy")]
-    if certified:
-        radii = list(certified[0]["certified_accuracy"])
-        header = [f"run - {diffs[0]['baseline']}"] + [f"dcert({r}) pp" for r in radii]
-        rows = [[row["run"]] + [signed(row["certified_accuracy"].get(r)) for r in radii] for row in certified]
-        out += ["certified accuracy (randomized smoothing), all images:", text_table(header, rows), ""]
+    out += certified_difference_lines(diffs)
     return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
+
+
+def certified_difference_lines(diffs) -> list:
+    """Lines of the paired certified-accuracy differences of `comparison.paired_differences` at
+    each radius, for the runs certified as the first was; none if no run was."""
+    certified = [row for row in diffs if row.get("certified_accuracy")]
+    if not certified:
+        return []
+    radii = list(certified[0]["certified_accuracy"])
+    header = [f"run - {diffs[0]['baseline']}"] + [f"dcert({r}) pp" for r in radii]
+    rows = [[row["run"]] + [signed(row["certified_accuracy"].get(r)) for r in radii] for row in certified]
+    return ["certified accuracy (randomized smoothing), all images:", text_table(header, rows), ""]
 
 
 # ---------------------------------------------------------------------------------------

@@ -245,8 +245,8 @@ def test_linear_certificates_stay_within_the_exact_radius_and_approach_it():
         ),
         static_argnums=(0, 1),
     )
-    selection = np.asarray(run(0, n0))
-    out = certify.certify(selection, run(n0, n), alpha, sigma)
+    selection, estimation = np.asarray(run(0, n0)), np.asarray(run(n0, n))
+    out = certify.certify(selection, estimation, alpha, sigma)
     signed = (x.reshape(len(x), -1) @ w + b) / np.linalg.norm(w)
     exact_class, exact_radius = np.where(signed > 0, 0, 1), np.abs(signed)
     p_a = norm.cdf(exact_radius / sigma)
@@ -265,11 +265,11 @@ def test_linear_certificates_stay_within_the_exact_radius_and_approach_it():
     assert np.all(certified[sure])
     assert np.all(out["radius"][sure] >= sigma * norm.ppf(p_a[sure] - slack[sure]) - 1e-9)
     # The radius is sigma Phi^-1 of the Clopper-Pearson bound of the guessed class's count.
-    counts = np.asarray(run(n0, n))[np.arange(len(x)), out["class"].clip(0)]
+    counts = estimation[np.arange(len(x)), out["class"].clip(0)]
     by_hand = sigma * norm.ppf(beta.ppf(alpha, counts, n - counts + 1))
     np.testing.assert_allclose(out["radius"][certified], by_hand[certified], rtol=1e-12)
     # PREDICT returns the exact smoothed class or abstains.
-    predicted = certify.predict(run(n0, n), alpha)
+    predicted = certify.predict(estimation, alpha)
     assert np.all((predicted == exact_class) | (predicted == certify.ABSTAIN))
     assert np.all(predicted[p_a > 0.55] == exact_class[p_a > 0.55])
 

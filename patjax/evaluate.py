@@ -68,6 +68,12 @@ _OVERRIDES = (
     "attack_norm",
     "attack_eps",
     "attack_step_size",
+    "certify_sigma",
+    "certify_radii",
+    "certify_samples",
+    "certify_selection_samples",
+    "certify_alpha",
+    "certify_chunk_size",
 )
 
 
@@ -277,6 +283,12 @@ def define_flags():
     )
     flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
     flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
+    flags.DEFINE_float("certify_sigma", None, "certify: the smoothing noise's sigma in [0,1] pixels (default 0.25).")
+    flags.DEFINE_list("certify_radii", None, "certify: comma-separated L2 radii (default 0,0.25,...,1.5).")
+    flags.DEFINE_integer("certify_samples", None, "certify: n, CERTIFY's estimation samples (default 100000).")
+    flags.DEFINE_integer("certify_selection_samples", None, "certify: n0, the selection samples (default 100).")
+    flags.DEFINE_float("certify_alpha", None, "certify: the failure probability (default 0.001).")
+    flags.DEFINE_integer("certify_chunk_size", None, "certify: samples per image evaluated at once (memory).")
     flags.DEFINE_enum(
         "attack_norm",
         None,

@@ -2,8 +2,8 @@
 ones and the threat model) and the bundle each is handed, the padded and sharded batch loop, and
 figures with intervals.
 
-An evaluator (one module each: `clean`, `attack`, `apgd`, `autoattack`, `pr`, each declaring its
-own settings) is an `Evaluator`: one or more
+An evaluator (one module each: `clean`, `attack`, `apgd`, `autoattack`, `pr`, `certify`, each
+declaring its own settings) is an `Evaluator`: one or more
 passes over the test images, each a jitted per-batch function
 
     fn(params, batch_stats, images uint8, labels, image indices) -> {name: (batch, ...) array}

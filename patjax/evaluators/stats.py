@@ -2,6 +2,8 @@
 results (`patjax.run.evaluation`) and the suite tables (`patjax.suites.aggregate`) alike.
 
 - Accuracies of one run: Clopper-Pearson (exact binomial).
+- Randomized smoothing's per-image decisions: CERTIFY's one-sided Clopper-Pearson bound on p_A,
+  PREDICT's exact binomial test.
 - Means over images and every ratio of them (PR over clean-correct images, means over seeds,
   paired differences between runs): the percentile bootstrap over test images of
   `ratio_interval`, every resample drawing the same images for every run (paired).
@@ -22,9 +24,27 @@ def clopper_pearson(successes, trials, confidence: float = 0.95):
     n = np.asarray(trials, np.float64)
     alpha = 1.0 - confidence
     with np.errstate(invalid="ignore", divide="ignore"):
-        lower = np.where(k > 0, special.betaincinv(k, n - k + 1, alpha / 2), 0.0)
         upper = np.where(k < n, special.betaincinv(k + 1, n - k, 1 - alpha / 2), 1.0)
-    return lower, upper
+    return clopper_pearson_lower(k, n, alpha / 2), upper
+
+
+def clopper_pearson_lower(successes, trials, alpha: float):
+    """The one-sided (1 - alpha) Clopper-Pearson lower bound, Beta(k, n - k + 1).ppf(alpha) (0 at
+    k = 0), elementwise: what statsmodels' proportion_confint(k, n, alpha=2 alpha, method="beta")[0]
+    returns, CERTIFY's bound on p_A (Cohen et al.'s `Smooth._lower_confidence_bound`)."""
+    k = np.asarray(successes, np.float64)
+    n = np.asarray(trials, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(k > 0, special.betaincinv(k, n - k + 1, alpha), 0.0)
+
+
+def binomial_test_half(successes, trials):
+    """The two-sided exact binomial test of p = 1/2 (scipy.stats.binomtest(k, n, 0.5).pvalue),
+    elementwise: by the symmetry of Binomial(n, 1/2) the outcomes at most as likely as k are the
+    two tails beyond min(k, n - k), so the p-value is min(1, 2 P(X <= min(k, n - k))); 1 at n = 0."""
+    k = np.asarray(successes, np.int64)
+    n = np.asarray(trials, np.int64)
+    return np.minimum(1.0, 2.0 * special.bdtr(np.minimum(k, n - k), n, 0.5))
 
 
 def bootstrap_indices(num_items: int, num_resamples: int, seed: int) -> np.ndarray:

@@ -15,7 +15,8 @@ pure apply functions (inference mode / training mode); `s` is the run's `MethodS
 
 Methods (docs/baselines.md), one module per family: clean, fgsm, pgd, alp, clp
 (`logit_pairing`), trades, mart, atpr (the baselines of Table 1), pat, pat_wos (Algorithm 2 and
-its ablation), pgd_cor, fgsm_cor (PGD / FGSM batches with the PAT weights, Table 2). Every
+its ablation), pgd_cor, fgsm_cor (PGD / FGSM batches with the PAT weights, Table 2), and outside
+the paper gaussian (Cohen et al.'s Gaussian augmentation, for randomized smoothing). Every
 method returns at least the metrics 'loss', 'adv_accuracy' (accuracy of the training-mode pass
 on the adversarial batch; on the clean batch for `clean`), 'snis_weight_mean' and
 'snis_weight_max' (1/B for methods without importance weights).
@@ -40,7 +41,7 @@ import functools
 from typing import Any, Callable
 
 from patjax.core.errors import UserError
-from patjax.methods import atpr, clean, fgsm, logit_pairing, mart, pat, pgd, trades
+from patjax.methods import atpr, clean, fgsm, gaussian, logit_pairing, mart, pat, pgd, trades
 from patjax.methods.common import SHARED_BLOCKS, Method, MethodSettings
 
 # The one list of methods, in the paper's row order (Table 1, then the variants of Table 2); a
@@ -60,6 +61,7 @@ REGISTRY: dict[str, Method] = {
         atpr.ATPR,
         pat.PAT_WOS,
         pat.PAT,
+        gaussian.GAUSSIAN,  # outside the paper: the base classifiers randomized smoothing certifies
     )
 }
 

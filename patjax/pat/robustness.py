@@ -62,6 +62,11 @@ def base_noise(key: jax.Array, image_index: jax.Array, sample_index: jax.Array, 
     raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
 
 
+def noise_batch(key: jax.Array, image_indices: jax.Array, sample_ids: jax.Array, shape, distribution: str) -> jax.Array:
+    """`base_noise` of every sample of every image: (images, samples, *shape)."""
+    return jax.vmap(lambda i: jax.vmap(lambda j: base_noise(key, i, j, shape, distribution))(sample_ids))(image_indices)
+
+
 def perturb(x: jax.Array, epsilons: jax.Array, noise: jax.Array, distribution: str) -> jax.Array:
     """Samples of shape (E, B, S, H, W, C) from images x (B, H, W, C), levels eps (E,) and the
     base noise (B, S, H, W, C) of `base_noise`; every eps uses the same base noise.
@@ -132,10 +137,7 @@ def perturbed_samples(
     """
     shape = x.shape[1:]
     if distribution in DISTRIBUTIONS:
-        noise = jax.vmap(lambda i: jax.vmap(lambda j: base_noise(key, i, j, shape, distribution))(sample_ids))(
-            image_indices
-        )
-        return perturb(x, levels, noise, distribution)
+        return perturb(x, levels, noise_batch(key, image_indices, sample_ids, shape, distribution), distribution)
     if distribution == PDIS:
 
         def one_level(sigma):
@@ -211,6 +213,48 @@ def pr_statistics(
     )
     counts, sum_loss, lse_loss = jax.lax.fori_loop(0, num_chunks, chunk, init)
     return {"counts": counts.T, "sum_loss": sum_loss.T, "lse_loss": lse_loss.T}
+
+
+# ---------------------------------------------------------------------------------------
+# Randomized smoothing (Cohen, Rosenfeld & Kolter 2019): the smoothed classifier
+# g(x) = argmax_c P(f(x + sigma z) = c), z ~ N(0, I), is certified from counts of the base
+# classifier's classes over Gaussian samples.
+
+
+def class_counts(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    image_indices: jax.Array,
+    first_sample: int,
+    num_samples: int,
+    chunk_size: int,
+    sigma: float,
+) -> jax.Array:
+    """(batch, classes) int32: how often the base classifier's argmax is each class over the
+    samples x + sigma z_j, j = first_sample, ..., first_sample + num_samples - 1.
+
+    Noise as Cohen et al.'s `Smooth._sample_noise` (locuslab/smoothing, code/core.py) draws it:
+    Gaussian, added to the [0, 1] image and not clipped (the model normalizes its input itself,
+    as their NormalizeLayer does after the noise). z_j is `base_noise`'s 'gaussian' draw of
+    sample j of the image (common random numbers), so disjoint ranges of j are independent draws
+    (CERTIFY's selection and estimation samples). chunk_size samples per image at a time
+    (`lax.fori_loop`); the counts do not depend on it. Ties in the logits go to the lowest class,
+    as torch's and numpy's argmax do.
+    """
+    shape = x.shape[1:]
+    num_chunks = -(-num_samples // chunk_size)
+    num_classes = jax.eval_shape(logits_fn, x[:1]).shape[-1]
+
+    def chunk(c, counts):
+        offsets = c * chunk_size + jnp.arange(chunk_size)
+        noise = noise_batch(key, image_indices, first_sample + offsets, shape, "gaussian")
+        noisy = x[:, None] + jnp.asarray(sigma, x.dtype) * noise  # (B, S, H, W, C): image axis first
+        predictions = jnp.argmax(logits_fn(noisy.reshape(-1, *shape)), axis=-1).reshape(x.shape[0], chunk_size)
+        hits = jax.nn.one_hot(predictions, num_classes, dtype=jnp.int32) * (offsets < num_samples)[None, :, None]
+        return counts + jnp.sum(hits, axis=1)
+
+    return jax.lax.fori_loop(0, num_chunks, chunk, jnp.zeros((x.shape[0], num_classes), jnp.int32))
 
 
 # ---------------------------------------------------------------------------------------

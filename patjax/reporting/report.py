@@ -205,6 +205,7 @@ def comparison(names, results_list) -> str:
         ),
         note,
     ]
+    tables += certified_table(names, results_list)
     tables += other_figures(names, results_list)
     for name, r in zip(names, results_list):  # AutoAttack: each attack's share, the masking checks
         aa = r.get("figures", {}).get("aa")
@@ -218,8 +219,32 @@ def comparison(names, results_list) -> str:
     return "\n".join(tables)
 
 
-# The figures `comparison` lays out in its own tables (PR and AutoAttack by their own layout).
-LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa")
+# The figures `comparison` lays out in its own tables (PR, AutoAttack and CERTIFY by their own layout).
+LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa", "certify")
+
+
+def certified_table(names, results_list) -> list:
+    """Lines of the smoothed classifiers' certified accuracy at each radius (the radii of the
+    first run that has it), PREDICT's accuracy and CERTIFY's abstentions, one row per run."""
+    found = [r["figures"]["certify"] for r in results_list if "certify" in r.get("figures", {})]
+    if not found:
+        return []
+    radii, own = list(found[0]["certified_accuracy"]), found[0]["settings"]
+    rows = []
+    for name, r in zip(names, results_list):
+        c = r.get("figures", {}).get("certify", {})
+        rows.append(
+            [name]
+            + [pct(c.get("certified_accuracy", {}).get(k), 2) for k in radii]
+            + [pct(c.get("smoothed_accuracy"), 2), pct(c.get("abstained"), 2)]
+        )
+    header = ["run"] + [f"cert({k}) %" for k in radii] + ["PREDICT %", "abstain %"]
+    note = (
+        f"(randomized smoothing, Cohen et al.: certified accuracy at L2 radius r over all images, "
+        f"sigma = {own['sigma']:g}, n0 = {own['selection_samples']}, n = {own['samples']}, alpha = {own['alpha']:g}; "
+        f"Clopper-Pearson intervals over images)"
+    )
+    return ["", text_table(header, rows), note]
 
 
 def plain(fig) -> str:
@@ -273,7 +298,20 @@ def differences(diffs, settings) -> str:
             for row in diffs
         ]
         out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
+    out += certified_difference_lines(diffs)
     return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
+
+
+def certified_difference_lines(diffs) -> list:
+    """Lines of the paired certified-accuracy differences of `comparison.paired_differences` at
+    each radius, for the runs certified as the first was; none if no run was."""
+    certified = [row for row in diffs if row.get("certified_accuracy")]
+    if not certified:
+        return []
+    radii = list(certified[0]["certified_accuracy"])
+    header = [f"run - {diffs[0]['baseline']}"] + [f"dcert({r}) pp" for r in radii]
+    rows = [[row["run"]] + [signed(row["certified_accuracy"].get(r)) for r in radii] for row in certified]
+    return ["certified accuracy (randomized smoothing), all images:", text_table(header, rows), ""]
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Comparing evaluated runs: one table of their figures, the paired PR differences against the
-first run (same images, same perturbations: common random numbers), and the PR plot. Reads the
-eval/ files `evaluation` writes (`eval_files.load_results`)."""
+"""Comparing evaluated runs: one table of their figures, the paired PR and certified-accuracy
+differences against the first run (same images, same perturbations: common random numbers), and
+the PR plot. Reads the eval/ files `evaluation` writes (`eval_files.load_results`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,39 @@ import contextlib
 import os
 
 from patjax.core import files, locks
-from patjax.evaluators import stats
+from patjax.evaluators import certify, stats
+from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import eval_files
+
+# The certify settings two evaluations must share for their certificates to be paired: the same
+# noise then reaches both models (the seed, `eval_files.COMMON_RANDOM_NUMBER_FIELDS`, is shared).
+CERTIFY_PAIRING_FIELDS = ("certify_sigma", "certify_selection_samples", "certify_samples", "certify_alpha")
+
+
+def certified_differences(settings, per_image, base_settings, base, indices, confidence) -> dict:
+    """Certified accuracy (run) - (first run) at each radius both evaluated, over all images,
+    paired (`stats.paired_difference`): {radius: {value, interval, n, interval_method}}; {} when
+    either lacks certificates or their certify settings differ."""
+    if "certify.class" not in per_image or "certify.class" not in base:
+        return {}
+    if any(settings.get(k) != base_settings.get(k) for k in CERTIFY_PAIRING_FIELDS):
+        return {}
+    radii = [r for r in settings["certify_radii"] if r in base_settings["certify_radii"]]
+    hits = [
+        certify.certified_at(p["certify.class"], p["certify.label"], p["certify.radius"], radii)
+        for p in (per_image, base)
+    ]
+    out = {}
+    for j, radius in enumerate(radii):
+        value, (low, high) = stats.paired_difference(hits[0][j], hits[1][j], indices, confidence)
+        out[robustness.level_key(radius)] = {
+            "value": value,
+            "interval": [low, high],
+            "n": int(hits[0].shape[1]),
+            "interval_method": "paired percentile bootstrap over images",
+        }
+    return out
 
 
 def pairing(settings_list, names) -> tuple:
@@ -51,6 +81,9 @@ def paired_differences(workdirs, results_list, per_images, names=None) -> list:
                 )
                 for j, level in enumerate(res["figures"]["pr"][d])
             }
+        certified = certified_differences(res["settings"], pi, st, base, indices, confidence)
+        if certified:
+            row["certified_accuracy"] = certified
         out.append(row)
     return out
 

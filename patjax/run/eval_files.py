@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import robustness
@@ -89,7 +90,9 @@ def per_image_arrays(settings: dict) -> list[str]:
     counts (`evaluation._flatten_per_image`)."""
     names = settings["evaluators"]
     out = ["clean.correct"] if "clean" in names or "pr" in names else []
-    out += [f"{e}.robust" for e in names if e not in ("clean", "pr")]
+    out += [f"{e}.robust" for e in names if e in evaluators.WORST_CASE]
+    if "certify" in names:
+        out += ["certify.class", "certify.radius"]
     if "pr" in names:
         out += [f"pr_{d}.counts" for d in settings["pr_distributions"]]
     return out
@@ -132,7 +135,7 @@ def check_results(results: dict, path: str, remedy: str) -> None:
 # Settings that change no figure (randomness is keyed by image and sample, `evaluators.common`,
 # so batch, chunk and device counts only reorder float sums) or that are outcomes: an evaluation
 # differing from the previous one only in these reproduces its figures.
-INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr_chunk_size", "devices")
+INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr_chunk_size", "certify_chunk_size", "devices")
 # Lists an evaluation may extend: every figure of the previous one is made again, with more beside it.
 EXTENSIBLE_FIELDS = ("evaluators", "pr_distributions")
 

@@ -20,6 +20,7 @@ def test_names_aliases_and_order():
     assert evaluators.parse("pr,apgd,clean") == ("clean", "apgd_ce", "apgd_dlr", "pr")
     assert evaluators.parse(["cw20", "pgd20", ""]) == ("pgd20", "cw20")
     assert evaluators.parse("all") == ("clean", "pgd20", "cw20", "apgd_ce", "apgd_dlr", "pr")  # not aa: run when named
+    assert evaluators.parse("certify,clean") == ("clean", "certify")  # nor certify: n0 + n passes an image
     assert evaluators.parse("aa,clean") == ("clean", "aa")
     assert evaluators.WORST_CASE == ("pgd20", "cw20", "apgd_ce", "apgd_dlr", "aa")
     for spec, message in (("pgd", "unknown evaluator 'pgd'; choose from clean, pgd20"), (",", "no evaluator chosen")):

@@ -68,6 +68,8 @@ def adversarial_batch(name, logits_fn, x, y, key, cfg):
         return inner.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
     if name == "atpr":
         return inner.atpr_search(logits_fn, key, x, y, config_lib.block_settings(cfg)["atpr"]).x_adv
+    if name == "gaussian":  # locuslab/smoothing train.py: inputs + randn_like(inputs) * noise_sd, unclipped
+        return x + cfg.gaussian.sigma * jax.random.normal(key, x.shape)
     return x  # clean
 
 
@@ -81,7 +83,7 @@ def np_loss(name, z_clean, z_adv, y, cfg):
     ce_adv = np_cross_entropy(z_adv, y).mean()
     if name in ("clean",):
         return np_cross_entropy(z_clean, y).mean()
-    if name in ("fgsm", "pgd", "atpr"):
+    if name in ("fgsm", "pgd", "atpr", "gaussian"):
         return ce_adv
     if name in ("pgd_cor", "fgsm_cor"):
         losses = np_cross_entropy(z_adv, y)
@@ -122,6 +124,8 @@ FORMULA_CASES = [
     ("atpr", {}),
     ("pgd_cor", {"pat.beta": 0.5}),
     ("fgsm_cor", {"pat.beta": 0.5}),
+    ("gaussian", {}),
+    ("gaussian", {"gaussian.sigma": 1.0}),
 ]
 
 
@@ -240,9 +244,10 @@ def test_cor_with_beta_zero_equals_the_plain_method(cor, plain):
     assert abs(float(weighted) - float(loss_plain)) > 1e-4
 
 
-def test_the_registry_holds_the_twelve_methods_of_tables_1_and_2_in_the_papers_order():
+def test_the_registry_holds_the_twelve_methods_of_tables_1_and_2_in_the_papers_order_then_the_others():
     assert set(methods.METHOD_ORDER) <= set(methods.REGISTRY)
-    assert set(methods.METHOD_ORDER) == {
+    assert methods.METHOD_ORDER[12:] == ("gaussian",)  # outside the paper, after its rows
+    assert set(methods.METHOD_ORDER[:12]) == {
         "clean",
         "fgsm",
         "pgd",
@@ -257,14 +262,20 @@ def test_the_registry_holds_the_twelve_methods_of_tables_1_and_2_in_the_papers_o
         "fgsm_cor",
     }
     assert set(methods.LANGEVIN_METHODS) == {"pat", "pat_wos"}
-    with_attack = set(methods.METHOD_ORDER) - {"clean", "pat", "pat_wos"}
+    with_attack = set(methods.METHOD_ORDER) - {"clean", "pat", "pat_wos", "gaussian"}
     assert set(methods.REFERENCE_ATTACK_BN_MODE) & set(methods.METHOD_ORDER) == with_attack
     assert set(methods.REFERENCE_ATTACK_BN_MODE) <= set(methods.REGISTRY)
 
 
 @pytest.mark.parametrize(
     "field,value",
-    [("attack.bn_mode", "eval"), ("attack.steps", -1), ("atpr.num_candidates", 0), ("atpr.refine_stop_fraction", 1.5)],
+    [
+        ("attack.bn_mode", "eval"),
+        ("attack.steps", -1),
+        ("atpr.num_candidates", 0),
+        ("atpr.refine_stop_fraction", 1.5),
+        ("gaussian.sigma", 0.0),
+    ],
 )
 def test_invalid_baseline_settings_are_refused(field, value):
     cfg = baseline_config(**{field: value})

@@ -115,6 +115,7 @@ METHOD_BLOCKS = {
     "clp": {"weight"},
     "trades": {"beta", "step_size", "init_noise"},
     "mart": {"beta", "step_size", "init_noise"},
+    "gaussian": {"sigma"},
     "atpr": {
         "num_candidates",
         "eps_spread",
@@ -148,6 +149,7 @@ def test_the_methods_blocks_keep_their_fields_and_every_committed_workdir_reads_
         0.3,
     )
     assert (cfg.fgsm.random_start, cfg.atpr.num_candidates, cfg.atpr.refine_stop_fraction) == (False, 10, 0.1)
+    assert cfg.gaussian.sigma == 0.25  # Cohen et al.'s CIFAR-10 noise levels: 0.12, 0.25, 0.50, 1.00
     runs = sorted(REPO.glob("docs/results/**/config.json"))
     assert runs
     for path in runs:
@@ -246,7 +248,9 @@ def test_an_evaluation_records_its_settings_under_the_names_committed_results_ha
     committed = json.loads((COMMITTED.parent / "eval" / "results.json").read_text())["settings"]
     settings = config_lib.evaluation_settings(workdir_lib.load_config(str(COMMITTED.parent)))
     record = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
-    assert set(record) == set(committed) | {"attack_norm"}  # the one setting recorded since
+    # The settings recorded since: the threat model's norm and the certify evaluator's.
+    certify_names = {f"certify_{f}" for f in ("sigma", "radii", "selection_samples", "samples", "alpha", "chunk_size")}
+    assert set(record) == set(committed) | {"attack_norm"} | certify_names
     assert {k: record[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")} == {
         k: committed[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")
     }

@@ -19,6 +19,7 @@ from patjax import api, evaluators
 from patjax.core import files
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.evaluators import common
 from patjax.evaluators import stats as patjax_stats
 from patjax.models import networks
 from patjax.pat import robustness
@@ -213,6 +214,120 @@ def test_paired_evaluations_share_one_resampling_of_their_images():
         comparison.pairing([s, dict(s, seed=4)], ["a", "b"])
 
 
+def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(tmp_path, monkeypatch):
+    """The certify evaluator's per-image counts, certificates and figures against numpy and
+    scipy.stats: f's classes at x + sigma z (unclipped) with z drawn from its documented stream,
+    CERTIFY with the Clopper-Pearson bound as beta.ppf and Phi^-1 as norm.ppf, PREDICT with
+    binomtest, certified accuracy as Cohen et al.'s analyze.py counts it."""
+    sigma, n0, n, alpha, seed, radii = 0.1, 5, 40, 0.05, 2, (0.0, 0.05, 0.1)
+    cfg = eval_config(
+        certify_sigma=sigma,
+        certify_selection_samples=n0,
+        certify_samples=n,
+        certify_alpha=alpha,
+        certify_radii=radii,
+        certify_chunk_size=7,
+        seed=seed,
+    )
+    workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
+    returned = evaluation.evaluate_workdir(workdir, num_examples=7, batch_size=4, progress=False, evaluators="certify")
+    z = dict(np.load(os.path.join(workdir, "eval", "per_image.npz")))
+    w = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(state.params["Dense_0"]["bias"], np.float64)
+    x = split.images.astype(np.float64) / 255.0
+    # The evaluator's stream: fold_in(PRNGKey(seed), its name's stream), then image i, sample j;
+    # samples 0..n0-1 select, n0..n0+n-1 estimate.
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), common.name_stream("certify"))
+    counts, outside = np.zeros((7, n0 + n, 10), int), 0
+    for i in range(7):
+        for j in range(n0 + n):
+            noise = np.asarray(jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, i), j), x.shape[1:]))
+            noisy = x[i] + sigma * noise
+            counts[i, j, (noisy.reshape(-1) @ w + b).argmax()] = 1
+            outside += (noisy.reshape(-1) @ w + b).argmax() != (np.clip(noisy, 0, 1).reshape(-1) @ w + b).argmax()
+    selection, estimation = counts[:, :n0].sum(1), counts[:, n0:].sum(1)
+    np.testing.assert_array_equal(z["certify_counts.selection"], selection)
+    np.testing.assert_array_equal(z["certify_counts.estimation"], estimation)
+    assert outside > 0  # samples whose class clipping the noise to [0, 1] would change: it is not clipped
+    guess = selection.argmax(1)
+    n_a = estimation[np.arange(7), guess]
+    p_lower = np.where(n_a > 0, stats.beta.ppf(alpha, n_a, n - n_a + 1), 0.0)
+    cls = np.where(p_lower >= 0.5, guess, -1)
+    radius = np.where(p_lower >= 0.5, sigma * stats.norm.ppf(p_lower), 0.0)
+    np.testing.assert_array_equal(z["certify.class"], cls)
+    np.testing.assert_allclose(z["certify.radius"], radius, rtol=1e-12)
+    top2 = np.sort(estimation, 1)[:, ::-1][:, :2]
+    p_test = np.array([stats.binomtest(int(a), int(a + c), 0.5).pvalue for a, c in top2])
+    np.testing.assert_array_equal(z["certify.predict"], np.where(p_test > alpha, -1, estimation.argmax(1)))
+    # A mix of outcomes: certified right, certified wrong, abstained.
+    assert np.any(cls == -1) and np.any(cls == split.labels) and np.any((cls >= 0) & (cls != split.labels))
+
+    figures = returned["figures"]["certify"]
+    for r in radii:
+        hits = (cls == split.labels) & (radius >= r)
+        fig = figures["certified_accuracy"][robustness.level_key(r)]
+        ci = stats.binomtest(int(hits.sum()), 7).proportion_ci(0.95, method="exact")
+        assert fig["value"] == pytest.approx(hits.mean()) and fig["n"] == 7
+        np.testing.assert_allclose(fig["interval"], [ci.low, ci.high], rtol=1e-7, atol=1e-12)
+    assert figures["abstained"]["value"] == pytest.approx(np.mean(cls == -1))
+    assert returned["settings"]["certify_samples"] == n and returned["settings"]["certify_radii"] == list(radii)
+    eval_files.check_results(returned, "results.json", "re-run")
+    assert {"certify.class", "certify.radius"} <= set(eval_files.per_image_arrays(returned["settings"]))
+    # The comparison lays the radii out beside the other figures.
+    table = report.comparison(["run"], [returned])
+    assert "cert(0.05) %" in table and f"sigma = {sigma:g}, n0 = {n0}, n = {n}" in table
+
+    # Neither the batch nor the chunk changes a count (keys come from image and sample indices).
+    model_fns, state, split = tiny_setup(0.3)
+    other = {}
+    evaluate(
+        config_lib.with_eval_overrides(cfg, {"certify_chunk_size": 45}),
+        model_fns,
+        state,
+        split,
+        evaluators="certify",
+        batch_size=3,
+        progress=False,
+        per_image_out=other,
+    )
+    np.testing.assert_array_equal(other["certify_counts.estimation"], estimation)
+
+
+def test_certified_accuracy_differences_are_paired_over_the_same_images_and_noise():
+    cfg = eval_config(
+        certify_sigma=0.1,
+        certify_selection_samples=5,
+        certify_samples=40,
+        certify_alpha=0.05,
+        certify_radii=(0.0, 0.05),
+    )
+    results, per_images = [], []
+    for model_seed, batch_size in ((0, 4), (1, 4), (0, 3)):  # the third: the first model again
+        model_fns, state, split = tiny_setup(model_seed=model_seed)
+        per_image = {}
+        results.append(
+            evaluate(cfg, model_fns, state, split, "certify", batch_size, progress=False, per_image_out=per_image)
+        )
+        per_images.append(per_image)
+    diffs = comparison.paired_differences(["runs/a", "runs/b", "runs/a_again"], results, per_images)
+    idx = np.random.default_rng(0).integers(0, 7, size=(200, 7))  # the documented bootstrap: seed 0, 200 resamples
+    hits = [
+        [(p["certify.class"] == split.labels) & (p["certify.radius"] >= r) for r in (0.0, 0.05)] for p in per_images
+    ]
+    for j, r in enumerate(("0.0", "0.05")):
+        fig = diffs[0]["certified_accuracy"][r]
+        diff = hits[1][j].astype(float) - hits[0][j]
+        assert fig["value"] == pytest.approx(diff.mean()) and fig["n"] == 7
+        np.testing.assert_allclose(fig["interval"], np.quantile(diff[idx].mean(1), [0.025, 0.975]), atol=1e-12)
+        # The same model on the same noise (another batch): the same certificates, a difference of 0.
+        assert diffs[1]["certified_accuracy"][r] == {**fig, "value": 0.0, "interval": [0.0, 0.0]}
+    assert any(np.any(h[1] != h[0]) for h in zip(*hits[:2]))  # the two models differ somewhere
+    assert "dcert(0.05) pp" in report.certified_difference_lines(diffs)[1]
+    # Certified under other settings, the runs are not paired on their certificates.
+    other = {**results[1], "settings": {**results[1]["settings"], "certify_samples": 41}}
+    assert "certified_accuracy" not in comparison.paired_differences(["a", "b"], [results[0], other], per_images)[0]
+
+
 @pytest.mark.slow
 def test_bad_evaluator_is_one_line_user_error(tmp_path):
     out = subprocess.run(
@@ -224,7 +339,7 @@ def test_bad_evaluator_is_one_line_user_error(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, apgd_ce, apgd_dlr, aa, pr, apgd, all"
+        "error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, apgd_ce, apgd_dlr, aa, pr, certify, apgd, all"
     ]
 
 
@@ -450,6 +565,11 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
         ),
         ({"num_examples": -2}, "eval.num_examples must be an integer in [1, 1000000], or -1"),
         ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)"),
+        ({"overrides": {"certify_sigma": 0.0}}, "eval.certify.sigma must be > 0, got 0.0"),
+        ({"overrides": {"certify_alpha": 1.0}}, "eval.certify.alpha must lie in (0, 1), got 1.0"),
+        ({"overrides": {"certify_selection_samples": 0}}, "eval.certify.selection_samples must be an integer in"),
+        ({"overrides": {"certify_samples": 0}}, "eval.certify.samples must be an integer in"),
+        ({"overrides": {"certify_radii": (0.5, -1.0)}}, "eval.certify.radii must be non-empty, finite and >= 0"),
     ]
     for kwargs, message in cases:
         with pytest.raises(UserError) as error:

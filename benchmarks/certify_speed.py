@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Certified images per second: patjax's `certify` evaluator against Cohen et al.'s own loop
+(locuslab/smoothing's `Smooth.certify`, transcribed in tests/smoothing_reference.py) on the same
+network, the same images and the same n0, n, sigma and alpha, the two arms timed alternately.
+
+  python benchmarks/certify_speed.py --images 32 --n0 100 --n 1000 --rounds 3
+
+The network is a committed small CNN (docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0,
+clean training, 800 steps) and its PyTorch copy (`torch_weights.to_state_dict` into
+patjax_torch's SmallCNN); the images are CIFAR-10's first test images (`cifar.find_data_dir`).
+patjax: `evaluation.evaluate_state` with evaluators=certify, what `python -m patjax.evaluate`
+runs (one compiled pass: `--batch` images at a time, `--chunk` samples of each per forward,
+split over one JAX device per core), compiled by a warm-up run of the same pass before the rounds.
+The authors' loop: for each image, `Smooth.certify(x, n0, n, alpha, batch_size=--torch-batch)`
+as their certify.py calls it (their default batch 1,000), PyTorch on every core. The noise
+differs (each arm draws its own), so the arms' certified accuracies (at radius 0: certified
+and right) agree only within sampling; both are printed. Each arm's wall time includes its
+host-side work (the Clopper-Pearson bound).
+Needs PyTorch (`pip install torch==2.13.0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEPT_RUN = os.path.join(REPO, "docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=32, help="CIFAR-10 test images certified per round")
+    p.add_argument("--n0", type=int, default=100, help="selection samples (their N0)")
+    p.add_argument("--n", type=int, default=1000, help="estimation samples (their N)")
+    p.add_argument("--sigma", type=float, default=0.25)
+    p.add_argument("--alpha", type=float, default=0.001)
+    p.add_argument("--batch", type=int, default=16, help="patjax: images per evaluation batch")
+    p.add_argument("--chunk", type=int, default=64, help="patjax: samples per image per forward")
+    p.add_argument("--torch-batch", type=int, default=1000, help="their batch_size (samples per forward)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (patjax, theirs) timed")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of a summary")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from patjax.core import devices
+
+    devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
+    import jax
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import smoothing_reference
+
+    from patjax.data import cifar
+    from patjax.models import networks
+    from patjax.run import config as config_lib
+    from patjax.run import evaluation, torch_weights
+    from patjax.run import workdir as workdir_lib
+    from patjax_torch import models as torch_models
+
+    _, model_fns, state = workdir_lib.restore(KEPT_RUN)
+    normalize = networks.DATASET_STATS["cifar10"]
+    net = torch_models.create_model("small_cnn", 10, normalize)
+    state_dict = torch_weights.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()}, strict=True)
+    net.eval()
+    split = cifar.load_split("cifar10", "test", cifar.find_data_dir())
+    split = cifar.Split(split.images[: args.images], split.labels[: args.images])
+
+    overrides = {
+        "certify_sigma": args.sigma,
+        "certify_selection_samples": args.n0,
+        "certify_samples": args.n,
+        "certify_alpha": args.alpha,
+        "certify_chunk_size": args.chunk,
+        "certify_radii": (0.0, 0.25, 0.5),
+    }
+    settings = config_lib.default_evaluation_settings(
+        "cifar10", overrides, evaluators="certify", num_examples=args.images, batch_size=args.batch
+    )
+
+    def patjax_arm():
+        results = evaluation.evaluate_state(settings, model_fns, state, split, progress=False)
+        return results["figures"]["certify"]["certified_accuracy"]["0.0"]["value"]
+
+    smooth = smoothing_reference.Smooth(net, 10, args.sigma)
+
+    def their_arm():
+        certified = 0
+        for i in range(args.images):
+            x = torch.from_numpy(np.asarray(cifar.to_float(split.images[i])).transpose(2, 0, 1).copy())
+            cls, radius = smooth.certify(x, args.n0, args.n, args.alpha, args.torch_batch)
+            certified += int(cls == split.labels[i])
+        return certified / args.images
+
+    start = time.perf_counter()
+    patjax_arm()  # compiles the pass at this batch width (and runs it once)
+    compile_s = time.perf_counter() - start
+    walls = {"patjax": [], "theirs": []}
+    accuracy = {}
+    for _ in range(args.rounds):
+        for name, arm in (("patjax", patjax_arm), ("theirs", their_arm)):
+            start = time.perf_counter()
+            accuracy[name] = arm()
+            walls[name].append(time.perf_counter() - start)
+    medians = {k: statistics.median(v) for k, v in walls.items()}
+    out = {
+        "images": args.images,
+        "n0": args.n0,
+        "n": args.n,
+        "sigma": args.sigma,
+        "alpha": args.alpha,
+        "patjax_batch": args.batch,
+        "patjax_chunk": args.chunk,
+        "torch_batch": args.torch_batch,
+        "jax_devices": jax.device_count(),
+        "torch_threads": torch.get_num_threads(),
+        "patjax_warmup_s": round(compile_s, 2),
+        "walls_s": {k: [round(w, 2) for w in v] for k, v in walls.items()},
+        "images_per_s": {k: round(args.images / m, 3) for k, m in medians.items()},
+        "speedup_patjax_over_theirs": round(medians["theirs"] / medians["patjax"], 2),
+        "certified_accuracy_at_radius_0": accuracy,
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()

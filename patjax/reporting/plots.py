@@ -53,8 +53,13 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
         raise ValueError(f"over must be one of {', '.join(PR_IMAGE_SETS)}, got {over!r}")
     plt = _pyplot()
     s = results_list[0]["settings"]
-    dists = [d for d in s["pr_distributions"] if d in robustness.DISTRIBUTIONS]
-    fig, axes = plt.subplots(1, len(dists), figsize=(5.5 * len(dists), 4.4), squeeze=False)
+    drawn = [r.get("figures", {}).get("pr", {}) for r in results_list]
+    dists = [d for d in s["pr_distributions"] if d in robustness.DISTRIBUTIONS and any(pr.get(d) for pr in drawn)]
+    certified = any("certify" in r.get("figures", {}) for r in results_list)
+    panels = len(dists) + certified
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.4), squeeze=False)
+    if certified:
+        _plot_certified(axes[0][-1], names, results_list, confidence_pct(s))
     for ax, d in zip(axes[0], dists):
         for name, r in zip(names, results_list):
             pr = r.get("figures", {}).get("pr", {}).get(d)
@@ -86,6 +91,35 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
     fig.suptitle(f"First {s['num_examples']} {dataset} test images;\nPR over {PR_IMAGE_SETS[over]}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _plot_certified(ax, names, results_list, confidence: str) -> None:
+    """The smoothed classifiers' certified accuracy against the L2 radius (`evaluators.certify`),
+    one line per run that was certified, with its Clopper-Pearson band: beside PR, the same images."""
+    settings = None
+    for name, r in zip(names, results_list):
+        figure = r.get("figures", {}).get("certify")
+        if not figure:
+            continue
+        settings = settings or figure["settings"]  # every model of a comparison certified alike
+        accuracy = figure["certified_accuracy"]
+        radii = [float(k) for k in accuracy]
+        (line,) = ax.plot(radii, [_percent(a["value"]) for a in accuracy.values()], marker="o", label=f"{name}")
+        ax.fill_between(
+            radii,
+            [_percent(a["interval"][0]) for a in accuracy.values()],
+            [_percent(a["interval"][1]) for a in accuracy.values()],
+            alpha=0.25,
+            color=line.get_color(),
+        )
+    ax.set_title(
+        f"randomized smoothing, sigma={settings['sigma']}: n={settings['samples']}, alpha={settings['alpha']}",
+        fontsize=10,
+    )
+    ax.set_xlabel("L2 radius")
+    ax.set_ylabel(f"certified accuracy % over all images\n({confidence} Clopper-Pearson interval)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def plot_curves(report: dict):

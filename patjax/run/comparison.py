@@ -110,7 +110,7 @@ def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None) -> 
     into_run = plot_path is None
     plot_path = plot_path or eval_files.plot_path(workdirs[0])
     with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
-        if any("pr" in r.get("figures", {}) for r in results_list):
+        if any({"pr", "certify"} & set(r.get("figures", {})) for r in results_list):
             plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)
             text += f"\nplot: {plot_path}"
         if len(workdirs) > 1:

@@ -1001,3 +1001,26 @@ def test_a_files_evaluation_goes_beside_it_and_never_into_a_run_of_its_name(tmp_
     assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart")  # a folder, but no run
     (tmp_path / "quickstart" / "config.json").write_text("{}")
     assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart_safetensors")
+
+
+def test_the_pr_plot_gains_certified_accuracy_against_radius_where_a_run_was_certified():
+    """A run with certify figures adds a panel of certified accuracy (in percent) against the L2
+    radius, with its interval band; a run without them draws nothing there."""
+    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
+    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])
+    accuracy = {"0.0": 0.5, "0.25": 0.3, "0.5": 0.125}
+    a["figures"]["certify"] = {
+        "certified_accuracy": {r: {"value": v, "interval": [v - 0.05, v + 0.05]} for r, v in accuracy.items()},
+        "settings": {"sigma": 0.25, "samples": 1000, "alpha": 0.001},
+    }
+    fig = plots.plot_pr(["A", "B"], [a, b])
+    pr_ax, certified_ax = fig.axes
+    assert len(pr_ax.lines) == 2 and len(certified_ax.lines) == 1
+    np.testing.assert_allclose(certified_ax.lines[0].get_xdata(), [0.0, 0.25, 0.5])
+    np.testing.assert_allclose(certified_ax.lines[0].get_ydata(), [50, 30, 12.5])
+    assert certified_ax.get_xlabel() == "L2 radius"
+    assert certified_ax.get_title() == "randomized smoothing, sigma=0.25: n=1000, alpha=0.001"
+    assert [t.get_text() for t in certified_ax.get_legend().get_texts()] == ["A"]
+    a["figures"].pop("pr"), b["figures"].pop("pr")  # certified, not evaluated under PR: no empty PR panel
+    (only,) = plots.plot_pr(["A", "B"], [a, b]).axes
+    assert only.get_xlabel() == "L2 radius"

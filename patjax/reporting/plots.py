@@ -65,18 +65,8 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
             pr = r.get("figures", {}).get("pr", {}).get(d)
             if not pr:
                 continue
-            eps = [float(e) for e in pr]
             n = next(iter(pr.values()))[over]["n"]
-            (line,) = ax.plot(
-                eps, [_percent(pr[e][over]["value"]) for e in pr], marker="o", label=f"{name} (over {n} images)"
-            )
-            ax.fill_between(
-                eps,
-                [_percent(pr[e][over]["interval"][0]) for e in pr],
-                [_percent(pr[e][over]["interval"][1]) for e in pr],
-                alpha=0.25,
-                color=line.get_color(),
-            )
+            _line_with_band(ax, {e: figure[over] for e, figure in pr.items()}, f"{name} (over {n} images)")
         # The uniform law over clean-correct images is the Table-1 protocol's estimand at any radii,
         # but for PRBench's, which are PRBench's protocol.
         name = pr_lib.protocol_name(d, s.get("pr_epsilons", ())) or ("the Table-1 protocol" if d == "uniform" else "")
@@ -93,6 +83,16 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
     return fig
 
 
+def _line_with_band(ax, figures: dict, label: str) -> None:
+    """One run's figures {level: {"value", "interval"}} against their levels, in percent, with the
+    interval as a band in the line's colour."""
+    levels = [float(level) for level in figures]
+    (line,) = ax.plot(levels, [_percent(f["value"]) for f in figures.values()], marker="o", label=label)
+    lows, highs = zip(*(f["interval"] for f in figures.values()))
+    lows, highs = [_percent(v) for v in lows], [_percent(v) for v in highs]
+    ax.fill_between(levels, lows, highs, alpha=0.25, color=line.get_color())
+
+
 def _plot_certified(ax, names, results_list, confidence: str) -> None:
     """The smoothed classifiers' certified accuracy against the L2 radius (`evaluators.certify`),
     one line per run that was certified, with its Clopper-Pearson band: beside PR, the same images."""
@@ -102,16 +102,7 @@ def _plot_certified(ax, names, results_list, confidence: str) -> None:
         if not figure:
             continue
         settings = settings or figure["settings"]  # every model of a comparison certified alike
-        accuracy = figure["certified_accuracy"]
-        radii = [float(k) for k in accuracy]
-        (line,) = ax.plot(radii, [_percent(a["value"]) for a in accuracy.values()], marker="o", label=f"{name}")
-        ax.fill_between(
-            radii,
-            [_percent(a["interval"][0]) for a in accuracy.values()],
-            [_percent(a["interval"][1]) for a in accuracy.values()],
-            alpha=0.25,
-            color=line.get_color(),
-        )
+        _line_with_band(ax, figure["certified_accuracy"], name)
     ax.set_title(
         f"randomized smoothing, sigma={settings['sigma']}: n={settings['samples']}, alpha={settings['alpha']}",
         fontsize=10,

@@ -66,6 +66,7 @@ COMMON = [
 RUNS = {
     "pgd_atpr": ("configs/pgd_atpr_cifar10.py", []),  # PGD-10 as the authors' AT-PR code trains it
     "pat": ("configs/pat_cifar10.py", gps.PAIR_METHOD["pat"][1:]),  # Appendix E, the cheaper sampler
+    "pat_t100": ("configs/pat_cifar10.py", []),  # Appendix E as written: Algorithm 1, uniform start, T = 100
     "pgd_lr001": ("configs/pat_cifar10.py", ["--config.method=pgd"]),  # Appendix E's lr 0.01 read literally
 }
 DRY_TRAIN = [

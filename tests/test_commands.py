@@ -198,6 +198,29 @@ def test_the_quickstart_command_run_again_resumes_its_workdir_named_like_the_con
     assert "trained pat to step 2 of 2: quickstart/checkpoints/2" in again.stdout
 
 
+def test_an_exported_model_read_back_into_a_workdir_restores_bit_for_bit(tiny_run, tmp_path):
+    """benchmarks/kept_model_from_export.py: the workdir it builds from a run's export and config
+    restores the run's own parameters and BatchNorm statistics exactly, with the config's
+    compute_dtype replaced; it refuses a workdir that exists."""
+    exported, rebuilt = str(tmp_path / "model.safetensors"), str(tmp_path / "rebuilt")
+    finish(start("patjax.export", f"--workdir={tiny_run}", f"--out={exported}"))
+    script = str(REPO / "benchmarks" / "kept_model_from_export.py")
+    flags = (f"--export={exported}", f"--config={os.path.join(tiny_run, 'config.json')}", f"--workdir={rebuilt}")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, script, *flags, "--compute_dtype=bfloat16"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, _, original = workdir_lib.restore(tiny_run)
+    _, _, restored = workdir_lib.restore(rebuilt)
+    assert int(restored.step) == int(original.step)
+    assert json.load(open(os.path.join(rebuilt, "config.json")))["compute_dtype"] == "bfloat16"
+    for a, b in zip(*(jax.tree.leaves((s.params, s.batch_stats)) for s in (original, restored))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    again = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=env)
+    assert again.returncode != 0 and "exists" in again.stderr
+
+
 @pytest.mark.slow
 def test_evaluate_step_reproduces_a_suite_curve_point_and_leaves_eval_alone(tmp_path):
     """`--step=400` on a copy of a committed table1_cpu run evaluates its kept model of step 400

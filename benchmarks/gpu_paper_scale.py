@@ -203,7 +203,7 @@ def file_hash(path: str, algorithm: str = "sha256") -> str:
 
 
 def pack(
-    name: str, base: str, members: list, outbox: str, into: str | None = None, piece_bytes: int = PIECE_BYTES
+    name: str, base: str, members: list, outbox: str, into: str | None = None, piece_bytes: int | None = None
 ) -> dict:
     """Tars `members` (paths relative to `base`) as INTO/... (default NAME/...), splits the tar into pieces of
     `piece_bytes` (what comes back from $OUT takes PIECE_BYTES) in outbox/NAME/ and writes its manifest
@@ -218,7 +218,7 @@ def pack(
     pieces = []
     with open(tar_path, "rb") as f:
         for index in range(10_000):
-            block = f.read(piece_bytes)
+            block = f.read(piece_bytes or PIECE_BYTES)
             if not block:
                 break
             piece = f"{name}.tar.{index:03d}"

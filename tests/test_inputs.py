@@ -782,11 +782,13 @@ SETTINGS_CLASSES = {
     "AtprSettings",
     "AttackSettings",
     "AutoAttackSettings",
+    "CertifySettings",
     "ClpSettings",
     "CWSettings",
     "DiagnosticSettings",
     "EvaluationSettings",
     "FgsmSettings",
+    "GaussianSettings",
     "LangevinSettings",
     "MartSettings",
     "MethodSettings",
@@ -909,6 +911,9 @@ FLAT_NAMES = {
     "eval.aa.square_queries": "aa_square_queries",
     "eval.pr.samples": "pr_samples",
     "eval.pr.chunk_size": "pr_chunk_size",
+    "eval.certify.samples": "certify_samples",
+    "eval.certify.selection_samples": "certify_selection_samples",
+    "eval.certify.chunk_size": "certify_chunk_size",
 }
 
 
@@ -973,6 +978,9 @@ FLAG_RANGES = {
     ("evaluate", "seed"): "eval.seed",
     ("evaluate", "apgd_steps"): "eval.apgd.steps",
     ("evaluate", "model_width"): "model_width",
+    ("evaluate", "certify_samples"): "eval.certify.samples",
+    ("evaluate", "certify_selection_samples"): "eval.certify.selection_samples",
+    ("evaluate", "certify_chunk_size"): "eval.certify.chunk_size",
     ("evaluate", "step"): "a step with a checkpoint or a kept model (workdir.restore)",
     ("diagnose", "num_examples"): "--num_examples",
     ("diagnose", "steps"): "--steps",
@@ -1034,7 +1042,7 @@ def test_each_count_flag_is_refused_beyond_its_bound_in_one_line_naming_the_flag
             "error: --m",
         ),
     ]
-    assert len(cases) == 17
+    assert len(cases) == 20
     env = dict(os.environ, PYTHONPATH=str(REPO), PATJAX_CPU_DEVICES="1")
     for done, (args, start) in zip(commands_at_once([args for args, _ in cases], env), cases):
         line = one_error_line(done)

@@ -316,7 +316,8 @@ def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_mo
     assert results["settings"]["margin_step_fraction"] == 0.5
     worst = results["figures"]["worst_case"]
     assert worst["attacks"] == ["margin_step"] and worst["value"] == pytest.approx(np.mean(robust & correct))
-    assert "MarginStep %" in report.comparison(["linear"], [results])
+    # Its column is headed with the radius it attacked at (half the threat model's), not the threat model's.
+    assert "MarginStep (L∞, ε = 0.05) %" in report.comparison(["linear"], [results])
 
 
 def test_each_attack_has_a_stream_of_its_own_and_the_committed_ones_are_kept():

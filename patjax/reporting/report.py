@@ -145,10 +145,14 @@ def comparison(names, results_list) -> str:
     if eps_keys:
         tables.append(f"PR: {pr_law(s)}.")
     tables.append("")
-    # Every attack's column names its threat model: a figure under L2 is never read as an L-inf one.
-    attack_header = lambda a: (
-        f"{evaluators.REGISTRY[a].label} ({threat}) %" if threat else f"{evaluators.REGISTRY[a].label} %"
-    )
+
+    # Every attack's column names its threat model: a figure under L2 is never read as an L-inf one,
+    # and an attack run at its own radius (its figure's settings) is headed with that radius.
+    def attack_header(a):
+        own = next((r["figures"][a].get("settings", {}) for r in results_list if a in r.get("figures", {})), {})
+        attacked = threat_model({**s, "attack_eps": own["eps"]}) if threat and "eps" in own else threat
+        return f"{evaluators.REGISTRY[a].label} ({attacked}) %" if attacked else f"{evaluators.REGISTRY[a].label} %"
+
     rows = []
     for name, r in zip(names, results_list):
         f = r.get("figures", {})

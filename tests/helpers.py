@@ -121,6 +121,25 @@ def linear_setup(seed=0):
     return logits_fn, x, y, W, b
 
 
+def linear_batch(batch=6, k=3, shape=(2, 2, 3), seed=0, interior=False, margin=0.1):
+    """A linear classifier z = flatten(x) W + b (weights scaled by 3) and a batch with labels
+    0, 1, ..., k - 1, 0, ...: (logits_fn, x, y, W, b); interior: x in [margin, 1 - margin], else
+    pixels on the box faces."""
+    model = Linear(k)
+    x = jax.random.uniform(jax.random.PRNGKey(seed), (batch, *shape))
+    if interior:
+        x = margin + (1 - 2 * margin) * x
+    else:  # pixels on the box faces, where the [0, 1] clip binds
+        x = x.at[:, 0].set(0.0).at[:, -1].set(1.0)
+    y = jnp.arange(batch) % k
+    params = model.init(jax.random.PRNGKey(seed + 1), x)["params"]
+    params = jax.tree.map(lambda p: 3.0 * p, params)
+    logits_fn = lambda z: model.apply({"params": params}, z)
+    W = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(params["Dense_0"]["bias"], np.float64)
+    return logits_fn, x, y, W, b
+
+
 def tiny_setup(scale=1.0, num_images=7, model_seed=0):
     """A linear model and images labelled by the model of seed 0 (a third of them wrongly); another
     model_seed gives another model on the same labelled images."""

@@ -166,6 +166,34 @@ def test_a_new_method_with_a_setting_of_its_own_has_the_hand_computed_loss_and_g
     assert saved["uniform_noise"] == {"radius": radius}
 
 
+@dataclasses.dataclass(frozen=True)
+class RunNoiseSettings:
+    """A setting whose default depends on the run: the noise's radius, < 0 for the `attack`
+    block's epsilon, doubled on ResNet-18 (a rule made up for the recipe)."""
+
+    radius: float = -1.0
+
+    def __post_init__(self):
+        if not self.radius >= 0:
+            raise UserError(f"run_noise.radius must be >= 0, got {self.radius}")
+
+    @classmethod
+    def resolve(cls, fields, r):
+        if fields["radius"] < 0:
+            fields = dict(fields, radius=r.blocks["attack"].epsilon * (2.0 if r.model == "resnet18" else 1.0))
+        return cls(**fields)
+
+
+def test_a_new_methods_default_that_depends_on_the_run_is_resolved_by_its_own_class(monkeypatch):
+    register_method(monkeypatch, Method("run_noise", uniform_noise, "Run noise", settings=RunNoiseSettings))
+    own = lambda **fields: config_lib.train_settings(tiny_config(method="run_noise", **fields)).method.own
+    assert config_lib.default_config().run_noise.to_dict() == {"radius": -1.0}  # written unresolved
+    assert tiny_config().model != "resnet18"
+    assert own(**{"attack.epsilon": 0.05}) == RunNoiseSettings(0.05)
+    assert own(**{"attack.epsilon": 0.05, "model": "resnet18"}) == RunNoiseSettings(0.1)
+    assert own(**{"attack.epsilon": 0.05, "run_noise.radius": 0.3}) == RunNoiseSettings(0.3)
+
+
 def test_an_inner_attack_needs_its_reference_bn_mode():
     """attack.bn_mode='auto' resolves to the mode a method's entry declares (`attack_bn_mode`, its
     reference code's); a method without one is handed no attack, and an attack's logits function

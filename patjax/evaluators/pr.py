@@ -18,6 +18,7 @@ import numpy as np
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
 from patjax.evaluators import common, stats
+from patjax.methods.common import Resolution
 from patjax.pat import robustness
 
 BLOCK = "pr"
@@ -86,10 +87,9 @@ class PRSettings:
     # chunk images (4 x 500 x 5 = 10,000 at the defaults), which bounds the pass's memory
     # (docs/evaluation.md); the counts do not depend on it. Capped at `samples`.
     chunk_size: int = count("eval.pr.chunk_size", 1, 10_000, default=5)
-    # p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d; <= 0: the sampler's langevin.c1
-    # (resolved where the config is read, `config.evaluation_settings`).
+    # p_dis ~ exp(-c1 ||x'-x||^2) truncated to [0,1]^d; <= 0: the run's sampler's langevin.c1 (`resolve`).
     pdis_c1: float = -1.0
-    entropic_lambda: float = -1.0  # < 0: langevin.c2 - pat.beta (Proposition 10), resolved as pdis_c1
+    entropic_lambda: float = -1.0  # < 0: langevin.c2 - pat.beta (Proposition 10), `resolve`
     prob_acc_q: tuple = (0.2, 0.1, 0.05, 0.01)  # ProbAcc_q: the fraction of images with PR_i > 1 - q
 
     def __post_init__(self):
@@ -114,6 +114,17 @@ class PRSettings:
             raise UserError(f"p_dis needs c1 > 0 (eval.pr.pdis_c1, else langevin.c1), got {self.pdis_c1}")
         if self.entropic_lambda < 0:
             raise UserError(f"the entropic risk's lambda must be >= 0, got {self.entropic_lambda}")
+
+    @classmethod
+    def resolve(cls, fields: dict, r: Resolution) -> PRSettings:
+        """The defaults read off the run: p_dis's c1 is its sampler's (langevin.c1), the entropic
+        risk's lambda is langevin.c2 - pat.beta, floored at 0 (Proposition 10)."""
+        sampler, snis = r.blocks["langevin"], r.blocks["pat"]
+        if fields["pdis_c1"] <= 0:
+            fields = dict(fields, pdis_c1=float(sampler.c1))
+        if fields["entropic_lambda"] < 0:
+            fields = dict(fields, entropic_lambda=max(float(sampler.c2) - float(snis.beta), 0.0))
+        return cls(**fields)
 
     @property
     def pdis_sigma(self) -> float:

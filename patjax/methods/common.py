@@ -7,7 +7,7 @@ passes and metrics every method makes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -109,6 +109,28 @@ class SnisSettings:
     def __post_init__(self):
         if self.beta < 0:
             raise UserError(f"pat.beta must be >= 0 (0 is PAT(WOS)), got {self.beta}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What a block may read to fill a default that depends on the run: the network's name and the
+    shared training blocks' settings (`SHARED_BLOCKS`: langevin, pat, attack). A settings class
+    with such a default defines a classmethod `resolve(cls, fields, r)` that returns the settings
+    its plug-in is handed, checked once on the resolved values; the config reader calls it
+    (`settings_of`) and knows no plug-in by name."""
+
+    model: str
+    blocks: Mapping[str, Any]
+
+
+def settings_of(settings_class, fields: dict, r: Optional[Resolution] = None):
+    """A block's settings from its fields: `settings_class.resolve(fields, r)` where the class
+    defines one, else `settings_class(**fields)`."""
+    resolve = getattr(settings_class, "resolve", None)
+    if resolve is None:
+        return settings_class(**fields)
+    assert r is not None, f"{settings_class.__name__} resolves defaults from the run; pass a Resolution"
+    return resolve(fields, r)
 
 
 # The shared blocks and their settings; a method's own block is declared by its `Method` entry.

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from patjax.attacks import inner, l2
 from patjax.attacks.logits import log_or_zero, other_values, true_value
 from patjax.core.errors import UserError
-from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+from patjax.methods.common import Method, Resolution, accuracy, mean_ce, train_passes, uniform_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,8 +19,7 @@ class MartSettings:
     attack.epsilon, attack.steps and attack.norm (step_size is the L-inf step; under L2 the step
     is 2 eps / steps, `inner.mart_attack`)."""
 
-    # < 0: the reference's for the run's model, 5 for resnet18 (MART train_resnet.py), 6 otherwise,
-    # resolved where the config is read (`config.block_settings`); a method is handed it resolved.
+    # < 0: the reference's for the run's model (`resolve`); a method is handed it resolved.
     beta: float = -1.0
     step_size: float = 0.007  # YisenWang/MART train_*.py (AT-PR's reimplementation: 2/255)
     init_noise: float = 0.001
@@ -28,6 +27,14 @@ class MartSettings:
     def __post_init__(self):
         if self.step_size < 0:
             raise UserError(f"mart.step_size must be >= 0, got {self.step_size}")
+
+    @classmethod
+    def resolve(cls, fields: dict, r: Resolution) -> MartSettings:
+        """beta < 0: 5 for ResNet-18 (MART train_resnet.py, AT-PR's mart_loss), 6 otherwise (MART
+        train_wideresnet.py, mart.py's default)."""
+        if fields["beta"] < 0:
+            fields = dict(fields, beta=5.0 if r.model == "resnet18" else 6.0)
+        return cls(**fields)
 
 
 def mart(params, model, batch_stats, x, y, key, s):

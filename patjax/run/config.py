@@ -16,7 +16,7 @@ import ml_collections
 
 from patjax import evaluators as evaluators_lib
 from patjax import methods
-from patjax.attacks import inner, l2
+from patjax.attacks import l2
 from patjax.core.errors import (
     INT32_MAX,
     UserError,
@@ -28,6 +28,7 @@ from patjax.core.errors import (
 )
 from patjax.data import cifar
 from patjax.evaluators import common as evaluators_common
+from patjax.methods import common as methods_common
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state
 
@@ -79,8 +80,8 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.seed = 0
 
     # The methods' blocks: the shared ones (`langevin`, Algorithm 1 / Appendix E, and BatchNorm
-    # inside it; `pat`, the SNIS weights; `attack`, the baselines' inner attack) and each method's
-    # own (fgsm, alp, clp, trades, mart, atpr). Each block is written from its settings class's
+    # inside it; `pat`, the SNIS weights; `attack`, the baselines' inner attack) and each registered
+    # method's own. Each block is written from its settings class's
     # defaults (`methods.blocks()`), where each field's meaning and source are said, and read back
     # field by field (`block_settings`).
     for block, settings_class in methods.blocks().items():
@@ -98,7 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
     # images, the batch, the evaluators (names of patjax.evaluators.REGISTRY or its aliases
     # 'apgd', 'all'), the settings every evaluator shares (`evaluators.common.SharedSettings`),
     # and a block per evaluator setting class (`evaluators.blocks()`: the threat model
-    # `eval.attack`, `eval.cw`, `eval.apgd`, `eval.aa`, `eval.pr`), each written from its class's
+    # `eval.attack`, then each registered evaluator's own), each written from its class's
     # defaults, where each field's meaning and source are said.
     cfg.eval = ml_collections.ConfigDict()
     cfg.eval.batch_size = 500
@@ -233,32 +234,26 @@ def _defaults(settings_class) -> dict:
 _READ_AS = {"float": float, "bool": bool, "str": str, float: float, bool: bool, str: str}
 
 
-def _from_block(settings_class, block, **resolved):
-    """The settings of one config block: each field of the class read from the block, or taken
-    from `resolved` (a default that depends on another block)."""
-    return settings_class(
-        **{
-            f.name: resolved[f.name] if f.name in resolved else _READ_AS.get(f.type, lambda v: v)(block[f.name])
-            for f in dataclasses.fields(settings_class)
-        }
-    )
+def _from_block(settings_class, block, run: Optional[methods_common.Resolution] = None):
+    """The settings of one config block: each field of the class read from the block, then
+    resolved by the class where a default depends on the run (`methods.common.settings_of`)."""
+    fields = {f.name: _READ_AS.get(f.type, lambda v: v)(block[f.name]) for f in dataclasses.fields(settings_class)}
+    return methods_common.settings_of(settings_class, fields, run)
+
+
+def resolution(cfg) -> methods_common.Resolution:
+    """What the blocks of run cfg resolve their run-dependent defaults from: its network and its
+    shared training blocks."""
+    shared = {block: _from_block(cls, cfg[block]) for block, cls in methods_common.SHARED_BLOCKS.items()}
+    return methods_common.Resolution(model=str(cfg.model), blocks=shared)
 
 
 def block_settings(cfg) -> dict:
     """{block: its settings} for every block the methods read (`methods.blocks()`), whichever
-    method the run trains, so that a bad field of any block is refused; the defaults that depend
-    on another block are resolved here, the one place."""
-    found = {block: _from_block(cls, cfg[block]) for block, cls in methods.blocks().items()}
-    # mart.beta < 0: the reference's, 5 for ResNet-18 (MART train_resnet.py, AT-PR mart_loss),
-    # 6 otherwise (MART train_wideresnet.py, mart.py's default).
-    if found["mart"].beta < 0:
-        found["mart"] = dataclasses.replace(found["mart"], beta=5.0 if cfg.model == "resnet18" else 6.0)
-    # AT-PR's search runs around the baselines' standard PGD (eps, alpha, steps of `attack`).
-    a = found["attack"]
-    found["atpr"] = inner.AtprSettings(
-        eps=a.epsilon, step_size=a.step_size, steps=a.steps, **dataclasses.asdict(found["atpr"])
-    )
-    return found
+    method the run trains, so that a bad field of any block is refused; each resolved by its own
+    class where a default depends on the run (`resolution`)."""
+    run = resolution(cfg)
+    return {block: _from_block(cls, cfg[block], run) for block, cls in methods.blocks().items()}
 
 
 def method_settings(cfg) -> methods.MethodSettings:
@@ -404,28 +399,17 @@ def evaluation_settings(
 ) -> EvaluationSettings:
     """The typed settings of an evaluation of a run with config cfg: its `eval` block with
     `overrides` replacing fields, and evaluators, num_examples and batch_size where given (the
-    command line's flags). The one place the `eval` block is read; its sampler's c1, c2 and
-    PAT's beta set p_dis and the entropic lambda by default (the one place they are resolved)."""
+    command line's flags). The one place the `eval` block is read; each block resolved by its own
+    class where a default depends on the run (`resolution`: PR's p_dis c1 and entropic lambda)."""
     cfg = with_eval_overrides(cfg, overrides)
     refuse_unknown_fields(cfg)
     cifar.check_dataset(str(cfg.dataset))
     finite_numbers(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
-    pr = ev[evaluators_lib.pr.BLOCK]
-    resolved = {
-        evaluators_lib.pr.BLOCK: {
-            "pdis_c1": float(pr.pdis_c1) if pr.pdis_c1 > 0 else float(cfg.langevin.c1),
-            "entropic_lambda": float(pr.entropic_lambda)
-            if pr.entropic_lambda >= 0
-            else max(float(cfg.langevin.c2) - float(cfg.pat.beta), 0.0),
-        }
-    }
+    run = resolution(cfg)
     handed = evaluators_common.Settings(
         shared=_from_block(evaluators_common.SharedSettings, ev),
-        blocks={
-            block: _from_block(cls, ev[block], **resolved.get(block, {}))
-            for block, cls in evaluators_lib.blocks().items()
-        },
+        blocks={block: _from_block(cls, ev[block], run) for block, cls in evaluators_lib.blocks().items()},
     )
     return EvaluationSettings(
         dataset=str(cfg.dataset),

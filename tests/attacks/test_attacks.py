@@ -1,33 +1,15 @@
 """Inner attacks of the baselines against closed forms and independent numpy re-computations."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Linear, np_softmax
+from helpers import linear_batch, np_softmax
 
 from patjax.attacks import inner, pgd
+from patjax.methods import atpr
 
 EPS = 0.1
-
-
-def linear_setup(batch=6, k=3, shape=(2, 2, 3), seed=0, interior=False):
-    """A linear classifier z = flatten(x) W + b and a batch; interior: x in [EPS, 1 - EPS]."""
-    model = Linear(k)
-    x = jax.random.uniform(jax.random.PRNGKey(seed), (batch, *shape))
-    if interior:
-        x = EPS + (1 - 2 * EPS) * x
-    else:  # pixels on the box faces, where the [0, 1] clip binds
-        x = x.at[:, 0].set(0.0).at[:, -1].set(1.0)
-    y = jnp.arange(batch) % k
-    params = model.init(jax.random.PRNGKey(seed + 1), x)["params"]
-    params = jax.tree.map(lambda p: 3.0 * p, params)
-    logits_fn = lambda z: model.apply({"params": params}, z)
-    W = np.asarray(params["Dense_0"]["kernel"], np.float64)
-    b = np.asarray(params["Dense_0"]["bias"], np.float64)
-    return logits_fn, x, y, W, b
 
 
 def assert_in_ball_and_box(x_adv, x, eps):
@@ -38,9 +20,9 @@ def assert_in_ball_and_box(x_adv, x, eps):
 
 @pytest.mark.slow
 def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
-    logits_fn, x, y, _, _ = linear_setup()
+    logits_fn, x, y, _, _ = linear_batch()
     key = jax.random.PRNGKey(5)
-    settings = inner.AtprSettings(
+    settings = atpr.AtprSettings(
         eps=EPS, step_size=0.03, steps=3, num_candidates=3, eps_spread=0.05, steps_above=2, refine_max_iters=5
     )
 
@@ -52,7 +34,7 @@ def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
             "pgd": pgd.pgd(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
             "trades": inner.trades_kl_attack(logits_fn, key, x, eps=EPS, step_size=0.03, steps=5),
             "mart": inner.mart_attack(logits_fn, key, x, y, eps=EPS, step_size=0.03, steps=5),
-        }, inner.atpr_search(logits_fn, key, x, y, settings)
+        }, atpr.atpr_search(logits_fn, key, x, y, settings)
 
     results, search = run_all(x, y, key)
     results["atpr"] = search.x_adv
@@ -67,7 +49,7 @@ def test_every_attack_stays_in_the_eps_ball_and_the_box_and_moves():
 def test_pgd_on_a_binary_linear_model_reaches_the_closed_form_worst_case(label):
     # CE of a 2-class linear model decreases in the margin (w_y - w_j).x + b_y - b_j, so its
     # L-inf worst case is x - eps * sign(w_y - w_j); x is interior, so the box clip is inactive.
-    logits_fn, x, _, W, _ = linear_setup(batch=4, k=2, interior=True)
+    logits_fn, x, _, W, _ = linear_batch(batch=4, k=2, interior=True)
     y = jnp.full((4,), label)
     x_adv = pgd.pgd(logits_fn, jax.random.PRNGKey(3), x, y, eps=EPS, step_size=0.05, steps=6)
     direction = np.sign(W[:, label] - W[:, 1 - label]).reshape(x.shape[1:])
@@ -77,7 +59,7 @@ def test_pgd_on_a_binary_linear_model_reaches_the_closed_form_worst_case(label):
 
 def test_pgd_with_a_margin_loss_reaches_the_closed_form_worst_case_for_four_classes():
     # For the margin to a fixed class j, -(z_y - z_j), the worst case is x - eps * sign(w_y - w_j).
-    logits_fn, x, y, W, _ = linear_setup(batch=4, k=4, interior=True, seed=2)
+    logits_fn, x, y, W, _ = linear_batch(batch=4, k=4, interior=True, seed=2)
     j = (np.asarray(y) + 1) % 4
     margin_loss = lambda z, t: (
         -(jnp.take_along_axis(z, t[:, None], -1)[:, 0] - jnp.take_along_axis(z, jnp.asarray(j)[:, None], -1)[:, 0])
@@ -106,7 +88,7 @@ def test_pgd_starts_from_the_uniform_draw_of_its_key():
     # -eps, eps), the documented key usage, recomputed here; rows 0 and 3 of each image lie on the
     # box faces (the [0, 1] clip of the start binds), rows 1-2 inside. 3 classes: the CE
     # gradient's sign depends on the point.
-    logits_fn, x, y, W, b = linear_setup(batch=6, k=3, shape=(4, 3), seed=5)
+    logits_fn, x, y, W, b = linear_batch(batch=6, k=3, shape=(4, 3), seed=5)
     key = jax.random.PRNGKey(12)
     xn = np.asarray(x, np.float64)
     start = np.clip(xn + np.asarray(jax.random.uniform(key, x.shape, x.dtype, -EPS, EPS), np.float64), 0, 1)
@@ -124,7 +106,7 @@ def test_fgsm_random_point_takes_the_gradient_at_a_uniform_point_and_steps_from_
     # AT-PR fgsm_loss: grad at clip(x + U(-eps, eps), 0, 1) with U drawn from the key as
     # jax.random.uniform(key, x.shape, x.dtype, -eps, eps); the step eps * sign(grad) from x.
     eps = 0.3
-    logits_fn, x, y, W, b = linear_setup(batch=8, k=3, shape=(4, 3), seed=6)
+    logits_fn, x, y, W, b = linear_batch(batch=8, k=3, shape=(4, 3), seed=6)
     key = jax.random.PRNGKey(13)
     xn = np.asarray(x, np.float64)
     x_random = np.clip(xn + np.asarray(jax.random.uniform(key, x.shape, x.dtype, -eps, eps), np.float64), 0, 1)
@@ -140,7 +122,7 @@ def test_fgsm_random_point_takes_the_gradient_at_a_uniform_point_and_steps_from_
 
 def test_trades_and_mart_attacks_equal_a_numpy_recomputation_on_a_linear_model():
     # 4 steps of 0.02 < EPS: only the [0, 1] clip binds here (the eps-ball: the MLP test below).
-    logits_fn, x, y, W, b = linear_setup(batch=5, k=3)
+    logits_fn, x, y, W, b = linear_batch(batch=5, k=3)
     key = jax.random.PRNGKey(11)
     xn, yn = np.asarray(x, np.float64), np.asarray(y)
     flat = lambda z: z.reshape(len(z), -1)
@@ -195,82 +177,3 @@ def test_trades_and_mart_attacks_project_onto_the_eps_ball_at_every_step():
             np.clip(np_sign_ascent(start, xn, grad, np.inf, step_size, steps), xn - eps, xn + eps), 0, 1
         )
         assert np.abs(project_at_the_end - expected).max() > step_size / 2
-
-
-def np_pick_best_ae(candidates, y, predict, grad_fn, step_size, max_iters, fraction=0.1):
-    """wellzline/AT-PR pick_best_ae, transcribed to numpy (with the 40-iteration style cap)."""
-    best = candidates[0].copy()
-    max_distance = np.zeros(len(y))
-    choice = np.zeros(len(y), int)
-    for c, x_adv in enumerate(candidates):
-        z = x_adv.copy()
-        is_ae = predict(z) != y
-        count = 0
-        while is_ae.sum() > len(y) * fraction:
-            if count >= max_iters:
-                break
-            count += 1
-            g = grad_fn(z)
-            z[is_ae] = np.clip(z[is_ae] - step_size * np.sign(g[is_ae]), 0, 1)
-            is_ae = predict(z) != y
-        distance = np.abs(x_adv - z).reshape(len(y), -1).max(axis=1)
-        better = distance > max_distance
-        best[better] = x_adv[better]
-        choice[better] = c
-        max_distance[better] = distance[better]
-    return best, choice
-
-
-def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_reference_does():
-    logits_fn, x, y, W, b = linear_setup(batch=8, k=3, seed=4)
-    settings = inner.AtprSettings(
-        eps=EPS,
-        step_size=0.02,
-        steps=3,
-        num_candidates=4,
-        eps_spread=0.05,
-        step_size_spread=0.01,
-        steps_above=3,
-        refine_max_iters=6,
-    )
-    result = inner.atpr_search(logits_fn, jax.random.PRNGKey(8), x, y, settings)
-    candidates = np.asarray(result.candidates, np.float64)
-    x_sel, choice = np.asarray(result.x_adv), np.asarray(result.choice)
-    # Per example, the selected point is one of the candidates (the one `choice` names).
-    for i in range(len(y)):
-        assert any(np.array_equal(x_sel[i], candidates[c, i].astype(np.float32)) for c in range(4))
-        np.testing.assert_array_equal(x_sel[i], candidates[choice[i], i].astype(np.float32))
-    # The choice is the reference's, recomputed in numpy from the same candidates.
-    yn = np.asarray(y)
-    flat = lambda z: z.reshape(len(z), -1)
-    predict = lambda z: np.argmax(flat(z) @ W + b, axis=1)
-    grad = lambda z: ((np_softmax(flat(z) @ W + b) - np.eye(3)[yn]) @ W.T).reshape(z.shape)
-    expected, expected_choice = np_pick_best_ae(candidates, yn, predict, grad, 0.02, 6)
-    np.testing.assert_array_equal(choice, expected_choice)
-    np.testing.assert_allclose(x_sel, expected, atol=1e-6)
-    assert len(set(choice.tolist())) > 1  # several candidates are picked: the test can fail
-
-
-def test_atpr_falls_back_to_the_standard_pgd_point_and_caps_the_refinement():
-    model_bias = lambda label: lambda z: jnp.zeros((z.shape[0], 3)).at[:, label].set(5.0)
-    x = jax.random.uniform(jax.random.PRNGKey(0), (6, 2, 2, 3))
-    y = jnp.zeros((6,), jnp.int32)
-    settings = inner.AtprSettings(eps=EPS, step_size=0.02, steps=2, num_candidates=3, refine_max_iters=7)
-    # Always correct: every distance is 0, so the standard PGD point (candidate 0) is kept.
-    correct = inner.atpr_search(model_bias(0), jax.random.PRNGKey(1), x, y, settings)
-    np.testing.assert_array_equal(correct.choice, 0)
-    np.testing.assert_array_equal(correct.x_adv, correct.candidates[0])
-    np.testing.assert_array_equal(correct.refine_iters, 0)
-    # Always wrong: the refinement never succeeds and stops at the cap.
-    wrong = inner.atpr_search(model_bias(1), jax.random.PRNGKey(1), x, y, settings)
-    np.testing.assert_array_equal(wrong.refine_iters, 7)
-
-
-def test_atpr_candidate_settings_lie_in_the_reference_ranges():
-    s = inner.AtprSettings()
-    eps, alpha, steps = inner.atpr_candidate_settings(jax.random.PRNGKey(0), dataclasses.replace(s, num_candidates=400))
-    eps, alpha, steps = np.asarray(eps), np.asarray(alpha), np.asarray(steps)
-    assert (eps[0], alpha[0], steps[0]) == (np.float32(8 / 255), np.float32(2 / 255), 10)
-    assert np.all((eps[1:] >= 8 / 255 - 0.02 - 1e-7) & (eps[1:] <= 8 / 255 + 1e-7))
-    assert np.all((alpha[1:] >= 2 / 255 - 0.003 - 1e-7) & (alpha[1:] <= 2 / 255 + 0.003 + 1e-7))
-    assert steps[1:].min() == 8 and steps[1:].max() == 20  # randint(steps - 2, steps + 10) inclusive

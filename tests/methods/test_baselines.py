@@ -17,6 +17,7 @@ from patjax import methods
 from patjax.attacks import inner, pgd
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.methods import atpr
 from patjax.models import networks
 from patjax.models.networks import SmallCNN
 from patjax.run import config as config_lib
@@ -67,7 +68,7 @@ def adversarial_batch(name, logits_fn, x, y, key, cfg):
     if name == "mart":
         return inner.mart_attack(logits_fn, key, x, y, eps=eps, step_size=cfg.mart.step_size, steps=steps)
     if name == "atpr":
-        return inner.atpr_search(logits_fn, key, x, y, config_lib.block_settings(cfg)["atpr"]).x_adv
+        return atpr.atpr_search(logits_fn, key, x, y, config_lib.block_settings(cfg)["atpr"]).x_adv
     if name == "gaussian":  # locuslab/smoothing train.py: inputs + randn_like(inputs) * noise_sd, unclipped
         return x + cfg.gaussian.sigma * jax.random.normal(key, x.shape)
     return x  # clean

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Linear
+from helpers import Linear, np_softmax
 from scipy import stats as scipy_stats
 
 from patjax.attacks import inner, l2
@@ -127,3 +127,49 @@ def test_trades_l2_ascent_follows_the_reference_loop_step_by_step():
     )
     np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
     assert np.abs(expected - x).max() > 0.05  # the attack moved
+
+
+def np_l2_ascent(x, start, grad_fn, eps, steps, step=None):
+    """trades.py's distance='l_2' loop written out in numpy: steps of 2 eps / steps along the
+    gradient over its per-example L2 norm, clamp to [0, 1], renorm delta to L2 <= eps."""
+    z = start.copy()
+    for _ in range(steps):
+        g = grad_fn(z)
+        g = g / np.linalg.norm(g.reshape(len(g), -1), axis=1).reshape(-1, 1, 1, 1)
+        delta = np.clip(z + (2 * eps / steps if step is None else step) * g, 0, 1) - x
+        norm = np.linalg.norm(delta.reshape(len(x), -1), axis=1).reshape(-1, 1, 1, 1)
+        z = x + delta * np.minimum(1.0, eps / norm)
+    return z
+
+
+@pytest.mark.parametrize("method", ["trades", "mart"])
+def test_trades_and_mart_l2_attacks_take_steps_of_two_eps_over_steps_where_the_box_binds(method):
+    """The step of TRADES' L2 ascent (and MART's, on CE) is 2 eps / steps whatever step_size says:
+    on a linear model of 3 classes with pixels on the box's faces, where the path (not only its
+    end on the sphere) depends on the step, the attack equals the loop written out in numpy with
+    the closed-form gradients (KL: W (p(z) - p(x)); CE: W (p(z) - onehot(y)))."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(0.0, 1.0, (5, 3, 3, 2)).astype(np.float32)
+    x[:, 0] = 0.0
+    x[:, -1] = 1.0
+    w = rng.normal(size=(18, 3)).astype(np.float32)
+    b = rng.normal(size=3).astype(np.float32)
+    y = np.array([0, 1, 2, 0, 1])
+    eps, steps, key = 1.0, 6, jax.random.PRNGKey(4)
+    logits_fn = lambda v: v.reshape(v.shape[0], -1) @ jnp.asarray(w) + jnp.asarray(b)
+    probs = lambda z: np_softmax(z.reshape(len(z), -1).astype(np.float64) @ w + b)
+    target = probs(x) if method == "trades" else np.eye(3)[y]
+    grad_fn = lambda z: ((probs(z) - target) @ w.T).reshape(z.shape)
+    # step_size is not read under L2; a start of 0.1 N(0, 1) keeps KL's first gradient (p(z) - p(x),
+    # near 0 at the reference's 0.001) well above float32's rounding, so its direction is defined.
+    attack = dict(eps=eps, step_size=123.0, steps=steps, init_noise=0.1, norm="l2")
+    if method == "trades":
+        got = inner.trades_kl_attack(logits_fn, key, jnp.asarray(x), **attack)
+    else:
+        got = inner.mart_attack(logits_fn, key, jnp.asarray(x), jnp.asarray(y), **attack)
+    start = np.asarray(inner.gaussian_start(key, jnp.asarray(x), 0.1), np.float64)
+    expected = np_l2_ascent(x.astype(np.float64), start, grad_fn, eps, steps)
+    np.testing.assert_allclose(np.asarray(got), expected, atol=1e-4)
+    # A step of eps / steps would end elsewhere: the test sees the step.
+    half = np_l2_ascent(x.astype(np.float64), start, grad_fn, eps, steps, step=eps / steps)
+    assert np.abs(half - expected).max() > 1e-2

@@ -366,7 +366,6 @@ def test_l2_start_matches_the_reference(height, width, shared):
     assert np.asarray(res.queries).tolist() == [1] * batch
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shared", [True, False])
 def test_l2_iterations_match_the_reference(shared):
     """40 iterations (sides 15 then 11 on 16x16) of square_l2_run against the transcription on the

@@ -60,9 +60,10 @@ def main(argv=None):
     import smoothing_reference
 
     from patjax.data import cifar
+    from patjax.interop import torch_weights
     from patjax.models import networks
     from patjax.run import config as config_lib
-    from patjax.run import evaluation, torch_weights
+    from patjax.run import evaluation
     from patjax.run import workdir as workdir_lib
     from patjax_torch import models as torch_models
 

@@ -24,8 +24,9 @@ import jax
 import numpy as np
 
 from patjax.data import cifar
+from patjax.interop import torch_weights
 from patjax.models import networks
-from patjax.run import kept_models, torch_weights
+from patjax.run import kept_models
 
 
 def main() -> int:

@@ -34,9 +34,10 @@ from patjax import evaluators as evaluators_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError, UserTypeError, one_line
 from patjax.data import cifar
+from patjax.interop import torch_weights, zoo
 from patjax.models import networks
 from patjax.run import config as config_lib
-from patjax.run import eval_files, evaluation, torch_weights, zoo
+from patjax.run import eval_files, evaluation
 from patjax.run import state as state_lib
 
 Model = Union[Callable[[Any], Any], tuple]

@@ -16,12 +16,12 @@
 A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
 `patjax.models.networks` (named by --model, or by the metadata of a file `patjax.export` wrote) is
 evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
-names and layouts of `patjax.run.torch_weights`) under the default config's eval settings;
+names and layouts of `patjax.interop.torch_weights`) under the default config's eval settings;
 --normalize is required unless the file holds its normalization (mu and sigma), and the
 results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/, or FILE_suffix/ where
 that is a run's workdir; `eval_files.default_out_dir`). An entry of
 RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
-and normalization RobustBench gives it (`patjax.run.zoo`).
+and normalization RobustBench gives it (`patjax.interop.zoo`).
 
 Checks every path and every workdir (config, checkpoint, settings) first, then evaluates each model
 (a workdir's newest checkpoint, `patjax.run.evaluation.evaluate_workdir`: DIR/eval/per_image.npz,
@@ -47,9 +47,10 @@ from patjax.core import sharding
 from patjax.core.errors import UserError, fraction
 from patjax.data import cifar
 from patjax.evaluators import common, pr
+from patjax.interop import torch_weights, zoo
 from patjax.models import networks
 from patjax.reporting import plots, report
-from patjax.run import comparison, eval_files, evaluation, torch_weights, zoo
+from patjax.run import comparison, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 

@@ -5,7 +5,7 @@ RobustBench, torchattacks).
       [--overwrite]
 
 Writes the run's newest model (or the kept model / checkpoint of --step; `patjax.run.workdir.restore`)
-under the reference PyTorch names and layouts (`patjax.run.torch_weights`), with the run's input
+under the reference PyTorch names and layouts (`patjax.interop.torch_weights`), with the run's input
 normalization as the buffers mu and sigma. An existing --out is replaced only with --overwrite
 (the refusal names the model the file holds, from its metadata). Load it into the matching network of
 `patjax_torch.models` (the metadata of a .safetensors file names the network, its width and
@@ -25,8 +25,8 @@ from absl import app, flags
 from patjax.core import cli as cli_lib
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.interop import torch_weights
 from patjax.models import networks
-from patjax.run import torch_weights
 from patjax.run import workdir as workdir_lib
 
 FLAGS = flags.FLAGS

@@ -3,7 +3,7 @@ the robustbench 1.1.1 wheel on PyPI (Apache-2.0; robustbench/model_zoo/architect
 and resnet.py, and the entries' classes in robustbench/model_zoo/cifar10.py), with only the blocks
 those entries use. The package itself is not a test dependency: it pins timm and gdown and pulls
 torchvision; these definitions are all a checkpoint's layout and function depend on. The code is
-RobustBench's (formatting aside); tests/run/test_zoo.py checks patjax against it."""
+RobustBench's (formatting aside); tests/interop/test_zoo.py checks patjax against it."""
 
 import math
 

@@ -7,7 +7,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "patjax"
 
 # A folder may import its own folder and the folders below it; the doors sit above them all.
-FOLDERS = ("core", "data", "models", "attacks", "pat", "methods", "evaluators", "reporting", "run", "suites")
+FOLDERS = ("core", "data", "models", "attacks", "pat", "methods", "evaluators", "reporting", "run", "interop", "suites")
 DOORS = ("api", "main", "evaluate", "experiments", "diagnose", "export", "configs")  # patjax.X as users name it
 LEVEL = {**{f: i for i, f in enumerate(FOLDERS)}, **{d: len(FOLDERS) for d in DOORS}}
 

@@ -137,8 +137,8 @@ def test_the_no_data_error_gives_advice_that_works_in_each_command_that_prints_i
     """From a checkout with no data beside it, an empty cache and no network, training and
     evaluation each end in one line whose advice names a flag or variable; each piece of advice,
     followed in the command that printed it, runs."""
+    from patjax.interop import torch_weights
     from patjax.models import networks
-    from patjax.run import torch_weights
 
     checkout = tmp_path / "elsewhere" / "checkout"
     shutil.copytree(REPO / "patjax", checkout / "patjax", ignore=shutil.ignore_patterns("__pycache__"))

@@ -204,8 +204,8 @@ def test_a_checkpoint_with_infinite_weights_but_finite_logits_is_neither_evaluat
 
 @pytest.mark.slow
 def test_a_torch_checkpoint_with_a_non_finite_weight_or_normalization_is_refused_naming_it(tmp_path):
+    from patjax.interop import torch_weights
     from patjax.models import networks
-    from patjax.run import torch_weights
 
     net = networks.create_model("small_cnn", "cifar10", 10)
     params, batch_stats = jax.jit(lambda: networks.init_variables(net, jax.random.PRNGKey(0)))()

@@ -23,11 +23,12 @@ from patjax.attacks.logits import margin
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common
+from patjax.interop import torch_weights
 from patjax.methods.common import Method
 from patjax.models import networks
 from patjax.reporting import report
 from patjax.run import config as config_lib
-from patjax.run import evaluation, torch_weights, train
+from patjax.run import evaluation, train
 
 # ---------------------------------------------------------------------------------------
 # A model: a module with (num_classes, mean, std, dtype) that normalizes its input first, and

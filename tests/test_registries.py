@@ -8,8 +8,8 @@ import pytest
 from conftest import REPO
 
 from patjax import evaluators, methods
+from patjax.interop import torch_weights
 from patjax.models import networks
-from patjax.run import torch_weights
 
 # kind: (its registry's names, the docs file whose table has a row per name, the test files one
 # of which must have a test that uses it, the module whose attributes the registered objects are).

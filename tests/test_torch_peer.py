@@ -27,12 +27,13 @@ from flax import traverse_util
 
 from patjax import methods
 from patjax.data import cifar
+from patjax.interop import torch_weights
 from patjax.models import networks
 from patjax.pat import langevin
 from patjax.run import config as config_lib
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
-from patjax.run import torch_weights, train
+from patjax.run import train
 
 # Each test builds the PyTorch peer and runs it beside patjax, seconds apiece: the whole file is slow.
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Layer 9, experiment suites: their plan of runs (here), runner, workers, tables over seeds;
-the doors import it. Imports `run`, `reporting`, `evaluators`, `methods`, `pat`, `attacks`, `models`, `data`, `core`.
+"""Layer 10, experiment suites: their plan of runs, runner, workers, tables over seeds; the doors import it.
+Imports `interop`, `run`, `reporting`, `evaluators`, `methods`, `pat`, `attacks`, `models`, `data`, `core`.
 
 A suite is groups of runs; a group is one block of the paper's tables (a dataset x model)
 whose runs share one base config and differ only in `method` and `seed` (and the method's own

@@ -12,8 +12,9 @@ import tensorflow_datasets as tfds
 from patjax import api
 from patjax.core.errors import UserError
 from patjax.data import cifar, download
+from patjax.interop import torch_weights
 from patjax.models import networks
-from patjax.run import eval_files, torch_weights
+from patjax.run import eval_files
 
 
 def write_binary(path, labels, images, coarse=None):

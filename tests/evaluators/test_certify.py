@@ -23,10 +23,11 @@ from scipy.stats import beta, binom, norm
 
 from patjax.data import cifar
 from patjax.evaluators import certify, common
+from patjax.interop import torch_weights
 from patjax.models import networks
 from patjax.pat import robustness
 from patjax.run import config as config_lib
-from patjax.run import evaluation, torch_weights
+from patjax.run import evaluation
 from patjax.run import workdir as workdir_lib
 
 LOGS = Path(__file__).parent / "data" / "smoothing"

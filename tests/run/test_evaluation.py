@@ -826,7 +826,7 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
 def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path):
     """--pr_preset=l2 gives the headline under uniform_l2 at the L2 radii, --pr_epsilons others;
     a radius that is not a number is one line and no evaluation."""
-    from patjax.run import torch_weights
+    from patjax.interop import torch_weights
 
     model = networks.create_model("resnet18", "cifar10", 10, width=4)
     params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))
@@ -861,7 +861,7 @@ def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path
 def test_the_command_line_takes_the_prbench_preset_and_an_l2_threat_model(tmp_path):
     """--pr_preset=prbench gives the headline at PRBench's radii (a flag beside it wins);
     --attack_norm=l2 with its radius and step evaluates PGD-20 in the L2 ball."""
-    from patjax.run import torch_weights
+    from patjax.interop import torch_weights
 
     model = networks.create_model("resnet18", "cifar10", 10, width=4)
     params, batch_stats = networks.init_variables(model, jax.random.PRNGKey(0))

@@ -87,7 +87,7 @@ def test_a_workdir_with_only_its_kept_model_restores_and_a_damaged_one_is_one_li
     with pytest.raises(UserError, match="no model of step 4"):
         workdir_lib.restore(workdir, step=4)
     # The command lines that restore it: a damaged kept model ends them in the same one line
-    # (the one every reader of a weights file gives, tests/run/test_torch_weights.py), not a traceback.
+    # (the one every reader of a weights file gives, tests/interop/test_torch_weights.py), not a traceback.
     file = kept_models.path(workdir, 5)
     reason = cut_short(file)
     expected = f"error: {file} is not a readable safetensors file ({reason})\n"

@@ -1,4 +1,4 @@
-"""PyTorch weights in and out (patjax.run.torch_weights, patjax_torch.models): for every network, a
+"""PyTorch weights in and out (patjax.interop.torch_weights, patjax_torch.models): for every network, a
 PyTorch model with trained-looking BatchNorm statistics gives, once loaded into patjax, the
 logits PyTorch computes on real CIFAR-10 test images; patjax's weights exported back load
 strictly into PyTorch and give the same logits; a file that does not fit is one line naming
@@ -23,8 +23,9 @@ from patjax import api
 from patjax.core import files
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.interop import torch_weights
 from patjax.models import networks
-from patjax.run import checkpoints, eval_files, torch_weights
+from patjax.run import checkpoints, eval_files
 from patjax.run import workdir as workdir_lib
 
 CIFAR10 = networks.DATASET_STATS["cifar10"]

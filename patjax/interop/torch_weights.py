@@ -112,7 +112,7 @@ def _leaves(model_name: str, abstract_params, abstract_batch_stats):
     evaluates, and only reading or writing its state_dict is a one-line UserError."""
     if model_name not in MODULE_NAMES:
         raise UserError(
-            f"{model_name} has no PyTorch names (patjax.run.torch_weights.MODULE_NAMES): it cannot be "
+            f"{model_name} has no PyTorch names (patjax.interop.torch_weights.MODULE_NAMES): it cannot be "
             f"read from or written as a PyTorch state_dict; networks that can: {', '.join(MODULE_NAMES)}"
         )
     names = MODULE_NAMES[model_name]

@@ -35,7 +35,7 @@ import os
 from typing import Optional
 
 from patjax.core.errors import UserError, one_line
-from patjax.run import torch_weights
+from patjax.interop import torch_weights
 
 DATASET = "cifar10"
 THREAT_MODELS = ("Linf", "L2")  # RobustBench's names, its folders under MODEL_DIR/cifar10/

@@ -1,4 +1,4 @@
-"""RobustBench's CIFAR-10 Linf zoo in patjax (patjax.run.zoo). For each network patjax covers,
+"""RobustBench's CIFAR-10 Linf zoo in patjax (patjax.interop.zoo). For each network patjax covers,
 RobustBench's own definition (tests/robustbench_reference.py, copied from the robustbench wheel)
 with random weights and trained-looking BatchNorm statistics is saved as that entry's checkpoint
 is laid out (the state_dict in {"state_dict": ...} with `module.` prefixes, under "last", with
@@ -21,8 +21,8 @@ from helpers import torch_logits, trained_looking
 
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.interop import zoo
 from patjax.models import networks
-from patjax.run import zoo
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ RobustBench, torchattacks).
   python -m patjax.export --workdir=runs/pat_c10 --out=pat_c10.safetensors [--format=safetensors|pt] [--step=N]
       [--overwrite]
 
-Writes the run's newest model (or the kept model / checkpoint of --step; `patjax.run.workdir.restore`)
+Writes the run's newest model (or the kept model / checkpoint of --step; `torch_weights.export_run`)
 under the reference PyTorch names and layouts (`patjax.interop.torch_weights`), with the run's input
 normalization as the buffers mu and sigma. An existing --out is replaced only with --overwrite
 (the refusal names the model the file holds, from its metadata). Load it into the matching network of
@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import os
 
-import jax
 from absl import app, flags
 
 from patjax.core import cli as cli_lib
 from patjax.core.errors import UserError
-from patjax.data import cifar
 from patjax.interop import torch_weights
-from patjax.models import networks
-from patjax.run import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 
@@ -43,32 +39,10 @@ def main(argv):
         raise UserError(f"--format={FLAGS.format} needs --out ending in {torch_weights.FORMATS.get(FLAGS.format)}")
     if suffix not in torch_weights.FORMATS.values():
         raise UserError(f"--out must end in {' or '.join(torch_weights.FORMATS.values())}, got {FLAGS.out!r}")
-    torch_weights.check_can_write(FLAGS.out, FLAGS.overwrite)  # before the model is read
-    settings, _, state = workdir_lib.restore(FLAGS.workdir, step=FLAGS.step)
-    model = settings.model
-    params, batch_stats = jax.device_get((state.params, state.batch_stats))
-    metadata = {
-        "dataset": model.dataset,
-        "num_classes": cifar.NUM_CLASSES[model.dataset],
-        "width": model.width if model.name in networks.TAKES_WIDTH else "",
-        "step": int(state.step),
-        # Which run the weights are, portably: its name, method and seed, not a path of this machine.
-        "run": os.path.basename(os.path.normpath(os.path.abspath(FLAGS.workdir))),
-        "method": settings.method.name,
-        "seed": settings.seed,
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)  # cli.output_file: may be created
-    path = torch_weights.export(
-        FLAGS.out,
-        model.name,
-        params,
-        batch_stats,
-        networks.DATASET_STATS[model.dataset],
-        metadata=metadata,
-        overwrite=FLAGS.overwrite,
-    )
+    path, metadata = torch_weights.export_run(FLAGS.workdir, FLAGS.out, step=FLAGS.step, overwrite=FLAGS.overwrite)
     print(
-        f"wrote {path}: {model.name} of step {int(state.step)}, inputs normalized with the {model.dataset} statistics"
+        f"wrote {path}: {metadata['model']} of step {metadata['step']}, inputs normalized with the "
+        f"{metadata['dataset']} statistics"
     )
 
 

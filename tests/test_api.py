@@ -202,3 +202,25 @@ def test_autoattack_on_images_the_model_all_misclassifies_reports_zero_robust():
     aa = results["figures"]["aa"]
     assert aa["value"] == 0.0 and aa["clean_accuracy"]["value"] == 0.0
     assert aa["broken_by"]["misclassified"] == 4 and aa["broken_by"]["robust"] == 0
+
+
+def test_the_public_namespace_is_the_documented_table_and_survives_the_command_lines():
+    import importlib
+    import re
+
+    import patjax
+
+    # The command lines' modules are attributes of the package once imported: the exported
+    # functions must not share their names.
+    importlib.import_module("patjax.evaluate")
+    importlib.import_module("patjax.export")
+    documented = set()
+    section = (REPO / "docs" / "api.md").read_text().split("## The public namespace")[1].split("\n## ")[0]
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            documented |= set(re.findall(r"`(\w+)`", line.split(" | ")[0]))
+    assert documented == set(patjax.__all__)
+    assert patjax.evaluate_model is api.evaluate and callable(patjax.export_run)
+    missing = [name for name in patjax.__all__ if not hasattr(patjax, name)]
+    assert not missing
+    assert "resnet18" in patjax.MODELS and "pat" in patjax.METHODS and "pr" in patjax.EVALUATORS

@@ -36,6 +36,7 @@ from patjax.core.errors import UserError, one_line
 from patjax.data import cifar
 from patjax.models import networks
 from patjax.run import state as state_lib
+from patjax.run import workdir as workdir_lib
 
 SAFETENSORS = ".safetensors"
 PICKLED = (".pt", ".pth")  # torch.save's files; read with weights_only=True (no code runs)
@@ -426,3 +427,30 @@ def export(
     """Writes a patjax network as a PyTorch state_dict file (`to_state_dict`, `write_state_dict`)."""
     tensors = to_state_dict(model_name, params, batch_stats, normalize)
     return write_state_dict(path, tensors, {"model": model_name, **(metadata or {})}, overwrite=overwrite)
+
+
+def export_run(workdir: str, path: str, step: Optional[int] = None, overwrite: bool = False) -> tuple[str, dict]:
+    """A run's model (its newest, or the kept model / checkpoint of `step`: `workdir.restore`) as
+    a PyTorch state_dict file under the reference names, with the run's input normalization as
+    the buffers mu and sigma and metadata naming the network, its width and dataset and the run
+    (its folder's name, method, seed and step; no path of this machine). An existing file is
+    replaced only with `overwrite`, checked before the model is read; the file's folder is
+    created once the model is read. Returns (path, metadata)."""
+    check_can_write(path, overwrite)
+    settings, _, state = workdir_lib.restore(workdir, step=step)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    model = settings.model
+    params, batch_stats = jax.device_get((state.params, state.batch_stats))
+    metadata = {
+        "dataset": model.dataset,
+        "num_classes": cifar.NUM_CLASSES[model.dataset],
+        "width": model.width if model.name in networks.TAKES_WIDTH else "",
+        "step": int(state.step),
+        "run": os.path.basename(os.path.normpath(os.path.abspath(workdir))),
+        "method": settings.method.name,
+        "seed": settings.seed,
+    }
+    written = export(
+        path, model.name, params, batch_stats, networks.DATASET_STATS[model.dataset], metadata, overwrite=overwrite
+    )
+    return written, {"model": model.name, **metadata}

@@ -22,13 +22,12 @@ Needs PyTorch (`pip install torch==2.13.0`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_arms  # noqa: E402
+from epoch_throughput import emit  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,9 +50,6 @@ def main(argv=None):
     from patjax.core import devices
 
     devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
-    import jax
-    import torch
-
     from patjax.run import config as config_lib
     from patjax.run import evaluation
 
@@ -86,10 +82,7 @@ def main(argv=None):
             certified += int(cls == split.labels[i])
         return certified / args.images
 
-    start = time.perf_counter()
-    patjax_arm()  # compiles the pass at this batch width (and runs it once)
-    compile_s = time.perf_counter() - start
-    walls, accuracy, medians = torch_arms.alternate({"patjax": patjax_arm, "theirs": their_arm}, args.rounds)
+    accuracy, timing = torch_arms.alternate(patjax_arm, their_arm, args.rounds, args.images)
     out = {
         "images": args.images,
         "n0": args.n0,
@@ -99,19 +92,10 @@ def main(argv=None):
         "patjax_batch": args.batch,
         "patjax_chunk": args.chunk,
         "torch_batch": args.torch_batch,
-        "jax_devices": jax.device_count(),
-        "torch_threads": torch.get_num_threads(),
-        "patjax_warmup_s": round(compile_s, 2),
-        "walls_s": {k: [round(w, 2) for w in v] for k, v in walls.items()},
-        "images_per_s": {k: round(args.images / m, 3) for k, m in medians.items()},
-        "speedup_patjax_over_theirs": round(medians["theirs"] / medians["patjax"], 2),
+        **timing,
         "certified_accuracy_at_radius_0": accuracy,
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k}: {v}")
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ over the images both keep, against its binomial standard error). Needs PyTorch.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_arms  # noqa: E402
+from epoch_throughput import emit  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -50,7 +49,7 @@ def paired_z(ours, theirs, n: int) -> float:
         p = (a + b) / (2 * n)
         total += a - b
         variance += 2 * n * p * (1 - p)
-    return total / math.sqrt(variance) if variance > 0 else 0.0
+    return float(total / math.sqrt(variance)) if variance > 0 else 0.0
 
 
 def prbench_counts(model_fns, state, net, split, batch: int, chunk: int):
@@ -92,39 +91,25 @@ def main(argv=None):
     from patjax.core import devices
 
     devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
-    import jax
     import torch
 
     torch.manual_seed(0)  # PRBench's evaluate.py seeds torch's global generator with 0
     model_fns, state, net = torch_arms.committed_small_cnn()
     split = torch_arms.first_test_images(args.images)
     patjax_arm, their_arm = prbench_counts(model_fns, state, net, split, args.batch, args.chunk)
-    start = time.perf_counter()
-    patjax_arm()  # compiles the pass at this batch width (and runs it once)
-    compile_s = time.perf_counter() - start
-    walls, outputs, medians = torch_arms.alternate({"patjax": patjax_arm, "theirs": their_arm}, args.rounds)
+    outputs, timing = torch_arms.alternate(patjax_arm, their_arm, args.rounds, args.images)
     ours, theirs = outputs["patjax"], outputs["theirs"]
     kept = {e: (ours[e][1] >= 0) & (theirs[e][1] >= 0) for e in ours}
     out = {
         "images": args.images,
         "patjax_batch": args.batch,
         "patjax_chunk": args.chunk,
-        "jax_devices": jax.device_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": [round(v, 2) for v in os.getloadavg()],
-        "patjax_warmup_s": round(compile_s, 2),
-        "walls_s": {k: [round(w, 2) for w in v] for k, v in walls.items()},
-        "images_per_s": {k: round(args.images / m, 3) for k, m in medians.items()},
-        "speedup_patjax_over_theirs": round(medians["theirs"] / medians["patjax"], 2),
+        **timing,
         "pr_clean_correct": {str(e): {"patjax": ours[e][0], "theirs": theirs[e][0]} for e in ours},
         "images_both_keep": int(kept[next(iter(kept))].sum()),
         "paired_z": {str(e): round(paired_z(ours[e][1][kept[e]], theirs[e][1][kept[e]], 100), 2) for e in ours},
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k}: {v}")
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

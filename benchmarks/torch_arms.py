@@ -59,13 +59,31 @@ def as_torch(images):
     return torch.from_numpy(np.asarray(cifar.to_float(images)).transpose(0, 3, 1, 2).copy())
 
 
-def alternate(arms: dict, rounds: int):
-    """Each arm called once per round, in turn (A, B, A, B, ...): ({arm: its walls in s},
-    {arm: what its last call returned}, {arm: the median wall})."""
+def alternate(patjax_arm, their_arm, rounds: int, images: int):
+    """patjax's arm once to compile its pass (and run it), then each arm once per round, in turn
+    (patjax, theirs, patjax, ...): ({arm: what its last call returned}, the timing record:
+    warm-up, walls, images per second from the median walls, their ratio, and the machine's
+    load and thread counts)."""
+    import jax
+    import torch
+
+    start = time.perf_counter()
+    patjax_arm()
+    warmup_s = time.perf_counter() - start
+    arms = {"patjax": patjax_arm, "theirs": their_arm}
     walls, outputs = {name: [] for name in arms}, {}
     for _ in range(rounds):
         for name, arm in arms.items():
             start = time.perf_counter()
             outputs[name] = arm()
             walls[name].append(time.perf_counter() - start)
-    return walls, outputs, {name: statistics.median(w) for name, w in walls.items()}
+    medians = {name: statistics.median(w) for name, w in walls.items()}
+    return outputs, {
+        "jax_devices": jax.device_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+        "patjax_warmup_s": round(warmup_s, 2),
+        "walls_s": {k: [round(w, 2) for w in v] for k, v in walls.items()},
+        "images_per_s": {k: round(images / m, 3) for k, m in medians.items()},
+        "speedup_patjax_over_theirs": round(medians["theirs"] / medians["patjax"], 2),
+    }

@@ -22,14 +22,12 @@ Needs PyTorch (`pip install torch==2.13.0`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEPT_RUN = os.path.join(REPO, "docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_arms  # noqa: E402
+from epoch_throughput import emit  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -52,29 +50,12 @@ def main(argv=None):
     from patjax.core import devices
 
     devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
-    import jax
-    import numpy as np
-    import torch
-
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    import smoothing_reference
-
-    from patjax.data import cifar
-    from patjax.interop import torch_weights
-    from patjax.models import networks
     from patjax.run import config as config_lib
     from patjax.run import evaluation
-    from patjax.run import workdir as workdir_lib
-    from patjax_torch import models as torch_models
 
-    _, model_fns, state = workdir_lib.restore(KEPT_RUN)
-    normalize = networks.DATASET_STATS["cifar10"]
-    net = torch_models.create_model("small_cnn", 10, normalize)
-    state_dict = torch_weights.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
-    net.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()}, strict=True)
-    net.eval()
-    split = cifar.load_split("cifar10", "test", cifar.find_data_dir())
-    split = cifar.Split(split.images[: args.images], split.labels[: args.images])
+    smoothing_reference = torch_arms.reference("smoothing_reference")
+    model_fns, state, net = torch_arms.committed_small_cnn()
+    split = torch_arms.first_test_images(args.images)
 
     overrides = {
         "certify_sigma": args.sigma,
@@ -96,23 +77,12 @@ def main(argv=None):
 
     def their_arm():
         certified = 0
-        for i in range(args.images):
-            x = torch.from_numpy(np.asarray(cifar.to_float(split.images[i])).transpose(2, 0, 1).copy())
+        for i, x in enumerate(torch_arms.as_torch(split.images)):
             cls, radius = smooth.certify(x, args.n0, args.n, args.alpha, args.torch_batch)
             certified += int(cls == split.labels[i])
         return certified / args.images
 
-    start = time.perf_counter()
-    patjax_arm()  # compiles the pass at this batch width (and runs it once)
-    compile_s = time.perf_counter() - start
-    walls = {"patjax": [], "theirs": []}
-    accuracy = {}
-    for _ in range(args.rounds):
-        for name, arm in (("patjax", patjax_arm), ("theirs", their_arm)):
-            start = time.perf_counter()
-            accuracy[name] = arm()
-            walls[name].append(time.perf_counter() - start)
-    medians = {k: statistics.median(v) for k, v in walls.items()}
+    accuracy, timing = torch_arms.alternate(patjax_arm, their_arm, args.rounds, args.images)
     out = {
         "images": args.images,
         "n0": args.n0,
@@ -122,19 +92,10 @@ def main(argv=None):
         "patjax_batch": args.batch,
         "patjax_chunk": args.chunk,
         "torch_batch": args.torch_batch,
-        "jax_devices": jax.device_count(),
-        "torch_threads": torch.get_num_threads(),
-        "patjax_warmup_s": round(compile_s, 2),
-        "walls_s": {k: [round(w, 2) for w in v] for k, v in walls.items()},
-        "images_per_s": {k: round(args.images / m, 3) for k, m in medians.items()},
-        "speedup_patjax_over_theirs": round(medians["theirs"] / medians["patjax"], 2),
+        **timing,
         "certified_accuracy_at_radius_0": accuracy,
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k}: {v}")
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

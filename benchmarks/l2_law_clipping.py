@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How far the PR law `uniform_l2` is from uniform on the L2 ball intersected with [0, 1]^d, on
 real images: the share of each sample's pixels that the clip to [0, 1] moves, and of its squared
-L2 norm that the clip removes, at each radius (`robustness.perturbed_samples`, the evaluation's
+L2 norm that the clip removes, at each radius (`laws.perturbed_samples`, the evaluation's
 own draws).
 
   python benchmarks/l2_law_clipping.py --num_examples=1000 --samples=10 --epsilons=0.5,1,2,4,8
@@ -35,13 +35,13 @@ def main(argv=None):
     import numpy as np
 
     from patjax.data import cifar
-    from patjax.pat import robustness
+    from patjax.pat import laws
 
     split = cifar.load_split("cifar10", "test", args.data_dir)
     epsilons = [float(e) for e in args.epsilons.split(",")]
     x_all = cifar.to_float(split.images[: args.num_examples])
     sample = jax.jit(
-        lambda x, i: robustness.perturbed_samples(
+        lambda x, i: laws.perturbed_samples(
             jax.random.PRNGKey(0), x, i, jnp.arange(args.samples), jnp.asarray(epsilons), "uniform_l2"
         )
     )
@@ -54,11 +54,13 @@ def main(argv=None):
             + np.asarray(epsilons)[:, None, None, None, None, None]
             * (
                 np.asarray(
-                    jax.vmap(
-                        lambda i: jax.vmap(
-                            lambda j: robustness.base_noise(jax.random.PRNGKey(0), i, j, x.shape[1:], "uniform_l2")
-                        )(jnp.arange(args.samples))
-                    )(jnp.arange(start, start + len(x))),
+                    laws.noise_batch(
+                        jax.random.PRNGKey(0),
+                        jnp.arange(start, start + len(x)),
+                        jnp.arange(args.samples),
+                        x.shape[1:],
+                        "uniform_l2",
+                    ),
                     np.float64,
                 )[None]
             )

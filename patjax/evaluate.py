@@ -49,6 +49,7 @@ from patjax.data import cifar
 from patjax.evaluators import common, pr
 from patjax.interop import torch_weights, zoo
 from patjax.models import networks
+from patjax.pat import laws
 from patjax.reporting import plots, report
 from patjax.run import comparison, eval_files, evaluation
 from patjax.run import config as config_lib
@@ -267,11 +268,11 @@ def define_flags():
     flags.DEFINE_string(
         "pr_distribution",
         None,
-        "Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default), gaussian or "
-        "uniform_l2.",
+        f"Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default) or another "
+        f"law of eps: {', '.join(laws.of_eps())}.",
     )
     flags.DEFINE_string(
-        "pr_distributions", None, "Comma-separated laws computed beside it: uniform,gaussian,pdis,uniform_l2."
+        "pr_distributions", None, f"Comma-separated laws computed beside it, from {','.join(laws.names())}."
     )
     flags.DEFINE_string("pr_epsilons", None, "Comma-separated radii of the laws of eps (default 0.1,0.12,0.15,0.2).")
     flags.DEFINE_enum(

@@ -1,11 +1,13 @@
-"""The four recipes of docs/architecture.md ("Adding an attack, a method, an evaluator or a
-model"), each followed once: the recipe's module is written here, registered with its one
+"""The five recipes of docs/architecture.md ("Adding an attack, a method, an evaluator, a model
+or a noise law"), each followed once: the recipe's module is written here, registered with its one
 registry line (patched for the test), and used through the public paths (training by
 `run.train`, `patjax.api.evaluate`, the printed comparison). Every figure is checked against a
 computation of its own in numpy or scipy."""
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -14,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 import tensorflow_datasets as tfds
-from conftest import train_run
+from conftest import REPO, train_run
 from helpers import Linear, np_cross_entropy, np_softmax, tiny_config
 from scipy import stats as scipy_stats
 
@@ -26,9 +28,11 @@ from patjax.evaluators import common
 from patjax.interop import torch_weights
 from patjax.methods.common import Method
 from patjax.models import networks
-from patjax.reporting import report
+from patjax.pat import laws
+from patjax.reporting import plots, report
 from patjax.run import config as config_lib
 from patjax.run import evaluation, train
+from patjax.run import workdir as workdir_lib
 
 # ---------------------------------------------------------------------------------------
 # A model: a module with (num_classes, mean, std, dtype) that normalizes its input first, and
@@ -367,3 +371,137 @@ def test_each_attack_has_a_stream_of_its_own_and_the_committed_ones_are_kept():
     folded = jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(10_105, dtype=jnp.uint32))  # images, AA
     others = {str(k.tolist()) for k in np.asarray(jnp.concatenate([split[1:], folded]))}
     assert len(set(derived.values())) == 4 and not set(derived.values()) & others
+
+
+# ---------------------------------------------------------------------------------------
+# A PR noise law: a module with its base noise, its map onto each radius eps, what eps is and
+# its definition for results.json (`laws.common.of_eps`), and one line in the tuple of
+# pat/laws/__init__.py's REGISTRY. Written here as that module would be.
+
+
+def laplace_noise(key, shape):
+    """One sample's base noise: Laplace(0, 1) per pixel, drawn from the sample's own key."""
+    return jax.random.laplace(key, shape)
+
+
+def laplace_perturb(x, eps, z):
+    """The sample at radius eps: x + eps z, clipped to [0, 1] (eps is the Laplace scale)."""
+    return jnp.clip(x + eps * z, 0.0, 1.0)
+
+
+LAPLACE = laws.common.of_eps(
+    "laplace",
+    "x + eps * Laplace(0, 1) per pixel, clipped to [0,1]",
+    "eps (Laplace scale per pixel)",
+    laplace_noise,
+    laplace_perturb,
+)
+
+
+def laplace_counts(logits_of, images, labels, epsilons, num_samples, seed):
+    """Non-adversarial samples per (image, eps) by hand, in float64: sample j of image i from the
+    key fold_in(fold_in(PRNGKey(seed), i), j), x + eps z clipped, and a strict top logit."""
+    counts = np.zeros((len(images), len(epsilons)), np.int64)
+    for i, (image, label) in enumerate(zip(images / 255.0, labels)):
+        for j in range(num_samples):
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), i), j)
+            z = np.asarray(jax.random.laplace(key, image.shape), np.float64)
+            for e, eps in enumerate(epsilons):
+                logits = logits_of(np.clip(image + eps * z, 0, 1)[None])[0]
+                counts[i, e] += logits[label] > np.delete(logits, label).max()
+    return counts
+
+
+def test_a_new_noise_law_reaches_the_settings_the_api_results_and_the_reports(monkeypatch, linear_images):
+    settings = {"pr_distribution": "laplace", "pr_distributions": ("laplace",), "pr_epsilons": (0.05, 0.2)}
+    with pytest.raises(UserError, match="unknown PR distribution 'laplace'"):
+        config_lib.default_evaluation_settings("cifar10", settings)  # before its registry line
+    monkeypatch.setitem(laws.REGISTRY, "laplace", LAPLACE)
+    # The config's block takes it by name: the headline law, and a law beside the default ones.
+    beside = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": ("uniform", "laplace")})
+    assert beside.evaluator_settings["pr"].distributions == ("uniform", "laplace")
+    images, labels, kernel, bias = linear_images
+    results = api.evaluate(
+        lambda x: x.reshape(x.shape[0], -1) @ kernel + bias,
+        images,
+        labels,
+        evaluators="clean,pr",
+        batch_size=16,
+        pr_samples=6,
+        pr_chunk_size=4,
+        seed=3,
+        **settings,
+    )
+    logits_of = lambda x: x.reshape(x.shape[0], -1) @ kernel + bias
+    counts = laplace_counts(logits_of, images, labels, (0.05, 0.2), 6, seed=3)
+    assert 0 < counts.sum() < counts.size * 6  # some samples robust, some not
+    np.testing.assert_array_equal(results["per_image"]["pr_laplace.counts"], counts)
+    correct = logits_of(images / 255.0).argmax(1) == labels
+    for e, key in enumerate(("0.05", "0.2")):
+        figure = results["figures"]["pr"]["laplace"][key]
+        assert figure["clean_correct"]["value"] == pytest.approx(np.mean(counts[correct, e] / 6))
+        assert figure["all"]["value"] == pytest.approx(np.mean(counts[:, e] / 6))
+        assert results["pr"][key]["value"] == figure["clean_correct"]["value"]  # the headline
+    # results.json records its definition and no other law's; the reports name it and its level.
+    assert results["settings"]["laplace"] == LAPLACE.definition and "uniform" not in results["settings"]
+    assert LAPLACE.definition in results["pr_protocol"]
+    assert "laplace law at ε = 0.05, 0.2" in report.comparison(["linear"], [results])
+    assert plots.plot_pr(["linear"], [results]).axes[0].get_xlabel() == LAPLACE.level
+
+
+# The command line run in a second process in which the law is registered, as its registry line
+# would register it: `python -m patjax.evaluate`'s own entry point.
+REGISTERED_CLI = """
+import sys
+sys.path.insert(0, "tests")
+from test_recipes import LAPLACE
+from patjax.pat import laws
+from patjax import evaluate
+laws.REGISTRY["laplace"] = LAPLACE
+sys.argv = ["patjax.evaluate", *sys.argv[1:]]
+evaluate.cli()
+"""
+
+
+# A small CNN of the committed table1_cpu suite (clean training, 800 steps on CIFAR-10).
+KEPT_RUN = REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0"
+
+
+@pytest.mark.slow
+def test_a_new_noise_law_runs_from_the_command_line_as_through_the_api(monkeypatch, tmp_path, data_dir):
+    _, _, state = workdir_lib.restore(str(KEPT_RUN))
+    weights = str(tmp_path / "net.safetensors")
+    torch_weights.export(weights, "small_cnn", state.params, state.batch_stats, networks.DATASET_STATS["cifar10"])
+    flags = ["--pr_distribution=laplace", "--pr_distributions=laplace,uniform", "--pr_epsilons=0.05,0.2"]
+    command = [sys.executable, "-c", REGISTERED_CLI, f"--torch_checkpoint={weights}", f"--data_dir={data_dir}"]
+    command += ["--num_examples=12", "--batch_size=12", "--evaluators=clean,pr", "--pr_samples=8", "--seed=5", *flags]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "laplace law at ε = 0.05, 0.2" in run.stdout
+    out = tmp_path / "net" / "eval"
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["settings"]["pr_distributions"] == ["laplace", "uniform"]
+    assert saved["settings"]["laplace"] == LAPLACE.definition
+    # The same images, model and settings through the API, in this process: the same counts.
+    monkeypatch.setitem(laws.REGISTRY, "laplace", LAPLACE)
+    split = cifar.load_split("cifar10", "test", data_dir)
+    results = api.evaluate(
+        (networks.create_model("small_cnn", "cifar10", 10), {"params": state.params, "batch_stats": state.batch_stats}),
+        split.images[:12],
+        split.labels[:12],
+        evaluators="clean,pr",
+        batch_size=12,
+        pr_samples=8,
+        seed=5,
+        pr_distribution="laplace",
+        pr_distributions=("laplace", "uniform"),
+        pr_epsilons=(0.05, 0.2),
+    )
+    per_image = np.load(out / "per_image.npz")
+    for law in ("laplace", "uniform"):
+        np.testing.assert_array_equal(per_image[f"pr_{law}.counts"], results["per_image"][f"pr_{law}.counts"])
+    for key, figure in results["figures"]["pr"]["laplace"].items():
+        assert saved["figures"]["pr"]["laplace"][key]["all"]["value"] == pytest.approx(figure["all"]["value"])
+    # Counts of both outcomes, and not the uniform law's on the same samples: the run drew the law it was told.
+    assert 0 < per_image["pr_laplace.counts"].sum() < 12 * 8 * 2
+    assert not np.array_equal(per_image["pr_laplace.counts"], per_image["pr_uniform.counts"])

@@ -1,5 +1,5 @@
 """Every registered name has its docs entry and a test that uses it, where the recipes of
-docs/architecture.md ("Adding an attack, a method, an evaluator or a model") put them; the
+docs/architecture.md ("Adding an attack, a method, an evaluator, a model or a noise law") put them; the
 PyTorch name map covers exactly the networks with a PyTorch twin."""
 
 import ast
@@ -10,6 +10,7 @@ from conftest import REPO
 from patjax import evaluators, methods
 from patjax.interop import torch_weights
 from patjax.models import networks
+from patjax.pat import laws
 
 # kind: (its registry's names, the docs file whose table has a row per name, the test files one
 # of which must have a test that uses it, the module whose attributes the registered objects are).
@@ -22,6 +23,7 @@ KINDS = {
         "methods",
     ),
     "evaluator": (evaluators.NAMES, "docs/evaluation.md", ("tests/run/test_evaluation.py",), "evaluators"),
+    "law": (laws.names(), "docs/evaluation.md", ("tests/pat/test_robustness.py",), "laws"),
 }
 CASES = [(kind, name) for kind, (names, *_) in KINDS.items() for name in names]
 

@@ -19,7 +19,8 @@ from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
 from patjax.evaluators import common, stats
 from patjax.methods.common import Resolution
-from patjax.pat import robustness
+from patjax.pat import laws, robustness
+from patjax.pat.laws import pdis
 
 BLOCK = "pr"
 
@@ -73,13 +74,12 @@ class PRSettings:
     int32; one forward pass takes len(epsilons) x batch x chunk images (500 x 4 x 10,000 is 20
     million CIFAR images)."""
 
-    # The law of the headline PR (results.json's `pr`, over clean-correct images):
-    # 'uniform': U[max(x - eps, 0), min(x + eps, 1)] per pixel, the Table-1 protocol
-    # (docs/evaluation.md) | 'gaussian': x + eps N(0, I) clipped to [0,1] | 'uniform_l2': x + eps v,
-    # v uniform in the unit L2 ball, clipped to [0,1] (`robustness.DEFINITIONS`).
+    # The law of the headline PR (results.json's `pr`, over clean-correct images), a law of eps of
+    # `laws.REGISTRY`: 'uniform' (the Table-1 protocol, docs/evaluation.md), 'gaussian', 'uniform_l2'.
     distribution: str = "uniform"
-    # PR is computed for every law listed ('pdis' = the paper's p_dis with c1 below) and always for
-    # `distribution`, which is listed first whatever the order given.
+    # PR is computed for every law listed ('pdis' = the paper's p_dis with c1 below; each law's
+    # definition is its module's in patjax/pat/laws/) and always for `distribution`, which is
+    # listed first whatever the order given.
     distributions: tuple = ("uniform", "gaussian", "pdis")
     epsilons: tuple = (0.1, 0.12, 0.15, 0.2)
     samples: int = count("eval.pr.samples", 1, 1_000_000, default=100)  # N perturbations per image
@@ -94,12 +94,12 @@ class PRSettings:
 
     def __post_init__(self):
         for d in self.distributions:
-            if d not in robustness.ALL_DISTRIBUTIONS:
-                raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(robustness.ALL_DISTRIBUTIONS)}")
-        if self.distribution not in robustness.DISTRIBUTIONS:
-            raise UserError(f"eval.pr.distribution must be one of {robustness.DISTRIBUTIONS}")
-        laws = common.headline_first(self.distribution, self.distributions)
-        object.__setattr__(self, "distributions", tuple(str(d) for d in laws))
+            if d not in laws.REGISTRY:
+                raise UserError(f"unknown PR distribution {d!r}; choose from {', '.join(laws.names())}")
+        if self.distribution not in laws.of_eps():
+            raise UserError(f"eval.pr.distribution must be one of {laws.of_eps()}")
+        ordered = common.headline_first(self.distribution, self.distributions)
+        object.__setattr__(self, "distributions", tuple(str(d) for d in ordered))
         object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
         object.__setattr__(self, "prob_acc_q", tuple(float(q) for q in self.prob_acc_q))
         check_counts(self)
@@ -110,8 +110,8 @@ class PRSettings:
             raise UserError(f"eval.pr.prob_acc_q must lie in (0, 1), got {self.prob_acc_q}")
         if not self.epsilons or min(self.epsilons) < 0:
             raise UserError("eval.pr.epsilons must be non-empty and non-negative")
-        if robustness.PDIS in self.distributions and not self.pdis_c1 > 0:
-            raise UserError(f"p_dis needs c1 > 0 (eval.pr.pdis_c1, else langevin.c1), got {self.pdis_c1}")
+        for d in self.distributions:
+            levels(self, d)  # a law with levels of its own checks the settings it reads (p_dis: c1 > 0)
         if self.entropic_lambda < 0:
             raise UserError(f"the entropic risk's lambda must be >= 0, got {self.entropic_lambda}")
 
@@ -129,13 +129,15 @@ class PRSettings:
     @property
     def pdis_sigma(self) -> float:
         """p_dis's scale, 1 / sqrt(2 c1) (nan without a c1)."""
-        return robustness.pdis_sigma(self.pdis_c1) if self.pdis_c1 > 0 else float("nan")
+        return pdis.sigma(self.pdis_c1) if self.pdis_c1 > 0 else float("nan")
 
 
 def levels(s: PRSettings, distribution):
-    """(perturbation levels, their result keys): eps for gaussian/uniform, sigma of p_dis for pdis."""
-    if distribution == robustness.PDIS:
-        return (s.pdis_sigma,), [f"c1={s.pdis_c1:g}"]
+    """(perturbation levels, their result keys): the eps of `epsilons` for a law of eps, else the
+    law's own (p_dis: its sigma, keyed by c1)."""
+    own = laws.get(distribution).levels
+    if own is not None:
+        return own(s)
     return s.epsilons, [robustness.level_key(e) for e in s.epsilons]
 
 

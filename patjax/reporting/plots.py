@@ -13,7 +13,7 @@ import numpy as np
 from patjax.core import files
 from patjax.data.download import DISPLAY_NAMES
 from patjax.evaluators import pr as pr_lib
-from patjax.pat import robustness
+from patjax.pat import laws, robustness
 from patjax.reporting.report import confidence_pct, method_label
 
 
@@ -36,14 +36,6 @@ def _percent(value) -> float:
 PR_IMAGE_SETS = {"clean_correct": "the images each run classifies correctly", "all": "all images"}
 
 
-# What eps is under each law of eps (`robustness.DEFINITIONS`).
-RADIUS_LABELS = {
-    "uniform": "eps (L-inf radius)",
-    "uniform_l2": "eps (L2 radius)",
-    "gaussian": "eps (std. dev. per pixel)",
-}
-
-
 def plot_pr(names, results_list, over: str = "clean_correct"):
     """Figure: PR against eps with interval bands, one line per run, one panel per law; PR over
     `over` (PR_IMAGE_SETS): by default the Table-1 estimand, the mean over the images each run
@@ -54,7 +46,7 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
     plt = _pyplot()
     s = results_list[0]["settings"]
     drawn = [r.get("figures", {}).get("pr", {}) for r in results_list]
-    dists = [d for d in s["pr_distributions"] if d in robustness.DISTRIBUTIONS and any(pr.get(d) for pr in drawn)]
+    dists = [d for d in s["pr_distributions"] if d in laws.of_eps() and any(pr.get(d) for pr in drawn)]
     certified = any("certify" in r.get("figures", {}) for r in results_list)
     panels = len(dists) + certified
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.4), squeeze=False)
@@ -72,7 +64,7 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
         name = pr_lib.protocol_name(d, s.get("pr_epsilons", ())) or ("the Table-1 protocol" if d == "uniform" else "")
         protocol = f" ({name})" if name and over == "clean_correct" else ""
         ax.set_title(f"{d} noise{protocol}, N={s['pr_samples']} per image", fontsize=10)
-        ax.set_xlabel(RADIUS_LABELS.get(d, "eps"))
+        ax.set_xlabel(laws.get(d).level)
         images = "clean-correct" if over == "clean_correct" else "all"
         ax.set_ylabel(f"PR % over {images} images\n({confidence_pct(s)} bootstrap interval)")
         ax.grid(alpha=0.3)

@@ -12,7 +12,7 @@ import numpy as np
 from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
-from patjax.pat import robustness
+from patjax.pat import laws, robustness
 from patjax.run import workdir as workdir_lib
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
@@ -37,7 +37,7 @@ COMMON_RANDOM_NUMBER_FIELDS = ("num_examples", "pr_samples", "seed", "pr_epsilon
 def recorded_laws(settings: dict) -> list:
     """The PR laws an evaluation's settings (results.json's) say it computed; for a record without
     `pr_distributions`, the laws whose definitions it holds."""
-    return list(settings.get("pr_distributions") or [d for d in robustness.DEFINITIONS if d in settings])
+    return list(settings.get("pr_distributions") or [d for d in laws.REGISTRY if d in settings])
 
 
 def shared_definitions(a: dict, b: dict) -> list:
@@ -125,7 +125,7 @@ def check_results(results: dict, path: str, remedy: str) -> None:
         for d in settings["pr_distributions"]:
             law = pr.get(d)
             # The laws of eps have one figure per level of pr_epsilons; pdis has its own level.
-            levels = eps_keys if d in robustness.DISTRIBUTIONS else list(law or ())
+            levels = eps_keys if d in laws.of_eps() else list(law or ())
             if not isinstance(law, dict) or not levels or not all(isinstance(law.get(e), dict) for e in levels):
                 missing.append(f"pr.{d}")
     if missing:

@@ -29,7 +29,7 @@ from patjax import evaluators as evaluators_lib
 from patjax.core import files, sharding
 from patjax.data import cifar
 from patjax.evaluators import common, stats
-from patjax.pat import robustness
+from patjax.pat import laws
 from patjax.run import checkpoints, eval_files
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -119,7 +119,7 @@ def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, 
         "num_clean_correct": num_clean_correct,
         "evaluators": list(settings.evaluators),
         **evaluators_lib.record(settings.evaluator_settings),
-        **robustness.definitions(settings.evaluator_settings["pr"].distributions),
+        **laws.definitions(settings.evaluator_settings["pr"].distributions),
         "dataset": settings.dataset,
         "split": "test",
         "batch_size": int(settings.batch_size),
@@ -139,7 +139,7 @@ def protocol_text(distribution: str, num_samples: int, epsilons=()) -> str:
             text = text.replace("Table-1 protocol", "PRBench's protocol (the Table-1 protocol's law at its radii)")
         return text
     return (
-        f"per image, the fraction of N = {num_samples} samples of {robustness.DEFINITIONS[distribution]} "
+        f"per image, the fraction of N = {num_samples} samples of {laws.get(distribution).definition} "
         f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
         f"protocol's uniform law)"
     )

@@ -14,7 +14,7 @@ import numpy as np
 from patjax import evaluators
 from patjax.core.files import read_json
 from patjax.evaluators.common import headline_first
-from patjax.pat import robustness
+from patjax.pat import laws, robustness
 from patjax.run import comparison, eval_files, train
 from patjax.suites import Run
 
@@ -71,8 +71,8 @@ def load_outcome(workdir: str, run: Run, pr_distribution: str) -> Optional[RunOu
         return None
     results, per_image = eval_files.load_results(directory)  # the two files of one evaluation
     robust = {a: per_image[f"{a}.robust"].astype(bool) for a in ATTACKS if f"{a}.robust" in per_image}
-    laws = headline_first(pr_distribution, robustness.DISTRIBUTIONS)
-    counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in laws if f"pr_{d}.counts" in per_image}
+    computed = headline_first(pr_distribution, laws.of_eps())
+    counts = {d: per_image[f"pr_{d}.counts"].astype(np.int64) for d in computed if f"pr_{d}.counts" in per_image}
     return RunOutcome(
         run=run,
         correct=per_image["clean.correct"].astype(bool),

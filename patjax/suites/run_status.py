@@ -10,7 +10,7 @@ from typing import Optional
 
 from patjax import evaluators
 from patjax.core.errors import UserError
-from patjax.pat import robustness
+from patjax.pat import laws
 from patjax.run import config, eval_files, kept_models
 from patjax.run import workdir as workdir_lib
 from patjax.suites import Run, Suite
@@ -57,7 +57,7 @@ def eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -
         if key in s:
             wanted[key] = list(value) if isinstance(value, (tuple, list)) else value
     # Results made under another definition of a law they computed are stale.
-    wanted.update(robustness.definitions(eval_files.recorded_laws(s)))
+    wanted.update(laws.definitions(eval_files.recorded_laws(s)))
     return all(s.get(k) == v for k, v in wanted.items())
 
 

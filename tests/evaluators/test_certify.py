@@ -25,7 +25,7 @@ from patjax.data import cifar
 from patjax.evaluators import certify, common
 from patjax.interop import torch_weights
 from patjax.models import networks
-from patjax.pat import robustness
+from patjax.pat import laws, robustness
 from patjax.run import config as config_lib
 from patjax.run import evaluation
 from patjax.run import workdir as workdir_lib
@@ -173,7 +173,7 @@ def test_the_exported_model_under_the_same_noise_gives_the_authors_certificates(
 
     monkeypatch.setattr(smoothing_reference.torch, "randn_like", given_randn_like)
     for i in range(images):
-        z = np.asarray(robustness.noise_batch(key, jnp.array([i]), jnp.arange(n0 + n), (32, 32, 3), "gaussian"))[0]
+        z = np.asarray(laws.noise_batch(key, jnp.array([i]), jnp.arange(n0 + n), (32, 32, 3), "gaussian"))[0]
         z = torch.from_numpy(z.transpose(0, 3, 1, 2).copy())
         # Their loop's batches of 16 in order: the selection's, the estimation's, and PREDICT's
         # (which draws n samples again: the estimation's, as patjax's PREDICT reads them).

@@ -8,7 +8,8 @@ import pytest
 from scipy import special, stats
 
 from patjax.evaluators import stats as patjax_stats
-from patjax.pat import robustness
+from patjax.pat import laws, robustness
+from patjax.pat.laws import pdis
 
 SHAPE = (4, 4, 3)
 
@@ -18,7 +19,7 @@ def constant_logits_fn(values):
     return lambda x: jnp.broadcast_to(values, (x.shape[0], len(values)))
 
 
-@pytest.mark.parametrize("distribution", robustness.ALL_DISTRIBUTIONS)
+@pytest.mark.parametrize("distribution", laws.names())
 def test_input_independent_classifier_pr_is_one_on_strict_argmax_and_zero_elsewhere(distribution):
     logits = [0.5, 2.0, 2.0, 1.0, 3.0]  # label 4 is the strict argmax; 1 and 2 tie
     x = jnp.full((5, *SHAPE), 0.4)
@@ -142,7 +143,7 @@ def test_lower_bound_never_exceeds_pr_from_the_same_samples_and_entropic_risk_is
     y = rng.integers(0, 10, size=16).astype(np.int32)
     for scale in (0.2, 3.0, 300.0):  # 300: losses of ~1e3-1e4, exp(lambda f) overflows float32
         logits_fn = lambda z: scale * (z.reshape(z.shape[0], -1) @ jnp.asarray(w))
-        for distribution in robustness.ALL_DISTRIBUTIONS:
+        for distribution in laws.names():
             levels = (1.29,) if distribution == "pdis" else (0.1, 0.2)
             out = robustness.pr_statistics(
                 logits_fn,
@@ -174,7 +175,7 @@ def test_uniform_is_uniform_on_the_linf_ball_intersected_with_the_unit_cube():
     x = jnp.asarray(np.stack([np.full(SHAPE, v) for v in (0.02, 0.5, 0.97)]).astype(np.float32))
     num = 1000
     samples = np.asarray(
-        robustness.perturbed_samples(
+        laws.perturbed_samples(
             jax.random.PRNGKey(3), x, jnp.arange(3), jnp.arange(num), jnp.asarray([0.1, 0.2], jnp.float32), "uniform"
         ),
         np.float64,
@@ -209,7 +210,7 @@ def test_uniform_l2_is_uniform_in_the_l2_ball_then_clipped_to_the_unit_cube():
     x = jnp.asarray(np.stack([np.full(SHAPE, 0.5), np.full(SHAPE, 0.02)]).astype(np.float32))
     levels = jnp.asarray([0.1, 0.2, 0.5], jnp.float32)
     samples = np.asarray(
-        robustness.perturbed_samples(jax.random.PRNGKey(5), x, jnp.arange(2), jnp.arange(num), levels, "uniform_l2"),
+        laws.perturbed_samples(jax.random.PRNGKey(5), x, jnp.arange(2), jnp.arange(num), levels, "uniform_l2"),
         np.float64,
     )  # (levels, images, samples, H, W, C)
     delta = (samples[0, 0] - 0.5).reshape(num, d)
@@ -235,13 +236,11 @@ def test_uniform_l2_is_uniform_in_the_l2_ball_then_clipped_to_the_unit_cube():
 
 def test_pdis_is_the_truncated_gaussian_on_the_unit_cube():
     c1 = 0.3
-    sigma = robustness.pdis_sigma(c1)
+    sigma = pdis.sigma(c1)
     np.testing.assert_allclose(sigma, 1 / np.sqrt(2 * c1))
     x = jnp.asarray(np.stack([np.full(SHAPE, 0.2), np.full(SHAPE, 0.9)]).astype(np.float32))
     samples = np.asarray(
-        robustness.perturbed_samples(
-            jax.random.PRNGKey(0), x, jnp.arange(2), jnp.arange(2000), jnp.asarray([sigma]), "pdis"
-        )
+        laws.perturbed_samples(jax.random.PRNGKey(0), x, jnp.arange(2), jnp.arange(2000), jnp.asarray([sigma]), "pdis")
     )[0]
     assert samples.min() >= 0 and samples.max() <= 1
     for b, center in enumerate((0.2, 0.9)):

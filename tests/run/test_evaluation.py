@@ -22,6 +22,7 @@ from patjax.data import cifar
 from patjax.evaluators import common
 from patjax.evaluators import stats as patjax_stats
 from patjax.models import networks
+from patjax.pat import laws as pr_laws
 from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import checkpoints, comparison, eval_files, evaluation
@@ -811,7 +812,7 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
     laws = ["uniform", "gaussian", "pdis", "uniform_l2"]
     settings = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": tuple(laws)})
     new = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
-    assert [k for k in new if k in robustness.DEFINITIONS] == ["pdis", "gaussian", "uniform", "uniform_l2"]
+    assert [k for k in new if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform", "uniform_l2"]
     new = {**committed, "pr_distributions": laws, "uniform_l2": new["uniform_l2"]}
     eval_files.check_comparable(committed, new, "committed", "new")
     eval_files.check_comparable(new, committed, "new", "committed")
@@ -819,7 +820,7 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
         eval_files.check_comparable(committed, {**new, "uniform": "clip(x + eps U[-1, 1])"}, "committed", "new")
     # An evaluation of the L-inf laws alone records their definitions only, as every committed one does.
     only_linf = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10", {}), 10, 0)
-    assert [k for k in only_linf if k in robustness.DEFINITIONS] == ["pdis", "gaussian", "uniform"]
+    assert [k for k in only_linf if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform"]
 
 
 @pytest.mark.slow
@@ -851,7 +852,7 @@ def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path
     assert (settings["pr_distribution"], settings["pr_distributions"]) == ("uniform_l2", ["uniform_l2"])
     assert settings["pr_epsilons"] == [1.0, 3.0]  # the flag beside the preset wins
     assert set(results["pr"]) == {"1.0", "3.0"} and set(results["figures"]["pr"]) == {"uniform_l2"}
-    assert settings["uniform_l2"] == robustness.DEFINITIONS["uniform_l2"] and "uniform" not in settings
+    assert settings["uniform_l2"] == pr_laws.get("uniform_l2").definition and "uniform" not in settings
     bad = evaluate_with("--pr_epsilons=0.1,big")
     assert bad.returncode != 0
     assert bad.stderr.strip() == "error: --pr_epsilons takes comma-separated numbers or fractions, got '0.1,big'"

@@ -25,7 +25,7 @@ from patjax.core import locks
 from patjax.core.errors import UserError
 from patjax.data import download
 from patjax.evaluators import stats as patjax_stats
-from patjax.pat import robustness
+from patjax.pat import laws
 from patjax.reporting import plots
 from patjax.run import config as config_lib
 from patjax.run import eval_files, kept_models, train
@@ -132,7 +132,7 @@ def test_suite_trains_evaluates_reports_and_resumes(tmp_path, fake_data_dir, mon
     log = io.StringIO()
     runner.run_suite(suite, workdir, stream=log)
     assert len(trained) == 4 and "tiny/pat_wos_s0: reused" not in log.getvalue()
-    assert json.load(open(eval_json))["settings"]["gaussian"] == robustness.DEFINITIONS["gaussian"]
+    assert json.load(open(eval_json))["settings"]["gaussian"] == laws.get("gaussian").definition
 
     # Outputs.
     assert open(os.path.join(workdir, "pr_vs_eps.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -20,6 +20,7 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -167,27 +168,47 @@ def check_workdir(
     overrides: dict | None = None,
     overwrite: bool = True,
     step: int | None = None,
+    eval_name: str | None = None,
+    keep: bool = False,
 ) -> config_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the run's evaluation settings with the overrides and the arguments given; with
-    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step) was made as
-    this evaluation would be made, or with fewer evaluators or laws (`eval_files.check_replaceable`).
-    Returns the settings."""
+    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step; with keep,
+    the evaluation of the same name) was made as this evaluation would be made, or with fewer
+    evaluators or laws (`check_replaceable`). Returns the settings."""
     settings = workdir_lib.evaluation_settings(
         workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     newest = checkpoints.require_checkpoint(workdir)
-    if not overwrite and os.path.isfile(eval_files.results_path(workdir, step)):
+    if not overwrite and (keep or os.path.isfile(eval_files.results_path(workdir, step))):
         split = cifar.load_split(settings.dataset, "test", settings.data_dir)
-        check_replaceable(settings, workdir, newest if step is None else step, split, step=step)
+        check_replaceable(
+            settings, workdir, newest if step is None else step, split, step=step, eval_name=eval_name, keep=keep
+        )
     return settings
 
 
-def check_replaceable(settings, out_dir, model_step, split, record=None, step=None) -> None:
+def check_replaceable(settings, out_dir, model_step, split, record=None, step=None, eval_name=None, keep=False) -> None:
     """`eval_files.check_replaceable` of out_dir's eval/ (curve/step_N/ with a step) against an
-    evaluation with `settings` of the model of `model_step` on `split`."""
+    evaluation with `settings` of the model of `model_step` on `split`; with keep, of the
+    evaluation of its name (`eval_name`, else `eval_files.derived_name`), unless a saved evaluation
+    holds its figures (`eval_files.reusable`: it is reused, nothing is replaced)."""
     planned = settings_record(settings, num_images(settings, split), model_step)
-    eval_files.check_replaceable(out_dir, planned, record, step)
+    if not keep:
+        eval_files.check_replaceable(out_dir, planned, record, step)
+    elif eval_files.reusable(out_dir, planned, record, eval_name) is None:
+        eval_files.check_replaceable(out_dir, planned, record, name=eval_name or eval_files.derived_name(planned))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """An evaluation kept under its name in a folder (a workdir, a model file's out_dir): its
+    results (as written, or as read where a saved one was reused) and where they are."""
+
+    name: str
+    folder: str
+    results: dict
+    reused: bool
 
 
 def evaluate_workdir(
@@ -199,19 +220,24 @@ def evaluate_workdir(
     overrides: dict | None = None,
     overwrite: bool = True,
     step: int | None = None,
-) -> dict:
+    eval_name: str | None = None,
+    keep: bool = False,
+):
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
     eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
     as written (non-finite numbers as None). overwrite=False (the command line's default) refuses
     to replace an evaluation made with other settings or more evaluators or laws.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
+    keep, eval_name: the evaluation is kept beside the workdir's others (`evaluate_and_write`); returns `Kept`.
     """
     # Whether eval/ may be replaced is decided once, under the lock, by evaluate_and_write.
     settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, True, step)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     with sharding.writer_lock(workdir, "an evaluation"):
         _, model_fns, state = workdir_lib.restore(workdir, step=step)
-        return evaluate_and_write(settings, model_fns, state, workdir, progress, step, overwrite=overwrite)
+        return evaluate_and_write(
+            settings, model_fns, state, workdir, progress, step, overwrite=overwrite, eval_name=eval_name, keep=keep
+        )
 
 
 def evaluate_and_write(
@@ -223,19 +249,40 @@ def evaluate_and_write(
     step=None,
     record: dict | None = None,
     overwrite: bool = True,
-) -> dict:
+    eval_name: str | None = None,
+    keep: bool = False,
+):
     """`evaluate_state` on settings.dataset's test split, written to out_dir/eval/ (or
     curve/step_N/) by process 0 with `record`'s entries added; returns the results as written.
     overwrite=False: refuses, before evaluating, to replace an evaluation made otherwise
-    (`check_replaceable`; the model restored decides the step)."""
+    (`check_replaceable`; the model restored decides the step).
+
+    keep: the evaluation is kept beside out_dir's others under `eval_name` (default: its settings',
+    `eval_files.derived_name`), replacing only the one of that name; without overwrite, a saved
+    evaluation that holds its figures (`eval_files.reusable`) is reused instead. Returns `Kept`."""
     split = cifar.load_split(settings.dataset, "test", settings.data_dir)
+    if keep:
+        planned = settings_record(settings, num_images(settings, split), int(state.step))
+        saved = None if overwrite else eval_files.reusable(out_dir, planned, record, eval_name)
+        if saved is not None:
+            return Kept(
+                saved,
+                eval_files.eval_dir(out_dir, name=saved),
+                eval_files.load_results(out_dir, name=saved)[0],
+                True,
+            )
+        eval_name = eval_name or eval_files.derived_name(planned)
     if not overwrite:
-        check_replaceable(settings, out_dir, int(state.step), split, record, step)
+        check_replaceable(settings, out_dir, int(state.step), split, record, step, eval_name, keep)
     per_image = {}
     results = evaluate_state(
         settings, model_fns, state, split, progress=progress and sharding.is_writer(), per_image_out=per_image
     )
     results.update(record or {})
     if not sharding.is_writer():
-        return files.json_safe(results)
-    return eval_files.write_results(out_dir, results, per_image, step)
+        results = files.json_safe(results)
+    else:
+        # The folder is decided before the write: a first evaluation goes to eval/.
+        folder = eval_files.eval_dir(out_dir, step, eval_name if keep else None)
+        results = eval_files.write_results(out_dir, results, per_image, step, eval_name if keep else None)
+    return Kept(eval_name, folder if sharding.is_writer() else "", results, False) if keep else results

@@ -654,14 +654,15 @@ def test_the_command_line_refuses_to_replace_an_evaluation_made_otherwise_in_one
     a = str(tmp_path / "a")
     dummy_checkpoint(a)  # step 1
     # An evaluation of step 1 on the first 7 images with seed 0, as an older results.json records it
-    # (the settings it lacks are not compared; its figures do not matter here); the check happens
-    # before the (placeholder) checkpoint is restored.
+    # (the settings it lacks are not compared; its figures do not matter here), under the name
+    # the default settings give; the check happens before the (placeholder) checkpoint is restored.
     os.makedirs(os.path.join(a, "eval"))
     made = {"num_examples": 7, "step": 1, "seed": 0, "evaluators": ["clean", "pgd20", "pr"]}
+    made.update(attack_eps=8 / 255, pr_distribution="uniform", pr_epsilons=[0.1, 0.12, 0.15, 0.2])
     files.write_json(eval_files.results_path(a), {"figures": {}, "settings": made})
     before = eval_files_bytes(os.path.join(a, "eval"))
     out = subprocess.run(
-        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--num_examples=5"],
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--num_examples=7", "--seed=1"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -669,7 +670,8 @@ def test_the_command_line_refuses_to_replace_an_evaluation_made_otherwise_in_one
     )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "num_examples 7 there, 5 now" in lines[0] and "--overwrite" in lines[0], lines
+    assert len(lines) == 1 and "seed 0 there, 1 now" in lines[0] and "--overwrite" in lines[0], lines
+    assert "--eval_name" in lines[0]
     assert eval_files_bytes(os.path.join(a, "eval")) == before
 
 

@@ -31,6 +31,7 @@ from patjax.core import files, sharding
 from patjax.data import cifar
 from patjax.evaluators import common, stats
 from patjax.pat import robustness
+from patjax.reporting import report
 from patjax.run import checkpoints, eval_files
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -53,8 +54,12 @@ def evaluate_state(
     *,
     progress: bool = True,
     per_image_out: dict | None = None,
+    announce_on: bool | None = None,
 ) -> dict:
     """settings.evaluators on the first settings.num_examples images of `split` (-1: all of them).
+
+    announce_on (default: progress): a long evaluation says what will run and its estimated time
+    (`announce`); every process of a multi-process evaluation times the same batches, process 0 speaks.
 
     settings: `config.evaluation_settings`; its dataset (the split's) is recorded with the figures.
     per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
@@ -66,14 +71,25 @@ def evaluate_state(
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
     start_time = time.perf_counter()
+    batch_fns = {
+        (evaluator.name, pass_name): common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
+        for evaluator in chosen
+        for pass_name in evaluator.passes(s)
+    }
+    estimate = (
+        announce(settings, batch_fns, state, split, n) if (progress if announce_on is None else announce_on) else None
+    )
     per_image, walls, figures = {}, {}, {}
     for evaluator in chosen:
         for pass_name in evaluator.passes(s):
-            batch_fn = common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             per_image[pass_name], walls[pass_name] = common.evaluate_pass(
-                batch_fn, state, split, n, batch_size, pass_name, progress, subset
+                batch_fns[evaluator.name, pass_name], state, split, n, batch_size, pass_name, progress, subset
             )
+            if estimate:
+                estimate.pop(pass_name)
+                if sharding.is_writer():
+                    print(time_left_line(pass_name, time.perf_counter() - start_time, estimate), flush=True)
         if evaluator.combine:
             per_image[evaluator.name] = evaluator.combine(per_image, s)
     for evaluator in sorted(chosen, key=lambda e: evaluators_lib.NAMES.index(e.name)):
@@ -105,6 +121,55 @@ def evaluate_state(
     if per_image_out is not None:
         per_image_out.update(_flatten_per_image(per_image, s, n))
     return results
+
+
+# An evaluation of at least this many batches a pass (the quickstart's is one) says before it
+# starts what will run and about how long it will take, from one timed batch of each pass (the
+# work of one batch a pass, an eighth of the work at most, a twentieth for the whole test
+# split at the default batch of 500), and after each pass the time left.
+ANNOUNCE_BATCHES = 8
+
+
+def announce(settings: config_lib.EvaluationSettings, batch_fns: dict, state, split, n: int):
+    """For an evaluation of ANNOUNCE_BATCHES batches a pass or more, prints what will run and an
+    estimate of its time from one timed batch of each pass (`common.time_batch`), and returns
+    {pass: estimated seconds}; else returns None and prints nothing."""
+    batches = -(-n // settings.batch_size)
+    if batches < ANNOUNCE_BATCHES:
+        return None
+    record = settings_record(settings, n, int(state.step))
+    attacks = set(evaluators_lib.WORST_CASE) & set(settings.evaluators)
+    what = [f"attacks {report.threat_model(record)}"] if attacks else []
+    what += [f"PR {report.pr_law(record)}"] if "pr" in settings.evaluators else []
+    say = print if sharding.is_writer() else lambda *a, **k: None
+    say(
+        f"evaluating {', '.join(settings.evaluators)} on {n} images of {settings.dataset}'s test split, "
+        f"{batches} batches of {settings.batch_size} a pass{''.join(f'; {w}' for w in what)}; timing one batch of "
+        f"each of the {len(batch_fns)} passes ...",
+        flush=True,
+    )
+    seconds = {name: common.time_batch(fn, state, split, settings.batch_size) for (_, name), fn in batch_fns.items()}
+    estimate = {name: t * batches for name, t in seconds.items()}
+    say(
+        f"estimate: {duration(sum(estimate.values()))} in all ("
+        + ", ".join(f"{name} {duration(t)}" for name, t in estimate.items())
+        + "; a pass over a subset of the images, such as PR's clean-correct ones, counted on all of them)",
+        flush=True,
+    )
+    return estimate
+
+
+def time_left_line(done: str, elapsed: float, left: dict) -> str:
+    """After pass `done`: the time so far and the estimate of the passes `left` ({pass: seconds})."""
+    rest = f"about {duration(sum(left.values()))} left ({', '.join(left)})" if left else "the figures next"
+    return f"{done} done, {duration(elapsed)} so far; {rest}"
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '12 min', '3.4 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def num_images(settings: config_lib.EvaluationSettings, split: cifar.Split) -> int:
@@ -276,7 +341,13 @@ def evaluate_and_write(
         check_replaceable(settings, out_dir, int(state.step), split, record, step, eval_name, keep)
     per_image = {}
     results = evaluate_state(
-        settings, model_fns, state, split, progress=progress and sharding.is_writer(), per_image_out=per_image
+        settings,
+        model_fns,
+        state,
+        split,
+        progress=progress and sharding.is_writer(),
+        per_image_out=per_image,
+        announce_on=progress,
     )
     results.update(record or {})
     if not sharding.is_writer():

@@ -1026,3 +1026,23 @@ def test_the_pr_plot_gains_certified_accuracy_against_radius_where_a_run_was_cer
     a["figures"].pop("pr"), b["figures"].pop("pr")  # certified, not evaluated under PR: no empty PR panel
     (only,) = plots.plot_pr(["A", "B"], [a, b]).axes
     assert only.get_xlabel() == "L2 radius"
+
+
+def test_a_long_evaluation_says_what_runs_its_estimate_and_the_time_left_and_its_figures_do_not_change(capsys):
+    """Eight batches a pass (`evaluation.ANNOUNCE_BATCHES`) or more: a line of what runs, one of the
+    estimate from a timed batch of each pass, one per pass with the time left; the timed batches
+    change no figure. Fewer batches: nothing printed but the bars."""
+    model_fns, state, split = tiny_setup(num_images=8)
+    cfg = eval_config(pr_distributions=())
+    quiet = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=False)
+    assert capsys.readouterr().out == ""
+    said = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("evaluating clean, pgd20, pr on 8 images of cifar10's test split, 8 batches of 1 a pass")
+    assert "attacks L∞, ε = 0.05" in lines[0] and "PR uniform law at ε = 0.1, 0.12, 0.15, 0.2" in lines[0]
+    assert re.fullmatch(r"estimate: \d+ s in all \(clean \d+ s, pgd20 \d+ s, pr_uniform \d+ s; .*\)", lines[1])
+    assert [line.split(" done")[0] for line in lines[2:]] == ["clean", "pgd20", "pr_uniform"]
+    assert lines[2].endswith("left (pgd20, pr_uniform)") and lines[4].endswith("; the figures next")
+    assert said["figures"] == quiet["figures"]
+    evaluate(cfg, model_fns, state, split, evaluators="clean", batch_size=2, progress=True)
+    assert capsys.readouterr().out == ""

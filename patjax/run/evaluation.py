@@ -123,7 +123,7 @@ def evaluate_state(
     return results
 
 
-# An evaluation of at least this many batches a pass (the quickstart's is one) says before it
+# An evaluation of at least this many batches a pass (the quickstart's has two) says before it
 # starts what will run and about how long it will take, from one timed batch of each pass (the
 # work of one batch a pass, an eighth of the work at most, a twentieth for the whole test
 # split at the default batch of 500), and after each pass the time left.

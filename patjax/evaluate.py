@@ -7,6 +7,7 @@
       [--pr_epsilons=0.1,0.12,0.15,0.2]   # the radii of every law of eps
       [--attack_norm=l2 --attack_eps=0.5 --attack_step_size=0.125]   # every attack in the L2 ball
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
+  python -m patjax.evaluate --workdir=runs/A --list   # its evaluations, each kept under its name (eval/, evals/NAME/)
   python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
       [--model_width=W] [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
   python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]

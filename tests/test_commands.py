@@ -297,3 +297,16 @@ def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2
     assert err == f"error: {workdir} holds 3 evaluations ({', '.join(names)}): name one with --eval_name\n"
+    # A name that is no folder's, and a name for a learning-curve point: one line each, nothing written.
+    bad = [
+        start("patjax.evaluate", f"--workdir={workdir}", *extra)
+        for extra in (["--eval_name=../x"], ["--eval_name=x", "--step=2"])
+    ]
+    errors = [proc.communicate(timeout=300)[1] for proc in bad]
+    assert [proc.returncode for proc in bad] == [2, 2]
+    assert (
+        errors[0]
+        == "error: --eval_name='../x': a name is at most 100 letters, digits and . _ = + - (a folder's name)\n"
+    )
+    assert errors[1] == "error: --eval_name names an evaluation of the newest model; --step's goes to curve/step_N/\n"
+    assert sorted(os.listdir(os.path.join(workdir, "evals"))) == sorted(names[1:])

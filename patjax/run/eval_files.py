@@ -354,13 +354,16 @@ def load_results(workdir: str, step: Optional[int] = None, name: Optional[str] =
 # results.json records it.
 NAME_KEY = "eval_name"
 NAMED_DIR = "evals"
+# results.json's sha256 of the evaluated parameters (`evaluation.weights_digest`): a saved
+# evaluation is reused only for the same weights.
+WEIGHTS_KEY = "weights_sha256"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")
 
 
 def check_name(name: str) -> str:
     """Returns `name` if it can name an evaluation's folder, else raises UserError."""
     if not _NAME.fullmatch(name):
-        raise UserError(f"--eval_name={name!r}: a name is letters, digits and . _ = + - (a folder's name), at most 100")
+        raise UserError(f"--eval_name={name!r}: a name is at most 100 letters, digits and . _ = + - (a folder's name)")
     return name
 
 

@@ -21,9 +21,11 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 
+import jax
 import numpy as np
 
 from patjax import evaluators as evaluators_lib
@@ -265,6 +267,17 @@ def check_replaceable(settings, out_dir, model_step, split, record=None, step=No
         eval_files.check_replaceable(out_dir, planned, record, name=eval_name or eval_files.derived_name(planned))
 
 
+def weights_digest(state):
+    """sha256 of a model's parameters and BatchNorm statistics, leaf by leaf in tree order: what
+    tells a model from another of the same step; None where this process does not hold them whole."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves((state.params, state.batch_stats)):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            return None
+        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True)
 class Kept:
     """An evaluation kept under its name in a folder (a workdir, a model file's out_dir): its
@@ -328,7 +341,10 @@ def evaluate_and_write(
     split = cifar.load_split(settings.dataset, "test", settings.data_dir)
     if keep:
         planned = settings_record(settings, num_images(settings, split), int(state.step))
-        saved = None if overwrite else eval_files.reusable(out_dir, planned, record, eval_name)
+        # The weights themselves decide reuse, not the step alone: a run trained again in its folder.
+        weights = {eval_files.WEIGHTS_KEY: weights_digest(state)}
+        held = None if overwrite or weights[eval_files.WEIGHTS_KEY] is None else {**(record or {}), **weights}
+        saved = held and eval_files.reusable(out_dir, planned, held, eval_name)
         if saved is not None:
             return Kept(
                 saved,
@@ -350,6 +366,8 @@ def evaluate_and_write(
         announce_on=progress,
     )
     results.update(record or {})
+    if keep:
+        results.update(weights)
     if not sharding.is_writer():
         results = files.json_safe(results)
     else:

@@ -134,3 +134,16 @@ def test_an_old_eval_folder_reads_as_before_and_a_new_evaluation_goes_beside_it(
     assert eval_files.evaluations(old)[0][:2] == (name, os.path.join(old, "eval"))
     os.makedirs(os.path.join(old, "evals", "other"))
     assert comparison.compare([old], str(tmp_path / "a.png"), evals=[eval_files.chosen(old)]) == table
+
+
+def test_a_model_trained_again_to_the_same_step_is_evaluated_again_not_reused(workdir, monkeypatch):
+    """The weights decide reuse (their sha256 in results.json), not the step: a run trained again
+    in its folder to the same step has the same settings and other figures."""
+    workdir, calls = workdir
+    first = keep(workdir)
+    model_fns, other, _ = tiny_setup(model_seed=1)
+    monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, other))
+    again = keep(workdir)
+    assert (again.name, again.folder, again.reused, len(calls)) == (first.name, first.folder, False, 2)
+    assert again.results["weights_sha256"] != first.results["weights_sha256"]
+    assert keep(workdir).reused and len(calls) == 2

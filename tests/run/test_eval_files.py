@@ -43,6 +43,7 @@ def folder_bytes(folder):
     return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
 
 
+@pytest.mark.slow
 def test_three_threat_models_are_kept_side_by_side_and_each_is_reused(workdir):
     workdir, calls = workdir
     first, l2, prbench = keep(workdir), keep(workdir, L2), keep(workdir, PRBENCH)
@@ -84,6 +85,7 @@ def test_three_threat_models_are_kept_side_by_side_and_each_is_reused(workdir):
     assert after[l2.name]["results.json"] != before[l2.name]["results.json"]  # its wall times differ
 
 
+@pytest.mark.slow
 def test_a_name_made_otherwise_is_refused_and_a_given_name_keeps_both(workdir):
     workdir, calls = workdir
     first = keep(workdir)
@@ -102,6 +104,7 @@ def test_a_name_made_otherwise_is_refused_and_a_given_name_keeps_both(workdir):
     assert keep(workdir, {"seed": 1}, eval_name="seed1").reused and len(calls) == 2
 
 
+@pytest.mark.slow
 def test_a_reader_picks_an_evaluation_by_name_and_says_which_exist(workdir):
     workdir, _ = workdir
     first = keep(workdir)
@@ -136,6 +139,7 @@ def test_an_old_eval_folder_reads_as_before_and_a_new_evaluation_goes_beside_it(
     assert comparison.compare([old], str(tmp_path / "a.png"), evals=[eval_files.chosen(old)]) == table
 
 
+@pytest.mark.slow
 def test_a_model_trained_again_to_the_same_step_is_evaluated_again_not_reused(workdir, monkeypatch):
     """The weights decide reuse (their sha256 in results.json), not the step: a run trained again
     in its folder to the same step has the same settings and other figures."""

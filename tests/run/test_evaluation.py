@@ -1028,6 +1028,7 @@ def test_the_pr_plot_gains_certified_accuracy_against_radius_where_a_run_was_cer
     assert only.get_xlabel() == "L2 radius"
 
 
+@pytest.mark.slow
 def test_a_long_evaluation_says_what_runs_its_estimate_and_the_time_left_and_its_figures_do_not_change(capsys):
     """Eight batches a pass (`evaluation.ANNOUNCE_BATCHES`) or more: a line of what runs, one of the
     estimate from a timed batch of each pass, one per pass with the time left; the timed batches

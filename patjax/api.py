@@ -243,13 +243,16 @@ def evaluate_torch_checkpoint(
     overrides=None,
     width=None,
     overwrite: bool = True,
-) -> dict:
+    eval_name=None,
+    keep: bool = False,
+):
     """A PyTorch state_dict file (`torch_weights.load_arrays`) evaluated as a run is, under the
     default config's eval settings with `overrides`; results in out_dir/eval/. model_name, dataset
     and width may be None where the file's metadata names them (`torch_weights.network`). The
     results record the file (`eval_files.checkpoint_record`), the network and its input
     normalization under "model". overwrite=False refuses to replace an evaluation of out_dir made
-    otherwise, of another file (sha256) included."""
+    otherwise, of another file (sha256) included. keep, eval_name: kept beside out_dir's other
+    evaluations, or a saved one reused (`evaluation.evaluate_and_write`)."""
     model_name, dataset, width = torch_weights.network(path, model_name, dataset, width)
     # Every setting is checked before the weights are read.
     settings = config_lib.default_evaluation_settings(
@@ -268,7 +271,9 @@ def evaluate_torch_checkpoint(
     }
     # out_dir/eval/ is written as a run's eval/ is.
     with sharding.writer_lock(out_dir, "an evaluation", remedy=OUT_DIR_REMEDY):
-        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)
+        return evaluation.evaluate_and_write(
+            settings, model_fns, state, out_dir, record=record, overwrite=overwrite, eval_name=eval_name, keep=keep
+        )
 
 
 def same_evaluation(settings: config_lib.EvaluationSettings) -> dict:
@@ -296,10 +301,13 @@ def evaluate_robustbench(
     overrides=None,
     overwrite=True,
     threat_model="Linf",
-) -> dict:
+    eval_name=None,
+    keep: bool = False,
+):
     """A RobustBench CIFAR-10 zoo entry of `threat_model` (`zoo.load_model`: its checkpoint in
     model_dir, fetched there if missing) evaluated as a PyTorch checkpoint is; results in
-    out_dir/eval/. The attacks' threat model is the evaluation's (`eval.attack`), not the entry's."""
+    out_dir/eval/ (keep, eval_name: as `evaluate_torch_checkpoint`). The attacks' threat model is the
+    evaluation's (`eval.attack`), not the entry's."""
     settings = config_lib.default_evaluation_settings(
         zoo.DATASET, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
@@ -315,4 +323,6 @@ def evaluate_robustbench(
         }
     }
     with sharding.writer_lock(out_dir, "an evaluation", remedy=OUT_DIR_REMEDY):
-        return evaluation.evaluate_and_write(settings, model_fns, state, out_dir, record=record, overwrite=overwrite)
+        return evaluation.evaluate_and_write(
+            settings, model_fns, state, out_dir, record=record, overwrite=overwrite, eval_name=eval_name, keep=keep
+        )

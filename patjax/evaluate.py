@@ -7,6 +7,7 @@
       [--pr_epsilons=0.1,0.12,0.15,0.2]   # the radii of every law of eps
       [--attack_norm=l2 --attack_eps=0.5 --attack_step_size=0.125]   # every attack in the L2 ball
   python -m patjax.evaluate --workdir=runs/A --workdir=runs/B   # one comparison table + PNG plot
+  python -m patjax.evaluate --workdir=runs/A --list   # its evaluations, each kept under its name (eval/, evals/NAME/)
   python -m patjax.evaluate --torch_checkpoint=model.safetensors [--model=wrn28_10] [--dataset=cifar10]
       [--model_width=W] [--normalize=none|dataset|cifar10|cifar100] [--out_dir=DIR] [the evaluation flags above]
   python -m patjax.evaluate --robustbench=Carmon2019Unlabeled [--robustbench_dir=models] [--out_dir=DIR] [...]
@@ -117,7 +118,9 @@ def sources() -> list:
     found = []
     for workdir in FLAGS.workdir or ():
         cli_lib.existing_folder("workdir", workdir)
-        evaluate = functools.partial(evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite, step=FLAGS.step)
+        evaluate = functools.partial(
+            evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **keeping()
+        )
         found.append((workdir, workdir, evaluate))
     for path in FLAGS.torch_checkpoint or ():
         cli_lib.existing_file("torch_checkpoint", path)
@@ -133,6 +136,7 @@ def sources() -> list:
             out_dir,
             width=FLAGS.model_width,
             overwrite=FLAGS.overwrite,
+            **keeping(),
         )
         found.append((out_dir, path, evaluate))
     if FLAGS.robustbench:
@@ -151,9 +155,16 @@ def sources() -> list:
             out_dir,
             overwrite=FLAGS.overwrite,
             threat_model=threat_model,
+            **keeping(),
         )
         found.append((out_dir, name, evaluate))
     return found
+
+
+def keeping() -> dict:
+    """Each evaluation kept beside a folder's others under its name (--eval_name, else its
+    settings'), or a saved one reused; a learning-curve point (--step) goes to curve/step_N/."""
+    return dict(keep=FLAGS.step is None, eval_name=FLAGS.eval_name and eval_files.check_name(FLAGS.eval_name))
 
 
 def check_model_flags() -> None:
@@ -197,27 +208,34 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
     names = comparison.labels([named for _, named, _ in found])
     if FLAGS.step is not None and (len(found) != 1 or not FLAGS.workdir or FLAGS.compare_only):
         raise UserError("--step evaluates a step of one --workdir (not --compare_only, no other model)")
+    if FLAGS.step is not None and FLAGS.eval_name:
+        raise UserError("--eval_name names an evaluation of the newest model; --step's goes to curve/step_N/")
+    if FLAGS.list:
+        print("\n\n".join(report.evaluation_list(f, eval_files.evaluations(f)) for f in folders))
+        return
+    # A comparison reads the evaluation of each folder that --eval_name names (else its only one).
+    evals = [eval_files.chosen(folder, keeping()["eval_name"]) for folder in folders] if FLAGS.compare_only else []
     if not FLAGS.compare_only:
         same = api.same_evaluation(first_settings(spec, num_examples, overrides))
         same["overrides"].update({k: overrides[k] for k in ("data_dir",) if k in overrides})
         # Every workdir is checked with those settings before any model is evaluated, so a mistake
         # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():
-            evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **same)
+            evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **keeping(), **same)
         for folder, name, (_, _, evaluate) in zip(folders, names, found):
             results = evaluate(**same)
+            if FLAGS.step is None:
+                evals.append(results.name)
             if sharding.is_writer():
-                print(
-                    f"{name}: wrote {eval_files.results_path(folder, FLAGS.step)} "
-                    f"(wall time per evaluator, s: {results['evaluator_wall_time_s']})"
-                )
+                print(comparison.kept_line(name, results, eval_files.results_path(folder, FLAGS.step)))
     if FLAGS.step is not None:  # a learning-curve point: its own figures, compared with nothing
         if sharding.is_writer():
             print(report.comparison([f"{names[0]} step {FLAGS.step}"], [results]))
         return
     if sharding.is_writer():
-        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over, names))
-        print("evaluations: " + ", ".join(f"{n} in {eval_files.eval_dir(f)}" for n, f in zip(names, folders)))
+        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over, names, evals))
+        where = [eval_files.eval_dir(f, name=e) for f, e in zip(folders, evals)]
+        print("evaluations: " + ", ".join(f"{n} in {w}" for n, w in zip(names, where)))
 
 
 def main(argv):
@@ -317,12 +335,22 @@ def define_flags():
         "Evaluate the model of this training step (its checkpoint or kept model) of one --workdir "
         "instead of the newest, into WORKDIR/curve/step_N/: a learning-curve point.",
     )
-    flags.DEFINE_bool("compare_only", False, "Do not evaluate; compare the existing eval/ results.")
+    flags.DEFINE_bool(
+        "compare_only", False, "Do not evaluate; compare the saved evaluations (--eval_name's, else each one's only)."
+    )
+    flags.DEFINE_string(
+        "eval_name",
+        None,
+        "The evaluation's name in its folder (default: from its settings, e.g. linf-8_255.table1.n500); a workdir "
+        "keeps each name's evaluation beside the others (eval/, then evals/NAME/). With --compare_only: which to read.",
+    )
+    flags.DEFINE_bool("list", False, "List the evaluations each folder keeps, with their settings; evaluate nothing.")
     flags.DEFINE_bool(
         "overwrite",
         False,
-        "Replace an existing eval/ evaluation made otherwise (other images, seed, N, step, settings; or "
-        "evaluators or PR laws this one does not run), which is lost; without it such an evaluation is refused.",
+        "Evaluate again and replace the evaluation of the same name, even one made otherwise (other images, seed, N, "
+        "step, settings; or evaluators or PR laws this one does not run); without it a saved evaluation holding "
+        "this one's figures is reused, and one made otherwise under the same name is refused.",
     )
     flags.DEFINE_multi_string(
         "torch_checkpoint",

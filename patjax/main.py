@@ -68,15 +68,19 @@ def main(argv):
 
 
 def complete_threat_models(cfg, given: dict) -> None:
-    """A threat model whose norm the command line sets (--config.attack.norm=l2) without its
-    radius or step takes the norm's standard ones (`l2.with_norm_radii`), said in one line."""
+    """A threat model whose norm the command line sets (--config.attack.norm=l2), or the config
+    file (`config.radii_of_another_norm`), without its radius or step takes the norm's standard
+    ones (`l2.with_norm_radii`), said in one line."""
+    in_file = config.radii_of_another_norm(cfg, given)
     for names in config.CONFIG_THREATS:
         filled = {k: v for k, v in l2.with_norm_radii(given, *names).items() if k not in given}
-        if filled:
-            cfg.update_from_flattened_dict(filled)
-            if sharding.is_writer():
-                flags_given = {f"--config.{k}": v for k, v in filled.items()}
-                print(report.norm_radii_line(f"--config.{names[0]}", given[names[0]], flags_given))
+        from_file = {k: v for k, v in in_file.items() if k in names}
+        cfg.update_from_flattened_dict({**filled, **from_file})
+        if filled and sharding.is_writer():
+            flags_given = {f"--config.{k}": v for k, v in filled.items()}
+            print(report.norm_radii_line(f"--config.{names[0]}", given[names[0]], flags_given))
+        if from_file and sharding.is_writer():
+            print(report.norm_radii_line(f"the config's {names[0]}", cfg[names[0]], from_file))
 
 
 class _ConfigFile(flags.ArgumentParser):

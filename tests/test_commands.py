@@ -243,3 +243,70 @@ def test_evaluate_step_reproduces_a_suite_curve_point_and_leaves_eval_alone(tmp_
     proc = start("patjax.evaluate", f"--workdir={run}", f"--workdir={run}", "--step=400")
     proc.communicate(timeout=300)
     assert proc.returncode == 2
+
+
+@pytest.mark.slow
+def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with_its_export_reuses_them(
+    tiny_run, tmp_path
+):
+    """The new user's path at tiny scale, in separate processes: one workdir evaluated at L-inf,
+    L2 and PRBench's radii keeps all three (listed with their settings); the comparison against
+    its exported file evaluates the file only, and reruns evaluate nothing (the files stay byte
+    for byte); --compare_only reads the evaluation --eval_name names, and says which exist."""
+    workdir = str(tmp_path / "run")
+    shutil.copytree(tiny_run, workdir, ignore=shutil.ignore_patterns("eval", "*.lock"))
+    flags = ("--evaluators=clean,pgd20,pr", "--num_examples=8")
+    runs = [(), ("--attack_norm=l2",), ("--pr_preset=prbench", "--pr_samples=4")]
+    outs = [finish(start("patjax.evaluate", f"--workdir={workdir}", *flags, *extra)) for extra in runs]
+    names = ["linf-8_255.table1.n8", "l2-0.5.table1.n8", "linf-8_255.prbench.n8"]
+    folders = [os.path.join(workdir, "eval")] + [os.path.join(workdir, "evals", n) for n in names[1:]]
+    for out, name, folder in zip(outs, names, folders):
+        assert f"run: wrote {folder}/results.json ({name};" in out
+    settings = [json.load(open(os.path.join(f, "results.json")))["settings"] for f in folders]
+    assert [(s["attack_norm"], s["attack_eps"]) for s in settings] == [
+        ("linf", 8 / 255),
+        ("l2", 0.5),
+        ("linf", 8 / 255),
+    ]
+    assert settings[2]["pr_epsilons"] == [0.03, 0.08, 0.1, 0.12] and settings[0]["pr_epsilons"] == [
+        0.1,
+        0.12,
+        0.15,
+        0.2,
+    ]
+    listed = finish(start("patjax.evaluate", f"--workdir={workdir}", "--list"))
+    rows = [line.split("|")[1:3] for line in listed.splitlines() if line.startswith("| ") and "folder" not in line]
+    assert [(n.strip(), f.strip()) for n, f in rows] == list(zip(names, folders))
+    assert "L2, ε = 0.5" in listed and "PRBench's protocol" in listed
+    kept = [open(os.path.join(f, "results.json"), "rb").read() for f in folders]
+
+    exported = str(tmp_path / "run.safetensors")
+    finish(start("patjax.export", f"--workdir={workdir}", f"--out={exported}"))
+    compare = ("patjax.evaluate", f"--workdir={workdir}", f"--torch_checkpoint={exported}", "--attack_norm=l2", *flags)
+    first, again = finish(start(*compare)), finish(start(*compare))
+    assert f"run: reused {folders[1]}/results.json ({names[1]}:" in first
+    file_results = os.path.join(tmp_path, "run_safetensors", "eval", "results.json")
+    assert f"run.safetensors: wrote {file_results} ({names[1]};" in first
+    assert "reused" in again and "wrote" not in again
+    assert [open(os.path.join(f, "results.json"), "rb").read() for f in folders] == kept
+    assert "Attacks: L2, ε = 0.5" in again and first.splitlines()[-1] == again.splitlines()[-1]
+
+    chosen = finish(start("patjax.evaluate", f"--workdir={workdir}", "--compare_only", f"--eval_name={names[2]}"))
+    assert "PRBench's protocol" in chosen
+    proc = start("patjax.evaluate", f"--workdir={workdir}", "--compare_only")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2
+    assert err == f"error: {workdir} holds 3 evaluations ({', '.join(names)}): name one with --eval_name\n"
+    # A name that is no folder's, and a name for a learning-curve point: one line each, nothing written.
+    bad = [
+        start("patjax.evaluate", f"--workdir={workdir}", *extra)
+        for extra in (["--eval_name=../x"], ["--eval_name=x", "--step=2"])
+    ]
+    errors = [proc.communicate(timeout=300)[1] for proc in bad]
+    assert [proc.returncode for proc in bad] == [2, 2]
+    assert (
+        errors[0]
+        == "error: --eval_name='../x': a name is at most 100 letters, digits and . _ = + - (a folder's name)\n"
+    )
+    assert errors[1] == "error: --eval_name names an evaluation of the newest model; --step's goes to curve/step_N/\n"
+    assert sorted(os.listdir(os.path.join(workdir, "evals"))) == sorted(names[1:])

@@ -1273,6 +1273,34 @@ def test_a_norm_set_on_the_training_command_line_without_a_radius_takes_its_stan
     assert capsys.readouterr().out == ""
 
 
+def test_a_norm_set_in_a_config_file_without_a_radius_takes_its_standard_one(capsys):
+    """A config file that sets attack.norm = 'l2' and keeps the default radius and step (8/255,
+    2/255: L-inf's) trains and evaluates at L2's 0.5 and 0.125, said in one line each; a radius
+    the file sets is kept, and no shipped config's settings change."""
+    from patjax import configs
+    from patjax import main as main_lib
+
+    cfg = tiny_config(method="pgd", **{"attack.norm": "l2", "eval.attack.norm": "l2", "eval.attack.eps": 0.25})
+    main_lib.complete_threat_models(cfg, {})
+    assert (cfg.attack.epsilon, cfg.attack.step_size) == (0.5, 0.125)
+    assert (cfg.eval.attack.eps, cfg.eval.attack.step_size) == (0.25, 0.125)
+    assert capsys.readouterr().out.splitlines() == [
+        "the config's attack.norm=l2: attack.epsilon=0.5, attack.step_size=0.125, the standard L2 radius and step "
+        "on CIFAR-10",
+        "the config's eval.attack.norm=l2: eval.attack.step_size=0.125, the standard L2 radius and step on CIFAR-10",
+    ]
+    # The command line's norm is the command line's rule: the file's radius is not read as unset.
+    cfg = tiny_config(method="pgd", **{"attack.norm": "l2"})
+    main_lib.complete_threat_models(cfg, {"attack.norm": "l2", "attack.epsilon": 1.0})
+    assert cfg.attack.step_size == 0.125 and capsys.readouterr().out.count("\n") == 1
+    for name in configs.NAMES:
+        shipped = configs.load_file(configs.path(name))
+        before = shipped.to_dict()
+        main_lib.complete_threat_models(shipped, {})
+        assert shipped.to_dict() == before, name
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.slow
 def test_the_training_command_says_the_radius_a_norm_took(tmp_path):
     """The command line's overrides are what decides (ml_collections' record of them): the line

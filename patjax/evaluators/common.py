@@ -291,6 +291,22 @@ def refuse_non_finite(outputs: list, pass_name: str) -> list:
     return outputs
 
 
+def time_batch(batch_fn, state, split, batch_size) -> float:
+    """Seconds one batch of a pass takes on the first images at the pass's full width, once
+    compiled: a measured rate to extrapolate a long evaluation's time from. The compilation
+    (ahead of time, `jax.jit(...).lower().compile()`) is the one the pass then reuses from jit's
+    cache, so the measurement costs one batch."""
+    width = pass_width(len(split), batch_size)
+    mesh = sharding.make_mesh(width)
+    params, batch_stats = sharding.place_on_mesh(mesh, (state.params, state.batch_stats))[0]
+    images, labels, indices, _ = next(padded_batches(split, np.arange(min(width, len(split))), width))
+    args = (params, batch_stats, *sharding.shard_batch(mesh, images, labels, indices))
+    compiled = batch_fn.lower(*args).compile()
+    start = time.perf_counter()
+    sharding.to_host(compiled(*args))
+    return time.perf_counter() - start
+
+
 def evaluate_pass(batch_fn, state, split, n, batch_size, desc, progress, subset=None):
     """Per-example outputs of one pass over the first n images (padding removed) and its wall time;
     with `subset` (image indices below n), over those images only: zeros elsewhere, and

@@ -57,12 +57,18 @@ PRESETS = {
 PRESET_NAMES = {"table1": "the Table-1 protocol", "prbench": "PRBench's protocol", "l2": "patjax's L2 radii"}
 
 
-def protocol_name(distribution: str, epsilons) -> str:
-    """The published protocol a headline law and its radii are (`PRESET_NAMES`), or ''."""
+def preset_of(distribution: str, epsilons) -> str:
+    """The preset (`PRESETS`' key) whose headline law and radii these are, or ''."""
     for name, preset in PRESETS.items():
         if distribution == preset["pr_distribution"] and tuple(float(e) for e in epsilons) == preset["pr_epsilons"]:
-            return PRESET_NAMES[name]
+            return name
     return ""
+
+
+def protocol_name(distribution: str, epsilons) -> str:
+    """The published protocol a headline law and its radii are (`PRESET_NAMES`), or ''."""
+    preset = preset_of(distribution, epsilons)
+    return PRESET_NAMES[preset] if preset else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,6 +114,32 @@ def images_sentence(names, results_list) -> str:
     return text + "."
 
 
+def evaluation_list(directory: str, kept) -> str:
+    """The evaluations a folder keeps ((name, folder, results.json) each, `eval_files.evaluations`),
+    one row each with what tells them apart: evaluators, images, the attacks' threat model, the
+    headline PR's law, radii and N, the model's step, the seed."""
+    if not kept:
+        return f"{directory}: no evaluation"
+    rows = []
+    for name, folder, results in kept:
+        s = results.get("settings") if isinstance(results.get("settings"), dict) else {}
+        pr = pr_law(s) if "pr" in s.get("evaluators", ()) and "pr_distribution" in s else "-"
+        rows.append(
+            [
+                name,
+                folder,
+                ",".join(s.get("evaluators", ())) or "?",
+                s.get("num_examples", "?"),
+                threat_model(s) or "-",
+                pr,
+                s.get("step", "?"),
+                s.get("seed", "?"),
+            ]
+        )
+    header = ["evaluation", "folder", "evaluators", "images", "attacks", "PR", "step", "seed"]
+    return f"{directory}: {len(kept)} evaluation{'s' if len(kept) > 1 else ''}\n" + md_table(header, rows)
+
+
 def comparison(names, results_list) -> str:
     """The paper's Table 1 columns (Acc, PGD, CW, PR(eps)...) with intervals, one row per run and
     PR under the headline protocol; then PR under every other law evaluated (over the same

@@ -97,18 +97,33 @@ def labels(sources) -> list:
     return short if len(set(short)) == len(short) else [os.path.normpath(s) for s in sources]
 
 
-def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None) -> str:
+def kept_line(label, outcome, written_to) -> str:
+    """What became of a model's evaluation: written (a learning-curve point's results, to
+    `written_to`), or kept under its name (`evaluation.Kept`): written, or a saved one reused."""
+    if isinstance(outcome, dict):
+        return f"{label}: wrote {written_to} (wall time per evaluator, s: {outcome['evaluator_wall_time_s']})"
+    path, name = os.path.join(outcome.folder, "results.json"), outcome.name
+    if outcome.reused:
+        return (
+            f"{label}: reused {path} ({name}: made with this evaluation's settings and images; --overwrite redoes it)"
+        )
+    return f"{label}: wrote {path} ({name}; wall time per evaluator, s: {outcome.results['evaluator_wall_time_s']})"
+
+
+def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None, evals=None) -> str:
     """Table, paired differences (against the first workdir) and PNG plot (PR over `plot_over`'s
-    images, `plots.plot_pr`) of evaluated workdirs (the folders holding eval/), labelled by `names`
-    (default: `labels(workdirs)`); writes the plot and PLOT_paired_differences.json, returns the
-    text to print."""
-    loaded = [eval_files.load_results(w) for w in workdirs]
+    images, `plots.plot_pr`) of evaluated workdirs (the folders holding eval/; each workdir's
+    evaluation named in `evals`, where one is given), labelled by `names` (default:
+    `labels(workdirs)`); writes the plot and PLOT_paired_differences.json beside the first
+    evaluation, returns the text to print."""
+    evals = evals or [None] * len(workdirs)
+    loaded = [eval_files.load_results(w, name=e) for w, e in zip(workdirs, evals)]
     results_list = [r for r, _ in loaded]
     names = names or labels(workdirs)
     text = report.comparison(names, results_list)
-    # The default plot is a file of the first run's eval/: written under its lock, as its evaluation is.
+    # The default plot is a file of the first run's evaluation: written under its lock, as its evaluation is.
     into_run = plot_path is None
-    plot_path = plot_path or eval_files.plot_path(workdirs[0])
+    plot_path = plot_path or eval_files.plot_path(workdirs[0], evals[0])
     with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
         if any({"pr", "certify"} & set(r.get("figures", {})) for r in results_list):
             plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)

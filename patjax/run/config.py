@@ -389,6 +389,25 @@ CONFIG_THREATS = (
 )
 
 
+def radii_of_another_norm(cfg: ml_collections.ConfigDict, given: dict) -> dict:
+    """{field: the norm's standard value} for each radius or step of a threat model (`CONFIG_THREATS`)
+    whose norm the config file chose, left at another norm's standard value (a file that sets
+    attack.norm = 'l2' and keeps the default 8/255): read as not given, as a norm given without
+    its radius on the command line is (`l2.with_norm_radii`). A field the command line gives
+    (`given`, flattened) and a norm it gives are left to that rule."""
+    filled = {}
+    for norm_field, *fields in CONFIG_THREATS:
+        norm = cfg[norm_field]  # a ConfigDict reads a dotted name
+        if norm_field in given or norm not in l2.RADII:
+            continue
+        for i, field in enumerate(fields):
+            value = cfg[field]
+            others = [radii[i] for other, radii in l2.RADII.items() if other != norm]
+            if field not in given and value != l2.RADII[norm][i] and value in others:
+                filled[field] = l2.RADII[norm][i]
+    return filled
+
+
 def evaluation_settings(
     cfg: ml_collections.ConfigDict,
     overrides: Optional[dict] = None,

@@ -1,10 +1,13 @@
 """An evaluation's files in a run's workdir: eval/per_image.npz, then eval/results.json (and
 curve/step_N/ for a learning curve's points), their identity, and the check that two
-evaluations share their images and noise. The rest of a workdir is `patjax.run.workdir`."""
+evaluations share their images and noise; the evaluations a workdir keeps side by side, each
+under its name (eval/, then evals/NAME/), and the saved one a new evaluation may reuse. The rest
+of a workdir is `patjax.run.workdir`."""
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
 
 import numpy as np
@@ -13,6 +16,7 @@ from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import laws, robustness
+from patjax.reporting import report
 from patjax.run import workdir as workdir_lib
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
@@ -199,21 +203,32 @@ def recorded_differences(previous: dict, record: dict) -> list[str]:
     return differing
 
 
-def check_replaceable(directory: str, planned: dict, record: Optional[dict] = None, step: Optional[int] = None) -> None:
-    """Raises UserError if eval/ (curve/step_N/ with a step) holds an evaluation that one with
-    `planned` settings (and `record`'s entries, e.g. the evaluated file) would replace with other
-    figures: results are never replaced without a word. The same settings, or more evaluators or
-    laws beside the same ones, may replace it (its figures come back identical)."""
-    previous = read_results(directory, step)
+def check_replaceable(
+    directory: str,
+    planned: dict,
+    record: Optional[dict] = None,
+    step: Optional[int] = None,
+    name: Optional[str] = None,
+) -> None:
+    """Raises UserError if eval/ (curve/step_N/ with a step, the evaluation named `name` with one)
+    holds an evaluation that one with `planned` settings (and `record`'s entries, e.g. the
+    evaluated file) would replace with other figures: results are never replaced without a word.
+    The same settings, or more evaluators or laws beside the same ones, may replace it (its
+    figures come back identical)."""
+    previous = read_results(directory, step, name)
     if previous is None:
         return
     differing = lost_settings(previous.get("settings", {}), planned)
     differing += recorded_differences(previous, record or {})
     if differing:
+        keep = (
+            "pass --eval_name=ANOTHER_NAME to keep both"
+            if name is not None
+            else f"move {eval_dir(directory, step)} aside to keep it"
+        )
         raise UserError(
-            f"{results_path(directory, step)} holds an evaluation made otherwise ({'; '.join(differing)}), which "
-            f"this one would replace: move {eval_dir(directory, step)} aside to keep it, or pass --overwrite to "
-            f"replace it"
+            f"{results_path(directory, step, name)} holds an evaluation made otherwise ({'; '.join(differing)}), "
+            f"which this one would replace: {keep}, or pass --overwrite to replace it"
         )
 
 
@@ -240,9 +255,12 @@ def default_out_dir(path: str) -> str:
     return stem
 
 
-def eval_dir(workdir: str, step: Optional[int] = None) -> str:
-    """eval/ (the evaluation of the newest model), or curve/step_N/ (that of the kept model of step N)."""
-    return os.path.join(workdir, "eval") if step is None else os.path.join(workdir, "curve", f"step_{int(step):06d}")
+def eval_dir(workdir: str, step: Optional[int] = None, name: Optional[str] = None) -> str:
+    """eval/ (the evaluation of the newest model), curve/step_N/ (that of the kept model of step
+    N), or the folder of the evaluation named `name` (`named_dir`)."""
+    if step is not None:
+        return os.path.join(workdir, "curve", f"step_{int(step):06d}")
+    return os.path.join(workdir, "eval") if name is None else named_dir(workdir, name)
 
 
 def curve_steps(workdir: str) -> list[int]:
@@ -252,16 +270,16 @@ def curve_steps(workdir: str) -> list[int]:
     return sorted(int(n[len("step_") :]) for n in names if n.startswith("step_") and n[len("step_") :].isdigit())
 
 
-def results_path(workdir: str, step: Optional[int] = None) -> str:
-    return os.path.join(eval_dir(workdir, step), "results.json")
+def results_path(workdir: str, step: Optional[int] = None, name: Optional[str] = None) -> str:
+    return os.path.join(eval_dir(workdir, step, name), "results.json")
 
 
-def plot_path(workdir: str) -> str:
-    return os.path.join(workdir, "eval", "pr_vs_eps.png")
+def plot_path(workdir: str, name: Optional[str] = None) -> str:
+    return os.path.join(eval_dir(workdir, name=name), "pr_vs_eps.png")
 
 
-def per_image_path(workdir: str, step: Optional[int] = None) -> str:
-    return os.path.join(eval_dir(workdir, step), "per_image.npz")
+def per_image_path(workdir: str, step: Optional[int] = None, name: Optional[str] = None) -> str:
+    return os.path.join(eval_dir(workdir, step, name), "per_image.npz")
 
 
 def has_evaluation(workdir: str, step: Optional[int] = None) -> bool:
@@ -269,18 +287,26 @@ def has_evaluation(workdir: str, step: Optional[int] = None) -> bool:
     return os.path.isfile(results_path(workdir, step)) and os.path.isfile(per_image_path(workdir, step))
 
 
-def write_results(workdir: str, results: dict, per_image: dict, step: Optional[int] = None) -> dict:
-    """Writes eval/per_image.npz, then eval/results.json, each atomically (temp file + rename).
+def write_results(
+    workdir: str, results: dict, per_image: dict, step: Optional[int] = None, name: Optional[str] = None
+) -> dict:
+    """Writes eval/per_image.npz, then eval/results.json (in the folder of the evaluation named
+    `name` with one, the name recorded), each atomically (temp file + rename).
 
     results.json is the commit marker: a kill never leaves a new results.json beside an older
     per_image.npz, and per_image.npz carries its evaluation's identity (`check_per_image`).
     Returns the results as written (non-finite numbers as None).
     """
-    os.makedirs(eval_dir(workdir, step), exist_ok=True)
+    folder = eval_dir(workdir, step, name)
+    if name is not None:
+        results = {**results, NAME_KEY: name}
+    os.makedirs(folder, exist_ok=True)
     entries = {**per_image, **identity(results["settings"])}
-    atomic(per_image_path(workdir, step), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
-    written = write_json(results_path(workdir, step), results)
-    stale_plot = plot_path(workdir)  # drawn from the previous results; the command line draws it anew
+    atomic(os.path.join(folder, "per_image.npz"), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
+    written = write_json(os.path.join(folder, "results.json"), results)
+    stale_plot = os.path.join(
+        folder, "pr_vs_eps.png"
+    )  # drawn from the previous results; the command line draws it anew
     if step is None and os.path.isfile(stale_plot):
         os.remove(stale_plot)
     return written
@@ -292,27 +318,150 @@ RESULTS_REMEDY = "move it away and evaluate again (patjax-evaluate --overwrite r
 PER_IMAGE_REMEDY = "evaluate the run again"
 
 
-def read_results(workdir: str, step: Optional[int] = None) -> Optional[dict]:
-    """eval/results.json (curve/step_N/ with a step), or None if there is none; an unreadable
-    one is a UserError. What it holds is checked where its figures are read (`load_results`):
-    the replacement check reads older files too, comparing the settings they record."""
-    return read_json(results_path(workdir, step), RESULTS_REMEDY)
+def read_results(workdir: str, step: Optional[int] = None, name: Optional[str] = None) -> Optional[dict]:
+    """eval/results.json (curve/step_N/ with a step, the evaluation named `name` with one), or
+    None if there is none; an unreadable one is a UserError. What it holds is checked where its
+    figures are read (`load_results`): the replacement check reads older files too, comparing the
+    settings they record."""
+    return read_json(results_path(workdir, step, name), RESULTS_REMEDY)
 
 
-def load_results(workdir: str, step: Optional[int] = None):
-    """(results dict, per-image arrays) of the workdir's evaluation (of step `step`'s kept model),
-    each file read defensively and checked to hold what its readers index, and the two checked
-    to belong together: whatever is wrong with them is one line naming the file."""
-    results = read_results(workdir, step)
+def load_results(workdir: str, step: Optional[int] = None, name: Optional[str] = None):
+    """(results dict, per-image arrays) of the workdir's evaluation (of step `step`'s kept model;
+    the one named `name`), each file read defensively and checked to hold what its readers index,
+    and the two checked to belong together: whatever is wrong with them is one line naming the file."""
+    folder = eval_dir(workdir, step, name)
+    results = read_results(workdir, step, name)
     if results is None:
         raise UserError(
-            f"no evaluation in {eval_dir(workdir, step)!r}; run python -m patjax.evaluate --workdir={workdir}"
+            f"no evaluation in {folder!r}; run python -m patjax.evaluate --workdir={workdir}"
             + (f" --step={step}" if step is not None else "")
         )
-    check_results(results, results_path(workdir, step), RESULTS_REMEDY)
-    npz = per_image_path(workdir, step)
+    check_results(results, os.path.join(folder, "results.json"), RESULTS_REMEDY)
+    npz = os.path.join(folder, "per_image.npz")
     per_image = read_npz(npz, PER_IMAGE_REMEDY)
     if per_image is None:
         raise UserError(f"{npz}: no such file (results.json's per-image outcomes); {PER_IMAGE_REMEDY}")
-    check_per_image(results, per_image, eval_dir(workdir, step))
+    check_per_image(results, per_image, folder)
     return results, per_image
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluations kept side by side. The first evaluation of a folder (a workdir, a model file's
+# out_dir) goes to eval/, where the suites, the learning curves and earlier versions read it;
+# every evaluation under another name to evals/NAME/. A name is the user's (--eval_name) or
+# one derived from the settings that tell evaluations of one model apart (`derived_name`);
+# results.json records it.
+NAME_KEY = "eval_name"
+NAMED_DIR = "evals"
+# results.json's sha256 of the evaluated parameters (`evaluation.weights_digest`): a saved
+# evaluation is reused only for the same weights.
+WEIGHTS_KEY = "weights_sha256"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")
+
+
+def check_name(name: str) -> str:
+    """Returns `name` if it can name an evaluation's folder, else raises UserError."""
+    if not _NAME.fullmatch(name):
+        raise UserError(f"--eval_name={name!r}: a name is at most 100 letters, digits and . _ = + - (a folder's name)")
+    return name
+
+
+def derived_name(settings: dict) -> str:
+    """An evaluation's name from its settings (results.json's): the attacks' threat model and
+    radius (an L-inf one as k_255), the headline PR's preset (or its law and radii), the number
+    of images: linf-8_255.table1.n500, l2-0.5.table1.n500, linf-8_255.prbench.n500."""
+    parts = []
+    if "attack_eps" in settings:
+        norm = settings.get("attack_norm", IMPLICIT_BEFORE_RECORDED["attack_norm"])
+        parts.append(f"{norm}-{report.radius(settings['attack_eps'], norm).replace('/', '_')}")
+    if "pr_distribution" in settings:
+        law, radii = settings["pr_distribution"], settings.get("pr_epsilons") or ()
+        preset = evaluators.pr.preset_of(law, radii)
+        parts.append(preset or "-".join([law, *(f"{float(e):g}" for e in radii)]))
+    if "num_examples" in settings:
+        parts.append(f"n{settings['num_examples']}")
+    return ".".join(parts) or "eval"
+
+
+def name_of(results: dict) -> str:
+    """The name of the evaluation results.json holds: the one it records, else its settings'."""
+    recorded = results.get(NAME_KEY)
+    settings = results.get("settings")
+    return recorded if isinstance(recorded, str) else derived_name(settings if isinstance(settings, dict) else {})
+
+
+def evaluations(directory: str) -> list:
+    """(name, folder, results.json) of every evaluation kept in `directory`: eval/'s, then those
+    of evals/ by name."""
+    named = os.path.join(directory, NAMED_DIR)
+    found = []
+    first = read_json(os.path.join(directory, "eval", "results.json"), RESULTS_REMEDY)
+    if first is not None:
+        found.append((name_of(first), os.path.join(directory, "eval"), first))
+    for name in sorted(os.listdir(named)) if os.path.isdir(named) else ():
+        results = read_json(os.path.join(named, name, "results.json"), RESULTS_REMEDY)
+        if results is not None and not any(name == n for n, _, _ in found):
+            found.append((name, os.path.join(named, name), results))
+    return found
+
+
+def named_dir(directory: str, name: str) -> str:
+    """The folder of the evaluation named `name` in `directory`, or where a new one goes: eval/
+    while no evaluation is there, else evals/NAME/."""
+    for kept, folder, _ in evaluations(directory):
+        if kept == name:
+            return folder
+    free = not os.path.isfile(os.path.join(directory, "eval", "results.json"))
+    return os.path.join(directory, "eval") if free else os.path.join(directory, NAMED_DIR, name)
+
+
+def covers(saved: dict, planned: dict) -> bool:
+    """Whether an evaluation with `saved` settings (results.json's) holds every figure one with
+    `planned` settings would compute, made the same way: every setting equal but those that
+    change no figure, and its evaluators and laws the planned ones or more. A setting `saved` does
+    not record (a file written before it existed) is a difference, but for those whose earlier
+    value is known."""
+    for key, wanted in planned.items():
+        if key in INCIDENTAL_FIELDS:
+            continue
+        held = saved.get(key, IMPLICIT_BEFORE_RECORDED.get(key, KeyError))
+        if key in EXTENSIBLE_FIELDS:
+            if not isinstance(held, list) or any(v not in held for v in wanted or ()):
+                return False
+        elif held != wanted:
+            return False
+    return True
+
+
+def reusable(directory: str, planned: dict, record: Optional[dict] = None, name: Optional[str] = None):
+    """The name of a saved evaluation in `directory` (the one named `name` with one) that holds
+    what an evaluation with `planned` settings of the model `record` describes would compute
+    (`covers`), with both its files; else None."""
+    for kept, folder, results in evaluations(directory):
+        settings = results.get("settings")
+        if (
+            (name is None or kept == name)
+            and isinstance(settings, dict)
+            and covers(settings, planned)
+            and not recorded_differences(results, record or {})
+            and os.path.isfile(os.path.join(folder, "per_image.npz"))
+        ):
+            return kept
+    return None
+
+
+def chosen(directory: str, name: Optional[str] = None) -> Optional[str]:
+    """The name of the evaluation of `directory` a reader takes: the one named `name`, else its
+    only one; None where evals/ does not exist (eval/ alone, as before evaluations had names).
+    Raises UserError, naming those there are, where the name is not there or several are."""
+    if name is None and not os.path.isdir(os.path.join(directory, NAMED_DIR)):
+        return None
+    names = [kept for kept, _, _ in evaluations(directory)]
+    if name is None and len(names) <= 1:
+        return names[0] if names else None
+    if name in names:
+        return name
+    if name is None:
+        raise UserError(f"{directory} holds {len(names)} evaluations ({', '.join(names)}): name one with --eval_name")
+    raise UserError(f"{directory} holds no evaluation named {name!r}; it holds {', '.join(names) or 'none'}")

@@ -20,9 +20,12 @@ last, DIR/eval/results.json (strict JSON; NaN/inf as null):
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import time
 
+import jax
 import numpy as np
 
 from patjax import evaluators as evaluators_lib
@@ -30,6 +33,7 @@ from patjax.core import files, sharding
 from patjax.data import cifar
 from patjax.evaluators import common, stats
 from patjax.pat import laws
+from patjax.reporting import report
 from patjax.run import checkpoints, eval_files
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -52,8 +56,12 @@ def evaluate_state(
     *,
     progress: bool = True,
     per_image_out: dict | None = None,
+    announce_on: bool | None = None,
 ) -> dict:
     """settings.evaluators on the first settings.num_examples images of `split` (-1: all of them).
+
+    announce_on (default: progress): a long evaluation says what will run and its estimated time
+    (`announce`); every process of a multi-process evaluation times the same batches, process 0 speaks.
 
     settings: `config.evaluation_settings`; its dataset (the split's) is recorded with the figures.
     per_image_out: if a dict, receives the per-image arrays (per_image.npz holds them and the
@@ -65,14 +73,25 @@ def evaluate_state(
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
     start_time = time.perf_counter()
+    batch_fns = {
+        (evaluator.name, pass_name): common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
+        for evaluator in chosen
+        for pass_name in evaluator.passes(s)
+    }
+    estimate = (
+        announce(settings, batch_fns, state, split, n) if (progress if announce_on is None else announce_on) else None
+    )
     per_image, walls, figures = {}, {}, {}
     for evaluator in chosen:
         for pass_name in evaluator.passes(s):
-            batch_fn = common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             per_image[pass_name], walls[pass_name] = common.evaluate_pass(
-                batch_fn, state, split, n, batch_size, pass_name, progress, subset
+                batch_fns[evaluator.name, pass_name], state, split, n, batch_size, pass_name, progress, subset
             )
+            if estimate:
+                estimate.pop(pass_name)
+                if sharding.is_writer():
+                    print(time_left_line(pass_name, time.perf_counter() - start_time, estimate), flush=True)
         if evaluator.combine:
             per_image[evaluator.name] = evaluator.combine(per_image, s)
     for evaluator in sorted(chosen, key=lambda e: evaluators_lib.NAMES.index(e.name)):
@@ -104,6 +123,55 @@ def evaluate_state(
     if per_image_out is not None:
         per_image_out.update(_flatten_per_image(per_image, s, n))
     return results
+
+
+# An evaluation of at least this many batches a pass (the quickstart's has two) says before it
+# starts what will run and about how long it will take, from one timed batch of each pass (the
+# work of one batch a pass, an eighth of the work at most, a twentieth for the whole test
+# split at the default batch of 500), and after each pass the time left.
+ANNOUNCE_BATCHES = 8
+
+
+def announce(settings: config_lib.EvaluationSettings, batch_fns: dict, state, split, n: int):
+    """For an evaluation of ANNOUNCE_BATCHES batches a pass or more, prints what will run and an
+    estimate of its time from one timed batch of each pass (`common.time_batch`), and returns
+    {pass: estimated seconds}; else returns None and prints nothing."""
+    batches = -(-n // settings.batch_size)
+    if batches < ANNOUNCE_BATCHES:
+        return None
+    record = settings_record(settings, n, int(state.step))
+    attacks = set(evaluators_lib.WORST_CASE) & set(settings.evaluators)
+    what = [f"attacks {report.threat_model(record)}"] if attacks else []
+    what += [f"PR {report.pr_law(record)}"] if "pr" in settings.evaluators else []
+    say = print if sharding.is_writer() else lambda *a, **k: None
+    say(
+        f"evaluating {', '.join(settings.evaluators)} on {n} images of {settings.dataset}'s test split, "
+        f"{batches} batches of {settings.batch_size} a pass{''.join(f'; {w}' for w in what)}; timing one batch of "
+        f"each of the {len(batch_fns)} passes ...",
+        flush=True,
+    )
+    seconds = {name: common.time_batch(fn, state, split, settings.batch_size) for (_, name), fn in batch_fns.items()}
+    estimate = {name: t * batches for name, t in seconds.items()}
+    say(
+        f"estimate: {duration(sum(estimate.values()))} in all ("
+        + ", ".join(f"{name} {duration(t)}" for name, t in estimate.items())
+        + "; a pass over a subset of the images, such as PR's clean-correct ones, counted on all of them)",
+        flush=True,
+    )
+    return estimate
+
+
+def time_left_line(done: str, elapsed: float, left: dict) -> str:
+    """After pass `done`: the time so far and the estimate of the passes `left` ({pass: seconds})."""
+    rest = f"about {duration(sum(left.values()))} left ({', '.join(left)})" if left else "the figures next"
+    return f"{done} done, {duration(elapsed)} so far; {rest}"
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '12 min', '3.4 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def num_images(settings: config_lib.EvaluationSettings, split: cifar.Split) -> int:
@@ -167,27 +235,58 @@ def check_workdir(
     overrides: dict | None = None,
     overwrite: bool = True,
     step: int | None = None,
+    eval_name: str | None = None,
+    keep: bool = False,
 ) -> config_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the run's evaluation settings with the overrides and the arguments given; with
-    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step) was made as
-    this evaluation would be made, or with fewer evaluators or laws (`eval_files.check_replaceable`).
-    Returns the settings."""
+    overwrite=False also that an existing eval/results.json (curve/step_N/ with a step; with keep,
+    the evaluation of the same name) was made as this evaluation would be made, or with fewer
+    evaluators or laws (`check_replaceable`). Returns the settings."""
     settings = workdir_lib.evaluation_settings(
         workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     newest = checkpoints.require_checkpoint(workdir)
-    if not overwrite and os.path.isfile(eval_files.results_path(workdir, step)):
+    if not overwrite and (keep or os.path.isfile(eval_files.results_path(workdir, step))):
         split = cifar.load_split(settings.dataset, "test", settings.data_dir)
-        check_replaceable(settings, workdir, newest if step is None else step, split, step=step)
+        check_replaceable(
+            settings, workdir, newest if step is None else step, split, step=step, eval_name=eval_name, keep=keep
+        )
     return settings
 
 
-def check_replaceable(settings, out_dir, model_step, split, record=None, step=None) -> None:
+def check_replaceable(settings, out_dir, model_step, split, record=None, step=None, eval_name=None, keep=False) -> None:
     """`eval_files.check_replaceable` of out_dir's eval/ (curve/step_N/ with a step) against an
-    evaluation with `settings` of the model of `model_step` on `split`."""
+    evaluation with `settings` of the model of `model_step` on `split`; with keep, of the
+    evaluation of its name (`eval_name`, else `eval_files.derived_name`), unless a saved evaluation
+    holds its figures (`eval_files.reusable`: it is reused, nothing is replaced)."""
     planned = settings_record(settings, num_images(settings, split), model_step)
-    eval_files.check_replaceable(out_dir, planned, record, step)
+    if not keep:
+        eval_files.check_replaceable(out_dir, planned, record, step)
+    elif eval_files.reusable(out_dir, planned, record, eval_name) is None:
+        eval_files.check_replaceable(out_dir, planned, record, name=eval_name or eval_files.derived_name(planned))
+
+
+def weights_digest(state):
+    """sha256 of a model's parameters and BatchNorm statistics, leaf by leaf in tree order: what
+    tells a model from another of the same step; None where this process does not hold them whole."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves((state.params, state.batch_stats)):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            return None
+        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """An evaluation kept under its name in a folder (a workdir, a model file's out_dir): its
+    results (as written, or as read where a saved one was reused) and where they are."""
+
+    name: str
+    folder: str
+    results: dict
+    reused: bool
 
 
 def evaluate_workdir(
@@ -199,19 +298,24 @@ def evaluate_workdir(
     overrides: dict | None = None,
     overwrite: bool = True,
     step: int | None = None,
-) -> dict:
+    eval_name: str | None = None,
+    keep: bool = False,
+):
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
     eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
     as written (non-finite numbers as None). overwrite=False (the command line's default) refuses
     to replace an evaluation made with other settings or more evaluators or laws.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
+    keep, eval_name: the evaluation is kept beside the workdir's others (`evaluate_and_write`); returns `Kept`.
     """
     # Whether eval/ may be replaced is decided once, under the lock, by evaluate_and_write.
     settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, True, step)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     with sharding.writer_lock(workdir, "an evaluation"):
         _, model_fns, state = workdir_lib.restore(workdir, step=step)
-        return evaluate_and_write(settings, model_fns, state, workdir, progress, step, overwrite=overwrite)
+        return evaluate_and_write(
+            settings, model_fns, state, workdir, progress, step, overwrite=overwrite, eval_name=eval_name, keep=keep
+        )
 
 
 def evaluate_and_write(
@@ -223,19 +327,51 @@ def evaluate_and_write(
     step=None,
     record: dict | None = None,
     overwrite: bool = True,
-) -> dict:
+    eval_name: str | None = None,
+    keep: bool = False,
+):
     """`evaluate_state` on settings.dataset's test split, written to out_dir/eval/ (or
     curve/step_N/) by process 0 with `record`'s entries added; returns the results as written.
     overwrite=False: refuses, before evaluating, to replace an evaluation made otherwise
-    (`check_replaceable`; the model restored decides the step)."""
+    (`check_replaceable`; the model restored decides the step).
+
+    keep: the evaluation is kept beside out_dir's others under `eval_name` (default: its settings',
+    `eval_files.derived_name`), replacing only the one of that name; without overwrite, a saved
+    evaluation that holds its figures (`eval_files.reusable`) is reused instead. Returns `Kept`."""
     split = cifar.load_split(settings.dataset, "test", settings.data_dir)
+    if keep:
+        planned = settings_record(settings, num_images(settings, split), int(state.step))
+        # The weights themselves decide reuse, not the step alone: a run trained again in its folder.
+        weights = {eval_files.WEIGHTS_KEY: weights_digest(state)}
+        held = None if overwrite or weights[eval_files.WEIGHTS_KEY] is None else {**(record or {}), **weights}
+        saved = held and eval_files.reusable(out_dir, planned, held, eval_name)
+        if saved is not None:
+            return Kept(
+                saved,
+                eval_files.eval_dir(out_dir, name=saved),
+                eval_files.load_results(out_dir, name=saved)[0],
+                True,
+            )
+        eval_name = eval_name or eval_files.derived_name(planned)
     if not overwrite:
-        check_replaceable(settings, out_dir, int(state.step), split, record, step)
+        check_replaceable(settings, out_dir, int(state.step), split, record, step, eval_name, keep)
     per_image = {}
     results = evaluate_state(
-        settings, model_fns, state, split, progress=progress and sharding.is_writer(), per_image_out=per_image
+        settings,
+        model_fns,
+        state,
+        split,
+        progress=progress and sharding.is_writer(),
+        per_image_out=per_image,
+        announce_on=progress,
     )
     results.update(record or {})
+    if keep:
+        results.update(weights)
     if not sharding.is_writer():
-        return files.json_safe(results)
-    return eval_files.write_results(out_dir, results, per_image, step)
+        results = files.json_safe(results)
+    else:
+        # The folder is decided before the write: a first evaluation goes to eval/.
+        folder = eval_files.eval_dir(out_dir, step, eval_name if keep else None)
+        results = eval_files.write_results(out_dir, results, per_image, step, eval_name if keep else None)
+    return Kept(eval_name, folder if sharding.is_writer() else "", results, False) if keep else results

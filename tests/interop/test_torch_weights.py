@@ -388,8 +388,8 @@ def test_results_name_the_file_by_name_and_sha256_so_the_same_file_anywhere_is_t
     )
     expected = (
         f"error: {results_file} holds an evaluation made otherwise (model.sha256 {digest[first]!r} there, "
-        f"{digest[other]!r} now), which this one would replace: move {eval_files.eval_dir(out)} aside to keep "
-        "it, or pass --overwrite to replace it\n"
+        f"{digest[other]!r} now), which this one would replace: pass --eval_name=ANOTHER_NAME to keep both, "
+        "or pass --overwrite to replace it\n"
     )
     assert (refused.returncode, refused.stderr) == (2, expected)
     with open(results_file, "rb") as f:

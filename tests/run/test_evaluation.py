@@ -655,14 +655,15 @@ def test_the_command_line_refuses_to_replace_an_evaluation_made_otherwise_in_one
     a = str(tmp_path / "a")
     dummy_checkpoint(a)  # step 1
     # An evaluation of step 1 on the first 7 images with seed 0, as an older results.json records it
-    # (the settings it lacks are not compared; its figures do not matter here); the check happens
-    # before the (placeholder) checkpoint is restored.
+    # (the settings it lacks are not compared; its figures do not matter here), under the name
+    # the default settings give; the check happens before the (placeholder) checkpoint is restored.
     os.makedirs(os.path.join(a, "eval"))
     made = {"num_examples": 7, "step": 1, "seed": 0, "evaluators": ["clean", "pgd20", "pr"]}
+    made.update(attack_eps=8 / 255, pr_distribution="uniform", pr_epsilons=[0.1, 0.12, 0.15, 0.2])
     files.write_json(eval_files.results_path(a), {"figures": {}, "settings": made})
     before = eval_files_bytes(os.path.join(a, "eval"))
     out = subprocess.run(
-        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--num_examples=5"],
+        [sys.executable, "-m", "patjax.evaluate", f"--workdir={a}", "--num_examples=7", "--seed=1"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -670,7 +671,8 @@ def test_the_command_line_refuses_to_replace_an_evaluation_made_otherwise_in_one
     )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "num_examples 7 there, 5 now" in lines[0] and "--overwrite" in lines[0], lines
+    assert len(lines) == 1 and "seed 0 there, 1 now" in lines[0] and "--overwrite" in lines[0], lines
+    assert "--eval_name" in lines[0]
     assert eval_files_bytes(os.path.join(a, "eval")) == before
 
 
@@ -1025,3 +1027,24 @@ def test_the_pr_plot_gains_certified_accuracy_against_radius_where_a_run_was_cer
     a["figures"].pop("pr"), b["figures"].pop("pr")  # certified, not evaluated under PR: no empty PR panel
     (only,) = plots.plot_pr(["A", "B"], [a, b]).axes
     assert only.get_xlabel() == "L2 radius"
+
+
+@pytest.mark.slow
+def test_a_long_evaluation_says_what_runs_its_estimate_and_the_time_left_and_its_figures_do_not_change(capsys):
+    """Eight batches a pass (`evaluation.ANNOUNCE_BATCHES`) or more: a line of what runs, one of the
+    estimate from a timed batch of each pass, one per pass with the time left; the timed batches
+    change no figure. Fewer batches: nothing printed but the bars."""
+    model_fns, state, split = tiny_setup(num_images=8)
+    cfg = eval_config(pr_distributions=())
+    quiet = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=False)
+    assert capsys.readouterr().out == ""
+    said = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("evaluating clean, pgd20, pr on 8 images of cifar10's test split, 8 batches of 1 a pass")
+    assert "attacks L∞, ε = 0.05" in lines[0] and "PR uniform law at ε = 0.1, 0.12, 0.15, 0.2" in lines[0]
+    assert re.fullmatch(r"estimate: \d+ s in all \(clean \d+ s, pgd20 \d+ s, pr_uniform \d+ s; .*\)", lines[1])
+    assert [line.split(" done")[0] for line in lines[2:]] == ["clean", "pgd20", "pr_uniform"]
+    assert lines[2].endswith("left (pgd20, pr_uniform)") and lines[4].endswith("; the figures next")
+    assert said["figures"] == quiet["figures"]
+    evaluate(cfg, model_fns, state, split, evaluators="clean", batch_size=2, progress=True)
+    assert capsys.readouterr().out == ""

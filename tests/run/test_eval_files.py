@@ -1,0 +1,153 @@
+"""A workdir keeps its evaluations side by side, each under its name (`eval_files`): a new one
+never replaces another, --overwrite only the one of its name, a saved one whose settings and
+images match is reused instead of evaluated again, a reader picks one by name; a workdir of one
+eval/ folder reads as before."""
+
+import os
+import shutil
+
+import pytest
+from helpers import eval_config, tiny_setup
+
+from patjax.core.errors import UserError
+from patjax.data import cifar
+from patjax.run import checkpoints, comparison, eval_files, evaluation
+from patjax.run import workdir as workdir_lib
+
+L2 = {"attack_norm": "l2", "attack_eps": 0.5, "attack_step_size": 0.125}
+PRBENCH = {"pr_epsilons": (0.03, 0.08, 0.1, 0.12), "pr_distributions": ("uniform",)}
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A workdir whose 'checkpoint' is the tiny linear model of step 3 (restore and data patched),
+    with every call of the evaluators counted."""
+    model_fns, state, split = tiny_setup()
+    workdir = str(tmp_path / "run")
+    workdir_lib.save_config(eval_config(pr_distributions=()).to_dict(), workdir)
+    monkeypatch.setattr(checkpoints, "latest_step", lambda w: 3)
+    monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, state))
+    monkeypatch.setattr(cifar, "load_split", lambda *a: split)
+    calls = []
+    evaluate_state = evaluation.evaluate_state
+    monkeypatch.setattr(evaluation, "evaluate_state", lambda *a, **k: calls.append(1) or evaluate_state(*a, **k))
+    return workdir, calls
+
+
+def keep(workdir, overrides=None, **kwargs):
+    arguments = {"num_examples": 7, "batch_size": 4, "evaluators": "clean,pgd20,pr", "overwrite": False, **kwargs}
+    return evaluation.evaluate_workdir(workdir, progress=False, overrides=overrides, keep=True, **arguments)
+
+
+def folder_bytes(folder):
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+
+
+@pytest.mark.slow
+def test_three_threat_models_are_kept_side_by_side_and_each_is_reused(workdir):
+    workdir, calls = workdir
+    first, l2, prbench = keep(workdir), keep(workdir, L2), keep(workdir, PRBENCH)
+    # Each under the name its settings give, the first in eval/ where older readers look.
+    assert [(k.name, os.path.relpath(k.folder, workdir), k.reused) for k in (first, l2, prbench)] == [
+        ("linf-0.05.table1.n7", "eval", False),
+        ("l2-0.5.table1.n7", "evals/l2-0.5.table1.n7", False),
+        ("linf-0.05.prbench.n7", "evals/linf-0.05.prbench.n7", False),
+    ]
+    assert len(calls) == 3
+    for k in (first, l2, prbench):
+        assert eval_files.load_results(workdir, name=k.name)[0]["eval_name"] == k.name
+    assert eval_files.load_results(workdir, name=l2.name)[0]["settings"]["attack_norm"] == "l2"
+    assert eval_files.load_results(workdir, name=prbench.name)[0]["settings"]["pr_epsilons"] == [0.03, 0.08, 0.1, 0.12]
+    before = {k.name: folder_bytes(k.folder) for k in (first, l2, prbench)}
+    # The same settings again, or fewer evaluators, or another batch size: the saved one, not evaluated again.
+    again = [keep(workdir, L2), keep(workdir, PRBENCH, batch_size=2), keep(workdir)]
+    fewer = keep(workdir, evaluators="clean,pr")
+    assert [(k.name, k.reused) for k in (*again, fewer)] == [
+        (l2.name, True),
+        (prbench.name, True),
+        (first.name, True),
+        (first.name, True),
+    ]
+    assert len(calls) == 3
+    assert again[0].results == eval_files.load_results(workdir, name=l2.name)[0]
+    # The listing: every name with what tells them apart.
+    listed = eval_files.evaluations(workdir)
+    assert [(n, os.path.relpath(f, workdir)) for n, f, _ in listed] == [
+        (first.name, "eval"),
+        (l2.name, os.path.join("evals", l2.name)),
+        (prbench.name, os.path.join("evals", prbench.name)),
+    ]
+    # --overwrite evaluates again the one of its name and leaves the others byte for byte.
+    keep(workdir, L2, overwrite=True)
+    assert len(calls) == 4
+    after = {k.name: folder_bytes(k.folder) for k in (first, l2, prbench)}
+    assert after[first.name] == before[first.name] and after[prbench.name] == before[prbench.name]
+    assert after[l2.name]["results.json"] != before[l2.name]["results.json"]  # its wall times differ
+
+
+@pytest.mark.slow
+def test_a_name_made_otherwise_is_refused_and_a_given_name_keeps_both(workdir):
+    workdir, calls = workdir
+    first = keep(workdir)
+    kept = folder_bytes(first.folder)
+    # Another seed keeps the derived name: it would replace the first, so it is refused in one line.
+    with pytest.raises(UserError) as error:
+        keep(workdir, {"seed": 1})
+    message = str(error.value)
+    assert "seed 0 there, 1 now" in message and "--eval_name" in message and "--overwrite" in message
+    assert "\n" not in message and folder_bytes(first.folder) == kept and len(calls) == 1
+    # Under a name of its own it is kept beside the first.
+    seeded = keep(workdir, {"seed": 1}, eval_name="seed1")
+    assert seeded.folder == os.path.join(workdir, "evals", "seed1") and not seeded.reused
+    assert folder_bytes(first.folder) == kept
+    # A given name is reused only where its evaluation matches.
+    assert keep(workdir, {"seed": 1}, eval_name="seed1").reused and len(calls) == 2
+
+
+@pytest.mark.slow
+def test_a_reader_picks_an_evaluation_by_name_and_says_which_exist(workdir):
+    workdir, _ = workdir
+    first = keep(workdir)
+    # One evaluation in eval/ alone: the layout before names, read as before.
+    assert eval_files.chosen(workdir) is None
+    table = comparison.compare([workdir], str(os.path.join(os.path.dirname(workdir), "a.png")))
+    l2 = keep(workdir, L2)
+    assert eval_files.chosen(workdir, first.name) == first.name
+    assert (
+        comparison.compare([workdir], str(os.path.join(os.path.dirname(workdir), "a.png")), evals=[first.name]) == table
+    )
+    with pytest.raises(UserError) as error:
+        eval_files.chosen(workdir)
+    assert str(error.value) == (f"{workdir} holds 2 evaluations ({first.name}, {l2.name}): name one with --eval_name")
+    with pytest.raises(UserError) as error:
+        eval_files.chosen(workdir, "l2")
+    assert str(error.value) == f"{workdir} holds no evaluation named 'l2'; it holds {first.name}, {l2.name}"
+    with pytest.raises(UserError, match="a folder's name"):
+        eval_files.check_name("../elsewhere")
+
+
+def test_an_old_eval_folder_reads_as_before_and_a_new_evaluation_goes_beside_it(tmp_path):
+    """A committed run's eval/ (written before evaluations had names): its table is the same
+    read by name, and nothing is written into it."""
+    committed = os.path.join("docs", "results", "table1_cpu", "runs", "cifar10_small_cnn", "pat_s0")
+    old = str(tmp_path / "old")
+    shutil.copytree(os.path.join(committed, "eval"), os.path.join(old, "eval"))
+    table = comparison.compare([old], str(tmp_path / "a.png"))
+    name = eval_files.derived_name(eval_files.read_results(old)["settings"])
+    assert eval_files.evaluations(old)[0][:2] == (name, os.path.join(old, "eval"))
+    os.makedirs(os.path.join(old, "evals", "other"))
+    assert comparison.compare([old], str(tmp_path / "a.png"), evals=[eval_files.chosen(old)]) == table
+
+
+@pytest.mark.slow
+def test_a_model_trained_again_to_the_same_step_is_evaluated_again_not_reused(workdir, monkeypatch):
+    """The weights decide reuse (their sha256 in results.json), not the step: a run trained again
+    in its folder to the same step has the same settings and other figures."""
+    workdir, calls = workdir
+    first = keep(workdir)
+    model_fns, other, _ = tiny_setup(model_seed=1)
+    monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, other))
+    again = keep(workdir)
+    assert (again.name, again.folder, again.reused, len(calls)) == (first.name, first.folder, False, 2)
+    assert again.results["weights_sha256"] != first.results["weights_sha256"]
+    assert keep(workdir).reused and len(calls) == 2

@@ -176,3 +176,38 @@ def eval_config(**eval_overrides):
     cfg.eval.attack.step_size = 0.02
     cfg.eval.bootstrap_resamples = 200
     return config_lib.with_eval_overrides(cfg, eval_overrides)
+
+
+def hand_made_results(correct, pr_correct, pr_all, bound, attacks):
+    """A results.json as a user reads it, with the figures written out by hand (PR at eps 0.1 and 0.2)."""
+    fig = lambda v: {"value": v, "interval": [v - 0.01, v + 0.01], "n": 100}
+    level = lambda j: {
+        "clean_correct": dict(fig(pr_correct[j]), n=correct),
+        "all": fig(pr_all[j]),
+        "lower_bound": fig(bound[j]),
+    }
+    return {
+        "figures": {
+            "clean_accuracy": fig(correct / 100),
+            "pgd20": fig(0.2),
+            "cw20": fig(0.18),
+            **(
+                {"aa": dict(fig(0.15), after={"apgd-ce": fig(0.16)}, masking={"masking_signs": []})}
+                if "aa" in attacks
+                else {}
+            ),
+            "worst_case": dict(fig(0.14), attacks=attacks),
+            "pr": {"uniform": {"0.1": level(0), "0.2": level(1)}},
+        },
+        "pr_protocol": evaluation.protocol_text("uniform", 100),
+        "settings": {
+            "num_examples": 100,
+            "num_clean_correct": correct,
+            "dataset": "cifar10",
+            "pr_distribution": "uniform",
+            "pr_distributions": ["uniform"],
+            "pr_samples": 100,
+            "seed": 0,
+            "confidence": 0.95,
+        },
+    }

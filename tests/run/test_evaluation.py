@@ -24,7 +24,7 @@ from patjax.evaluators import stats as patjax_stats
 from patjax.models import networks
 from patjax.pat import laws as pr_laws
 from patjax.pat import robustness
-from patjax.reporting import plots, report
+from patjax.reporting import report
 from patjax.run import checkpoints, comparison, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
@@ -686,95 +686,6 @@ def test_default_pr_pass_takes_at_most_10000_images_a_forward():
     assert inspect.signature(api.evaluate).parameters["batch_size"].default == ev.batch_size
 
 
-def hand_made_results(correct, pr_correct, pr_all, bound, attacks):
-    """A results.json as a user reads it, with the figures written out by hand (PR at eps 0.1 and 0.2)."""
-    fig = lambda v: {"value": v, "interval": [v - 0.01, v + 0.01], "n": 100}
-    level = lambda j: {
-        "clean_correct": dict(fig(pr_correct[j]), n=correct),
-        "all": fig(pr_all[j]),
-        "lower_bound": fig(bound[j]),
-    }
-    return {
-        "figures": {
-            "clean_accuracy": fig(correct / 100),
-            "pgd20": fig(0.2),
-            "cw20": fig(0.18),
-            **(
-                {"aa": dict(fig(0.15), after={"apgd-ce": fig(0.16)}, masking={"masking_signs": []})}
-                if "aa" in attacks
-                else {}
-            ),
-            "worst_case": dict(fig(0.14), attacks=attacks),
-            "pr": {"uniform": {"0.1": level(0), "0.2": level(1)}},
-        },
-        "pr_protocol": evaluation.protocol_text("uniform", 100),
-        "settings": {
-            "num_examples": 100,
-            "num_clean_correct": correct,
-            "dataset": "cifar10",
-            "pr_distribution": "uniform",
-            "pr_distributions": ["uniform"],
-            "pr_samples": 100,
-            "seed": 0,
-            "confidence": 0.95,
-        },
-    }
-
-
-def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_worst_attack():
-
-    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (-1.5454, 0.25), ["pgd20", "cw20", "aa"])
-    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.125, -0.001), ["pgd20", "cw20"])
-    text = report.comparison(["A", "B"], [a, b])
-    lines = text.splitlines()
-    assert lines[0] == (
-        "Images: the first 100 CIFAR-10 test images; accuracies and attacks over all 100 of them; PR(eps) over "
-        "the images each run classifies correctly (A 40, B 55) unless a table says all images."
-    )
-    # The last table: the worst case names its attacks per run; a bound <= 0 is vacuous, a
-    # positive one printed as a percentage.
-    header = next(i for i, line in enumerate(lines) if "worst of" in line)
-    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[header : header + 3]]
-    # APGD was run by neither, so it has no column; AutoAttack by A alone, so B's cell is a dash.
-    assert cells[0] == ["run", "AutoAttack %", "worst %", "worst of", "LB(0.1) %", "LB(0.2) %"]
-    assert cells[1] == ["A", "15.00 [14.00, 16.00]", "14.00 [13.00, 15.00]", "PGD, CW, AutoAttack"] + [
-        "≤ 0 (vacuous)",
-        "25.00 [24.00, 26.00]",
-    ]
-    assert cells[2] == ["B", "-", "14.00 [13.00, 15.00]", "PGD, CW", "12.50 [11.50, 13.50]", "≤ 0 (vacuous)"]
-    assert "-154.54" not in text
-    # Neither ran AutoAttack nor CW: no column names them.
-    for r in (a, b):
-        r["figures"].pop("aa", None)
-        r["figures"].pop("cw20")
-    text = report.comparison(["A", "B"], [a, b])
-    assert "AutoAttack %" not in text and "CW %" not in text and "PGD %" in text
-
-
-def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
-
-    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
-    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])
-    fig = plots.plot_pr(["A", "B"], [a, b])
-    (ax,) = fig.axes
-    # The lines are PR over each run's clean-correct images (the tables' headline), in percent.
-    np.testing.assert_allclose(ax.lines[0].get_ydata(), [95, 90])
-    np.testing.assert_allclose(ax.lines[1].get_ydata(), [90, 80])
-    assert ax.get_title() == "uniform noise (the Table-1 protocol), N=100 per image"
-    assert ax.get_ylabel() == "PR % over clean-correct images\n(95 % bootstrap interval)"
-    assert ax.get_xlabel() == "eps (L-inf radius)"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["A (over 40 images)", "B (over 55 images)"]
-    assert fig._suptitle.get_text() == (
-        "First 100 CIFAR-10 test images;\nPR over the images each run classifies correctly"
-    )
-    fig = plots.plot_pr(["A", "B"], [a, b], over="all")
-    (ax,) = fig.axes
-    np.testing.assert_allclose(ax.lines[0].get_ydata(), [38, 36])
-    assert ax.get_title() == "uniform noise, N=100 per image"  # not the Table-1 protocol's estimand
-    assert ax.get_ylabel().startswith("PR % over all images")
-    assert fig._suptitle.get_text().endswith("PR over all images")
-
-
 def test_the_pr_presets_are_the_papers_and_prbenchs_settings():
     """Written out by hand from each source: Appendix E (N = 100, eps 0.1 ... 0.2, the Table-1
     law, the default config's headline) and PRBench's evaluate.py (radius = [round(8/255, 2),
@@ -945,47 +856,6 @@ def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_
     ]
 
 
-def test_every_table_names_its_threat_model_and_pr_law():
-    """The attacks' columns carry their norm and radius (L-inf as k/255), a caption says the
-    step and the PR law with its radii and N; PRBench's radii are named PRBench's protocol, in the
-    table, the paired differences and the plot."""
-    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20", "cw20"])
-    a["settings"].update(attack_norm="linf", attack_eps=8 / 255, attack_step_size=2 / 255, attack_steps=20)
-    a["settings"]["pr_epsilons"] = [0.1, 0.12, 0.15, 0.2]
-    lines = report.comparison(["A"], [a]).splitlines()
-    assert lines[1] == "Attacks: L∞, ε = 8/255 = 0.0314; PGD and CW 20 steps of 2/255, APGD and AutoAttack their own."
-    assert lines[2] == "PR: uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image."
-    assert re.split(r"\s{2,}", lines[4].strip())[:4] == [
-        "run",
-        "Acc %",
-        "PGD (L∞, ε = 8/255) %",
-        "CW (L∞, ε = 8/255) %",
-    ]
-    a["settings"].update(attack_norm="l2", attack_eps=0.5, attack_step_size=0.125, pr_epsilons=[0.03, 0.08, 0.1, 0.12])
-    lines = report.comparison(["A"], [a]).splitlines()
-    assert lines[1] == "Attacks: L2, ε = 0.5; PGD and CW 20 steps of 0.125, APGD and AutoAttack their own."
-    assert lines[2] == "PR: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
-    assert "PGD (L2, ε = 0.5) %" in lines[4] and "L∞" not in "\n".join(lines)
-    diffs = [{"run": "B", "baseline": "A", "distributions": {"uniform": {}}}]
-    assert report.differences(diffs, a["settings"]).splitlines()[0] == (
-        "Paired PR differences: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
-    )
-    assert plots.plot_pr(["A"], [a]).axes[0].get_title() == "uniform noise (PRBench's protocol), N=100 per image"
-    assert evaluation.protocol_text("uniform", 100, (0.03, 0.08, 0.1, 0.12)).startswith("PRBench's protocol")
-    assert evaluation.protocol_text("uniform", 100, (0.1, 0.12, 0.15, 0.2)).startswith("Table-1 protocol:")
-
-
-def test_a_radius_is_written_as_published():
-    assert [report.radius(e) for e in (8 / 255, 2 / 255, 16 / 255, 0.03, 0)] == [
-        "8/255",
-        "2/255",
-        "16/255",
-        "0.03",
-        "0",
-    ]
-    assert report.radius(8 / 255, "l2") == f"{8 / 255:g}" and report.radius(0.5, "l2") == "0.5"
-
-
 def test_labels_tell_the_sources_apart():
     """A workdir and the file exported from it (both 'quickstart' by their stems) read apart; two
     workdirs of one name in different folders are named by their paths."""
@@ -1004,29 +874,6 @@ def test_a_files_evaluation_goes_beside_it_and_never_into_a_run_of_its_name(tmp_
     assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart")  # a folder, but no run
     (tmp_path / "quickstart" / "config.json").write_text("{}")
     assert eval_files.default_out_dir(file) == str(tmp_path / "quickstart_safetensors")
-
-
-def test_the_pr_plot_gains_certified_accuracy_against_radius_where_a_run_was_certified():
-    """A run with certify figures adds a panel of certified accuracy (in percent) against the L2
-    radius, with its interval band; a run without them draws nothing there."""
-    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
-    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])
-    accuracy = {"0.0": 0.5, "0.25": 0.3, "0.5": 0.125}
-    a["figures"]["certify"] = {
-        "certified_accuracy": {r: {"value": v, "interval": [v - 0.05, v + 0.05]} for r, v in accuracy.items()},
-        "settings": {"sigma": 0.25, "samples": 1000, "alpha": 0.001},
-    }
-    fig = plots.plot_pr(["A", "B"], [a, b])
-    pr_ax, certified_ax = fig.axes
-    assert len(pr_ax.lines) == 2 and len(certified_ax.lines) == 1
-    np.testing.assert_allclose(certified_ax.lines[0].get_xdata(), [0.0, 0.25, 0.5])
-    np.testing.assert_allclose(certified_ax.lines[0].get_ydata(), [50, 30, 12.5])
-    assert certified_ax.get_xlabel() == "L2 radius"
-    assert certified_ax.get_title() == "randomized smoothing, sigma=0.25: n=1000, alpha=0.001"
-    assert [t.get_text() for t in certified_ax.get_legend().get_texts()] == ["A"]
-    a["figures"].pop("pr"), b["figures"].pop("pr")  # certified, not evaluated under PR: no empty PR panel
-    (only,) = plots.plot_pr(["A", "B"], [a, b]).axes
-    assert only.get_xlabel() == "L2 radius"
 
 
 @pytest.mark.slow

@@ -1,0 +1,80 @@
+"""The tables: what a comparison says it measured (threat model, radius, PR law and its radii, N,
+the image set), written out by hand from results dicts made by hand."""
+
+import re
+
+from helpers import hand_made_results
+
+from patjax.reporting import plots, report
+from patjax.run import evaluation
+
+
+def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_worst_attack():
+
+    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (-1.5454, 0.25), ["pgd20", "cw20", "aa"])
+    b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.125, -0.001), ["pgd20", "cw20"])
+    text = report.comparison(["A", "B"], [a, b])
+    lines = text.splitlines()
+    assert lines[0] == (
+        "Images: the first 100 CIFAR-10 test images; accuracies and attacks over all 100 of them; PR(eps) over "
+        "the images each run classifies correctly (A 40, B 55) unless a table says all images."
+    )
+    # The last table: the worst case names its attacks per run; a bound <= 0 is vacuous, a
+    # positive one printed as a percentage.
+    header = next(i for i, line in enumerate(lines) if "worst of" in line)
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[header : header + 3]]
+    # APGD was run by neither, so it has no column; AutoAttack by A alone, so B's cell is a dash.
+    assert cells[0] == ["run", "AutoAttack %", "worst %", "worst of", "LB(0.1) %", "LB(0.2) %"]
+    assert cells[1] == ["A", "15.00 [14.00, 16.00]", "14.00 [13.00, 15.00]", "PGD, CW, AutoAttack"] + [
+        "≤ 0 (vacuous)",
+        "25.00 [24.00, 26.00]",
+    ]
+    assert cells[2] == ["B", "-", "14.00 [13.00, 15.00]", "PGD, CW", "12.50 [11.50, 13.50]", "≤ 0 (vacuous)"]
+    assert "-154.54" not in text
+    # Neither ran AutoAttack nor CW: no column names them.
+    for r in (a, b):
+        r["figures"].pop("aa", None)
+        r["figures"].pop("cw20")
+    text = report.comparison(["A", "B"], [a, b])
+    assert "AutoAttack %" not in text and "CW %" not in text and "PGD %" in text
+
+
+def test_every_table_names_its_threat_model_and_pr_law():
+    """The attacks' columns carry their norm and radius (L-inf as k/255), a caption says the
+    step and the PR law with its radii and N; PRBench's radii are named PRBench's protocol, in the
+    table, the paired differences and the plot."""
+    a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20", "cw20"])
+    a["settings"].update(attack_norm="linf", attack_eps=8 / 255, attack_step_size=2 / 255, attack_steps=20)
+    a["settings"]["pr_epsilons"] = [0.1, 0.12, 0.15, 0.2]
+    lines = report.comparison(["A"], [a]).splitlines()
+    assert lines[1] == "Attacks: L∞, ε = 8/255 = 0.0314; PGD and CW 20 steps of 2/255, APGD and AutoAttack their own."
+    assert lines[2] == "PR: uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image."
+    assert re.split(r"\s{2,}", lines[4].strip())[:4] == [
+        "run",
+        "Acc %",
+        "PGD (L∞, ε = 8/255) %",
+        "CW (L∞, ε = 8/255) %",
+    ]
+    a["settings"].update(attack_norm="l2", attack_eps=0.5, attack_step_size=0.125, pr_epsilons=[0.03, 0.08, 0.1, 0.12])
+    lines = report.comparison(["A"], [a]).splitlines()
+    assert lines[1] == "Attacks: L2, ε = 0.5; PGD and CW 20 steps of 0.125, APGD and AutoAttack their own."
+    assert lines[2] == "PR: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
+    assert "PGD (L2, ε = 0.5) %" in lines[4] and "L∞" not in "\n".join(lines)
+    diffs = [{"run": "B", "baseline": "A", "distributions": {"uniform": {}}}]
+    assert report.differences(diffs, a["settings"]).splitlines()[0] == (
+        "Paired PR differences: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
+    )
+    assert plots.plot_pr(["A"], [a]).axes[0].get_title() == "uniform noise (PRBench's protocol), N=100 per image"
+    assert evaluation.protocol_text("uniform", 100, (0.03, 0.08, 0.1, 0.12)).startswith("PRBench's protocol")
+    assert evaluation.protocol_text("uniform", 100, (0.1, 0.12, 0.15, 0.2)).startswith("Table-1 protocol:")
+
+
+def test_a_radius_is_written_as_published():
+    assert [report.radius(e) for e in (8 / 255, 2 / 255, 16 / 255, 0.03, 0)] == [
+        "8/255",
+        "2/255",
+        "16/255",
+        "0.03",
+        "0",
+    ]
+    assert report.radius(8 / 255, "l2") == f"{8 / 255:g}" and report.radius(0.5, "l2") == "0.5"

@@ -124,6 +124,8 @@ def square_l2(
     rescale_schedule: bool = False,
     shared_squares: bool = False,
     return_trace: bool = False,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """L2 Square Attack on a batch of NHWC images in [0, 1], at least 5 pixels high (see the
     module docstring).
@@ -158,6 +160,8 @@ def square_l2(
         start_transposed=start_transposed,
         draw=draw,
         return_trace=return_trace,
+        resume=resume,
+        span=span,
     )
 
 
@@ -172,6 +176,8 @@ def square_l2_run(
     start_transposed: jax.Array,
     draw: SquareDrawL2,
     return_trace: bool = False,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """The L2 attack with its random draws given: for the start, start_signs (B, rows, cols, C)
     of ±1 and start_transposed (n, rows, cols) bool, n = B or 1, one per block of
@@ -214,4 +220,4 @@ def square_l2_run(
         return _on_sphere(x, delta, eps)
 
     x_start = _on_sphere(x, _l2_start(start_signs, start_transposed, height, width), eps)
-    return random_search(logits_fn, x, y, x_start, propose, n_queries, return_trace)
+    return random_search(logits_fn, x, y, x_start, propose, n_queries, return_trace, resume, span)

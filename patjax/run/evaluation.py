@@ -70,8 +70,11 @@ def evaluate_state(
         for pass_name in evaluator.passes(s):
             batch_fn = common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
+            rounds = evaluator.make_rounds(model_fns, s, pass_name) if evaluator.make_rounds else None
+            if rounds is not None:
+                rounds = common.Rounds(rounds.count, common.checking_logits(rounds.fn, model_fns))
             per_image[pass_name], walls[pass_name] = common.evaluate_pass(
-                batch_fn, state, split, n, batch_size, pass_name, progress, subset
+                batch_fn, state, split, n, batch_size, pass_name, progress, subset, rounds
             )
         if evaluator.combine:
             per_image[evaluator.name] = evaluator.combine(per_image, s)

@@ -39,7 +39,8 @@ Differences from the reference:
   - compiled loops: every run iterates over the whole batch and its results are masked, rather
     than re-indexing the points left to attack: images misclassified at x are run but returned
     as x (norm 0, fooled); in `fab_t`, images already fooled are run with later targets and
-    their results discarded; the loop over targets stops once no image is left robust;
+    their results discarded; the loop over targets stops once no image is left robust. The aa
+    evaluator instead runs `fab_t_run` run by run on the images still robust, as the reference;
   - RNG: jax.random keys (one per (target, restart) run, split from `key`, used only by random
     starts) instead of torch.manual_seed(seed); with n_restarts = 1 no randomness is used;
   - `norm`: the reference's res2 (1e10 where none) is reported as inf where no adversarial

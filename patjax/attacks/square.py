@@ -26,7 +26,8 @@ Where this module differs from the reference:
      but updates x_best, margin_min and the query counter only where margin_min > 0 (and the image
      was clean-correct); the loop stops when none is left or after n_queries iterations. Given the
      same random draws this gives each image exactly the reference's result; only the compute
-     differs.
+     differs. The aa evaluator cuts the loop into spans of iterations (`random_search`'s span
+     and resume) and drops the images fooled between them, nearer the reference's compute.
   2. Random numbers: JAX keys instead of torch's seeded generator, so runs are not bitwise
      reproducible across the two. The key of iteration i is fold_in(key, i), so with
      rescale_schedule=False a run of k queries is a prefix of a run of more queries.
@@ -192,6 +193,7 @@ def square_linf(
 
     n_queries, p_init, rescale_schedule, shared_squares and return_trace must be Python values
     (they fix the compiled schedule and shapes); eps may be traced. Pure and jit-compatible.
+    resume, span: a piece of the run (`random_search`).
     """
     check_images("square_linf", x, n_queries)
     batch, height, width, channels = x.shape

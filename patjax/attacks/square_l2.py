@@ -132,6 +132,7 @@ def square_l2(
 
     n_queries, p_init, rescale_schedule, shared_squares and return_trace must be Python values
     (they fix the compiled schedule and shapes); eps may be traced. Pure and jit-compatible.
+    resume, span: a piece of the run (`square.random_search`).
     """
     check_images("square_l2", x, n_queries)
     batch, height, width, channels = x.shape

@@ -6,15 +6,18 @@ The reference's 'standard' version (autoattack.py): APGD-CE (1 restart), APGD-T 
 with the highest clean logits after the top one, 1 restart each), FAB-T (the same 9 targets) and
 Square (5,000 queries, 1 restart), in that order, each run only on the images still robust after
 the ones before it (the cost stays near one attack's); an image is robust if it is classified
-correctly at x and no attack fools it. Every attack is compiled and batch-sharded like the
-other evaluators: APGD (`apgd.apgd`, whose one departure is its docstring's), FAB-T
-(`patjax.attacks.fab`) and Square (`patjax.attacks.square`, its L2 branch
+correctly at x and no attack fools it. Within an attack too the images fooled leave, as in the
+reference: APGD-T and FAB-T run one target rank per round, Square one span of its queries per
+round (`square_span_ends`; the reference drops them after every query), each round on the images
+still robust, packed into batches of a few fixed widths (`common.Rounds`, `common.pack`).
+Every attack is compiled and batch-sharded like the other evaluators: APGD (`apgd.apgd`, whose
+one departure is its docstring's), FAB-T (`patjax.attacks.fab`) and Square (`patjax.attacks.square`, its L2 branch
 `patjax.attacks.square_l2`) each list how they differ from the reference, under either norm. The
 L2 version is the same sequence with each attack's L2 branch (autoattack.py's _set_version
 'standard' treats 'Linf' and 'L2' alike). The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
 index (`common.per_example`), so a figure does not depend on the batch size or which images
-an earlier attack left.
+an earlier attack or round left.
 
 Gradient-masking checks (Athalye et al. 2018; Carlini et al. 2019), reported with every run:
   - the reference's own: Square, after the gradient-based attacks, lowers robust accuracy by

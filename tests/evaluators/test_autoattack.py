@@ -97,8 +97,8 @@ def test_the_masking_sign_test_is_the_exact_one_sided_binomial_test(wins, losses
 
 @pytest.mark.slow
 def test_figures_do_not_depend_on_the_batch(evaluated):
-    """Each pass runs at the width of the images it attacks (common.pass_width), not the batch:
-    one batch of all 40 images gives every image the same outcome as batches of 8."""
+    """Each pass packs the images it attacks into the batch widths of its batch size
+    (common.batch_widths): a batch size of 40 gives every image the same outcome as one of 8."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
     cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}

@@ -22,7 +22,15 @@ KINDS = {
         ("tests/methods/test_baselines.py", "tests/methods/test_methods.py"),
         "methods",
     ),
-    "evaluator": (evaluators.NAMES, "docs/evaluation.md", ("tests/run/test_evaluation.py",), "evaluators"),
+    "evaluator": (
+        evaluators.NAMES,
+        "docs/evaluation.md",
+        (
+            "tests/run/test_evaluation.py",
+            *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "evaluators").glob("test_*.py")),
+        ),
+        "evaluators",
+    ),
     "law": (laws.names(), "docs/evaluation.md", ("tests/pat/test_robustness.py",), "laws"),
 }
 CASES = [(kind, name) for kind, (names, *_) in KINDS.items() for name in names]

@@ -39,7 +39,8 @@ Differences from the reference:
   - compiled loops: every run iterates over the whole batch and its results are masked, rather
     than re-indexing the points left to attack: images misclassified at x are run but returned
     as x (norm 0, fooled); in `fab_t`, images already fooled are run with later targets and
-    their results discarded; the loop over targets stops once no image is left robust;
+    their results discarded; the loop over targets stops once no image is left robust. The aa
+    evaluator instead runs `fab_t_run` run by run on the images still robust, as the reference;
   - RNG: jax.random keys (one per (target, restart) run, split from `key`, used only by random
     starts) instead of torch.manual_seed(seed); with n_restarts = 1 no randomness is used;
   - `norm`: the reference's res2 (1e10 where none) is reported as inf where no adversarial
@@ -302,6 +303,65 @@ def fab_target_classes(logits: jax.Array, n_target_classes: int = 9) -> jax.Arra
     return order[:, ::-1][:, 1 : n_target_classes + 1].T
 
 
+class FabState(NamedTuple):
+    """Where `fab_t` stands between its runs, per image."""
+
+    robust: jax.Array  # (B,) bool: correct at x and no run so far fooled it within eps
+    adv: jax.Array  # (B, ...) its first success within eps; x where none
+    dist: jax.Array  # (B,) that success's norm; for a robust image the smallest norm found beyond eps
+
+
+def fab_t_start(logits_fn: LogitsFn, x: jax.Array, y: jax.Array) -> FabState:
+    """`fab_t` before its first run: robust where x is classified correctly, dist 0 for the others."""
+    robust = jnp.argmax(logits_fn(x), axis=-1) == y
+    return FabState(robust, x, jnp.where(robust, jnp.inf, 0.0).astype(x.dtype))
+
+
+def fab_t_run(
+    logits_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    targets: jax.Array,
+    i: jax.Array,
+    state: FabState,
+    *,
+    eps: float,
+    n_restarts: int = 1,
+    n_iter: int = 100,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+    norm: str = "linf",
+) -> FabState:
+    """Run i (may be traced) of `fab_t`: target row i // n_restarts of `targets`
+    (`fab_target_classes`), restart i % n_restarts (a random start for restarts after the first,
+    from split(key, runs)[i]), on the images `state` leaves robust; each image keeps its first
+    success within eps. An image's result depends on no other image of the batch, so the images
+    already fooled may leave the batch between runs."""
+    _check_norm(norm)
+    bshape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    run = fab_targeted(
+        logits_fn,
+        jax.random.split(key, targets.shape[0] * n_restarts)[i],
+        x,
+        y,
+        targets[i // n_restarts],
+        eps=eps,
+        n_iter=n_iter,
+        alpha_max=alpha_max,
+        eta=eta,
+        beta=beta,
+        random_start=i % n_restarts > 0,
+        norm=norm,
+    )
+    robust, adv, dist = state
+    newly = robust & run.fooled
+    adv = jnp.where(newly.reshape(bshape), run.x_adv, adv)
+    dist = jnp.where(newly, run.norm, jnp.where(robust, jnp.minimum(dist, run.norm), dist))
+    return FabState(robust & ~run.fooled, adv, dist)
+
+
 def fab_t(
     logits_fn: LogitsFn,
     key: jax.Array,
@@ -321,45 +381,23 @@ def fab_t(
 
     norm: "linf" or "l2" (the reference's 'Linf', 'L2'), the norm minimized and bounded by eps.
     For each target rank k = 2, ..., n_target_classes + 1 and restart r (random start for r > 0),
-    one `fab_targeted` run on the images still robust; an image's first success within eps is
-    kept. Returns x_adv: that success, x for robust images and images misclassified at x;
-    norm: |x_adv - x| where fooled (0 if x is misclassified), else the smallest norm of an
+    one `fab_targeted` run on the images still robust (`fab_t_run`); an image's first success
+    within eps is kept. Returns x_adv: that success, x for robust images and images misclassified
+    at x; norm: |x_adv - x| where fooled (0 if x is misclassified), else the smallest norm of an
     adversarial found beyond eps (inf if none); fooled: not robust (clean errors included).
     """
     _check_norm(norm)
-    batch = x.shape[0]
-    bshape = (batch,) + (1,) * (x.ndim - 1)
-    logits = logits_fn(x)
-    targets = fab_target_classes(logits, n_target_classes)
-    robust0 = jnp.argmax(logits, axis=-1) == y
+    targets = fab_target_classes(logits_fn(x), n_target_classes)
     n_runs = n_target_classes * n_restarts
-    keys = jax.random.split(key, n_runs)
+    settings = dict(eps=eps, n_restarts=n_restarts, n_iter=n_iter, alpha_max=alpha_max, eta=eta, beta=beta, norm=norm)
 
-    def cond(state):
-        i, robust, _, _ = state
-        return (i < n_runs) & jnp.any(robust)
+    def cond(carry):
+        i, state = carry
+        return (i < n_runs) & jnp.any(state.robust)
 
-    def body(state):
-        i, robust, adv, dist = state
-        run = fab_targeted(
-            logits_fn,
-            keys[i],
-            x,
-            y,
-            targets[i // n_restarts],
-            eps=eps,
-            n_iter=n_iter,
-            alpha_max=alpha_max,
-            eta=eta,
-            beta=beta,
-            random_start=i % n_restarts > 0,
-            norm=norm,
-        )
-        newly = robust & run.fooled
-        adv = jnp.where(newly.reshape(bshape), run.x_adv, adv)
-        dist = jnp.where(newly, run.norm, jnp.where(robust, jnp.minimum(dist, run.norm), dist))
-        return i + 1, robust & ~run.fooled, adv, dist
+    def body(carry):
+        i, state = carry
+        return i + 1, fab_t_run(logits_fn, key, x, y, targets, i, state, **settings)
 
-    dist0 = jnp.where(robust0, jnp.inf, 0.0).astype(x.dtype)
-    _, robust, adv, dist = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), robust0, x, dist0))
+    _, (robust, adv, dist) = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), fab_t_start(logits_fn, x, y)))
     return FabResult(jax.lax.stop_gradient(adv), jax.lax.stop_gradient(dist), ~robust)

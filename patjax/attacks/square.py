@@ -26,7 +26,8 @@ Where this module differs from the reference:
      but updates x_best, margin_min and the query counter only where margin_min > 0 (and the image
      was clean-correct); the loop stops when none is left or after n_queries iterations. Given the
      same random draws this gives each image exactly the reference's result; only the compute
-     differs.
+     differs. The aa evaluator cuts the loop into spans of iterations (`random_search`'s span
+     and resume) and drops the images fooled between them, nearer the reference's compute.
   2. Random numbers: JAX keys instead of torch's seeded generator, so runs are not bitwise
      reproducible across the two. The key of iteration i is fold_in(key, i), so with
      rescale_schedule=False a run of k queries is a prefix of a run of more queries.
@@ -185,11 +186,14 @@ def square_linf(
     rescale_schedule: bool = False,
     shared_squares: bool = False,
     return_trace: bool = False,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """L-inf Square Attack on a batch of NHWC images in [0, 1] (see the module docstring).
 
     n_queries, p_init, rescale_schedule, shared_squares and return_trace must be Python values
     (they fix the compiled schedule and shapes); eps may be traced. Pure and jit-compatible.
+    resume, span: a piece of the run (`random_search`).
     """
     check_images("square_linf", x, n_queries)
     batch, height, width, channels = x.shape
@@ -203,7 +207,18 @@ def square_linf(
         return vh, vw, jax.random.rademacher(k_sign, (n_draw, 1, 1, channels), x.dtype)
 
     sizes = square_sizes(n_queries, height, width, channels, p_init, rescale_schedule)
-    return square_linf_run(logits_fn, x, y, eps=eps, sizes=sizes, stripes=stripes, draw=draw, return_trace=return_trace)
+    return square_linf_run(
+        logits_fn,
+        x,
+        y,
+        eps=eps,
+        sizes=sizes,
+        stripes=stripes,
+        draw=draw,
+        return_trace=return_trace,
+        resume=resume,
+        span=span,
+    )
 
 
 def square_linf_run(
@@ -216,6 +231,8 @@ def square_linf_run(
     stripes: jax.Array,
     draw: SquareDraw,
     return_trace: bool = False,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """The attack with its random draws given: stripes (B, 1, W, C) of ±1 for the start, and
     draw(i, s) for iteration i's square of side s. `square_linf` supplies them from a key; a
@@ -231,7 +248,7 @@ def square_linf_run(
         return project_linf(x_best + jnp.where(square, 2.0 * eps * signs, 0.0), x, eps)
 
     x_start = jnp.clip(x + eps * stripes, 0.0, 1.0)
-    return random_search(logits_fn, x, y, x_start, propose, n_queries, return_trace)
+    return random_search(logits_fn, x, y, x_start, propose, n_queries, return_trace, resume, span)
 
 
 def random_search(
@@ -242,16 +259,27 @@ def random_search(
     propose: Callable[[jax.Array, jax.Array], jax.Array],
     n_queries: int,
     return_trace: bool,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """What both norms share: the start's query, the loop over iterations i < n_queries while an
     image is unfooled, x_new = propose(i, x_best) (every image; only the unfooled ones update),
-    the acceptance rule, the query counter and perturb's final re-evaluation."""
+    the acceptance rule, the query counter and perturb's final re-evaluation.
+
+    span = (first, stop) (may be traced) runs iterations first <= i < stop only, from `resume`
+    (the result of the iterations before first: its x_best, margin and queries) instead of the
+    start: the same search cut into pieces, so that the images already fooled can leave the
+    batch between them (iteration i's draws depend on i alone). Not with return_trace."""
     batch = x.shape[0]
     # perturb: only clean-correct images are passed to attack_single_run.
     clean_logits = logits_fn(x)
     attacked = jnp.argmax(clean_logits, axis=-1) == y
-    margin_min = jnp.where(attacked, margin(logits_fn(x_start), y), margin(clean_logits, y))
-    queries = attacked.astype(jnp.int32)
+    first, stop = (0, n_queries) if span is None else span
+    if resume is None:
+        margin_min = jnp.where(attacked, margin(logits_fn(x_start), y), margin(clean_logits, y))
+        x_best, queries = x_start, attacked.astype(jnp.int32)
+    else:
+        x_best, margin_min, queries = resume.x_best, resume.margin, resume.queries
     trace = jnp.zeros((n_queries + 1, batch), margin_min.dtype).at[0].set(margin_min) if return_trace else None
 
     def still_to_fool(margin_min):
@@ -259,7 +287,7 @@ def random_search(
 
     def cond(state):
         i, _, margin_min, _, _ = state
-        return (i < n_queries) & jnp.any(still_to_fool(margin_min))
+        return (i < stop) & jnp.any(still_to_fool(margin_min))
 
     def body(state):
         i, x_best, margin_min, queries, trace = state
@@ -275,8 +303,10 @@ def random_search(
             trace = trace.at[i + 1].set(margin_min)
         return i + 1, x_best, margin_min, queries, trace
 
-    state = (jnp.zeros((), jnp.int32), x_start, margin_min, queries, trace)
-    last, x_best, margin_min, queries, trace = jax.lax.while_loop(cond, body, state)
+    state = (jnp.asarray(first, jnp.int32), x_best, margin_min, queries, trace)
+    if not (isinstance(stop, int) and isinstance(first, int) and stop <= first):  # a start alone needs no loop
+        state = jax.lax.while_loop(cond, body, state)
+    last, x_best, margin_min, queries, trace = state
     if trace is not None:
         # After the loop stops every margin_min is frozen: later rows repeat the last one.
         trace = jnp.where(jnp.arange(n_queries + 1)[:, None] > last, margin_min[None, :], trace)

@@ -124,12 +124,15 @@ def square_l2(
     rescale_schedule: bool = False,
     shared_squares: bool = False,
     return_trace: bool = False,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """L2 Square Attack on a batch of NHWC images in [0, 1], at least 5 pixels high (see the
     module docstring).
 
     n_queries, p_init, rescale_schedule, shared_squares and return_trace must be Python values
     (they fix the compiled schedule and shapes); eps may be traced. Pure and jit-compatible.
+    resume, span: a piece of the run (`square.random_search`).
     """
     check_images("square_l2", x, n_queries)
     batch, height, width, channels = x.shape
@@ -158,6 +161,8 @@ def square_l2(
         start_transposed=start_transposed,
         draw=draw,
         return_trace=return_trace,
+        resume=resume,
+        span=span,
     )
 
 
@@ -172,6 +177,8 @@ def square_l2_run(
     start_transposed: jax.Array,
     draw: SquareDrawL2,
     return_trace: bool = False,
+    resume: SquareResult | None = None,
+    span: tuple | None = None,
 ) -> SquareResult:
     """The L2 attack with its random draws given: for the start, start_signs (B, rows, cols, C)
     of ±1 and start_transposed (n, rows, cols) bool, n = B or 1, one per block of
@@ -214,4 +221,4 @@ def square_l2_run(
         return _on_sphere(x, delta, eps)
 
     x_start = _on_sphere(x, _l2_start(start_signs, start_transposed, height, width), eps)
-    return random_search(logits_fn, x, y, x_start, propose, n_queries, return_trace)
+    return random_search(logits_fn, x, y, x_start, propose, n_queries, return_trace, resume, span)

@@ -6,15 +6,18 @@ The reference's 'standard' version (autoattack.py): APGD-CE (1 restart), APGD-T 
 with the highest clean logits after the top one, 1 restart each), FAB-T (the same 9 targets) and
 Square (5,000 queries, 1 restart), in that order, each run only on the images still robust after
 the ones before it (the cost stays near one attack's); an image is robust if it is classified
-correctly at x and no attack fools it. Every attack is compiled and batch-sharded like the
-other evaluators: APGD (`apgd.apgd`, whose one departure is its docstring's), FAB-T
-(`patjax.attacks.fab`) and Square (`patjax.attacks.square`, its L2 branch
+correctly at x and no attack fools it. Within an attack too the images fooled leave, as in the
+reference: APGD-T and FAB-T run one target rank per round, Square one span of its queries per
+round (`square_span_ends`; the reference drops them after every query), each round on the images
+still robust, packed into batches of a few fixed widths (`common.Rounds`, `common.pack`).
+Every attack is compiled and batch-sharded like the other evaluators: APGD (`apgd.apgd`, whose
+one departure is its docstring's), FAB-T (`patjax.attacks.fab`) and Square (`patjax.attacks.square`, its L2 branch
 `patjax.attacks.square_l2`) each list how they differ from the reference, under either norm. The
 L2 version is the same sequence with each attack's L2 branch (autoattack.py's _set_version
 'standard' treats 'Linf' and 'L2' alike). The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
 index (`common.per_example`), so a figure does not depend on the batch size or which images
-an earlier attack left.
+an earlier attack or round left.
 
 Gradient-masking checks (Athalye et al. 2018; Carlini et al. 2019), reported with every run:
   - the reference's own: Square, after the gradient-based attacks, lowers robust accuracy by
@@ -103,95 +106,143 @@ def passes(s) -> tuple:
     return tuple(f"aa_{stage}" for stage in STAGES) + _masking_passes(s)
 
 
-def _apgd_t(logits_fn, key, x, y, s):
-    """APGD-T on one image (x: (1, ...)): a run per target rank, until one fools it."""
-    targets = fab.fab_target_classes(logits_fn(x), s[BLOCK].target_classes)  # (targets, 1)
+# Square's queries are cut into spans, after each of which the images it fooled leave the batch
+# (the reference drops them after every query): short spans first, where most images fall.
+SQUARE_SPAN_ENDS = (10, 20, 30, 50, 75, 100, 150, 200, 250, 300, 400, 500, 600, 800, 1000, 1250, 1500, 1750, 2000)
+SQUARE_SPAN_STEP = 500  # past the last end above
 
-    def cond(state):
-        rank, robust = state
-        return (rank < s[BLOCK].target_classes) & robust[0]
 
-    def body(state):
-        rank, robust = state
-        run = apgd.apgd(
-            logits_fn,
-            jax.random.fold_in(key, rank),
-            x,
-            y,
-            eps=s[common.THREAT_BLOCK].eps,
-            steps=s[apgd_evaluators.BLOCK].steps,
-            loss="dlr_targeted",
-            rho=s[apgd_evaluators.BLOCK].rho,
-            target=targets[rank],
-            norm=s[common.THREAT_BLOCK].norm,
-        )
-        return rank + 1, robust & run.robust
+def square_span_ends(n_queries: int) -> tuple:
+    """The query after which each round of Square's pass ends (the last: n_queries)."""
+    ends = [e for e in SQUARE_SPAN_ENDS if e < n_queries]
+    ends += range(SQUARE_SPAN_ENDS[-1] + SQUARE_SPAN_STEP, n_queries, SQUARE_SPAN_STEP)
+    return (*ends, n_queries)
 
-    clean = jnp.argmax(logits_fn(x), axis=-1) == y
-    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), clean))[1]
+
+def _stage(s, pass_name):
+    """(stage, its key, its eps) of an aa pass."""
+    name = pass_name[len("aa_") :]
+    stream = {"apgd_ce": 0, "apgd_t": 1, "fab_t": 2, "square": 3, "square_alone": 3}.get(name, 4)
+    factor = float(name.split("_x")[1]) if "_x" in name else 1.0  # the masking check's larger balls
+    return name, _key(s.shared.seed, stream), s[common.THREAT_BLOCK].eps * factor
+
+
+def _apgd_robust(logits_fn, key, x, y, s, eps, loss, target=None):
+    """Whether APGD (one run, `eval.apgd`'s settings) leaves the image (x: (1, ...)) robust."""
+    own = s[apgd_evaluators.BLOCK]
+    norm = s[common.THREAT_BLOCK].norm
+    return apgd.apgd(
+        logits_fn, key, x, y, eps=eps, steps=own.steps, loss=loss, rho=own.rho, target=target, norm=norm
+    ).robust
+
+
+def _square_outputs(out) -> dict:
+    # Still to attack: unfooled with a positive margin (random_search's loop condition).
+    return {
+        "robust": ~out.fooled,
+        "queries": out.queries,
+        "_x_best": out.x_best,
+        "_margin": out.margin,
+        common.ACTIVE: ~out.fooled & (out.margin > 0),
+    }
 
 
 def make_batch_fn(model_fns, s, pass_name):
-    own, apgd_settings = s[BLOCK], s[apgd_evaluators.BLOCK]
-    name = pass_name[len("aa_") :]
-    stream = {"apgd_ce": 0, "apgd_t": 1, "fab_t": 2, "square": 3, "square_alone": 3}.get(name, 4)
-    key = _key(s.shared.seed, stream)
-    factor = float(name.split("_x")[1]) if "_x" in name else 1.0  # the masking check's larger balls
-    eps, norm = s[common.THREAT_BLOCK].eps * factor, s[common.THREAT_BLOCK].norm
-    square_attack = SQUARE_BY_NORM[norm]
+    """The pass's batch function; for APGD-T, FAB-T and Square (alone too) its first round, which
+    classifies x (and takes Square's start), and `make_rounds` the rest: one per target class, one
+    per span of Square's queries, each on the images still robust."""
+    own = s[BLOCK]
+    name, key, eps = _stage(s, pass_name)
+    square_attack = SQUARE_BY_NORM[s[common.THREAT_BLOCK].norm]
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
         x = cifar.to_float(images)
         if name.startswith("apgd_ce"):
             robust = common.per_example(
-                lambda k, xi, yi: (
-                    apgd.apgd(
-                        logits_fn,
-                        k,
-                        xi,
-                        yi,
-                        eps=eps,
-                        steps=apgd_settings.steps,
-                        loss="ce",
-                        rho=apgd_settings.rho,
-                        norm=norm,
-                    ).robust
-                ),
-                key,
-                indices,
-                x,
-                labels,
+                lambda k, xi, yi: _apgd_robust(logits_fn, k, xi, yi, s, eps, "ce"), key, indices, x, labels
             )
             return {"robust": robust, "clean_correct": jnp.argmax(logits_fn(x), axis=-1) == labels}
         if name == "apgd_t":
-            return {
-                "robust": common.per_example(
-                    lambda k, xi, yi: _apgd_t(logits_fn, k, xi, yi, s), key, indices, x, labels
-                )
-            }
-        if name == "fab_t":  # no randomness with one restart: the batch runs as one
-            out = fab.fab_t(
-                logits_fn,
-                key,
-                x,
-                labels,
-                eps=eps,
-                n_target_classes=own.target_classes,
-                n_iter=own.fab_steps,
-                norm=norm,
-            )
-            return {"robust": ~out.fooled, "norm": out.norm}
+            clean = jnp.argmax(logits_fn(x), axis=-1) == labels
+            return {"robust": clean, common.ACTIVE: clean}
+        if name == "fab_t":
+            state = fab.fab_t_start(logits_fn, x, labels)
+            return {"robust": state.robust, "norm": state.dist, common.ACTIVE: state.robust}
         out = common.per_example(
-            lambda k, xi, yi: square_attack(logits_fn, k, xi, yi, eps=eps, n_queries=own.square_queries),
+            lambda k, xi, yi: square_attack(logits_fn, k, xi, yi, eps=eps, n_queries=own.square_queries, span=(0, 0)),
             key,
             indices,
             x,
             labels,
         )
-        return {"robust": ~out.fooled, "queries": out.queries}
+        return _square_outputs(out)
 
     return jax.jit(fn)
+
+
+def make_rounds(model_fns, s, pass_name):
+    """APGD-T's and FAB-T's runs, one round per target rank (the reference's loop over target
+    classes, each on the images still robust), and Square's spans of queries; None for APGD-CE."""
+    own = s[BLOCK]
+    name, key, eps = _stage(s, pass_name)
+    norm = s[common.THREAT_BLOCK].norm
+    square_attack = SQUARE_BY_NORM[norm]
+    if name.startswith("apgd_ce"):
+        return None
+
+    def apgd_t(logits_fn, x, labels, indices, rank, carried):
+        def one(k, xi, yi):  # the rank's target: fab_target_classes' row, as the reference's
+            target = fab.fab_target_classes(logits_fn(xi), own.target_classes)[rank]
+            return _apgd_robust(logits_fn, jax.random.fold_in(k, rank), xi, yi, s, eps, "dlr_targeted", target)
+
+        robust = common.per_example(one, key, indices, x, labels)
+        return {"robust": robust, common.ACTIVE: robust}
+
+    def fab_t(logits_fn, x, labels, indices, run, carried):  # no randomness with one restart
+        state = fab.fab_t_run(
+            logits_fn,
+            key,
+            x,
+            labels,
+            fab.fab_target_classes(logits_fn(x), own.target_classes),
+            run,
+            fab.FabState(carried["robust"], x, carried["norm"]),
+            eps=eps,
+            n_iter=own.fab_steps,
+            norm=norm,
+        )
+        return {"robust": state.robust, "norm": state.dist, common.ACTIVE: state.robust}
+
+    ends = square_span_ends(own.square_queries)
+    firsts, stops = jnp.asarray((0,) + ends[:-1], jnp.int32), jnp.asarray(ends, jnp.int32)
+
+    def square_span(logits_fn, x, labels, indices, span, carried):
+        def one(k, xi, yi, c):
+            resume = square.SquareResult(xi, None, c["queries"], c["_margin"], c["_x_best"], None)
+            return square_attack(
+                logits_fn,
+                k,
+                xi,
+                yi,
+                eps=eps,
+                n_queries=own.square_queries,
+                resume=resume,
+                span=(firsts[span], stops[span]),
+            )
+
+        return _square_outputs(common.per_example(one, key, indices, x, labels, carried))
+
+    attack, count = {
+        "apgd_t": (apgd_t, own.target_classes),
+        "fab_t": (fab_t, own.target_classes),
+    }.get(name, (square_span, len(ends)))
+
+    def fn(params, batch_stats, images, labels, indices, round_index, carried):
+        logits_fn = model_fns.attack_logits_fn(params, batch_stats)
+        return attack(logits_fn, cifar.to_float(images), labels, indices, round_index - 1, carried)
+
+    return common.Rounds(count + 1, jax.jit(fn))
 
 
 def subset(pass_name, per_image):
@@ -301,6 +352,7 @@ EVALUATOR = common.Evaluator(
     label="AutoAttack",
     subset=subset,
     combine=combine,
+    make_rounds=make_rounds,
     settings=AutoAttackSettings,
     norms=l2.NORMS,
 )

@@ -85,8 +85,11 @@ def evaluate_state(
     for evaluator in chosen:
         for pass_name in evaluator.passes(s):
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
+            rounds = evaluator.make_rounds(model_fns, s, pass_name) if evaluator.make_rounds else None
+            if rounds is not None:
+                rounds = common.Rounds(rounds.count, common.checking_logits(rounds.fn, model_fns))
             per_image[pass_name], walls[pass_name] = common.evaluate_pass(
-                batch_fns[evaluator.name, pass_name], state, split, n, batch_size, pass_name, progress, subset
+                batch_fns[evaluator.name, pass_name], state, split, n, batch_size, pass_name, progress, subset, rounds
             )
             if estimate:
                 estimate.pop(pass_name)

@@ -12,10 +12,12 @@ import pytest
 from helpers import Linear, eval_config, evaluate, tiny_setup
 from scipy import stats
 
+from patjax.attacks import apgd, fab
 from patjax.data import cifar
-from patjax.evaluators import autoattack
+from patjax.evaluators import autoattack, common
 from patjax.models.networks import ModelFns
 from patjax.reporting import report
+from patjax.run import config as config_lib
 
 EPS = 0.03
 
@@ -95,8 +97,8 @@ def test_the_masking_sign_test_is_the_exact_one_sided_binomial_test(wins, losses
 
 @pytest.mark.slow
 def test_figures_do_not_depend_on_the_batch(evaluated):
-    """Each pass runs at the width of the images it attacks (common.pass_width), not the batch:
-    one batch of all 40 images gives every image the same outcome as batches of 8."""
+    """Each pass packs the images it attacks into the batch widths of its batch size
+    (common.batch_widths): a batch size of 40 gives every image the same outcome as one of 8."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
     cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
@@ -186,3 +188,80 @@ def test_l2_autoattack_reaches_the_exact_l2_robustness_of_a_linear_model():
     fig = results["figures"]["aa"]
     assert fig["settings"]["norm"] == "l2" and fig["settings"]["eps"] == eps
     assert per_image["aa.robust"].sum() == fig["value"] * 40
+
+
+def unpacked(model_fns, state, images, labels, s):
+    """Per image, APGD-T, FAB-T and Square as one batch of every image, each run to its end (every
+    target rank, every query; an image's outcome is the AND of its runs'), written from the
+    attacks' own functions with the keys of the aa evaluator's streams (fold_in(PRNGKey(seed),
+    100 + stream), then the image index, then the target rank)."""
+    logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats)
+    x, y = cifar.to_float(images), jnp.asarray(labels)
+    own, threat = s["aa"], s["attack"]
+    stream = lambda k: jax.random.fold_in(jax.random.PRNGKey(s.shared.seed), 100 + k)
+    keys = lambda k: jax.vmap(lambda i: jax.random.fold_in(stream(k), i))(jnp.arange(len(labels)))
+    clean = np.asarray(jnp.argmax(logits_fn(x), -1) == y)
+    targets = fab.fab_target_classes(logits_fn(x), own.target_classes)  # (ranks, images)
+
+    def apgd_t(key, xi, yi, target, rank):
+        return apgd.apgd(
+            logits_fn,
+            jax.random.fold_in(key, rank),
+            xi[None],
+            yi[None],
+            eps=threat.eps,
+            steps=s["apgd"].steps,
+            loss="dlr_targeted",
+            rho=s["apgd"].rho,
+            target=target[None],
+            norm=threat.norm,
+        ).robust[0]
+
+    run_apgd_t = jax.jit(jax.vmap(apgd_t, (0, 0, 0, 0, None)))
+    robust_t = clean.copy()
+    for rank in range(own.target_classes):
+        robust_t &= np.asarray(run_apgd_t(keys(1), x, y, targets[rank], rank))
+    fab_out = jax.jit(
+        lambda x, y: fab.fab_t(
+            logits_fn, stream(2), x, y, eps=threat.eps, n_target_classes=own.target_classes, n_iter=own.fab_steps
+        )
+    )(x, y)
+
+    def square(key, xi, yi):
+        out = autoattack.SQUARE_BY_NORM[threat.norm](
+            logits_fn, key, xi[None], yi[None], eps=threat.eps, n_queries=own.square_queries
+        )
+        return out.fooled[0], out.queries[0]
+
+    square_fooled, square_queries = jax.jit(jax.vmap(square))(keys(3), x, y)
+    return {
+        "aa_apgd_t": {"robust": robust_t},
+        "aa_fab_t": {"robust": ~np.asarray(fab_out.fooled), "norm": np.asarray(fab_out.norm)},
+        "aa_square": {"robust": ~np.asarray(square_fooled), "queries": np.asarray(square_queries)},
+    }
+
+
+@pytest.mark.slow
+def test_packing_changes_no_per_image_outcome():
+    """APGD-T and FAB-T run one target rank per round and Square one span of queries, each on the
+    images still robust packed into batches of 2 or 4 (`common.pack`); every image's outcome is
+    the one it has in a single batch of all images run to the end, while images leave the batch at
+    different rounds (some fooled early, some late, some never)."""
+    model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
+    cfg = eval_config(attack_eps=EPS, apgd_steps=10, aa_fab_steps=10, aa_square_queries=100)
+    s = config_lib.evaluation_settings(cfg, evaluators="aa", batch_size=4).evaluator_settings
+    expected = unpacked(model_fns, state, split.images, split.labels, s)
+    clean = np.asarray(model_fns.infer(state.params, {}, cifar.to_float(split.images))).argmax(1) == split.labels
+    for pass_name, outputs in expected.items():
+        rounds = autoattack.make_rounds(model_fns, s, pass_name)
+        batch_fn = autoattack.make_batch_fn(model_fns, s, pass_name)
+        packed, _ = common.evaluate_pass(batch_fn, state, split, len(split), 4, pass_name, False, rounds=rounds)
+        assert set(packed) == set(outputs), pass_name
+        for key, value in outputs.items():
+            if key == "norm":  # a float: its last bits follow the batch's width (XLA's summation order)
+                np.testing.assert_allclose(packed[key], value, rtol=1e-5, atol=1e-6, err_msg=pass_name)
+            else:
+                np.testing.assert_array_equal(packed[key], value, err_msg=f"{pass_name}.{key}")
+        assert 0 < packed["robust"].sum() < clean.sum(), pass_name
+    queries = expected["aa_square"]["queries"][expected["aa_square"]["robust"] == 0]
+    assert len(np.unique(queries[queries > 0])) > 3  # Square fools images after different spans

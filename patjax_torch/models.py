@@ -22,7 +22,7 @@ normalize (load_state_dict reports unexpected keys mu and sigma).
 
 `norm_layer`: the BatchNorm class (torchvision's convention); torch.nn.BatchNorm2d by default.
 In inference mode every BatchNorm computes what Flax's does (eps 1e-5, running statistics);
-benchmarks/torch_pat_peer.py passes its own class for Flax's training-mode update.
+benchmarks/speed/torch_pat_peer.py passes its own class for Flax's training-mode update.
 """
 
 from __future__ import annotations

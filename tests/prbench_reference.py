@@ -1,7 +1,7 @@
 """A transcription of PRBench's PR loop (wellzline/PRBenchmark, evaluate.py at commit
 32eefbaa8182eeb39d9bb48e6f11466d1bff48b4: `run_prob` and the test branch of `func_pr`), the
 reference patjax's `--pr_preset=prbench` is checked against (tests/evaluators/test_pr.py)
-and timed against (benchmarks/pr_speed.py).
+and timed against (benchmarks/speed/pr_speed.py).
 
 Line for line their CIFAR branch under the law "Uniform", with three changes that keep its numbers:
 - the images, labels and model are passed in rather than read from their loader into 'cuda'

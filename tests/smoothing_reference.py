@@ -1,6 +1,6 @@
 """A transcription of Cohen, Rosenfeld & Kolter's `Smooth` (locuslab/smoothing, code/core.py at
 commit 78a4d949e4f627d000a78908e001f8ca66c92943), the reference patjax's `certify` evaluator is
-checked against (tests/evaluators/test_certify.py) and timed against (benchmarks/certify_speed.py).
+checked against (tests/evaluators/test_certify.py) and timed against (benchmarks/speed/certify_speed.py).
 
 Line for line the authors' class, with three changes that keep its numbers:
 - the noise is drawn on the input's device (`randn_like(batch)`), not on 'cuda';

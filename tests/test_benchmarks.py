@@ -12,7 +12,7 @@ from conftest import REPO
 
 
 def _load_profile_step():
-    spec = importlib.util.spec_from_file_location("profile_step", REPO / "benchmarks" / "profile_step.py")
+    spec = importlib.util.spec_from_file_location("profile_step", REPO / "benchmarks" / "speed" / "profile_step.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -41,7 +41,7 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis(tmp_path):
     out = subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks" / "profile_step.py"),
+            str(REPO / "benchmarks" / "speed" / "profile_step.py"),
             "--model",
             "small_cnn",
             "--batch",
@@ -87,7 +87,9 @@ def test_profile_step_convolution_flops_match_xla_cost_analysis(tmp_path):
 
 
 def test_gpu_convolutions_counts_cudnn_calls_of_an_optimized_hlo():
-    spec = importlib.util.spec_from_file_location("gpu_convolutions", REPO / "benchmarks" / "gpu_convolutions.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_convolutions", REPO / "benchmarks" / "gpu" / "gpu_convolutions.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # Two lines as an H100's optimized HLO gave them (JAX 0.11.2; cut where the benchmark cuts
@@ -247,7 +249,9 @@ def test_compare_per_image_counts_each_flip_on_the_shared_images(tmp_path):
     b["pr_uniform.lse_loss"][order == 2, 1] = 0.25
     np.savez(tmp_path / "a.npz", **a)
     np.savez(tmp_path / "b.npz", **b)
-    spec = importlib.util.spec_from_file_location("compare_per_image", REPO / "benchmarks" / "compare_per_image.py")
+    spec = importlib.util.spec_from_file_location(
+        "compare_per_image", REPO / "benchmarks" / "crosscheck" / "compare_per_image.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = {r[0]: r[1:] for r in module.compare(dict(np.load(tmp_path / "a.npz")), dict(np.load(tmp_path / "b.npz")))}
@@ -257,7 +261,7 @@ def test_compare_per_image_counts_each_flip_on_the_shared_images(tmp_path):
         "pr_uniform.counts": (4, 1, -3, None),
         "pr_uniform.lse_loss": (4, None, None, 0.25),
     }
-    command = [sys.executable, str(REPO / "benchmarks" / "compare_per_image.py")]
+    command = [sys.executable, str(REPO / "benchmarks" / "crosscheck" / "compare_per_image.py")]
     done = subprocess.run([*command, str(tmp_path / "a.npz"), str(tmp_path / "b.npz")], capture_output=True, text=True)
     assert done.returncode == 0 and "pr_uniform.counts" in done.stdout and "-3" in done.stdout
     np.savez(tmp_path / "c.npz", x=np.zeros(3))
@@ -274,7 +278,7 @@ def test_matched_accuracy_reads_curve_points_as_the_suite_does_and_interpolates_
 
     runs = REPO / "docs" / "results" / "table1_cpu" / "runs" / "cifar10_small_cnn"
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "matched_accuracy.py"), "--a", str(runs / "pat_s1")]
+        [sys.executable, str(REPO / "benchmarks" / "crosscheck" / "matched_accuracy.py"), "--a", str(runs / "pat_s1")]
         + ["--b", str(runs / "pgd_s1"), "--final=eval"],
         capture_output=True,
         text=True,

@@ -199,12 +199,12 @@ def test_the_quickstart_command_run_again_resumes_its_workdir_named_like_the_con
 
 
 def test_an_exported_model_read_back_into_a_workdir_restores_bit_for_bit(tiny_run, tmp_path):
-    """benchmarks/kept_model_from_export.py: the workdir it builds from a run's export and config
+    """benchmarks/crosscheck/kept_model_from_export.py: the workdir it builds from a run's export and config
     restores the run's own parameters and BatchNorm statistics exactly, with the config's
     compute_dtype replaced; it refuses a workdir that exists."""
     exported, rebuilt = str(tmp_path / "model.safetensors"), str(tmp_path / "rebuilt")
     finish(start("patjax.export", f"--workdir={tiny_run}", f"--out={exported}"))
-    script = str(REPO / "benchmarks" / "kept_model_from_export.py")
+    script = str(REPO / "benchmarks" / "crosscheck" / "kept_model_from_export.py")
     flags = (f"--export={exported}", f"--config={os.path.join(tiny_run, 'config.json')}", f"--workdir={rebuilt}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(

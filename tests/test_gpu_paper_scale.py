@@ -1,4 +1,4 @@
-"""benchmarks/gpu_paper_scale.py: what travels, the pieces that come back, and its CPU dry run."""
+"""benchmarks/gpu/gpu_paper_scale.py: what travels, the pieces that come back, and its CPU dry run."""
 
 import hashlib
 import importlib.util
@@ -14,7 +14,7 @@ from conftest import REPO
 
 from patjax.data import cifar
 
-SCRIPT = REPO / "benchmarks" / "gpu_paper_scale.py"
+SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_paper_scale.py"
 # The real CIFAR-10 files where every test finds them ($PATJAX_DATA_DIR, else ../shared/data).
 CIFAR = pathlib.Path(cifar.find_data_dir() or REPO.parent / "shared" / "data") / "cifar-10-batches-bin"
 

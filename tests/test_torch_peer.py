@@ -1,4 +1,4 @@
-"""The PyTorch peers (benchmarks/torch_pat_peer.py) compute patjax's PAT step.
+"""The PyTorch peers (benchmarks/speed/torch_pat_peer.py) compute patjax's PAT step.
 
 A second implementation of Algorithm 2, written from the paper in PyTorch, is given patjax's
 weights (small CNN, and ResNet-18 at width 4), the same clean batch and the same sampler
@@ -44,7 +44,7 @@ BF16_TOL = 2e-2  # a few units of bf16's 2**-8 relative rounding on a loss of ab
 
 
 def load_peer():
-    spec = importlib.util.spec_from_file_location("torch_pat_peer", REPO / "benchmarks" / "torch_pat_peer.py")
+    spec = importlib.util.spec_from_file_location("torch_pat_peer", REPO / "benchmarks" / "speed" / "torch_pat_peer.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -11,7 +11,7 @@ Models:
 - `SmallCNN`: three conv+BN+ReLU+max-pool stages (32/64/128 channels) and a linear
   head: fast enough for CPU runs and tests.
 - `ResNet18`: the CIFAR form used across adversarial-training code (kuangliu's
-  pytorch-cifar, also the PyTorch peer in benchmarks/torch_pat_peer.py): 3x3 stride-1 stem, no
+  pytorch-cifar, also the PyTorch peer in benchmarks/speed/torch_pat_peer.py): 3x3 stride-1 stem, no
   max-pool, four stages of two BasicBlocks, global average pool.
 - `WideResNet50_2`: torchvision's `wide_resnet50_2` (Bottleneck blocks, layers
   3-4-6-3, bottleneck width doubled: 128/256/512/1024, outputs 256..2048) with the

@@ -1,5 +1,5 @@
 """patjax's `aa` against the reference AutoAttack (Croce & Hein's code, `pyautoattack`) on the same
-weights and images: a small version of benchmarks/autoattack_reference.py's cross-check, run
+weights and images: a small version of benchmarks/crosscheck/autoattack_reference.py's cross-check, run
 only where the `[bench]` extra installed the reference (PyTorch comes with the test extra)."""
 
 import importlib.util
@@ -15,7 +15,9 @@ RUN = REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0"  # a commit
 
 
 def load_benchmark():
-    spec = importlib.util.spec_from_file_location("autoattack_reference", REPO / "benchmarks/autoattack_reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "autoattack_reference", REPO / "benchmarks/crosscheck/autoattack_reference.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

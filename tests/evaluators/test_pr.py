@@ -1,6 +1,6 @@
 """patjax's PR under PRBench's protocol (`--pr_preset=prbench`) against PRBench's own loop
 (tests/prbench_reference.py, a transcription of wellzline/PRBenchmark's `evaluate_PR`), on the same
-network and the same images, through benchmarks/pr_speed.py's two arms: the same law drawn by two
+network and the same images, through benchmarks/speed/pr_speed.py's two arms: the same law drawn by two
 generators (JAX's keys, torch's global generator), so the per-image counts agree in distribution,
 not sample by sample."""
 
@@ -17,7 +17,7 @@ IMAGES = 64
 
 
 def load_pr_speed():
-    spec = importlib.util.spec_from_file_location("pr_speed", REPO / "benchmarks" / "pr_speed.py")
+    spec = importlib.util.spec_from_file_location("pr_speed", REPO / "benchmarks" / "speed" / "pr_speed.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

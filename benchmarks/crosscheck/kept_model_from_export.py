@@ -2,7 +2,7 @@
 """A workdir that holds an exported model as its kept model, so that workdir commands
 (`patjax.diagnose`, `patjax.evaluate`) read it.
 
-  python benchmarks/kept_model_from_export.py --export=FILE.safetensors --config=config.json \
+  python benchmarks/crosscheck/kept_model_from_export.py --export=FILE.safetensors --config=config.json \
       --workdir=/tmp/W [--compute_dtype=float32] [--data_dir=DIR] [--step=N]
 
 Reads the PyTorch-layout state_dict that `patjax.export` wrote (`torch_weights.read_state_dict`,

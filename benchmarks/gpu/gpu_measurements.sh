@@ -8,10 +8,10 @@
 # One JSON line per measurement goes to $OUT/gpu.jsonl, everything printed to $OUT/log.txt, the
 # machine's description to $OUT/env.txt.
 #
-#   OUT=gpu_out bash benchmarks/gpu_measurements.sh
+#   OUT=gpu_out bash benchmarks/gpu/gpu_measurements.sh
 #   # a dry run of the same commands on small settings (CPU):
 #   OUT=/tmp/gpu_dry MODEL=small_cnn WIDE=small_cnn BATCH=16 T=2 EVAL_BATCH=16 PR_N=4 ITERS=1 \
-#     bash benchmarks/gpu_measurements.sh
+#     bash benchmarks/gpu/gpu_measurements.sh
 set -u
 OUT=${OUT:-gpu_out}
 MODEL=${MODEL:-resnet18}
@@ -23,7 +23,7 @@ PR_N=${PR_N:-100}
 ITERS=${ITERS:-4}
 . "$(dirname "$0")/gpu_common.sh"
 
-B=benchmarks
+B=benchmarks/speed
 # A small step first: if patjax cannot run here, stop at once rather than after every limit.
 measure smoke 120 python3 $B/epoch_throughput.py --model small_cnn --batch 32 --langevin-steps 2 --iters 1 --no-flops --json || exit 1
 measure step_fp32_vs_peer 240 python3 $B/compare_torch.py --model "$MODEL" --batch "$BATCH" --langevin-steps "$T" \

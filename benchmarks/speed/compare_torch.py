@@ -5,10 +5,10 @@ The machine is shared and noisy, so each round runs every arm once, one after th
 fresh processes, and the figure quoted is median(images/s of patjax) / median(images/s of
 the peer) over the rounds.
 
-  python benchmarks/compare_torch.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --rounds 3
+  python benchmarks/speed/compare_torch.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --rounds 3
 
-Arms: the peer -- benchmarks/torch_pat_peer.py (Algorithm 2 in eager PyTorch, the step
-patjax computes) for resnet18, benchmarks/torch_small_cnn_peer.py (the same step on its
+Arms: the peer -- benchmarks/speed/torch_pat_peer.py (Algorithm 2 in eager PyTorch, the step
+patjax computes) for resnet18, benchmarks/speed/torch_small_cnn_peer.py (the same step on its
 SmallCNN) for small_cnn; $PATJAX_TORCH_REFERENCE, if set, replaces the resnet18 peer by another
 script taking --width --batch --langevin-steps --iters [--threads] and printing a JSON line
 with images_per_s -- and one patjax arm per --patjax-variant (extra flags for

@@ -21,8 +21,8 @@ H100 SXM's dense TF32 peak and, by default, the utilization range that PGD-20 an
 reached on one H100 (docs/performance.md, GPU section); AutoAttack itself has not been timed
 on a GPU.
 
-  python benchmarks/aa_projection.py --model resnet18 --num_images 10000
-  python benchmarks/aa_projection.py --model resnet18 --fractions 0.82 0.44 0.43 0.43
+  python benchmarks/gpu/aa_projection.py --model resnet18 --num_images 10000
+  python benchmarks/gpu/aa_projection.py --model resnet18 --fractions 0.82 0.44 0.43 0.43
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import json
 import pathlib
 import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also where it is not installed
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Memory, compile time and rate of the PR pass at several (batch, chunk) settings.
 
-  python benchmarks/pr_memory.py --model resnet18 500:5 100:25 500:25
+  python benchmarks/speed/pr_memory.py --model resnet18 500:5 100:25 500:25
 
 One forward pass of the PR pass takes len(eval.pr.epsilons) x batch x chunk images
 (`robustness.pr_statistics`), so the chunk (`eval.pr.chunk_size`) bounds its memory. For each

@@ -3,7 +3,7 @@
 a faster convolution on XLA:CPU). One JAX device; pin it to one core to compare with that
 core's fp32 peak (benchmarks/README.md, "Where the time goes", gives the measuring machine's):
 
-  taskset -c 0 python benchmarks/conv_variants.py --batch 16
+  taskset -c 0 python benchmarks/speed/conv_variants.py --batch 16
 
 For each ResNet-18 stage (32x32x64, 16x16x128, 8x8x256, 4x4x512; a 3x3, stride-1, same-padded
 convolution) it prints GFLOP/s of (FLOPs per pass counted as XLA's cost analysis and

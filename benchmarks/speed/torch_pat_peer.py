@@ -37,8 +37,8 @@ torch's generator for benchmarking. Run as a script, it times steps on random CI
 data and prints one JSON line:
 
   pip install torch==2.13.0
-  python benchmarks/torch_pat_peer.py --model resnet18 --batch 32 --langevin-steps 10 --width 64 --iters 3
-  python benchmarks/torch_pat_peer.py --batch 32 --langevin-steps 10 --iters 3 --compile --channels-last
+  python benchmarks/speed/torch_pat_peer.py --model resnet18 --batch 32 --langevin-steps 10 --width 64 --iters 3
+  python benchmarks/speed/torch_pat_peer.py --batch 32 --langevin-steps 10 --iters 3 --compile --channels-last
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's packages
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)  # this checkout's packages
 from patjax.interop import torch_weights  # noqa: E402
 from patjax.models.networks import DATASET_STATS  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402

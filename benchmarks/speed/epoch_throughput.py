@@ -2,13 +2,13 @@
 """Throughput of patjax's compiled train step (the whole step of Algorithm 2: batch gather,
 augmentation, T Langevin steps, SNIS-weighted loss, SGD update) on random CIFAR-shaped data.
 
-  python benchmarks/epoch_throughput.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --json
+  python benchmarks/speed/epoch_throughput.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --json
 
 Reports compile time separately from the timed steps (one warm-up step, then the median of
 --iters steps), images/s, the projected seconds per 50,000-image epoch, FLOPs per image from
 XLA's cost analysis, achieved FLOP/s (and utilization against --peak-gflops when given),
 peak memory from the compiled executable's memory analysis, backend and device. Runs
-unchanged on CPU and GPU; flags that overlap benchmarks/torch_pat_peer.py have its
+unchanged on CPU and GPU; flags that overlap benchmarks/speed/torch_pat_peer.py have its
 names (--batch, --langevin-steps, --width, --iters).
 
 FLOPs: XLA's cost analysis counts a while-loop body once whatever its trip count, so the

@@ -9,13 +9,13 @@
 #            list, alternating with the default step (ratios to it);
 #   peer_cudagraphs  (not in the default list) the compiled peer with CUDA graphs against without.
 # JSON lines to $OUT/gpu.jsonl, everything printed to $OUT/log.txt, the machine in $OUT/env.txt
-# (benchmarks/gpu_common.sh). Run from the repository root or a staged copy of patjax/,
+# (benchmarks/gpu/gpu_common.sh). Run from the repository root or a staged copy of patjax/,
 # patjax_torch/ and benchmarks/.
 #
-#   OUT=gpu_out bash benchmarks/gpu_profile.sh
-#   OUT=gpu_out STAGES="peer_bf16 flags" bash benchmarks/gpu_profile.sh
+#   OUT=gpu_out bash benchmarks/gpu/gpu_profile.sh
+#   OUT=gpu_out STAGES="peer_bf16 flags" bash benchmarks/gpu/gpu_profile.sh
 #   # the same commands on a CPU, small (a dry run of every stage):
-#   OUT=/tmp/gpu_dry MODEL=small_cnn BATCH=8 T=1 ITERS=1 ROUNDS=1 bash benchmarks/gpu_profile.sh
+#   OUT=/tmp/gpu_dry MODEL=small_cnn BATCH=8 T=1 ITERS=1 ROUNDS=1 bash benchmarks/gpu/gpu_profile.sh
 set -u
 OUT=${OUT:-gpu_out}
 MODEL=${MODEL:-resnet18}
@@ -26,7 +26,7 @@ ROUNDS=${ROUNDS:-2}
 STAGES=${STAGES:-profile peer peer_bf16 flags}
 . "$(dirname "$0")/gpu_common.sh"
 
-B=benchmarks
+B=benchmarks/speed
 SIZE=(--model "$MODEL" --batch "$BATCH" --langevin-steps "$T")
 COMPILED="--compile --channels-last"
 for stage in $STAGES; do

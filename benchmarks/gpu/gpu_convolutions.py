@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Do the compiled step's convolutions run on tensor cores? One JSON line per precision setting.
 
-  python benchmarks/gpu_convolutions.py --model resnet18 --batch 256 --langevin-steps 100
+  python benchmarks/gpu/gpu_convolutions.py --model resnet18 --batch 256 --langevin-steps 100
 
-Compiles patjax's train step (benchmarks/epoch_throughput.py's `build`; its flags) and reads the
+Compiles patjax's train step (benchmarks/speed/epoch_throughput.py's `build`; its flags) and reads the
 optimized HLO: on a GPU each convolution is a cuDNN custom call whose backend config names the
 math mode the autotuner chose, counted per (result dtype, math mode). cuDNN's DEFAULT_MATH
 permits tensor cores (TF32 for float32 operands on Ampere and later) and FMA_MATH forbids them,
@@ -52,7 +52,8 @@ def main(argv=None):
 
     import jax
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # the step it compiles is the speed benchmark's own (benchmarks/speed/epoch_throughput.py)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "speed"))
     import epoch_throughput
 
     from patjax.models import ops

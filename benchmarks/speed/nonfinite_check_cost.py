@@ -4,7 +4,7 @@ with and without `evaluators.common.checking_logits` (one more forward pass per 
 evaluation's own batch functions and `evaluate_pass`, on the first CIFAR-10 test images and a
 randomly initialized network.
 
-  python benchmarks/nonfinite_check_cost.py --model small_cnn --images 512 --batch 256 --pr-samples 20 --repeats 5
+  python benchmarks/speed/nonfinite_check_cost.py --model small_cnn --images 512 --batch 256 --pr-samples 20 --repeats 5
 
 Each pass is compiled by a warm-up run of both arms, then timed --repeats times, the two arms
 alternately (so that other load on the machine falls on both alike); the best of each is shown.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent check of paired PR / accuracy / robustness differences (numpy only).
 
-  python benchmarks/check_paired_differences.py --a pat --b pgd [--runs-dir DIR] [--also-seed 1]
+  python benchmarks/crosscheck/check_paired_differences.py --a pat --b pgd [--runs-dir DIR] [--also-seed 1]
 
 
 For methods A and B (e.g. --a pat --b pgd), for each seed s where both
@@ -32,7 +32,8 @@ import sys
 import numpy as np
 
 DEFAULT_RUNS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs/results/convergence_cpu/runs/cifar10_small_cnn"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "docs/results/convergence_cpu/runs/cifar10_small_cnn",
 )
 LAWS = ("uniform", "gaussian")  # the eps-scaled laws; whichever of them every run was evaluated under
 

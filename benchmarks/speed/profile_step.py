@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the compiled train step spends its time: a per-op profile grouped by what each op does.
 
-  python benchmarks/profile_step.py --model resnet18 --batch 32 --langevin-steps 10
+  python benchmarks/speed/profile_step.py --model resnet18 --batch 32 --langevin-steps 10
 
 Builds the same step as epoch_throughput.py (random CIFAR-shaped data, one JAX CPU device per
 core unless --cpu-devices says otherwise), runs --warmup steps, traces one step with
@@ -35,7 +35,7 @@ Also reported there: the device's busy time against the traced step's wall time 
 the host: launches, the sampler loop's per-iteration condition), and whether each
 convolution kernel is a tensor-core kernel by its name (xmma/wgmma/hmma/cutlass/tensorop).
 
-  python benchmarks/profile_step.py --model resnet18 --batch 256 --langevin-steps 100 \
+  python benchmarks/speed/profile_step.py --model resnet18 --batch 256 --langevin-steps 100 \
       --compute-dtype bfloat16 --trace-dir DIR --out summary.json
 """
 

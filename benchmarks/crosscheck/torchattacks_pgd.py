@@ -2,7 +2,7 @@
 """A patjax-trained run exported to PyTorch and attacked by torchattacks' PGD, beside patjax's pgd20.
 
   pip install torch==2.13.0 torchattacks==3.5.1
-  python benchmarks/torchattacks_pgd.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
+  python benchmarks/crosscheck/torchattacks_pgd.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
       --num_examples=500 [--norm=l2 --eps=0.5 --alpha=0.125]
 
 The run's model is written as a PyTorch state_dict by `python -m patjax.export` (a .pt file),
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torchattacks
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 from patjax import api  # noqa: E402
 from patjax.core.errors import UserError  # noqa: E402

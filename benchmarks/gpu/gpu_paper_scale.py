@@ -2,17 +2,17 @@
 """The paper-scale GPU run, prepared so that a GPU window is spent on no debugging.
 
 Here (the machine with the repository and the data), before the window:
-  python benchmarks/gpu_paper_scale.py travel untrack   # docs/results/ leaves the index: it does not travel
-  python benchmarks/gpu_paper_scale.py wheels           # the wheels the GPU machine lacks, into .gpu/whl (once)
-  python benchmarks/gpu_paper_scale.py stage --data 1   # CIFAR-10 batches 1-3, encoded, and the wheels: .gpu/carry1
-  python benchmarks/gpu_paper_scale.py stage --data 2   # batches 4-5 and the test batch: .gpu/carry2
+  python benchmarks/gpu/gpu_paper_scale.py travel untrack   # docs/results/ leaves the index: it does not travel
+  python benchmarks/gpu/gpu_paper_scale.py wheels           # the wheels the GPU machine lacks, into .gpu/whl (once)
+  python benchmarks/gpu/gpu_paper_scale.py stage --data 1   # CIFAR-10 batches 1-3, encoded, and the wheels: .gpu/carry1
+  python benchmarks/gpu/gpu_paper_scale.py stage --data 2   # batches 4-5 and the test batch: .gpu/carry2
 On the device machine (call K carries [".gpu/carryK"]):
-  python3 benchmarks/gpu_paper_scale.py device setup smoke rates     # call 1
-  python3 benchmarks/gpu_paper_scale.py device setup pair             # call 2
+  python3 benchmarks/gpu/gpu_paper_scale.py device setup smoke rates     # call 1
+  python3 benchmarks/gpu/gpu_paper_scale.py device setup pair             # call 2
   (also: main-job [--epochs N] [--compute_dtypes float32,bfloat16] [--no_evaluate], send --name NAME --first K)
 Here, after the calls:
-  python benchmarks/gpu_paper_scale.py collect FILES_AT [FILES_AT ...]  # check the pieces' hashes, unpack
-  python benchmarks/gpu_paper_scale.py travel retrack   # docs/results/ back in the index, the tree as before
+  python benchmarks/gpu/gpu_paper_scale.py collect FILES_AT [FILES_AT ...]  # check the pieces' hashes, unpack
+  python benchmarks/gpu/gpu_paper_scale.py travel retrack   # docs/results/ back in the index, the tree as before
 
 Why each piece (limits of the device tool, /work/.library/device/README.md):
 - What travels is the tracked and untracked-not-ignored tree plus the carried paths, 64 MiB in
@@ -37,7 +37,7 @@ images), with --stage and --out as local folders
 standing in for the device machine's .gpu/ (its data folder) and $OUT (tests/test_gpu_paper_scale.py).
 Run the steps here in the checkout the device tool sends (the session's own), not a helper's.
 Nothing here imports patjax: the device steps run patjax's own command lines (main.py,
-patjax.export, patjax.evaluate) and benchmarks/epoch_throughput.py.
+patjax.export, patjax.evaluate) and benchmarks/speed/epoch_throughput.py.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 TRAVEL_LIMIT = 64 * MIB  # the device tool's working tree, carried paths included
 OUT_FILES, OUT_BYTES = 8, 64 * MIB  # what comes back from $OUT
@@ -255,7 +255,7 @@ def send(name: str, outbox: str, out: str, first: int = 0) -> list:
         left = list(range(first, len(manifest["pieces"])))
         print(
             f"{name}: no room in $OUT; the next call brings it: "
-            f"python3 benchmarks/gpu_paper_scale.py device send --name {name} --first {first}",
+            f"python3 benchmarks/gpu/gpu_paper_scale.py device send --name {name} --first {first}",
             flush=True,
         )
         return left
@@ -273,7 +273,7 @@ def send(name: str, outbox: str, out: str, first: int = 0) -> list:
     if left:
         print(
             f"{name}: {len(left)} piece(s) did not fit in $OUT; the next call brings them: "
-            f"python3 benchmarks/gpu_paper_scale.py device send --name {name} --first {left[0]}",
+            f"python3 benchmarks/gpu/gpu_paper_scale.py device send --name {name} --first {left[0]}",
             flush=True,
         )
     return left
@@ -299,7 +299,7 @@ def unpack(folders: list, into: str) -> list:
             first = manifest["pieces"].index(next(p for p in manifest["pieces"] if p["file"] == missing[0]))
             raise Failure(
                 f"{name}: {len(missing)} piece(s) missing ({', '.join(missing)}); bring them with "
-                f"`python3 benchmarks/gpu_paper_scale.py device send --name {name} --first {first}` there"
+                f"`python3 benchmarks/gpu/gpu_paper_scale.py device send --name {name} --first {first}` there"
             )
         whole = hashlib.sha256()
         os.makedirs(into, exist_ok=True)
@@ -698,7 +698,15 @@ class Device:
         random data: JAX, the GPU, patjax's imports and the bf16 program, in well under a minute;
         its compilation is cached for `rates`."""
         flags = ["--method", "pat", *DRY_RATES] if self.dry_run else RATE_FLAGS["pat"]
-        command = [sys.executable, "benchmarks/epoch_throughput.py", *flags, "--iters", "2", "--no-flops", "--json"]
+        command = [
+            sys.executable,
+            "benchmarks/speed/epoch_throughput.py",
+            *flags,
+            "--iters",
+            "2",
+            "--no-flops",
+            "--json",
+        ]
         wall, output = self.run("smoke", command, 180, self.cached_env())
         self.record({"step": "smoke", "wall_s": round(wall, 1), "result": _last_json_line(output)})
 
@@ -710,7 +718,15 @@ class Device:
 
     def rate_command(self, method: str, iters: int) -> list:
         flags = ["--method", method, *DRY_RATES] if self.dry_run else RATE_FLAGS[method]
-        return [sys.executable, "benchmarks/epoch_throughput.py", *flags, "--iters", str(iters), "--no-flops", "--json"]
+        return [
+            sys.executable,
+            "benchmarks/speed/epoch_throughput.py",
+            *flags,
+            "--iters",
+            str(iters),
+            "--no-flops",
+            "--json",
+        ]
 
     def rates(self) -> None:
         """Each pair method's step time alone, then both at once (two processes, each with its

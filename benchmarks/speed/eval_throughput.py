@@ -2,7 +2,7 @@
 """Evaluation rates (images/s) of patjax's evaluators on random CIFAR-shaped data and a randomly
 initialized network, one figure per pass (clean, PGD-20, PR at each perturbation law).
 
-  python benchmarks/eval_throughput.py --model resnet18 --batch 500 --batches 1 5 --json
+  python benchmarks/speed/eval_throughput.py --model resnet18 --batch 500 --batches 1 5 --json
 
 Each pass is the evaluation's own (`patjax.evaluators`' batch function and
 `evaluators.common.evaluate_pass`, what `python -m patjax.evaluate` runs), built once and run

@@ -26,10 +26,11 @@ how far the bf16 network moves what the comparison is made of:
 
 One JSON line per measurement on stdout (and appended to --out). Does not import torch.
 
-  python benchmarks/bf16_check.py --part dtypes --out docs/results/bf16_check/dtypes.jsonl
-  python benchmarks/bf16_check.py --part sampler --out docs/results/bf16_check/sampler.jsonl
-  python benchmarks/bf16_check.py --part eval --out docs/results/bf16_check/eval.jsonl
-  python benchmarks/bf16_check.py --part train --train-root runs/bf16_check --out docs/results/bf16_check/train.jsonl
+  python benchmarks/crosscheck/bf16_check.py --part dtypes --out docs/results/bf16_check/dtypes.jsonl
+  python benchmarks/crosscheck/bf16_check.py --part sampler --out docs/results/bf16_check/sampler.jsonl
+  python benchmarks/crosscheck/bf16_check.py --part eval --out docs/results/bf16_check/eval.jsonl
+  python benchmarks/crosscheck/bf16_check.py --part train --train-root runs/bf16_check \\
+      --out docs/results/bf16_check/train.jsonl
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_RUNS = os.path.join(ROOT, "docs/results/convergence_cpu/runs/cifar10_small_cnn")
 # The two sampler settings a run may train with: Algorithm 1 as the paper runs it, and the
 # cheaper one the GPU run uses (docs/sampler_convergence.md).

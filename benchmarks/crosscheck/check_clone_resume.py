@@ -3,7 +3,7 @@
 went on where it was trained: the hand-over of docs/reproduction.md checked on a real run.
 
   cp -r docs/results/convergence_cpu/runs/cifar10_small_cnn/pgd_s0/checkpoints/4095 /tmp/ref_4095
-  python benchmarks/check_clone_resume.py \
+  python benchmarks/crosscheck/check_clone_resume.py \
       --run=docs/results/convergence_cpu/runs/cifar10_small_cnn/pgd_s0 --reference=/tmp/ref_4095
 
 --reference is a checkpoint directory (checkpoints/STEP) that the run's worker wrote after the
@@ -80,7 +80,9 @@ def main(argv=None):
     step = os.path.basename(os.path.normpath(args.reference))
     if not step.isdigit() or not os.path.isdir(args.reference):
         sys.exit(f"error: --reference must be a checkpoint directory named by its step, got {args.reference!r}")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository holding this script
+    root = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )  # the repository holding this script
     relative = os.path.relpath(os.path.abspath(args.run), root)
     if relative.startswith(".."):
         sys.exit(f"error: --run must be a run directory inside the repository {root}, got {args.run!r}")

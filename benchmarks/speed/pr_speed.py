@@ -5,7 +5,7 @@ tests/prbench_reference.py) on the same network, the same images, the same law (
 L-inf ball and [0, 1]^d), N = 100 and PRBench's radii 0.03, 0.08, 0.1, 0.12; the arms timed
 alternately.
 
-  python benchmarks/pr_speed.py --images 100 --rounds 3 --json
+  python benchmarks/speed/pr_speed.py --images 100 --rounds 3 --json
 
 The network and images are torch_arms.py's (the committed small CNN in both frameworks, CIFAR-10's
 first test images). patjax: `evaluation.evaluate_state` with evaluators=clean,pr and the preset's

@@ -4,7 +4,7 @@ real images: the share of each sample's pixels that the clip to [0, 1] moves, an
 L2 norm that the clip removes, at each radius (`laws.perturbed_samples`, the evaluation's
 own draws).
 
-  python benchmarks/l2_law_clipping.py --num_examples=1000 --samples=10 --epsilons=0.5,1,2,4,8
+  python benchmarks/crosscheck/l2_law_clipping.py --num_examples=1000 --samples=10 --epsilons=0.5,1,2,4,8
 
 Where the clip moves nothing the sample is a uniform point of the ball, which lies in the box:
 the two laws differ only through the clipped pixels. One JSON line per radius: the mean over
@@ -19,7 +19,7 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # patjax from this checkout
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # patjax from this checkout
 
 
 def main(argv=None):

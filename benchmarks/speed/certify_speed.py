@@ -3,7 +3,7 @@
 (locuslab/smoothing's `Smooth.certify`, transcribed in tests/smoothing_reference.py) on the same
 network, the same images and the same n0, n, sigma and alpha, the two arms timed alternately.
 
-  python benchmarks/certify_speed.py --images 32 --n0 100 --n 1000 --rounds 3
+  python benchmarks/speed/certify_speed.py --images 32 --n0 100 --n 1000 --rounds 3
 
 The network is a committed small CNN (docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0,
 clean training, 800 steps) and its PyTorch copy (`torch_weights.to_state_dict` into

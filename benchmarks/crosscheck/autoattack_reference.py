@@ -3,14 +3,14 @@
 
 The reference is Croce & Hein's own code as packaged on PyPI (`pyautoattack`, the fra31/auto-
 attack sources), standard version, run on a PyTorch copy of a patjax model (the small CNN or
-ResNet-18 of benchmarks/torch_pat_peer.py, weights copied with `load_patjax_weights`; the
+ResNet-18 of benchmarks/speed/torch_pat_peer.py, weights copied with `load_patjax_weights`; the
 script first checks that both give the same logits). torchattacks' `AutoAttack(version=
 'standard')` is run too when installed: it is not the reference's standard version (its APGD,
 APGD-T and FAB run 10 iterations, not 100, and its Square rescales the p schedule), so it is
 reported beside, not compared against.
 
   pip install torch==2.13.0 pyautoattack==0.2.0 torchattacks==3.5.1
-  python benchmarks/autoattack_reference.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
+  python benchmarks/crosscheck/autoattack_reference.py --workdir=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0 \
       --num_examples=500 --out=aa_pgd_s0.json [--norm=L2]   # L2: eps 0.5 unless --eps
 
 Prints and writes one JSON object: robust accuracy after each attack for both, the images on
@@ -34,13 +34,13 @@ import time
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
 from patjax.core.errors import UserError  # noqa: E402
 
 
 def load_peer():
-    spec = importlib.util.spec_from_file_location("torch_pat_peer", REPO / "benchmarks" / "torch_pat_peer.py")
+    spec = importlib.util.spec_from_file_location("torch_pat_peer", REPO / "benchmarks" / "speed" / "torch_pat_peer.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -2,8 +2,8 @@
 """PR at matched clean accuracy between two runs, from their learning-curve points: the comparison
 row of docs/reproduction.md's rule when the two final clean accuracies are more than 3 pp apart.
 
-  python benchmarks/matched_accuracy.py --a docs/results/gpu/f2/pat --b docs/results/gpu/e2/pgd_atpr
-  python benchmarks/matched_accuracy.py --a RUNS/pat_s1 --b RUNS/pgd_s1 --final=eval   # a suite's runs
+  python benchmarks/crosscheck/matched_accuracy.py --a docs/results/gpu/f2/pat --b docs/results/gpu/e2/pgd_atpr
+  python benchmarks/crosscheck/matched_accuracy.py --a RUNS/pat_s1 --b RUNS/pgd_s1 --final=eval   # a suite's runs
 
 A's curve points (A/curve/step_N/, the carried runs' every 10 epochs, the final model the last) are
 interpolated linearly in clean accuracy at the clean accuracy of B's final model on the same images,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two evaluations of one model, image by image: where their per-image outcomes differ.
 
-  python benchmarks/compare_per_image.py A/eval/per_image.npz B/eval/per_image.npz
+  python benchmarks/crosscheck/compare_per_image.py A/eval/per_image.npz B/eval/per_image.npz
 
 For the images both evaluated (matched by `image_index`), each per-image array the two share
 is compared: booleans and counts (clean.correct, pgd20.robust, pr_<law>.counts, ...) exactly,

@@ -2,7 +2,7 @@
 """Re-evaluate a committed suite run with today's code and compare every figure with the
 committed ones: the check that a change to the code left the numbers where they were.
 
-  python benchmarks/check_reevaluation.py --run=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0
+  python benchmarks/crosscheck/check_reevaluation.py --run=docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0
 
 Copies the run (its config and kept models, not its evaluation) to a temporary folder,
 evaluates it with the committed evaluation's settings (the evaluators and the PR laws named, by

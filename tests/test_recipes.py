@@ -24,7 +24,7 @@ from patjax import api, evaluators, methods
 from patjax.attacks.logits import margin
 from patjax.core.errors import UserError
 from patjax.data import cifar
-from patjax.evaluators import common
+from patjax.evaluators import attack, common, intervals, streams
 from patjax.interop import torch_weights
 from patjax.methods.common import Method
 from patjax.models import networks
@@ -248,7 +248,7 @@ TOP2 = common.Evaluator(
     "top2",
     passes=lambda s: ("top2",),
     make_batch_fn=_top2_batch_fn,
-    figures=lambda per_image, s: {"top2_accuracy": common.proportion(per_image["top2"]["hit"], s.shared.confidence)},
+    figures=lambda per_image, s: {"top2_accuracy": intervals.proportion(per_image["top2"]["hit"], s.shared.confidence)},
 )
 
 
@@ -282,7 +282,7 @@ def test_a_new_evaluator_runs_through_the_api_and_prints_with_its_figure(monkeyp
 # ---------------------------------------------------------------------------------------
 # An attack with one setting: a function (logits_fn, key, x, y, *, eps, ...) -> x_adv in
 # attacks/, and an evaluator module for it with its own settings class, from
-# common.attack_evaluator; one line in REGISTRY.
+# attack.attack_evaluator; one line in REGISTRY.
 
 
 def margin_sign_step(logits_fn, key, x, y, *, eps):
@@ -306,11 +306,11 @@ class MarginStepSettings:
 def _step_robust(logits_fn, key, indices, x, y, s):
     eps = s["attack"].eps * s["margin_step"].fraction
     attacked = lambda k, xi, yi: margin_sign_step(logits_fn, k, xi, yi, eps=eps)
-    return jnp.argmax(logits_fn(common.per_example(attacked, key, indices, x, y)), -1) == y
+    return jnp.argmax(logits_fn(streams.per_example(attacked, key, indices, x, y)), -1) == y
 
 
-# Its random stream is its name's (`common.attack_key`): no number to choose.
-STEP = common.attack_evaluator(
+# Its random stream is its name's (`streams.attack_key`): no number to choose.
+STEP = attack.attack_evaluator(
     "margin_step",
     "MarginStep",
     _step_robust,
@@ -362,12 +362,12 @@ def test_each_attack_has_a_stream_of_its_own_and_the_committed_ones_are_kept():
     root = jax.random.PRNGKey(7)
     split = jax.random.split(root, 5)
     for name, k in {"pgd20": 1, "cw20": 2, "apgd_ce": 3, "apgd_dlr": 4}.items():
-        np.testing.assert_array_equal(common.attack_key(7, name), split[k])
+        np.testing.assert_array_equal(streams.attack_key(7, name), split[k])
     derived = {}
     for name in ("margin_step", "fgsm", "pgd_l2", "square_l2"):
         stream = 2**24 + zlib.crc32(name.encode()) % (2**31 - 2**24)
-        np.testing.assert_array_equal(common.attack_key(7, name), jax.random.fold_in(root, stream))
-        derived[name] = str(np.asarray(common.attack_key(7, name)).tolist())
+        np.testing.assert_array_equal(streams.attack_key(7, name), jax.random.fold_in(root, stream))
+        derived[name] = str(np.asarray(streams.attack_key(7, name)).tolist())
     folded = jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(10_105, dtype=jnp.uint32))  # images, AA
     others = {str(k.tolist()) for k in np.asarray(jnp.concatenate([split[1:], folded]))}
     assert len(set(derived.values())) == 4 and not set(derived.values()) & others

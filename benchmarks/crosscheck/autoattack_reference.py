@@ -102,17 +102,17 @@ def run_patjax(settings, model_fns, state, split):
 def run_patjax_individual(settings, model_fns, state, split, batch_size):
     """Robust (per image) under each attack of the sequence alone, on every image: the aa
     evaluator's own passes of each attack (`autoattack.make_batch_fn` and its rounds,
-    `autoattack.make_rounds`, run by `common.evaluate_pass` as an evaluation runs them) on all
+    `autoattack.make_rounds`, run by `batches.evaluate_pass` as an evaluation runs them) on all
     images rather than on those the attacks before it left."""
     from patjax.data import cifar
-    from patjax.evaluators import autoattack, common
+    from patjax.evaluators import autoattack, batches
 
     clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
     out = {}
     for stage in autoattack.STAGES:
         s, name = settings.evaluator_settings, f"aa_{stage}"
         fn, rounds = autoattack.make_batch_fn(model_fns, s, name), autoattack.make_rounds(model_fns, s, name)
-        per_image, wall = common.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
+        per_image, wall = batches.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
         out[stage] = (per_image["robust"] & (clean == split.labels), round(wall, 1))
     return out
 

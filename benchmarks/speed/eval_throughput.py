@@ -5,7 +5,7 @@ initialized network, one figure per pass (clean, PGD-20, PR at each perturbation
   python benchmarks/speed/eval_throughput.py --model resnet18 --batch 500 --batches 1 5 --json
 
 Each pass is the evaluation's own (`patjax.evaluators`' batch function and
-`evaluators.common.evaluate_pass`, what `python -m patjax.evaluate` runs), built once and run
+`evaluators.batches.evaluate_pass`, what `python -m patjax.evaluate` runs), built once and run
 on the first A batches (a warm-up that compiles it), then on A and on B batches, timed here
 without rounding; its rate is the difference in images over the difference in wall time, so
 that the per-call cost left after compiling cancels. With the default settings the PR pass
@@ -43,7 +43,7 @@ def run(args) -> dict:
     import numpy as np
 
     from patjax import api, evaluators
-    from patjax.evaluators import common
+    from patjax.evaluators import batches
     from patjax.models import networks
     from patjax.run import config as config_lib
 
@@ -73,7 +73,7 @@ def run(args) -> dict:
         for pass_name in evaluator.passes(s):
             batch_fn = evaluator.make_batch_fn(model_fns, s, pass_name)
             timed = [
-                common.evaluate_pass(batch_fn, state, split, count * args.batch, args.batch, pass_name, False)[1]
+                batches.evaluate_pass(batch_fn, state, split, count * args.batch, args.batch, pass_name, False)[1]
                 for count in (a, a, b)
             ]
             walls[pass_name] = [round(t, 4) for t in timed]

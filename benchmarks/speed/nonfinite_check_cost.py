@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the evaluation's non-finite check costs: wall time of the clean, PGD-20 and PR passes
-with and without `evaluators.common.checking_logits` (one more forward pass per batch), the
+with and without `evaluators.batches.checking_logits` (one more forward pass per batch), the
 evaluation's own batch functions and `evaluate_pass`, on the first CIFAR-10 test images and a
 randomly initialized network.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from patjax.data import cifar
-from patjax.evaluators import REGISTRY, common
+from patjax.evaluators import REGISTRY, batches
 from patjax.run import config as config_lib
 from patjax.run import optimizer as optimizer_lib
 from patjax.run import state as state_lib
@@ -39,13 +39,13 @@ def main():
     split = cifar.load_split("cifar10", "test", None)
     for name, pass_name in (("clean", "clean"), ("pgd20", "pgd20"), ("pr", "pr_uniform")):
         plain = REGISTRY[name].make_batch_fn(model_fns, s, pass_name)
-        arms = {"plain": plain, "checked": common.checking_logits(plain, model_fns)}
+        arms = {"plain": plain, "checked": batches.checking_logits(plain, model_fns)}
         times = {arm: [] for arm in arms}
         for fn in arms.values():
-            common.evaluate_pass(fn, state, split, args.batch, args.batch, pass_name, False)
+            batches.evaluate_pass(fn, state, split, args.batch, args.batch, pass_name, False)
         for _ in range(args.repeats):
             for arm, fn in arms.items():
-                times[arm].append(common.evaluate_pass(fn, state, split, args.images, args.batch, pass_name, False)[1])
+                times[arm].append(batches.evaluate_pass(fn, state, split, args.images, args.batch, pass_name, False)[1])
         best = {arm: min(t) for arm, t in times.items()}
         print(
             f"{pass_name}: plain {best['plain']:.2f} s, checked {best['checked']:.2f} s "

@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 
 from patjax.core.errors import UserError
-from patjax.evaluators import apgd, attack, autoattack, certify, clean, common, pr
+from patjax.evaluators import apgd, attack, autoattack, certify, clean, common, intervals, pr
 
 # Canonical order: the order of the passes and of results.json's figures.
 REGISTRY: dict[str, common.Evaluator] = {
@@ -135,4 +135,4 @@ def worst_case(per_image: dict, names, s) -> dict | None:
     worst = np.logical_and.reduce([per_image[a]["robust"] for a in ran])
     if "clean" in per_image:
         worst = worst & per_image["clean"]["correct"]
-    return dict(common.proportion(worst, s.shared.confidence), attacks=ran)
+    return dict(intervals.proportion(worst, s.shared.confidence), attacks=ran)

@@ -8,7 +8,7 @@ import dataclasses
 
 from patjax.attacks import apgd, l2
 from patjax.core.errors import UserError, check_counts, count
-from patjax.evaluators import common
+from patjax.evaluators import attack, common, streams
 
 # apgd.apgd's one documented departure from fra31/auto-attack's attack_single_run, recorded
 # with every APGD figure (docs/evaluation.md).
@@ -38,7 +38,7 @@ BLOCK = "apgd"
 def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
         own, threat = s[BLOCK], s[common.THREAT_BLOCK]
-        return common.per_example(
+        return streams.per_example(
             lambda k, xi, yi: apgd.apgd(
                 logits_fn, k, xi, yi, eps=threat.eps, steps=own.steps, loss=loss, rho=own.rho, norm=threat.norm
             ),
@@ -59,7 +59,7 @@ def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
             "departure": DEPARTURE,
         }
 
-    return common.attack_evaluator(name, label, batch_robust, settings, ApgdSettings, BLOCK, norms=l2.NORMS)
+    return attack.attack_evaluator(name, label, batch_robust, settings, ApgdSettings, BLOCK, norms=l2.NORMS)
 
 
 APGD_CE = _apgd("ce", name="apgd_ce", label="APGD-CE")

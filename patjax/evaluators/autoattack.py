@@ -9,14 +9,14 @@ the ones before it (the cost stays near one attack's); an image is robust if it 
 correctly at x and no attack fools it. Within an attack too the images fooled leave, as in the
 reference: APGD-T and FAB-T run one target rank per round, Square one span of its queries per
 round (`square_span_ends`; the reference drops them after every query), each round on the images
-still robust, packed into batches of a few fixed widths (`common.Rounds`, `common.pack`).
+still robust, packed into batches of a few fixed widths (`batches.Rounds`, `batches.pack`).
 Every attack is compiled and batch-sharded like the other evaluators: APGD (`apgd.apgd`, whose
 one departure is its docstring's), FAB-T (`patjax.attacks.fab`) and Square (`patjax.attacks.square`, its L2 branch
 `patjax.attacks.square_l2`) each list how they differ from the reference, under either norm. The
 L2 version is the same sequence with each attack's L2 branch (autoattack.py's _set_version
 'standard' treats 'Linf' and 'L2' alike). The
 reference seeds one torch generator per attack; here each image's randomness is keyed by its
-index (`common.per_example`), so a figure does not depend on the batch size or which images
+index (`streams.per_example`), so a figure does not depend on the batch size or which images
 an earlier attack or round left.
 
 Gradient-masking checks (Athalye et al. 2018; Carlini et al. 2019), reported with every run:
@@ -49,7 +49,7 @@ from patjax.attacks import apgd, fab, l2, square, square_l2
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
 from patjax.evaluators import apgd as apgd_evaluators
-from patjax.evaluators import common
+from patjax.evaluators import batches, common, intervals, streams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +76,10 @@ STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order
 SQUARE_GAIN_TOLERANCE = 0.002  # checks.py: check_square_sr's alpha
 LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square"}
 # Keys: AutoAttack's own are fold_in(PRNGKey(seed), STREAM_BASE + k), the streams the committed
-# AutoAttack results were drawn with: past the kept streams of `common.attack_key` and below its
+# AutoAttack results were drawn with: past the kept streams of `streams.attack_key` and below its
 # streams derived from names, so never one of theirs.
 STREAM_BASE = 100
-assert max(common.KEPT_STREAMS.values()) < STREAM_BASE and STREAM_BASE + 4 < common.NAME_STREAMS_FROM
+assert max(streams.KEPT_STREAMS.values()) < STREAM_BASE and STREAM_BASE + 4 < streams.NAME_STREAMS_FROM
 
 
 def sign_test_p_value(wins: int, losses: int) -> float:
@@ -143,7 +143,7 @@ def _square_outputs(out) -> dict:
         "queries": out.queries,
         "_x_best": out.x_best,
         "_margin": out.margin,
-        common.ACTIVE: ~out.fooled & (out.margin > 0),
+        batches.ACTIVE: ~out.fooled & (out.margin > 0),
     }
 
 
@@ -159,17 +159,17 @@ def make_batch_fn(model_fns, s, pass_name):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
         x = cifar.to_float(images)
         if name.startswith("apgd_ce"):
-            robust = common.per_example(
+            robust = streams.per_example(
                 lambda k, xi, yi: _apgd_robust(logits_fn, k, xi, yi, s, eps, "ce"), key, indices, x, labels
             )
             return {"robust": robust, "clean_correct": jnp.argmax(logits_fn(x), axis=-1) == labels}
         if name == "apgd_t":
             clean = jnp.argmax(logits_fn(x), axis=-1) == labels
-            return {"robust": clean, common.ACTIVE: clean}
+            return {"robust": clean, batches.ACTIVE: clean}
         if name == "fab_t":
             state = fab.fab_t_start(logits_fn, x, labels)
-            return {"robust": state.robust, "norm": state.dist, common.ACTIVE: state.robust}
-        out = common.per_example(
+            return {"robust": state.robust, "norm": state.dist, batches.ACTIVE: state.robust}
+        out = streams.per_example(
             lambda k, xi, yi: square_attack(logits_fn, k, xi, yi, eps=eps, n_queries=own.square_queries, span=(0, 0)),
             key,
             indices,
@@ -196,8 +196,8 @@ def make_rounds(model_fns, s, pass_name):
             target = fab.fab_target_classes(logits_fn(xi), own.target_classes)[rank]
             return _apgd_robust(logits_fn, jax.random.fold_in(k, rank), xi, yi, s, eps, "dlr_targeted", target)
 
-        robust = common.per_example(one, key, indices, x, labels)
-        return {"robust": robust, common.ACTIVE: robust}
+        robust = streams.per_example(one, key, indices, x, labels)
+        return {"robust": robust, batches.ACTIVE: robust}
 
     def fab_t(logits_fn, x, labels, indices, run, carried):  # no randomness with one restart
         state = fab.fab_t_run(
@@ -212,7 +212,7 @@ def make_rounds(model_fns, s, pass_name):
             n_iter=own.fab_steps,
             norm=norm,
         )
-        return {"robust": state.robust, "norm": state.dist, common.ACTIVE: state.robust}
+        return {"robust": state.robust, "norm": state.dist, batches.ACTIVE: state.robust}
 
     ends = square_span_ends(own.square_queries)
     firsts, stops = jnp.asarray((0,) + ends[:-1], jnp.int32), jnp.asarray(ends, jnp.int32)
@@ -231,7 +231,7 @@ def make_rounds(model_fns, s, pass_name):
                 span=(firsts[span], stops[span]),
             )
 
-        return _square_outputs(common.per_example(one, key, indices, x, labels, carried))
+        return _square_outputs(streams.per_example(one, key, indices, x, labels, carried))
 
     attack, count = {
         "apgd_t": (apgd_t, own.target_classes),
@@ -242,7 +242,7 @@ def make_rounds(model_fns, s, pass_name):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
         return attack(logits_fn, cifar.to_float(images), labels, indices, round_index - 1, carried)
 
-    return common.Rounds(count + 1, jax.jit(fn))
+    return batches.Rounds(count + 1, jax.jit(fn))
 
 
 def subset(pass_name, per_image):
@@ -276,15 +276,15 @@ def figures(per_image, s) -> dict:
     out = per_image["aa"]
     n = len(out["robust"])
     clean = per_image["aa_apgd_ce"]["clean_correct"]
-    fig = dict(common.proportion(out["robust"], confidence))
+    fig = dict(intervals.proportion(out["robust"], confidence))
     # Its own clean accuracy (APGD-CE's first pass classifies every image), so that an `aa`
     # evaluation without the clean evaluator still reports the figure its robust ones are read against.
-    fig["clean_accuracy"] = common.proportion(clean, confidence)
+    fig["clean_accuracy"] = intervals.proportion(clean, confidence)
     fig["after"] = {}  # robust accuracy after each attack of the sequence (the reference's log)
     robust = clean.copy()
     for stage in STAGES:
         robust = robust & per_image[f"aa_{stage}"]["robust"]
-        fig["after"][stage] = common.proportion(robust, confidence)
+        fig["after"][stage] = intervals.proportion(robust, confidence)
     fig["broken_by"] = {
         "misclassified": int(np.sum(out["broken_by"] == 0)),
         **{stage: int(np.sum(out["broken_by"] == k)) for k, stage in enumerate(STAGES, start=1)},
@@ -292,9 +292,9 @@ def figures(per_image, s) -> dict:
     }
     square_alone = per_image["aa_square_alone"]["robust"]  # False where not attacked (clean errors)
     apgd_alone = per_image["aa_apgd_ce"]["robust"]
-    by_eps = {f"{eps:.6g}": common.proportion(apgd_alone, confidence)}
+    by_eps = {f"{eps:.6g}": intervals.proportion(apgd_alone, confidence)}
     for f in own.masking_eps_factors:
-        by_eps[f"{eps * f:.6g}"] = common.proportion(per_image[f"aa_apgd_ce_x{f:g}"]["robust"], confidence)
+        by_eps[f"{eps * f:.6g}"] = intervals.proportion(per_image[f"aa_apgd_ce_x{f:g}"]["robust"], confidence)
     signs = []
     # The reference's own check (checks.py: check_square_sr): Square, run after the gradient-based
     # attacks, should find (almost) nothing they missed.
@@ -317,8 +317,8 @@ def figures(per_image, s) -> dict:
             f"robust accuracy {largest['value']:.2%} at eps {eps * max(own.masking_eps_factors):.4g} (it should be 0)"
         )
     fig["masking"] = {
-        "square_alone": common.proportion(square_alone, confidence),
-        "apgd_ce_alone": common.proportion(apgd_alone, confidence),
+        "square_alone": intervals.proportion(square_alone, confidence),
+        "apgd_ce_alone": intervals.proportion(apgd_alone, confidence),
         "fooled_by_square_not_apgd_ce": square_only,
         "fooled_by_apgd_ce_not_square": apgd_only,
         "square_stronger_p_value": p_value,

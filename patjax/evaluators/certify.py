@@ -27,7 +27,7 @@ from scipy import special
 
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
-from patjax.evaluators import common, stats
+from patjax.evaluators import common, intervals, stats, streams
 from patjax.pat import robustness
 
 BLOCK = "certify"
@@ -111,7 +111,7 @@ def make_batch_fn(model_fns, s, pass_name):
     own = s[BLOCK]
     # A stream of its own, derived from the name as an attack's random start is, so the selection
     # and estimation noise is the same for every model evaluated with the same seed.
-    key = common.attack_key(s.shared.seed, NAME)
+    key = streams.attack_key(s.shared.seed, NAME)
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -148,11 +148,11 @@ def figures(per_image, s) -> dict:
     return {
         NAME: {
             "certified_accuracy": {
-                robustness.level_key(r): common.proportion(hits, confidence) for r, hits in zip(own.radii, certified)
+                robustness.level_key(r): intervals.proportion(hits, confidence) for r, hits in zip(own.radii, certified)
             },
-            "abstained": common.proportion(c["class"] == ABSTAIN, confidence),
-            "smoothed_accuracy": common.proportion(c["predict"] == c["label"], confidence),
-            "predict_abstained": common.proportion(c["predict"] == ABSTAIN, confidence),
+            "abstained": intervals.proportion(c["class"] == ABSTAIN, confidence),
+            "smoothed_accuracy": intervals.proportion(c["predict"] == c["label"], confidence),
+            "predict_abstained": intervals.proportion(c["predict"] == ABSTAIN, confidence),
             "settings": dataclasses.asdict(own),
         }
     }

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from patjax.data import cifar
-from patjax.evaluators import common
+from patjax.evaluators import batches, common, intervals
 
 
 def passes(s) -> tuple:
@@ -23,7 +23,7 @@ def make_batch_fn(model_fns, s, pass_name):
 
 
 def figures(per_image, s) -> dict:
-    return {"clean_accuracy": common.proportion(per_image["clean"]["correct"], s.shared.confidence)}
+    return {"clean_accuracy": intervals.proportion(per_image["clean"]["correct"], s.shared.confidence)}
 
 
 EVALUATOR = common.Evaluator("clean", passes, make_batch_fn, figures)
@@ -39,7 +39,7 @@ def accuracy_fn(model_fns, batch_size: int):
         n = len(split) if not num_examples or num_examples <= 0 else min(num_examples, len(split))
         hits = [
             batch_fn(state.params, state.batch_stats, images, labels, indices)["correct"][mask]
-            for images, labels, indices, mask in common.padded_batches(split, np.arange(n), batch_size)
+            for images, labels, indices, mask in batches.padded_batches(split, np.arange(n), batch_size)
         ]
         return float(np.sum(np.concatenate(jax.device_get(hits)))) / n
 

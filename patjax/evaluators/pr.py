@@ -17,7 +17,7 @@ import numpy as np
 
 from patjax.core.errors import UserError, check_counts, count
 from patjax.data import cifar
-from patjax.evaluators import common, stats
+from patjax.evaluators import common, intervals, stats
 from patjax.methods.common import Resolution
 from patjax.pat import laws, robustness
 from patjax.pat.laws import pdis
@@ -187,28 +187,28 @@ def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     out = {}
     clean_correct = np.asarray(correct, bool)
     for subset, mask in (("all", np.ones_like(clean_correct)), ("clean_correct", clean_correct)):
-        fig = common.mean_with_interval(per_image, shared, mask)
+        fig = intervals.mean_with_interval(per_image, shared, mask)
         if mask.sum() > 1:
             fig.update({k: float(v) for k, v in robustness.variance_decomposition(per_image[mask], n_samples).items()})
         out[subset] = fig
     # ProbAcc_q: fraction of images with PR_i > 1 - q, over all images (`prob_acc`) and over
     # clean-correct images (`clean_correct.prob_acc`, AT-PR's Prob.Acc convention).
     out["prob_acc"] = {
-        robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, shared) for q in own.prob_acc_q
+        robustness.level_key(q): intervals.mean_with_interval(per_image > 1 - q, shared) for q in own.prob_acc_q
     }
     out["clean_correct"]["prob_acc"] = {
-        robustness.level_key(q): common.mean_with_interval(per_image > 1 - q, shared, clean_correct)
+        robustness.level_key(q): intervals.mean_with_interval(per_image > 1 - q, shared, clean_correct)
         for q in own.prob_acc_q
     }
-    out["expected_loss"] = common.mean_with_interval(mean_loss, shared)
+    out["expected_loss"] = intervals.mean_with_interval(mean_loss, shared)
     bound = robustness.lower_bound(mean_loss)
-    out["lower_bound"] = common.mean_with_interval(bound, shared)
+    out["lower_bound"] = intervals.mean_with_interval(bound, shared)
     # PR_i >= max(0, bound_i) too, so the mean of the positive parts is a (tighter) valid bound;
     # its Monte-Carlo estimate is biased up, though (E max(0, B-hat) >= max(0, E B-hat)).
-    out["lower_bound_positive_part"] = common.mean_with_interval(np.maximum(bound, 0.0), shared)
-    out["entropic_risk"] = common.mean_with_interval(risk, shared)
+    out["lower_bound_positive_part"] = intervals.mean_with_interval(np.maximum(bound, 0.0), shared)
+    out["entropic_risk"] = intervals.mean_with_interval(risk, shared)
     # Biased high for finite N (the Monte-Carlo R_lambda is biased low, Jensen).
-    out["lower_bound_entropic"] = common.mean_with_interval(robustness.lower_bound(risk), shared)
+    out["lower_bound_entropic"] = intervals.mean_with_interval(robustness.lower_bound(risk), shared)
     out["per_image_clopper_pearson_mean_width"] = float(np.mean(cp_hi - cp_lo)) if per_image.size else None
     return out
 

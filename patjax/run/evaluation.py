@@ -31,7 +31,7 @@ import numpy as np
 from patjax import evaluators as evaluators_lib
 from patjax.core import files, sharding
 from patjax.data import cifar
-from patjax.evaluators import common, stats
+from patjax.evaluators import batches, intervals, stats
 from patjax.pat import laws
 from patjax.reporting import report
 from patjax.run import checkpoints, eval_files
@@ -74,7 +74,9 @@ def evaluate_state(
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
     start_time = time.perf_counter()
     batch_fns = {
-        (evaluator.name, pass_name): common.checking_logits(evaluator.make_batch_fn(model_fns, s, pass_name), model_fns)
+        (evaluator.name, pass_name): batches.checking_logits(
+            evaluator.make_batch_fn(model_fns, s, pass_name), model_fns
+        )
         for evaluator in chosen
         for pass_name in evaluator.passes(s)
     }
@@ -87,8 +89,8 @@ def evaluate_state(
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             rounds = evaluator.make_rounds(model_fns, s, pass_name) if evaluator.make_rounds else None
             if rounds is not None:
-                rounds = common.Rounds(rounds.count, common.checking_logits(rounds.fn, model_fns))
-            per_image[pass_name], walls[pass_name] = common.evaluate_pass(
+                rounds = batches.Rounds(rounds.count, batches.checking_logits(rounds.fn, model_fns))
+            per_image[pass_name], walls[pass_name] = batches.evaluate_pass(
                 batch_fns[evaluator.name, pass_name], state, split, n, batch_size, pass_name, progress, subset, rounds
             )
             if estimate:
@@ -102,7 +104,7 @@ def evaluate_state(
     worst = evaluators_lib.worst_case(per_image, names, s)
     if worst is not None:
         figures["worst_case"] = worst
-    common.bootstrap_indices.cache_clear()
+    intervals.bootstrap_indices.cache_clear()
 
     results = {}
     if "clean" in per_image:
@@ -137,10 +139,10 @@ ANNOUNCE_BATCHES = 8
 
 def announce(settings: config_lib.EvaluationSettings, batch_fns: dict, state, split, n: int):
     """For an evaluation of ANNOUNCE_BATCHES batches a pass or more, prints what will run and an
-    estimate of its time from one timed batch of each pass (`common.time_batch`), and returns
+    estimate of its time from one timed batch of each pass (`batches.time_batch`), and returns
     {pass: estimated seconds}; else returns None and prints nothing."""
-    batches = -(-n // settings.batch_size)
-    if batches < ANNOUNCE_BATCHES:
+    num_batches = -(-n // settings.batch_size)
+    if num_batches < ANNOUNCE_BATCHES:
         return None
     record = settings_record(settings, n, int(state.step))
     attacks = set(evaluators_lib.WORST_CASE) & set(settings.evaluators)
@@ -149,12 +151,12 @@ def announce(settings: config_lib.EvaluationSettings, batch_fns: dict, state, sp
     say = print if sharding.is_writer() else lambda *a, **k: None
     say(
         f"evaluating {', '.join(settings.evaluators)} on {n} images of {settings.dataset}'s test split, "
-        f"{batches} batches of {settings.batch_size} a pass{''.join(f'; {w}' for w in what)}; timing one batch of "
+        f"{num_batches} batches of {settings.batch_size} a pass{''.join(f'; {w}' for w in what)}; timing one batch of "
         f"each of the {len(batch_fns)} passes ...",
         flush=True,
     )
-    seconds = {name: common.time_batch(fn, state, split, settings.batch_size) for (_, name), fn in batch_fns.items()}
-    estimate = {name: t * batches for name, t in seconds.items()}
+    seconds = {name: batches.time_batch(fn, state, split, settings.batch_size) for (_, name), fn in batch_fns.items()}
+    estimate = {name: t * num_batches for name, t in seconds.items()}
     say(
         f"estimate: {duration(sum(estimate.values()))} in all ("
         + ", ".join(f"{name} {duration(t)}" for name, t in estimate.items())
@@ -194,7 +196,7 @@ def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, 
         "dataset": settings.dataset,
         "split": "test",
         "batch_size": int(settings.batch_size),
-        # Devices each batch was split over (common.evaluate_pass): the figures are the same on any
+        # Devices each batch was split over (batches.evaluate_pass): the figures are the same on any
         # count up to float summation order (tests/core/test_sharding.py).
         "devices": int(sharding.make_mesh(settings.batch_size).size),
         "step": int(step),

@@ -14,7 +14,7 @@ from scipy import stats
 
 from patjax.attacks import apgd, fab
 from patjax.data import cifar
-from patjax.evaluators import autoattack, common
+from patjax.evaluators import autoattack, batches
 from patjax.models.networks import ModelFns
 from patjax.reporting import report
 from patjax.run import config as config_lib
@@ -98,7 +98,7 @@ def test_the_masking_sign_test_is_the_exact_one_sided_binomial_test(wins, losses
 @pytest.mark.slow
 def test_figures_do_not_depend_on_the_batch(evaluated):
     """Each pass packs the images it attacks into the batch widths of its batch size
-    (common.batch_widths): a batch size of 40 gives every image the same outcome as one of 8."""
+    (batches.batch_widths): a batch size of 40 gives every image the same outcome as one of 8."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
     cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
     per_image = {}
@@ -244,7 +244,7 @@ def unpacked(model_fns, state, images, labels, s):
 @pytest.mark.slow
 def test_packing_changes_no_per_image_outcome():
     """APGD-T and FAB-T run one target rank per round and Square one span of queries, each on the
-    images still robust packed into batches of 2 or 4 (`common.pack`); every image's outcome is
+    images still robust packed into batches of 2 or 4 (`batches.pack`); every image's outcome is
     the one it has in a single batch of all images run to the end, while images leave the batch at
     different rounds (some fooled early, some late, some never)."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
@@ -255,7 +255,7 @@ def test_packing_changes_no_per_image_outcome():
     for pass_name, outputs in expected.items():
         rounds = autoattack.make_rounds(model_fns, s, pass_name)
         batch_fn = autoattack.make_batch_fn(model_fns, s, pass_name)
-        packed, _ = common.evaluate_pass(batch_fn, state, split, len(split), 4, pass_name, False, rounds=rounds)
+        packed, _ = batches.evaluate_pass(batch_fn, state, split, len(split), 4, pass_name, False, rounds=rounds)
         assert set(packed) == set(outputs), pass_name
         for key, value in outputs.items():
             if key == "norm":  # a float: its last bits follow the batch's width (XLA's summation order)

@@ -22,7 +22,7 @@ from helpers import eval_config, tiny_config
 from scipy.stats import beta, binom, norm
 
 from patjax.data import cifar
-from patjax.evaluators import certify, common
+from patjax.evaluators import certify, streams
 from patjax.interop import torch_weights
 from patjax.models import networks
 from patjax.pat import laws, robustness
@@ -163,7 +163,7 @@ def test_the_exported_model_under_the_same_noise_gives_the_authors_certificates(
     per_image, s = certify_images(
         model_fns, state, split, images, selection_samples=n0, samples=n, sigma=sigma, alpha=alpha
     )
-    key = common.attack_key(s.shared.seed, "certify")
+    key = streams.attack_key(s.shared.seed, "certify")
     draws = []
 
     def given_randn_like(batch):

@@ -19,8 +19,8 @@ from patjax import api, evaluators
 from patjax.core import files
 from patjax.core.errors import UserError
 from patjax.data import cifar
-from patjax.evaluators import common
 from patjax.evaluators import stats as patjax_stats
+from patjax.evaluators import streams
 from patjax.models import networks
 from patjax.pat import laws as pr_laws
 from patjax.pat import robustness
@@ -238,7 +238,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
     x = split.images.astype(np.float64) / 255.0
     # The evaluator's stream: fold_in(PRNGKey(seed), its name's stream), then image i, sample j;
     # samples 0..n0-1 select, n0..n0+n-1 estimate.
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), common.name_stream("certify"))
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), streams.name_stream("certify"))
     counts, outside = np.zeros((7, n0 + n, 10), int), 0
     for i in range(7):
         for j in range(n0 + n):

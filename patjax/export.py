@@ -5,7 +5,7 @@ RobustBench, torchattacks).
       [--overwrite]
 
 Writes the run's newest model (or the kept model / checkpoint of --step; `torch_weights.export_run`)
-under the reference PyTorch names and layouts (`patjax.interop.torch_weights`), with the run's input
+under the reference PyTorch names and layouts (`patjax.interop.torch_names`), with the run's input
 normalization as the buffers mu and sigma. An existing --out is replaced only with --overwrite
 (the refusal names the model the file holds, from its metadata). Load it into the matching network of
 `patjax_torch.models` (the metadata of a .safetensors file names the network, its width and

@@ -1,6 +1,6 @@
 """What several test files share: tiny models with closed-form gradients and the configs that
-train or evaluate them in seconds; PyTorch networks made to look trained; weights files cut
-short; a command line run as a user runs it."""
+train or evaluate them in seconds; PyTorch networks made to look trained and the shapes and
+images their weights are compared on; weights files cut short; a command line run as a user runs it."""
 
 import os
 import subprocess
@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from patjax.configs import quickstart
 from patjax.data import cifar
+from patjax.models import networks
 from patjax.models.networks import ModelFns
 from patjax.run import config as config_lib
 from patjax.run import evaluation
@@ -59,6 +60,18 @@ def trained_looking(torch, net, seed):
         for _ in range(2):
             net(0.5 + 0.3 * torch.randn((8, 3, 32, 32), generator=gen))
     return net.eval()
+
+
+def abstract_variables(name, **kwargs):
+    """The shapes of a CIFAR-10 network's (params, batch_stats), without initializing it."""
+    model = networks.create_model(name, "cifar10", 10, **kwargs)
+    return jax.eval_shape(lambda: networks.init_variables(model, jax.random.PRNGKey(0)))
+
+
+def random_images():
+    """Four 8-bit images of CIFAR's shape as floats (for comparing networks' logits, not their accuracy)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    return np.asarray(cifar.to_float(pixels))
 
 
 def torch_logits(torch, net, x):

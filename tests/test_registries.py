@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 
 from patjax import evaluators, methods
-from patjax.interop import torch_weights
+from patjax.interop import torch_names
 from patjax.models import networks
 from patjax.pat import laws
 
@@ -131,5 +131,5 @@ def test_the_pytorch_name_map_covers_exactly_the_networks_with_a_pytorch_twin():
     """patjax_torch/models.py's MODELS keys, read from its source (it needs torch to import)."""
     tree = ast.parse((REPO / "patjax_torch" / "models.py").read_text())
     (twins,) = [node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "MODELS"]
-    assert set(torch_weights.MODULE_NAMES) == {key.value for key in twins.keys}
-    assert set(torch_weights.MODULE_NAMES) <= set(networks.MODELS)
+    assert set(torch_names.MODULE_NAMES) == {key.value for key in twins.keys}
+    assert set(torch_names.MODULE_NAMES) <= set(networks.MODELS)

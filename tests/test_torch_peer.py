@@ -27,7 +27,7 @@ from flax import traverse_util
 
 from patjax import methods
 from patjax.data import cifar
-from patjax.interop import torch_weights
+from patjax.interop import torch_names
 from patjax.models import networks
 from patjax.pat import langevin
 from patjax.run import config as config_lib
@@ -124,7 +124,7 @@ def as_patjax_trees(model):
         lambda: networks.init_variables(networks.create_model(name, "cifar10", 10, **kwargs), jax.random.PRNGKey(0))
     )
     state_dict = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    params, stats, _ = torch_weights.from_state_dict(name, state_dict, *abstract)
+    params, stats, _ = torch_names.from_state_dict(name, state_dict, *abstract)
     return params, stats
 
 

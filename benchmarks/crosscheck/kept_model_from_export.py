@@ -6,7 +6,7 @@
       --workdir=/tmp/W [--compute_dtype=float32] [--data_dir=DIR] [--step=N]
 
 Reads the PyTorch-layout state_dict that `patjax.export` wrote (`torch_weights.read_state_dict`,
-`torch_weights.from_state_dict`: every key the network needs, in its shape, finite), checks
+`torch_names.from_state_dict`: every key the network needs, in its shape, finite), checks
 that its input normalization is the one the config's network applies, and writes WORKDIR with
 the run's config.json (compute_dtype and data_dir replaced if given) and
 models/step_STEP.safetensors (`kept_models.save`, STEP from the file's metadata or --step). The parameters
@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from patjax.data import cifar
-from patjax.interop import torch_weights
+from patjax.interop import torch_names, torch_weights
 from patjax.models import networks
 from patjax.run import kept_models
 
@@ -54,7 +54,7 @@ def main() -> int:
     )
     abstract = jax.eval_shape(lambda: networks.init_variables(shapes, jax.random.PRNGKey(0)))
     tensors = torch_weights.read_state_dict(args.export)
-    params, batch_stats, found = torch_weights.from_state_dict(model_name, tensors, *abstract, source=args.export)
+    params, batch_stats, found = torch_names.from_state_dict(model_name, tensors, *abstract, source=args.export)
     # The workdir's network normalizes with the dataset's statistics (`networks.create_model`'s
     # default); the exported file must record the same, else its logits would differ silently.
     torch_weights.matching_normalization(found, networks.DATASET_NORMALIZATION, dataset, args.export)

@@ -6,7 +6,7 @@ network, the same images and the same n0, n, sigma and alpha, the two arms timed
   python benchmarks/speed/certify_speed.py --images 32 --n0 100 --n 1000 --rounds 3
 
 The network is a committed small CNN (docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0,
-clean training, 800 steps) and its PyTorch copy (`torch_weights.to_state_dict` into
+clean training, 800 steps) and its PyTorch copy (`torch_names.to_state_dict` into
 patjax_torch's SmallCNN); the images are CIFAR-10's first test images (`cifar.find_data_dir`).
 patjax: `evaluation.evaluate_state` with evaluators=certify, what `python -m patjax.evaluate`
 runs (one compiled pass: `--batch` images at a time, `--chunk` samples of each per forward,

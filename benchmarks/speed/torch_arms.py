@@ -3,7 +3,7 @@
 test images, and the two arms timed alternately.
 
 The network is docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0 (clean training, 800
-steps), restored as patjax restores a run, and its PyTorch copy (`torch_weights.to_state_dict`
+steps), restored as patjax restores a run, and its PyTorch copy (`torch_names.to_state_dict`
 into patjax_torch's SmallCNN, normalization inside, in eval mode). Needs PyTorch.
 """
 
@@ -28,7 +28,7 @@ def committed_small_cnn():
     """(model_fns, state, net): the committed small CNN in patjax and in PyTorch, same weights."""
     import torch
 
-    from patjax.interop import torch_weights
+    from patjax.interop import torch_names
     from patjax.models import networks
     from patjax.run import workdir as workdir_lib
     from patjax_torch import models as torch_models
@@ -36,7 +36,7 @@ def committed_small_cnn():
     _, model_fns, state = workdir_lib.restore(KEPT_RUN)
     normalize = networks.DATASET_STATS["cifar10"]
     net = torch_models.create_model("small_cnn", 10, normalize)
-    state_dict = torch_weights.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
+    state_dict = torch_names.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
     net.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()}, strict=True)
     return model_fns, state, net.eval()
 

@@ -7,7 +7,7 @@ step here computes what one `patjax.run.train.train_step` computes for method 'p
 
 - models take NCHW images in [0, 1] and normalize them per channel as their first operation
   (patjax.models.networks.Normalize); they are patjax_torch.models' small CNN and kuangliu CIFAR
-  ResNet-18 (the PyTorch definitions of patjax.models.networks), weights copied by patjax.interop.torch_weights;
+  ResNet-18 (the PyTorch definitions of patjax.models.networks), weights copied by patjax.interop.torch_names;
 - BatchNorm as Flax's: momentum 0.1 on the running statistics (Flax's 0.9 is the kept
   fraction), eps 1e-5, and the running variance updated with the *biased* batch variance
   (torch.nn.BatchNorm2d would use the unbiased one), the statistics taken in float32;
@@ -60,7 +60,7 @@ import torch.nn.functional as F
 sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )  # this checkout's packages
-from patjax.interop import torch_weights  # noqa: E402
+from patjax.interop import torch_names  # noqa: E402
 from patjax.models.networks import DATASET_STATS  # noqa: E402
 from patjax_torch import models as torch_models  # noqa: E402
 
@@ -93,9 +93,9 @@ def create_model(name: str, num_classes: int = 10, width: int = 64, dataset: str
 
 
 def load_patjax_weights(model, params, batch_stats):
-    """Copies patjax parameters and BatchNorm statistics into the model (patjax.interop.torch_weights'
+    """Copies patjax parameters and BatchNorm statistics into the model (patjax.interop.torch_names'
     names and layouts), keeping the model's own input normalization."""
-    tensors = torch_weights.to_state_dict(model.patjax_name, params, batch_stats)
+    tensors = torch_names.to_state_dict(model.patjax_name, params, batch_stats)
     own = {k: v for k, v in model.state_dict().items() if k in ("mu", "sigma")}
     model.load_state_dict({**own, **{k: torch.from_numpy(v) for k, v in tensors.items()}}, strict=True)
 

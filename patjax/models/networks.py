@@ -40,7 +40,7 @@ evaluated on unnormalized [0, 1] images). `create_model` names it: "dataset" (th
 statistics, every model patjax trains), "none", or a key of `DATASET_STATS`.
 
 The new networks' Flax module names mirror the reference PyTorch attribute names
-("layer1_0" for `layer1.0`), which `patjax.interop.torch_weights` maps to a PyTorch state_dict.
+("layer1_0" for `layer1.0`), which `patjax.interop.torch_names` maps to a PyTorch state_dict.
 """
 
 from __future__ import annotations

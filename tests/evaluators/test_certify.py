@@ -23,7 +23,7 @@ from scipy.stats import beta, binom, norm
 
 from patjax.data import cifar
 from patjax.evaluators import certify, streams
-from patjax.interop import torch_weights
+from patjax.interop import torch_names
 from patjax.models import networks
 from patjax.pat import laws, robustness
 from patjax.run import config as config_lib
@@ -135,7 +135,7 @@ def exported(data_dir):
     _, model_fns, state = workdir_lib.restore(str(KEPT_RUN))
     normalize = networks.DATASET_STATS["cifar10"]
     net = networks_torch().create_model("small_cnn", 10, normalize)
-    state_dict = torch_weights.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
+    state_dict = torch_names.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
     net.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()}, strict=True)
     return model_fns, state, net.eval(), cifar.load_split("cifar10", "test", data_dir)
 

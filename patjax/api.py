@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax import evaluators as evaluators_lib
 from patjax.core import sharding
 from patjax.core.errors import UserError, UserTypeError, one_line
 from patjax.data import cifar
@@ -245,6 +244,7 @@ def evaluate_torch_checkpoint(
     overwrite: bool = True,
     eval_name=None,
     keep: bool = False,
+    same_as: config_lib.EvaluationSettings | None = None,
 ):
     """A PyTorch state_dict file (`torch_weights.load_arrays`) evaluated as a run is, under the
     default config's eval settings with `overrides`; results in out_dir/eval/. model_name, dataset
@@ -252,12 +252,15 @@ def evaluate_torch_checkpoint(
     results record the file (`eval_files.checkpoint_record`), the network and its input
     normalization under "model". overwrite=False refuses to replace an evaluation of out_dir made
     otherwise, of another file (sha256) included. keep, eval_name: kept beside out_dir's other
-    evaluations, or a saved one reused (`evaluation.evaluate_and_write`)."""
+    evaluations, or a saved one reused (`evaluation.evaluate_and_write`). same_as: a comparison's
+    first model's settings, handed on (`config.handed_on`) instead of the default config's."""
     model_name, dataset, width = torch_weights.network(path, model_name, dataset, width)
     # Every setting is checked before the weights are read.
     settings = config_lib.default_evaluation_settings(
         dataset, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
+    if same_as is not None:
+        settings = config_lib.handed_on(same_as, settings)
     tensors = torch_weights.read_state_dict(path)
     model_fns, state = torch_weights.load_arrays(tensors, model_name, dataset, normalize, width, source=path)
     normalization = normalize if normalize is not None else "the file's mu and sigma"
@@ -276,21 +279,6 @@ def evaluate_torch_checkpoint(
         )
 
 
-def same_evaluation(settings: config_lib.EvaluationSettings) -> dict:
-    """The arguments that evaluate any model (a workdir's, a PyTorch checkpoint's, a RobustBench
-    entry's) with `settings`: its evaluators, images, batch and every evaluator setting under its
-    flat name (`evaluators.flat_names`), p_dis's c1 and the entropic lambda as resolved. Models so
-    evaluated see the same images and the same noise, and compare image by image."""
-    record = evaluators_lib.record(settings.evaluator_settings)
-    overrides = {name: record[name] for name in evaluators_lib.flat_names()}
-    return dict(
-        evaluators=settings.evaluators,
-        num_examples=settings.num_examples,
-        batch_size=settings.batch_size,
-        overrides=overrides,
-    )
-
-
 def evaluate_robustbench(
     name,
     model_dir,
@@ -303,14 +291,17 @@ def evaluate_robustbench(
     threat_model="Linf",
     eval_name=None,
     keep: bool = False,
+    same_as: config_lib.EvaluationSettings | None = None,
 ):
     """A RobustBench CIFAR-10 zoo entry of `threat_model` (`zoo.load_model`: its checkpoint in
     model_dir, fetched there if missing) evaluated as a PyTorch checkpoint is; results in
     out_dir/eval/ (keep, eval_name: as `evaluate_torch_checkpoint`). The attacks' threat model is the
-    evaluation's (`eval.attack`), not the entry's."""
+    evaluation's (`eval.attack`), not the entry's. same_as: as `evaluate_torch_checkpoint`'s."""
     settings = config_lib.default_evaluation_settings(
         zoo.DATASET, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
+    if same_as is not None:
+        settings = config_lib.handed_on(same_as, settings)
     model_fns, state, path = zoo.load_model(name, model_dir, threat_model)
     zoo_entry = zoo.entry(name, threat_model)
     record = {

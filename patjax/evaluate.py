@@ -30,7 +30,7 @@ then DIR/eval/results.json) and prints the comparison of all of them
 (`patjax.run.comparison.compare`): the workdirs, then the PyTorch checkpoints, then the RobustBench
 entries, each in the order given, the first the baseline of the paired differences. Every model
 is evaluated with the first one's settings (its config's eval block for a workdir, the default
-config's for a file, with the flags; `api.same_evaluation`), decided before any model runs, so
+config's for a file, with the flags; `run.config.handed_on`), decided before any model runs, so
 all share their images and noise. The evaluators are those of `patjax.evaluators`; docs/evaluation.md
 describes the figures and their intervals.
 """
@@ -216,8 +216,11 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
     # A comparison reads the evaluation of each folder that --eval_name names (else its only one).
     evals = [eval_files.chosen(folder, keeping()["eval_name"]) for folder in folders] if FLAGS.compare_only else []
     if not FLAGS.compare_only:
-        same = api.same_evaluation(first_settings(spec, num_examples, overrides))
-        same["overrides"].update({k: overrides[k] for k in ("data_dir",) if k in overrides})
+        # The first model's settings, typed and resolved, are every model's; each reads its own
+        # test split from its own data folder (--data_dir: every model's).
+        same = dict(same_as=first_settings(spec, num_examples, overrides))
+        if "data_dir" in overrides:
+            same["overrides"] = {"data_dir": overrides["data_dir"]}
         # Every workdir is checked with those settings before any model is evaluated, so a mistake
         # in the last one does not surface after the first ones ran for hours.
         for workdir in FLAGS.workdir or ():

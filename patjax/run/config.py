@@ -440,6 +440,20 @@ def evaluation_settings(
     )
 
 
+def handed_on(first: EvaluationSettings, own: EvaluationSettings) -> EvaluationSettings:
+    """A later model of a comparison evaluated as the `first` one is: `own`'s test split and data
+    folder (the model's), `first`'s evaluators, images, batch and every evaluator setting as the
+    first model's config resolved them (PR's p_dis c1 and entropic lambda included), handed on
+    typed, so that every model sees the same images and noise and every figure is made alike."""
+    return dataclasses.replace(
+        own,
+        evaluators=first.evaluators,
+        num_examples=first.num_examples,
+        batch_size=first.batch_size,
+        evaluator_settings=first.evaluator_settings,
+    )
+
+
 def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, **kwargs) -> EvaluationSettings:
     """`evaluation_settings` of the default config on `dataset`: a model no run trained."""
     cfg = default_config()

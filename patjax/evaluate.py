@@ -38,14 +38,16 @@ describes the figures and their intervals.
 from __future__ import annotations
 
 import functools
+import sys
 
 from absl import app, flags
+from ml_collections import config_flags
 
 from patjax import api, evaluators
 from patjax.attacks import l2
 from patjax.core import cli as cli_lib
 from patjax.core import sharding
-from patjax.core.errors import UserError, fraction
+from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common, pr
 from patjax.interop import torch_weights, zoo
@@ -58,57 +60,79 @@ from patjax.run import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 
-# Flags that override an evaluator setting, named by its flat name (`evaluators.flat_names`; None:
-# keep the workdir's config).
-_OVERRIDES = (
-    "pr_samples",
-    "pr_chunk_size",
-    "pr_distribution",
-    "pr_distributions",
-    "pr_epsilons",
-    "seed",
-    "apgd_steps",
-    "attack_norm",
-    "attack_eps",
-    "attack_step_size",
-    "certify_sigma",
-    "certify_radii",
-    "certify_samples",
-    "certify_selection_samples",
-    "certify_alpha",
-    "certify_chunk_size",
-)
-
+# The short flags users type, each an alias of one evaluation setting, named by its path in the
+# config's `eval` block (--pr_samples is --eval.pr.samples; every setting is --eval.<path>,
+# `config.default_eval_block`), with its help; each flag takes its path's type.
+ALIASES = {
+    "num_examples": ("num_examples", "Test images to evaluate, the first ones of the split; -1: all of them."),
+    "batch_size": ("batch_size", "Images per evaluation batch."),
+    "evaluators": (
+        "evaluators",
+        f"Comma-separated, from {', '.join(evaluators.NAMES)}, or the groups {', '.join(evaluators.ALIASES)}.",
+    ),
+    "seed": ("seed", "Evaluation seed (attack starts, PR noise, bootstrap)."),
+    "pr_samples": ("pr.samples", "N perturbations per image for PR."),
+    "pr_chunk_size": ("pr.chunk_size", "Perturbations per image evaluated at once (memory)."),
+    "pr_distribution": (
+        "pr.distribution",
+        "Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default) or another "
+        f"law of eps: {', '.join(laws.of_eps())}.",
+    ),
+    "pr_distributions": ("pr.distributions", f"Comma-separated laws computed beside it, from {','.join(laws.names())}"),
+    "pr_epsilons": ("pr.epsilons", "Comma-separated radii of the laws of eps, numbers or fractions."),
+    "apgd_steps": ("apgd.steps", "APGD iterations."),
+    "attack_norm": (
+        "attack.norm",
+        f"The attacks' threat model, one of {', '.join(common.NORMS)}: linf (the paper's, the default) or l2 (pgd20 "
+        "and cw20 as PGD-L2, APGD and AutoAttack as their L2 versions); without --attack_eps and --attack_step_size, "
+        "the norm's standard ones: L-inf 8/255 and 2/255, L2 0.5 and 0.125 (RobustBench's and AutoAttack's).",
+    ),
+    "attack_eps": (
+        "attack.eps",
+        "The attacks' radius, a number or a fraction (default: the norm's, L-inf 8/255, L2 0.5)",
+    ),
+    "attack_step_size": ("attack.step_size", "PGD-20's and CW-20's step (default: the norm's, L-inf 2/255, L2 0.125)."),
+    "certify_sigma": ("certify.sigma", "certify: the smoothing noise's sigma in [0,1] pixels."),
+    "certify_radii": ("certify.radii", "certify: comma-separated L2 radii."),
+    "certify_samples": ("certify.samples", "certify: n, CERTIFY's estimation samples."),
+    "certify_selection_samples": ("certify.selection_samples", "certify: n0, the selection samples."),
+    "certify_alpha": ("certify.alpha", "certify: the failure probability."),
+    "certify_chunk_size": ("certify.chunk_size", "certify: samples per image evaluated at once (memory)."),
+}
 
 # What --torch_checkpoint takes and --robustbench decides itself.
 _CHECKPOINT_FLAGS = ("model", "model_width", "normalize", "dataset")
 
 # --full: every evaluator, the laws at the L-inf radii (uniform_l2 is at L2 radii: --pr_preset=l2), the
 # whole test split, whatever the workdir's config says.
-FULL = {"evaluators": "all", "num_examples": -1, "pr_distributions": "uniform,gaussian,pdis"}
+FULL = {"evaluators": ("all",), "num_examples": -1, "pr.distributions": ("uniform", "gaussian", "pdis")}
 
 
-def overrides_from_flags() -> dict:
-    """The eval settings the flags give: a --pr_preset's, then each flag given (which wins)."""
-    overrides = dict(pr.PRESETS[FLAGS.pr_preset]) if FLAGS.pr_preset else {}
-    overrides.update({k: FLAGS[k].value for k in _OVERRIDES if FLAGS[k].value is not None})
-    if FLAGS.full and "pr_distributions" not in overrides:
-        overrides["pr_distributions"] = FULL["pr_distributions"]
-    if isinstance(overrides.get("pr_distributions"), str):
-        overrides["pr_distributions"] = tuple(d.strip() for d in overrides["pr_distributions"].split(",") if d.strip())
-    if isinstance(overrides.get("pr_epsilons"), str):
-        overrides["pr_epsilons"] = radii(overrides["pr_epsilons"])
+def typed_flags() -> dict:
+    """{path in `eval`: the flag the user typed for it}: the aliases given and every --eval.<path>;
+    the same setting under two flags is refused."""
+    typed = {path: name for name, (path, _) in ALIASES.items() if FLAGS[name].present}
+    for path in config_flags.get_override_values(FLAGS["eval"]):
+        if path in typed:
+            raise UserError(f"--{typed[path]} and --eval.{path} set the same setting: give one")
+        typed[path] = f"eval.{path}"
+    return typed
+
+
+def overrides_from_flags(typed: dict) -> dict:
+    """The eval settings the flags give, by path: --full's and a --pr_preset's, then each flag
+    given (which wins), each read as its field's type (`config.read_as_default`)."""
+    overrides = dict(FULL) if FLAGS.full else {}
+    overrides.update(config_lib.eval_paths(pr.PRESETS[FLAGS.pr_preset]) if FLAGS.pr_preset else {})
+    values = config_flags.get_override_values(FLAGS["eval"])
+    for path, flag in typed.items():
+        value = values[path] if flag == f"eval.{path}" else FLAGS[flag].value
+        overrides[path] = config_lib.read_as_default(path, value, flag)
+    if "evaluators" in overrides:  # a name that is none is refused before any folder is read
+        evaluators.parse(overrides["evaluators"])
     if FLAGS.data_dir:  # every model's test split, the workdirs' recorded folders included
         overrides["data_dir"] = cli_lib.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
     return overrides
-
-
-def radii(text: str) -> tuple:
-    """--pr_epsilons' comma-separated numbers or fractions; PRSettings checks their range."""
-    try:
-        return tuple(fraction(e.strip()) for e in text.split(",") if e.strip())
-    except UserError:
-        raise UserError(f"--pr_epsilons takes comma-separated numbers or fractions, got {text!r}") from None
 
 
 def sources() -> list:
@@ -180,20 +204,19 @@ def check_model_flags() -> None:
         raise UserError("--out_dir names the folder of one --torch_checkpoint or --robustbench, not of several models")
 
 
-def first_settings(spec, num_examples, overrides):
+def first_settings(overrides):
     """The evaluation settings of the first model the flags name, with the flags: a workdir's
     config's eval block, else the default config's on the file's (or the zoo's) dataset."""
-    kwargs = dict(evaluators=spec, num_examples=num_examples, batch_size=FLAGS.batch_size)
     if FLAGS.workdir:
-        return workdir_lib.evaluation_settings(FLAGS.workdir[0], overrides, **kwargs)
+        return workdir_lib.evaluation_settings(FLAGS.workdir[0], overrides)
     if FLAGS.torch_checkpoint:
         dataset = torch_weights.network(FLAGS.torch_checkpoint[0], FLAGS.model, FLAGS.dataset, FLAGS.model_width)[1]
     else:
         dataset = zoo.DATASET
-    return config_lib.default_evaluation_settings(dataset, overrides, **kwargs)
+    return config_lib.default_evaluation_settings(dataset, overrides)
 
 
-def evaluate_and_compare(spec, num_examples, overrides) -> None:
+def evaluate_and_compare(overrides) -> None:
     """Every model the flags name evaluated with one set of settings, the first model's
     (`first_settings`), decided before anything runs, so that all share their images and noise
     (common random numbers); then one table with the paired differences against the first
@@ -218,7 +241,7 @@ def evaluate_and_compare(spec, num_examples, overrides) -> None:
     if not FLAGS.compare_only:
         # The first model's settings, typed and resolved, are every model's; each reads its own
         # test split from its own data folder (--data_dir: every model's).
-        same = dict(same_as=first_settings(spec, num_examples, overrides))
+        same = dict(same_as=first_settings(overrides))
         if "data_dir" in overrides:
             same["overrides"] = {"data_dir": overrides["data_dir"]}
         # Every workdir is checked with those settings before any model is evaluated, so a mistake
@@ -245,57 +268,27 @@ def main(argv):
     cli_lib.start(argv)
     # Every setting a flag gives is checked under its config field's name (eval.pr.samples);
     # here the user typed the flag.
-    fields = {evaluators.config_field(name): name for name in cli_lib.given(*_OVERRIDES)}
-    fields.update({f"eval.{name}": name for name in cli_lib.given("num_examples", "batch_size")})
-    with cli_lib.named_as_flags(fields):
-        return evaluate_from_flags()
-
-
-def evaluate_from_flags():
-    overrides = overrides_from_flags()
-    filled = {k: v for k, v in l2.with_norm_radii(overrides, *config_lib.EVAL_THREAT).items() if k not in overrides}
-    if filled and sharding.is_writer():  # a default that decides every attack's figure is said
-        print(
-            report.norm_radii_line("--attack_norm", overrides["attack_norm"], {f"--{k}": v for k, v in filled.items()})
-        )
-    chosen = FLAGS.evaluators or (FULL["evaluators"] if FLAGS.full else None)
-    spec = evaluators.parse(chosen) if chosen else None
-    num_examples = FLAGS.num_examples if FLAGS.num_examples is not None or not FLAGS.full else FULL["num_examples"]
-    return evaluate_and_compare(spec, num_examples, overrides)
+    typed = typed_flags()
+    with cli_lib.named_as_flags({f"eval.{path}": flag for path, flag in typed.items()}):
+        overrides = overrides_from_flags(typed)
+        filled = {k: v for k, v in l2.with_norm_radii(overrides, *config_lib.EVAL_THREAT).items() if k not in overrides}
+        if filled and sharding.is_writer():  # a default that decides every attack's figure is said
+            norm = config_lib.EVAL_THREAT[0]
+            alias = {path: name for name, (path, _) in ALIASES.items()}
+            by_alias = typed[norm] != f"eval.{norm}"
+            named = {f"--{alias[k] if by_alias else f'eval.{k}'}": v for k, v in filled.items()}
+            print(report.norm_radii_line(f"--{typed[norm]}", overrides[norm], named))
+        return evaluate_and_compare(overrides)
 
 
 def define_flags():
     flags.DEFINE_multi_string("workdir", None, "Workdir(s) of trained runs (several: one comparison).")
-    flags.DEFINE_integer(
-        "num_examples",
-        None,
-        "Test images to evaluate, the first ones of the split; -1: all of them (default: config.eval).",
-    )
-    flags.DEFINE_integer("batch_size", None, "Images per evaluation batch (default: config.eval).")
     flags.DEFINE_string(
         "data_dir",
         None,
         "The folder of the test split (holding cifar-10-batches-bin/ ...) or tfds (default: the workdir's config's, "
         "else found or downloaded).",
     )
-    flags.DEFINE_string(
-        "evaluators",
-        None,
-        f"Comma-separated, from {', '.join(evaluators.NAMES)}, or the "
-        f"groups {', '.join(evaluators.ALIASES)} (default: config.eval.evaluators).",
-    )
-    flags.DEFINE_integer("pr_samples", None, "N perturbations per image for PR.")
-    flags.DEFINE_integer("pr_chunk_size", None, "Perturbations per image evaluated at once (memory).")
-    flags.DEFINE_string(
-        "pr_distribution",
-        None,
-        f"Law of the headline PR (results.json's `pr`): uniform (the Table-1 protocol, the default) or another "
-        f"law of eps: {', '.join(laws.of_eps())}.",
-    )
-    flags.DEFINE_string(
-        "pr_distributions", None, f"Comma-separated laws computed beside it, from {','.join(laws.names())}."
-    )
-    flags.DEFINE_string("pr_epsilons", None, "Comma-separated radii of the laws of eps (default 0.1,0.12,0.15,0.2).")
     flags.DEFINE_enum(
         "pr_preset",
         None,
@@ -304,28 +297,21 @@ def define_flags():
         "paper's: uniform, eps 0.1/0.12/0.15/0.2, N = 100), prbench (PRBench's protocol: its uniform law "
         "alone, eps 0.03, 0.08, 0.1, 0.12, N = 100) or l2 (uniform_l2 alone at L2 radii 0.5, 1, 2, 4, 8, N = 100).",
     )
-    flags.DEFINE_integer("seed", None, "Evaluation seed (attack starts, PR noise, bootstrap).")
-    flags.DEFINE_integer("apgd_steps", None, "APGD iterations (default 100).")
-    flags.DEFINE_float("certify_sigma", None, "certify: the smoothing noise's sigma in [0,1] pixels (default 0.25).")
-    flags.DEFINE_list("certify_radii", None, "certify: comma-separated L2 radii (default 0,0.25,...,1.5).")
-    flags.DEFINE_integer("certify_samples", None, "certify: n, CERTIFY's estimation samples (default 100000).")
-    flags.DEFINE_integer("certify_selection_samples", None, "certify: n0, the selection samples (default 100).")
-    flags.DEFINE_float("certify_alpha", None, "certify: the failure probability (default 0.001).")
-    flags.DEFINE_integer("certify_chunk_size", None, "certify: samples per image evaluated at once (memory).")
-    flags.DEFINE_enum(
-        "attack_norm",
-        None,
-        list(common.NORMS),
-        "The attacks' threat model: linf (the paper's, the default) or l2 (pgd20 and cw20 as PGD-L2, APGD and "
-        "AutoAttack as their L2 versions); without --attack_eps and --attack_step_size, the norm's standard "
-        "ones: L-inf 8/255 and 2/255, L2 0.5 and 0.125 (RobustBench's and AutoAttack's on CIFAR-10).",
-    )
-    cli_lib.define_fraction(
-        "attack_eps", None, "The attacks' radius, a number or a fraction (default: the norm's, L-inf 8/255, L2 0.5)."
-    )
-    cli_lib.define_fraction(
-        "attack_step_size", None, "PGD-20's and CW-20's step (default: the norm's, L-inf 2/255, L2 0.125)."
-    )
+    # Every evaluation setting as --eval.<path> (--eval.pr.samples=20), from the eval block the
+    # settings classes write; only the values typed override the workdir's config (`typed_flags`).
+    # A float field takes a fraction (8/255), as the aliases of its radii do.
+    config_flags.register_flag_parser_for_type(float, cli_lib.FractionParser())
+    config_flags.DEFINE_config_dict("eval", config_lib.default_eval_block(), "The evaluation settings by path.")
+    block = config_lib.default_eval_block()
+    for name, (path, help_text) in ALIASES.items():
+        default = block[path]
+        text = f"{help_text} Alias of --eval.{path} (default: the config's, {default!r} in the default config)."
+        if isinstance(default, bool) or not isinstance(default, (int, float)):
+            flags.DEFINE_string(name, None, text)
+        elif isinstance(default, int):
+            flags.DEFINE_integer(name, None, text)
+        else:
+            cli_lib.define_fraction(name, None, text)
     flags.DEFINE_bool(
         "full",
         False,
@@ -417,7 +403,8 @@ def define_flags():
 
 
 def cli():
-    define_flags()
+    with cli_lib.defining_config_flags(sys.argv):
+        define_flags()
     app.run(cli_lib.guarded(main), flags_parser=cli_lib.parse_flags)
 
 

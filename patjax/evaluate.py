@@ -14,30 +14,16 @@
   python -m patjax.evaluate --workdir=runs/A --torch_checkpoint=theirs.safetensors \
       --robustbench=Carmon2019Unlabeled [the evaluation flags]   # models from any source in one table
 
-A PyTorch state_dict (.safetensors, or .pt/.pth read with weights_only=True) of a network of
-`patjax.models.networks` (named by --model, or by the metadata of a file `patjax.export` wrote) is
-evaluated without a workdir (`patjax.api.evaluate_torch_checkpoint`,
-names and layouts of `patjax.interop.torch_weights`) under the default config's eval settings;
---normalize is required unless the file holds its normalization (mu and sigma), and the
-results go to OUT_DIR/eval/ (default: beside the file, FILE_without_suffix/, or FILE_suffix/ where
-that is a run's workdir; `eval_files.default_out_dir`). An entry of
-RobustBench's CIFAR-10 Linf zoo is such a file, read as RobustBench reads it, with the network
-and normalization RobustBench gives it (`patjax.interop.zoo`).
-
-Checks every path and every workdir (config, checkpoint, settings) first, then evaluates each model
-(a workdir's newest checkpoint, `patjax.run.evaluation.evaluate_workdir`: DIR/eval/per_image.npz,
-then DIR/eval/results.json) and prints the comparison of all of them
-(`patjax.run.comparison.compare`): the workdirs, then the PyTorch checkpoints, then the RobustBench
-entries, each in the order given, the first the baseline of the paired differences. Every model
-is evaluated with the first one's settings (its config's eval block for a workdir, the default
-config's for a file, with the flags; `run.config.handed_on`), decided before any model runs, so
-all share their images and noise. The evaluators are those of `patjax.evaluators`; docs/evaluation.md
-describes the figures and their intervals.
+Every evaluation setting is also --eval.<path in the config's eval block> (--eval.pr.samples=20);
+the short flags are aliases of one path each (`ALIASES`). This door parses the flags and hands
+off to `patjax.api.evaluate_models`: every path and workdir checked first, then each model
+evaluated with the first one's settings (a workdir's config's eval block, the default config's for
+a PyTorch file or a RobustBench entry, with the flags) and all compared in one table, the first the
+baseline of the paired differences. docs/evaluation.md describes the figures and their intervals.
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 
 from absl import app, flags
@@ -50,13 +36,11 @@ from patjax.core import sharding
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common, pr
-from patjax.interop import torch_weights, zoo
+from patjax.interop import zoo
 from patjax.models import networks
 from patjax.pat import laws
 from patjax.reporting import plots, report
-from patjax.run import comparison, eval_files, evaluation
 from patjax.run import config as config_lib
-from patjax.run import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 
@@ -100,9 +84,6 @@ ALIASES = {
     "certify_chunk_size": ("certify.chunk_size", "certify: samples per image evaluated at once (memory)."),
 }
 
-# What --torch_checkpoint takes and --robustbench decides itself.
-_CHECKPOINT_FLAGS = ("model", "model_width", "normalize", "dataset")
-
 # --full: every evaluator, the laws at the L-inf radii (uniform_l2 is at L2 radii: --pr_preset=l2), the
 # whole test split, whatever the workdir's config says.
 FULL = {"evaluators": ("all",), "num_examples": -1, "pr.distributions": ("uniform", "gaussian", "pdis")}
@@ -135,135 +116,6 @@ def overrides_from_flags(typed: dict) -> dict:
     return overrides
 
 
-def sources() -> list:
-    """(the folder its eval/ goes to, what the user named it by, evaluate(**settings) -> results)
-    of every model the flags name: the workdirs, then the PyTorch checkpoints, then the RobustBench
-    entries, each in the order given; every path and name is checked before any model is evaluated."""
-    found = []
-    for workdir in FLAGS.workdir or ():
-        cli_lib.existing_folder("workdir", workdir)
-        evaluate = functools.partial(
-            evaluation.evaluate_workdir, workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **keeping()
-        )
-        found.append((workdir, workdir, evaluate))
-    for path in FLAGS.torch_checkpoint or ():
-        cli_lib.existing_file("torch_checkpoint", path)
-        out_dir = FLAGS.out_dir or eval_files.default_out_dir(path)
-        if out_dir != path:  # a file without suffix is refused for its suffix
-            cli_lib.output_folder("out_dir", out_dir)
-        evaluate = functools.partial(
-            api.evaluate_torch_checkpoint,
-            path,
-            FLAGS.model,
-            FLAGS.dataset,
-            FLAGS.normalize,
-            out_dir,
-            width=FLAGS.model_width,
-            overwrite=FLAGS.overwrite,
-            **keeping(),
-        )
-        found.append((out_dir, path, evaluate))
-    if FLAGS.robustbench:
-        cli_lib.output_folder("robustbench_dir", FLAGS.robustbench_dir)
-    threat_model = FLAGS.robustbench_threat_model
-    for name in FLAGS.robustbench or ():
-        zoo.entry(name, threat_model)
-        out_dir = FLAGS.out_dir or eval_files.default_out_dir(
-            zoo.checkpoint_path(name, FLAGS.robustbench_dir, threat_model)
-        )
-        cli_lib.output_folder("out_dir", out_dir)
-        evaluate = functools.partial(
-            api.evaluate_robustbench,
-            name,
-            FLAGS.robustbench_dir,
-            out_dir,
-            overwrite=FLAGS.overwrite,
-            threat_model=threat_model,
-            **keeping(),
-        )
-        found.append((out_dir, name, evaluate))
-    return found
-
-
-def keeping() -> dict:
-    """Each evaluation kept beside a folder's others under its name (--eval_name, else its
-    settings'), or a saved one reused; a learning-curve point (--step) goes to curve/step_N/."""
-    return dict(keep=FLAGS.step is None, eval_name=FLAGS.eval_name and eval_files.check_name(FLAGS.eval_name))
-
-
-def check_model_flags() -> None:
-    """The flags that describe a PyTorch checkpoint's network, only where there is one; several
-    models each write beside their own file."""
-    checkpoints, entries = FLAGS.torch_checkpoint or (), FLAGS.robustbench or ()
-    given = [f"--{name}" for name in _CHECKPOINT_FLAGS if FLAGS[name].present]
-    if given and not checkpoints:
-        what = "--robustbench names the network and its normalization itself" if entries else "there is no file"
-        verb = "describes" if len(given) == 1 else "describe"
-        raise UserError(f"{', '.join(given)} {verb} a --torch_checkpoint file: {what}")
-    if FLAGS.out_dir and len(FLAGS.workdir or ()) + len(checkpoints) + len(entries) > 1:
-        raise UserError("--out_dir names the folder of one --torch_checkpoint or --robustbench, not of several models")
-
-
-def first_settings(overrides):
-    """The evaluation settings of the first model the flags name, with the flags: a workdir's
-    config's eval block, else the default config's on the file's (or the zoo's) dataset."""
-    if FLAGS.workdir:
-        return workdir_lib.evaluation_settings(FLAGS.workdir[0], overrides)
-    if FLAGS.torch_checkpoint:
-        dataset = torch_weights.network(FLAGS.torch_checkpoint[0], FLAGS.model, FLAGS.dataset, FLAGS.model_width)[1]
-    else:
-        dataset = zoo.DATASET
-    return config_lib.default_evaluation_settings(dataset, overrides)
-
-
-def evaluate_and_compare(overrides) -> None:
-    """Every model the flags name evaluated with one set of settings, the first model's
-    (`first_settings`), decided before anything runs, so that all share their images and noise
-    (common random numbers); then one table with the paired differences against the first
-    (`comparison.compare`). A single model prints its own figures."""
-    check_model_flags()
-    found = sources()
-    if not found:
-        raise UserError("--workdir, --torch_checkpoint or --robustbench is required")
-    if FLAGS.plot:
-        cli_lib.output_file("plot", FLAGS.plot)
-    folders = [folder for folder, _, _ in found]
-    names = comparison.labels([named for _, named, _ in found])
-    if FLAGS.step is not None and (len(found) != 1 or not FLAGS.workdir or FLAGS.compare_only):
-        raise UserError("--step evaluates a step of one --workdir (not --compare_only, no other model)")
-    if FLAGS.step is not None and FLAGS.eval_name:
-        raise UserError("--eval_name names an evaluation of the newest model; --step's goes to curve/step_N/")
-    if FLAGS.list:
-        print("\n\n".join(report.evaluation_list(f, eval_files.evaluations(f)) for f in folders))
-        return
-    # A comparison reads the evaluation of each folder that --eval_name names (else its only one).
-    evals = [eval_files.chosen(folder, keeping()["eval_name"]) for folder in folders] if FLAGS.compare_only else []
-    if not FLAGS.compare_only:
-        # The first model's settings, typed and resolved, are every model's; each reads its own
-        # test split from its own data folder (--data_dir: every model's).
-        same = dict(same_as=first_settings(overrides))
-        if "data_dir" in overrides:
-            same["overrides"] = {"data_dir": overrides["data_dir"]}
-        # Every workdir is checked with those settings before any model is evaluated, so a mistake
-        # in the last one does not surface after the first ones ran for hours.
-        for workdir in FLAGS.workdir or ():
-            evaluation.check_workdir(workdir, overwrite=FLAGS.overwrite, step=FLAGS.step, **keeping(), **same)
-        for folder, name, (_, _, evaluate) in zip(folders, names, found):
-            results = evaluate(**same)
-            if FLAGS.step is None:
-                evals.append(results.name)
-            if sharding.is_writer():
-                print(comparison.kept_line(name, results, eval_files.results_path(folder, FLAGS.step)))
-    if FLAGS.step is not None:  # a learning-curve point: its own figures, compared with nothing
-        if sharding.is_writer():
-            print(report.comparison([f"{names[0]} step {FLAGS.step}"], [results]))
-        return
-    if sharding.is_writer():
-        print(comparison.compare(folders, FLAGS.plot, FLAGS.plot_over, names, evals))
-        where = [eval_files.eval_dir(f, name=e) for f, e in zip(folders, evals)]
-        print("evaluations: " + ", ".join(f"{n} in {w}" for n, w in zip(names, where)))
-
-
 def main(argv):
     cli_lib.start(argv)
     # Every setting a flag gives is checked under its config field's name (eval.pr.samples);
@@ -278,17 +130,25 @@ def main(argv):
             by_alias = typed[norm] != f"eval.{norm}"
             named = {f"--{alias[k] if by_alias else f'eval.{k}'}": v for k, v in filled.items()}
             print(report.norm_radii_line(f"--{typed[norm]}", overrides[norm], named))
-        return evaluate_and_compare(overrides)
+        return api.evaluate_models(
+            api.Models(
+                workdirs=tuple(FLAGS.workdir or ()),
+                torch_checkpoints=tuple(FLAGS.torch_checkpoint or ()),
+                robustbench=tuple(FLAGS.robustbench or ()),
+                **{name: FLAGS[name].value for name in api.MODEL_FIELDS},
+            ),
+            overrides,
+            **{
+                name: FLAGS[name].value
+                for name in ("step", "eval_name", "overwrite", "compare_only", "plot", "plot_over")
+            },
+            list_only=FLAGS.list,
+        )
 
 
 def define_flags():
     flags.DEFINE_multi_string("workdir", None, "Workdir(s) of trained runs (several: one comparison).")
-    flags.DEFINE_string(
-        "data_dir",
-        None,
-        "The folder of the test split (holding cifar-10-batches-bin/ ...) or tfds (default: the workdir's config's, "
-        "else found or downloaded).",
-    )
+    flags.DEFINE_string("data_dir", None, "The test split's folder (cifar-10-batches-bin/ ...) or tfds, every model's.")
     flags.DEFINE_enum(
         "pr_preset",
         None,
@@ -312,41 +172,25 @@ def define_flags():
             flags.DEFINE_integer(name, None, text)
         else:
             cli_lib.define_fraction(name, None, text)
-    flags.DEFINE_bool(
-        "full",
-        False,
-        "Every evaluator and PR law on the whole test split (flags given "
-        "explicitly still win), whatever the workdir's config evaluates by default.",
-    )
-    flags.DEFINE_integer(
-        "step",
-        None,
-        "Evaluate the model of this training step (its checkpoint or kept model) of one --workdir "
-        "instead of the newest, into WORKDIR/curve/step_N/: a learning-curve point.",
-    )
+    flags.DEFINE_bool("full", False, "Every evaluator and PR law on the whole test split (flags given still win).")
+    flags.DEFINE_integer("step", None, "The model of this step of one --workdir, into WORKDIR/curve/step_N/.")
     flags.DEFINE_bool(
         "compare_only", False, "Do not evaluate; compare the saved evaluations (--eval_name's, else each one's only)."
     )
     flags.DEFINE_string(
         "eval_name",
         None,
-        "The evaluation's name in its folder (default: from its settings, e.g. linf-8_255.table1.n500); a workdir "
-        "keeps each name's evaluation beside the others (eval/, then evals/NAME/). With --compare_only: which to read.",
+        "The evaluation's name in its folder (default: from its settings, e.g. linf-8_255.table1.n500), kept beside "
+        "the others (eval/, then evals/NAME/). With --compare_only: which to read.",
     )
     flags.DEFINE_bool("list", False, "List the evaluations each folder keeps, with their settings; evaluate nothing.")
     flags.DEFINE_bool(
         "overwrite",
         False,
-        "Evaluate again and replace the evaluation of the same name, even one made otherwise (other images, seed, N, "
-        "step, settings; or evaluators or PR laws this one does not run); without it a saved evaluation holding "
-        "this one's figures is reused, and one made otherwise under the same name is refused.",
+        "Evaluate again and replace the evaluation of the same name, even one made otherwise; without it a saved "
+        "evaluation holding this one's figures is reused, and one made otherwise under the same name is refused.",
     )
-    flags.DEFINE_multi_string(
-        "torch_checkpoint",
-        None,
-        "A PyTorch state_dict file to evaluate (repeatable; beside workdirs and --robustbench entries: one table "
-        "on the same images and noise).",
-    )
+    flags.DEFINE_multi_string("torch_checkpoint", None, "A PyTorch state_dict file to evaluate (repeatable).")
     flags.DEFINE_string(
         "model",
         None,
@@ -370,36 +214,19 @@ def define_flags():
     flags.DEFINE_string(
         "out_dir",
         None,
-        "With --torch_checkpoint or --robustbench: where eval/ goes (default: the checkpoint file without its suffix, "
+        "With one --torch_checkpoint or --robustbench: where eval/ goes (default: the file without its suffix, "
         "or FILE_suffix where that is a run's workdir).",
     )
-    flags.DEFINE_multi_string(
-        "robustbench",
-        None,
-        "A RobustBench CIFAR-10 Linf zoo entry to evaluate (e.g. Carmon2019Unlabeled; docs/api.md lists those "
-        "patjax loads; repeatable): its checkpoint in --robustbench_dir, fetched there by the robustbench "
-        "package if missing.",
-    )
+    flags.DEFINE_multi_string("robustbench", None, "A RobustBench CIFAR-10 zoo entry (docs/api.md; repeatable).")
     flags.DEFINE_enum(
         "robustbench_threat_model",
         "Linf",
         list(zoo.THREAT_MODELS),
-        "With --robustbench: the zoo the entries are from, RobustBench's Linf or L2 (the attacks' threat model "
-        "is --attack_norm's).",
+        "With --robustbench: the zoo the entries are from (the attacks' threat model is --attack_norm's).",
     )
-    flags.DEFINE_string(
-        "robustbench_dir",
-        zoo.DEFAULT_MODEL_DIR,
-        "With --robustbench: RobustBench's model_dir (NAME.pt in cifar10/Linf/).",
-    )
+    flags.DEFINE_string("robustbench_dir", zoo.DEFAULT_MODEL_DIR, "With --robustbench: RobustBench's model_dir.")
     flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
-    flags.DEFINE_enum(
-        "plot_over",
-        "clean_correct",
-        list(plots.PR_IMAGE_SETS),
-        "The images the plot's PR is over: clean_correct (each run's, the Table-1 estimand of every table's "
-        "headline) or all.",
-    )
+    flags.DEFINE_enum("plot_over", "clean_correct", list(plots.PR_IMAGE_SETS), "The images the plot's PR is over.")
 
 
 def cli():

@@ -53,6 +53,7 @@ RESUMABLE_FIELDS = (
 
 
 WHOLE_SPLIT = -1  # eval.num_examples meaning every image of the test split
+DEFAULT_MODEL = "resnet18"  # the paper's network (Appendix E)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -61,7 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
     # A directory with the official binary archives extracted; None: found or downloaded
     # (cifar.resolve_data_dir); 'tfds': tensorflow-datasets.
     cfg.data_dir = ml_collections.config_dict.placeholder(str)
-    cfg.model = "resnet18"  # a name of patjax.models.networks.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
+    cfg.model = DEFAULT_MODEL  # a name of patjax.models.networks.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
     cfg.model_width = 64  # stem width of resnet18, preact_resnet18, wrn50_2 (64 in the paper); WRN-d-k fix theirs
     cfg.method = "pat"
     cfg.compute_dtype = "float32"
@@ -492,10 +493,15 @@ def evaluation_settings(
     class where a default depends on the run (`resolution`: PR's p_dis c1 and entropic lambda)."""
     cfg = with_eval_overrides(cfg, overrides)
     refuse_unknown_fields(cfg)
+    return _evaluation_of(cfg, resolution(cfg), evaluators, num_examples, batch_size)
+
+
+def _evaluation_of(cfg, run: methods_common.Resolution, evaluators, num_examples, batch_size) -> EvaluationSettings:
+    """The typed settings of cfg's `eval` block on its dataset and data folder, each block resolved
+    from `run` where a default depends on it."""
     cifar.check_dataset(str(cfg.dataset))
     finite_numbers(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
-    run = resolution(cfg)
     handed = evaluators_common.Settings(
         shared=_from_block(evaluators_common.SharedSettings, ev),
         blocks={block: _from_block(cls, ev[block], run) for block, cls in evaluators_lib.blocks().items()},
@@ -524,11 +530,23 @@ def handed_on(first: EvaluationSettings, own: EvaluationSettings) -> EvaluationS
     )
 
 
-def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, **kwargs) -> EvaluationSettings:
-    """`evaluation_settings` of the default config on `dataset`: a model no run trained."""
-    cfg = default_config()
-    cfg.dataset = dataset
-    return evaluation_settings(cfg, overrides, **kwargs)
+def default_evaluation_settings(
+    dataset: str, overrides: Optional[Mapping] = None, *, evaluators=None, num_examples=None, batch_size=None
+) -> EvaluationSettings:
+    """`evaluation_settings` of a model no run trained, on `dataset`: the `eval` block as the
+    settings classes write it (`default_eval_block`) with `overrides`, the defaults that depend on
+    a run resolved from the default network and the shared training blocks' classes (as
+    `default_config` would write them), without building a training config."""
+    cfg = ml_collections.ConfigDict(
+        {"dataset": dataset, "data_dir": ml_collections.config_dict.placeholder(str), "eval": default_eval_block()}
+    )
+    cfg = with_eval_overrides(cfg, overrides)
+    shared = {
+        block: _from_block(cls, ml_collections.ConfigDict(_defaults(cls)))
+        for block, cls in methods_common.SHARED_BLOCKS.items()
+    }
+    run = methods_common.Resolution(model=DEFAULT_MODEL, blocks=shared)
+    return _evaluation_of(cfg, run, evaluators, num_examples, batch_size)
 
 
 def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:

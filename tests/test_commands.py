@@ -14,10 +14,23 @@ from conftest import REPO, train_run
 from helpers import tiny_config
 from safetensors.numpy import load_file
 
+from patjax import evaluators
 from patjax.data import cifar
+from patjax.run import config as config_lib
+from patjax.run import evaluation
 from patjax.run import workdir as workdir_lib
 
 NUM_EXAMPLES = 16  # tiny_config's eval.num_examples
+# Settings of a run's eval block other than the defaults, one block (None: the shared fields) at a time.
+NON_DEFAULT_EVAL = {
+    None: {"seed": 3, "confidence": 0.9, "bootstrap_resamples": 300},
+    "attack": {"eps": 0.02},
+    "cw": {"kappa": 1.0},
+    "apgd": {"steps": 7},
+    "aa": {"fab_steps": 9},
+    "pr": {"epsilons": [0.05, 0.1], "prob_acc_q": [0.3]},
+    "certify": {"sigma": 0.5},
+}
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +107,24 @@ def test_evaluate_export_diagnose_and_experiments_each_do_their_job_on_a_tiny_ru
 @pytest.mark.slow
 def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_as_one_model(tiny_run, tmp_path):
     """One table over a workdir and a PyTorch checkpoint: the checkpoint is evaluated with the
-    workdir's settings (its config's PR chunk of 2, not the default 5), on the same images and the
-    same noise, so the workdir's own model, exported, gives the same outcome on every image and a
+    workdir's settings (its config's PR chunk of 2, not the default 5, and a value other than the
+    default in every block, p_dis's c1 and the entropic lambda as the run resolves them), on the
+    same images and the same noise, so the workdir's own model, exported, gives the same outcome on every image and a
     paired PR difference of exactly 0 at every radius. The file, exported beside the run under its
     name, is labelled by its file name, and its evaluation goes beside the run, not into it."""
     workdir = str(tmp_path / "run")
     shutil.copytree(tiny_run, workdir, ignore=shutil.ignore_patterns("eval", "*.lock"))
     exported = str(tmp_path / "run.safetensors")
     finish(start("patjax.export", f"--workdir={workdir}", f"--out={exported}"))
+    # A value other than the default in every block of the run's eval, and a sampler and beta
+    # from which p_dis's c1 and the entropic lambda resolve otherwise than the default config's.
+    config = json.load(open(workdir_lib.config_path(workdir)))
+    config["langevin"].update(c1=0.2, c2=0.5)
+    config["pat"]["beta"] = 0.01
+    for block, values in NON_DEFAULT_EVAL.items():
+        (config["eval"][block] if block else config["eval"]).update(values)
+    with open(workdir_lib.config_path(workdir), "w") as f:
+        json.dump(config, f)
     out = finish(
         start(
             "patjax.evaluate",
@@ -116,6 +139,15 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
     file_results = json.load(open(tmp_path / "run_safetensors" / "eval" / "results.json"))
     assert file_results["model"]["torch_checkpoint"] == "run.safetensors"
     assert file_results["settings"]["pr_chunk_size"] == run_results["settings"]["pr_chunk_size"] == 2
+    # The file is evaluated with the run's settings, as the run's config resolved them, every
+    # block's: none of them the default config's, which a file alone would be evaluated with.
+    default = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10"), 12, 0)
+    names = evaluators.flat_names()
+    handed = {k: run_results["settings"][k] for k in (*names, "evaluators", "num_examples", "batch_size", "uniform")}
+    assert {k: file_results["settings"][k] for k in handed} == handed
+    for block in (None, *evaluators.blocks()):
+        assert any(handed[k] != default[k] for k, (b, _) in names.items() if b == block), block
+    assert handed["pdis_c1"] == 0.2 and handed["entropic_lambda"] == pytest.approx(0.5 - 0.01)
     run_images, file_images = (
         np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "run_safetensors")
     )

@@ -321,10 +321,10 @@ STEP = attack.attack_evaluator(
 
 def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_model(monkeypatch, linear_images):
     register(monkeypatch, STEP)
-    # Its setting is a config field, a flat name and a recorded setting, from the registry line alone.
+    # Its setting is a config field, an override by its path and a recorded setting, from the registry line alone.
     assert config_lib.default_config().eval.margin_step.fraction == 1.0
     with pytest.raises(UserError, match=r"eval.margin_step.fraction must be in \(0, 1\], got 1.5"):
-        config_lib.default_evaluation_settings("cifar10", {"margin_step_fraction": 1.5})
+        config_lib.default_evaluation_settings("cifar10", {"margin_step.fraction": 1.5})
     images, labels, kernel, bias = linear_images
     kernel, bias, labels = kernel[:, :2], bias[:2], labels % 2  # two classes: s(x) is affine
     results = api.evaluate(
@@ -333,8 +333,8 @@ def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_mo
         labels,
         evaluators="clean,margin_step",
         batch_size=16,
-        attack_eps=0.1,
-        margin_step_fraction=0.5,
+        attack={"eps": 0.1},
+        margin_step={"fraction": 0.5},
     )
     # By hand: the margin's gradient is w_other - w_y, so the step moves every pixel by -eps times
     # the sign of w_y - w_other, clipped; robust when the class is still y there. eps = 0.5 x 0.1.
@@ -465,6 +465,46 @@ evaluate.cli()
 
 # A small CNN of the committed table1_cpu suite (clean training, 800 steps on CIFAR-10).
 KEPT_RUN = REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0"
+
+# The same for the evaluator: its registry line, as `register` gives it.
+REGISTERED_EVALUATOR_CLI = """
+import sys
+sys.path.insert(0, "tests")
+from test_recipes import STEP
+from patjax import evaluate, evaluators
+registry = {**evaluators.REGISTRY, STEP.name: STEP}
+evaluators.REGISTRY = registry
+for name, value in evaluators.derived_names(registry).items():
+    setattr(evaluators, name, value)
+sys.argv = ["patjax.evaluate", *sys.argv[1:]]
+evaluate.cli()
+"""
+
+
+@pytest.mark.slow
+def test_a_new_evaluators_setting_is_a_command_line_flag_by_its_path(tmp_path, data_dir):
+    """--eval.margin_step.fraction, with no flag written for it: the evaluation records it and
+    attacks at that fraction of the threat model's radius; a value its class refuses is one line
+    naming the flag."""
+    _, _, state = workdir_lib.restore(str(KEPT_RUN))
+    weights = str(tmp_path / "net.safetensors")
+    torch_weights.export(weights, "small_cnn", state.params, state.batch_stats, networks.DATASET_STATS["cifar10"])
+    command = [sys.executable, "-c", REGISTERED_EVALUATOR_CLI, f"--torch_checkpoint={weights}"]
+    command += [f"--data_dir={data_dir}", "--num_examples=8", "--batch_size=8", "--evaluators=clean,margin_step"]
+    run = subprocess.run(
+        [*command, "--eval.margin_step.fraction=0.25", "--eval.attack.eps=8/255"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    saved = json.loads((tmp_path / "net" / "eval" / "results.json").read_text())
+    assert saved["settings"]["margin_step_fraction"] == 0.25
+    assert saved["figures"]["margin_step"]["settings"] == {"eps": pytest.approx(0.25 * 8 / 255), "steps": 1}
+    bad = subprocess.run([*command, "--eval.margin_step.fraction=1.5"], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --eval.margin_step.fraction must be in (0, 1], got 1.5"
 
 
 @pytest.mark.slow

@@ -120,17 +120,37 @@ def parse_flags(argv):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except (AttributeError, KeyError) as error:
-        unknown = unknown_override(argv, error)
-        if unknown is None:
-            exit_config_error(error)
-        suggestion = " ".join(config_error_text(error).splitlines()[1:])  # ml_collections' "Did you mean ..."
-        print(
-            f"error: --config.{unknown}: the config has no field {unknown}{'; ' if suggestion else ''}{suggestion}",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        exit_unknown_field(argv, error)
     except (OSError, TypeError, ValueError, SyntaxError) as error:
         exit_config_error(error)
+
+
+@contextlib.contextmanager
+def defining_config_flags(argv):
+    """Around the definition of a config-dict flag (`config_flags.DEFINE_config_dict`), which reads
+    its `--NAME.a.b=` overrides' paths from the command line as it is defined: a field the block
+    does not have is one line, exit 2, as at parsing (`exit_unknown_field`)."""
+    try:
+        yield
+    except (AttributeError, KeyError) as error:
+        exit_unknown_field(argv, error)
+
+
+def exit_unknown_field(argv, error) -> None:
+    """An override of a config flag (--config.x, --eval.pr.x) naming a field the config does not
+    have, in one line with ml_collections' suggestion, exit 2; another error as a config that
+    failed to load."""
+    unknown = unknown_override(argv, error)
+    if unknown is None:
+        exit_config_error(error)
+    suggestion = " ".join(config_error_text(error).splitlines()[1:])  # ml_collections' "Did you mean ..."
+    flag, path = unknown
+    field = path if flag == "config" else f"{flag}.{path}"
+    print(
+        f"error: --{flag}.{path}: the config has no field {field}{'; ' if suggestion else ''}{suggestion}",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 
 def config_error_text(error) -> str:
@@ -142,15 +162,16 @@ def config_error_text(error) -> str:
     return str(inner)
 
 
-def unknown_override(argv, error) -> str | None:
-    """The `--config.a.b=...` override whose path holds the field an AttributeError or KeyError
-    of ml_collections names (the config has no such field), or None."""
+def unknown_override(argv, error) -> tuple | None:
+    """(flag, path) of the `--config.a.b=...` or `--eval.a.b=...` override whose path holds the
+    field an AttributeError or KeyError of ml_collections names (the config has no such field), or None."""
     missing = (config_error_text(error).splitlines() or [""])[0].strip("'\"")
     for arg in argv[1:]:
-        if arg.startswith("--config."):
-            path = arg[len("--config.") :].split("=")[0]
-            if missing in path.split("."):
-                return path
+        for flag in ("config", "eval"):
+            if arg.startswith(f"--{flag}."):
+                path = arg[len(f"--{flag}.") :].split("=")[0]
+                if missing in path.split("."):
+                    return flag, path
     return None
 
 

@@ -13,18 +13,12 @@ from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import eval_files
 
-# The certify settings two evaluations must share for their certificates to be paired: the same
-# noise then reaches both models (the seed, `eval_files.COMMON_RANDOM_NUMBER_FIELDS`, is shared).
-CERTIFY_PAIRING_FIELDS = ("certify_sigma", "certify_selection_samples", "certify_samples", "certify_alpha")
-
 
 def certified_differences(settings, per_image, base_settings, base, indices, confidence) -> dict:
     """Certified accuracy (run) - (first run) at each radius both evaluated, over all images,
     paired (`stats.paired_difference`): {radius: {value, interval, n, interval_method}}; {} when
-    either lacks certificates or their certify settings differ."""
+    either lacks certificates (their certify settings are the same: `pairing`)."""
     if "certify.class" not in per_image or "certify.class" not in base:
-        return {}
-    if any(settings.get(k) != base_settings.get(k) for k in CERTIFY_PAIRING_FIELDS):
         return {}
     radii = [r for r in settings["certify_radii"] if r in base_settings["certify_radii"]]
     hits = [

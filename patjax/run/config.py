@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from typing import Optional
 
 import ml_collections
@@ -24,6 +25,7 @@ from patjax.core.errors import (
     check_counts,
     count,
     finite_numbers,
+    fraction,
     python_scalars,
 )
 from patjax.data import cifar
@@ -51,6 +53,7 @@ RESUMABLE_FIELDS = (
 
 
 WHOLE_SPLIT = -1  # eval.num_examples meaning every image of the test split
+DEFAULT_MODEL = "resnet18"  # the paper's network (Appendix E)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -59,7 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
     # A directory with the official binary archives extracted; None: found or downloaded
     # (cifar.resolve_data_dir); 'tfds': tensorflow-datasets.
     cfg.data_dir = ml_collections.config_dict.placeholder(str)
-    cfg.model = "resnet18"  # a name of patjax.models.networks.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
+    cfg.model = DEFAULT_MODEL  # a name of patjax.models.networks.MODELS: 'resnet18', 'preact_resnet18', 'wrn28_10', ...
     cfg.model_width = 64  # stem width of resnet18, preact_resnet18, wrn50_2 (64 in the paper); WRN-d-k fix theirs
     cfg.method = "pat"
     cfg.compute_dtype = "float32"
@@ -101,15 +104,24 @@ def default_config() -> ml_collections.ConfigDict:
     # and a block per evaluator setting class (`evaluators.blocks()`: the threat model
     # `eval.attack`, then each registered evaluator's own), each written from its class's
     # defaults, where each field's meaning and source are said.
-    cfg.eval = ml_collections.ConfigDict()
-    cfg.eval.batch_size = 500
-    cfg.eval.num_examples = WHOLE_SPLIT
-    cfg.eval.evaluators = ("all",)
-    cfg.eval.update(_defaults(evaluators_common.SharedSettings))
-    for block, settings_class in evaluators_lib.blocks().items():
-        cfg.eval[block] = ml_collections.ConfigDict(_defaults(settings_class))
+    cfg.eval = default_eval_block()
     cfg.config_version = CONFIG_VERSION
     return cfg
+
+
+def default_eval_block() -> ml_collections.ConfigDict:
+    """The config's `eval` block as the settings classes' defaults write it: the images, the batch,
+    the evaluators, the shared settings, then one block per evaluator settings class (`evaluators.blocks()`).
+    Its paths (pr.samples) are the names of the evaluation's settings everywhere: overrides,
+    the evaluate command's --eval.pr.samples."""
+    ev = ml_collections.ConfigDict()
+    ev.batch_size = 500
+    ev.num_examples = WHOLE_SPLIT
+    ev.evaluators = ("all",)
+    ev.update(_defaults(evaluators_common.SharedSettings))
+    for block, settings_class in evaluators_lib.blocks().items():
+        ev[block] = ml_collections.ConfigDict(_defaults(settings_class))
+    return ev
 
 
 # The shape of the config: 2 gives each evaluator setting class its block of `eval` (eval.pr.samples);
@@ -355,34 +367,93 @@ class EvaluationSettings:
             )
 
 
-def with_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Optional[dict] = None) -> ml_collections.ConfigDict:
-    """A copy of cfg with fields of its `eval` block replaced, each named by its flat name
-    (`evaluators.flat_names`: {'pr_samples': 20} sets eval.pr.samples) or, for the evaluation's
-    own fields, its name (num_examples, batch_size, evaluators, data_dir); an unknown name is refused."""
+def _eval_items(overrides: Optional[Mapping]) -> list:
+    """(the name as given, its path in `eval`, value) of each override: a path as given
+    (pr.samples, seed, num_examples), a nested block's ({"pr": {"samples": 20}}) fields by their
+    paths, a name of the flat spelling (pr_samples, `evaluators.flat_names`) by its path; data_dir,
+    the config's own field, as it is."""
+    flat = evaluators_lib.flat_names()
+    out = []
+
+    def walk(given: Mapping, prefix: str) -> None:
+        for key, value in given.items():
+            if isinstance(value, Mapping):
+                walk(value, f"{prefix}{key}.")
+            elif not prefix and key in flat:
+                out.append((key, ".".join(part for part in flat[key] if part), value))
+            else:
+                out.append((f"{prefix}{key}", f"{prefix}{key}", value))
+
+    walk(overrides or {}, "")
+    return out
+
+
+def eval_paths(overrides: Optional[Mapping]) -> dict:
+    """Overrides of the `eval` block as {path: value} (`_eval_items`)."""
+    return {path: value for _, path, value in _eval_items(overrides)}
+
+
+def with_eval_overrides(
+    cfg: ml_collections.ConfigDict, overrides: Optional[Mapping] = None
+) -> ml_collections.ConfigDict:
+    """A copy of cfg with fields of its `eval` block replaced, each named by its path in the block
+    ({"pr.samples": 20} sets eval.pr.samples; `_eval_items`), and data_dir; a norm given without its
+    radius or step takes that norm's standard ones (`l2.with_norm_radii`); an unknown name is refused."""
     if not overrides:
         return cfg
-    overrides = l2.with_norm_radii(overrides, *EVAL_THREAT)
+    items = _eval_items(overrides)
+    names = {path: name for name, path, _ in items}
+    paths = l2.with_norm_radii({path: value for _, path, value in items}, *EVAL_THREAT)
     cfg = copy.deepcopy(cfg)
-    names = evaluators_lib.flat_names()
-    for key, value in overrides.items():
-        if key == "data_dir":  # where the test split is read from, not what is computed on it
+    for path, value in paths.items():
+        name = names.get(path, path)
+        if path == "data_dir":  # where the test split is read from, not what is computed on it
             cfg.data_dir = value
             continue
-        block, field = names.get(key, (None, key))
-        target = cfg.eval[block] if block else cfg.eval
+        *blocks, field = path.split(".")
+        target = cfg.eval
+        for block in blocks:
+            target = target.get(block)
+            if not isinstance(target, ml_collections.ConfigDict):
+                raise UserError(f"unknown eval setting {name!r}")
         if field not in target or isinstance(target[field], ml_collections.ConfigDict):
-            raise UserError(f"unknown eval setting {key!r}")
+            raise UserError(f"unknown eval setting {name!r}")
         value = python_scalars(value)
         try:
             target[field] = value
         except TypeError:  # ConfigDict keeps each field's type: a str where an int is, say
             expected = type(target[field]).__name__
-            raise UserTypeError(f"eval setting {key} must be of type {expected}, got {value!r}") from None
+            raise UserTypeError(f"eval setting {name} must be of type {expected}, got {value!r}") from None
     return cfg
 
 
-# Each threat model's (norm, radius, step) (`l2.with_norm_radii`): flat names, then config fields.
-EVAL_THREAT = ("attack_norm", "attack_eps", "attack_step_size")
+def read_as_default(path: str, value, flag: str):
+    """A value the command line's `flag` gives for the `eval` field `path` (ml_collections reads
+    --eval.pr.epsilons=8/255,0.1 as the string tuple ('8/255,0.1',)) as its default's type: a
+    tuple field's comma-separated strings split, each element of a tuple of numbers or a number
+    field read as a number or a fraction (`core.errors.fraction`). Anything else as given."""
+    default = default_eval_block()[path]
+    numbers = isinstance(default, float) or (
+        isinstance(default, tuple)
+        and bool(default)
+        and all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in default)
+    )
+    try:
+        if isinstance(default, tuple) and isinstance(value, (str, tuple, list)):
+            parts = [value] if isinstance(value, str) else list(value)
+            split = [p.strip() for part in parts for p in (part.split(",") if isinstance(part, str) else [part])]
+            return tuple(fraction(p) if numbers and isinstance(p, str) else p for p in split if p != "")
+        if numbers and isinstance(value, str):
+            return fraction(value)
+    except UserError:
+        what = "comma-separated numbers or fractions" if isinstance(default, tuple) else "a number or a fraction"
+        text = ",".join(value) if isinstance(value, (tuple, list)) else value
+        raise UserError(f"--{flag} takes {what}, got {text!r}") from None
+    return value
+
+
+# Each threat model's (norm, radius, step) (`l2.with_norm_radii`): paths in `eval`, then config fields.
+EVAL_THREAT = ("attack.norm", "attack.eps", "attack.step_size")
 CONFIG_THREATS = (
     ("attack.norm", "attack.epsilon", "attack.step_size"),
     ("eval.attack.norm", "eval.attack.eps", "eval.attack.step_size"),
@@ -422,10 +493,15 @@ def evaluation_settings(
     class where a default depends on the run (`resolution`: PR's p_dis c1 and entropic lambda)."""
     cfg = with_eval_overrides(cfg, overrides)
     refuse_unknown_fields(cfg)
+    return _evaluation_of(cfg, resolution(cfg), evaluators, num_examples, batch_size)
+
+
+def _evaluation_of(cfg, run: methods_common.Resolution, evaluators, num_examples, batch_size) -> EvaluationSettings:
+    """The typed settings of cfg's `eval` block on its dataset and data folder, each block resolved
+    from `run` where a default depends on it."""
     cifar.check_dataset(str(cfg.dataset))
     finite_numbers(cfg.eval.to_dict(), "eval.")
     ev = cfg.eval
-    run = resolution(cfg)
     handed = evaluators_common.Settings(
         shared=_from_block(evaluators_common.SharedSettings, ev),
         blocks={block: _from_block(cls, ev[block], run) for block, cls in evaluators_lib.blocks().items()},
@@ -440,11 +516,37 @@ def evaluation_settings(
     )
 
 
-def default_evaluation_settings(dataset: str, overrides: Optional[dict] = None, **kwargs) -> EvaluationSettings:
-    """`evaluation_settings` of the default config on `dataset`: a model no run trained."""
-    cfg = default_config()
-    cfg.dataset = dataset
-    return evaluation_settings(cfg, overrides, **kwargs)
+def handed_on(first: EvaluationSettings, own: EvaluationSettings) -> EvaluationSettings:
+    """A later model of a comparison evaluated as the `first` one is: `own`'s test split and data
+    folder (the model's), `first`'s evaluators, images, batch and every evaluator setting as the
+    first model's config resolved them (PR's p_dis c1 and entropic lambda included), handed on
+    typed, so that every model sees the same images and noise and every figure is made alike."""
+    return dataclasses.replace(
+        own,
+        evaluators=first.evaluators,
+        num_examples=first.num_examples,
+        batch_size=first.batch_size,
+        evaluator_settings=first.evaluator_settings,
+    )
+
+
+def default_evaluation_settings(
+    dataset: str, overrides: Optional[Mapping] = None, *, evaluators=None, num_examples=None, batch_size=None
+) -> EvaluationSettings:
+    """`evaluation_settings` of a model no run trained, on `dataset`: the `eval` block as the
+    settings classes write it (`default_eval_block`) with `overrides`, the defaults that depend on
+    a run resolved from the default network and the shared training blocks' classes (as
+    `default_config` would write them), without building a training config."""
+    cfg = ml_collections.ConfigDict(
+        {"dataset": dataset, "data_dir": ml_collections.config_dict.placeholder(str), "eval": default_eval_block()}
+    )
+    cfg = with_eval_overrides(cfg, overrides)
+    shared = {
+        block: _from_block(cls, ml_collections.ConfigDict(_defaults(cls)))
+        for block, cls in methods_common.SHARED_BLOCKS.items()
+    }
+    run = methods_common.Resolution(model=DEFAULT_MODEL, blocks=shared)
+    return _evaluation_of(cfg, run, evaluators, num_examples, batch_size)
 
 
 def _absolute_data_dir(data_dir: Optional[str]) -> Optional[str]:

@@ -32,10 +32,9 @@ IDENTITY_FIELDS = (
     "evaluators",
     "dataset",
 )
-# Settings two evaluations must share for their per-image outcomes to be paired image by image
-# on the same perturbations (common random numbers), with the definitions of the laws both
-# computed (`shared_definitions`).
-COMMON_RANDOM_NUMBER_FIELDS = ("num_examples", "pr_samples", "seed", "pr_epsilons", "dataset", "pdis_c1")
+# What an evaluation's record holds beside its settings: the model's step, which models compared
+# side by side need not share.
+PER_MODEL_FIELDS = ("step",)
 
 
 def recorded_laws(settings: dict) -> list:
@@ -232,10 +231,35 @@ def check_replaceable(
         )
 
 
-def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
-    """Raises UserError unless two evaluations' settings (results.json's `settings`) put them on
-    common random numbers: the same images, perturbations and distribution definitions."""
-    differing = [k for k in (*COMMON_RANDOM_NUMBER_FIELDS, *shared_definitions(a, b)) if a.get(k) != b.get(k)]
+def compared_settings(a: dict, b: dict) -> list[str]:
+    """The settings two evaluations (results.json's `settings`) must share for their figures to be
+    set side by side and their per-image outcomes paired on common random numbers: every setting
+    either records (each evaluator block's, the shared ones, the images, the dataset), but those
+    that change no figure (`INCIDENTAL_FIELDS`), the model's own (`PER_MODEL_FIELDS`), the lists
+    one may extend (`EXTENSIBLE_FIELDS`) and the definitions of laws not both computed
+    (`shared_definitions`). A setting one of them does not record (a file written before it
+    existed) is not compared, but for those whose earlier value is known (`IMPLICIT_BEFORE_RECORDED`),
+    as `lost_settings` does. A comparison hands every model the first one's settings whole
+    (`config.handed_on`), so that these are the same; this list checks it."""
+    definitions = [d for d in laws.REGISTRY if d in a or d in b]
+    shared = shared_definitions(a, b)
+    skipped = (*INCIDENTAL_FIELDS, *PER_MODEL_FIELDS, *EXTENSIBLE_FIELDS)
+    keys = [*a, *(k for k in b if k not in a)]
+    recorded = [k for k in keys if (k in a and k in b) or k in IMPLICIT_BEFORE_RECORDED]
+    return [k for k in recorded if k not in skipped and (k not in definitions or k in shared)]
+
+
+def check_comparable(a: dict, b: dict, name_a: str, name_b: str, aside=()) -> None:
+    """Raises UserError unless two evaluations' settings (results.json's `settings`) agree on
+    every setting a figure depends on (`compared_settings`): the same images, perturbations,
+    distribution definitions and evaluator settings. A setting one does not record reads as its
+    value then (`IMPLICIT_BEFORE_RECORDED`). `aside`:
+    settings the caller handles itself (a learning curve's attack, whose column it drops)."""
+    differing = [
+        k
+        for k in compared_settings(a, b)
+        if k not in aside and a.get(k, IMPLICIT_BEFORE_RECORDED.get(k)) != b.get(k, IMPLICIT_BEFORE_RECORDED.get(k))
+    ]
     if differing:
         raise UserError(
             f"{name_a!r} and {name_b!r} were evaluated with different settings "

@@ -242,15 +242,19 @@ def check_workdir(
     step: int | None = None,
     eval_name: str | None = None,
     keep: bool = False,
+    same_as: config_lib.EvaluationSettings | None = None,
 ) -> config_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
-    checkpoint, the run's evaluation settings with the overrides and the arguments given; with
+    checkpoint, the run's evaluation settings with the overrides and the arguments given (with
+    `same_as`, a comparison's first model's, handed on: `config.handed_on`); with
     overwrite=False also that an existing eval/results.json (curve/step_N/ with a step; with keep,
     the evaluation of the same name) was made as this evaluation would be made, or with fewer
     evaluators or laws (`check_replaceable`). Returns the settings."""
     settings = workdir_lib.evaluation_settings(
         workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
+    if same_as is not None:
+        settings = config_lib.handed_on(same_as, settings)
     newest = checkpoints.require_checkpoint(workdir)
     if not overwrite and (keep or os.path.isfile(eval_files.results_path(workdir, step))):
         split = cifar.load_split(settings.dataset, "test", settings.data_dir)
@@ -305,6 +309,7 @@ def evaluate_workdir(
     step: int | None = None,
     eval_name: str | None = None,
     keep: bool = False,
+    same_as: config_lib.EvaluationSettings | None = None,
 ):
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
     eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
@@ -312,9 +317,10 @@ def evaluate_workdir(
     to replace an evaluation made with other settings or more evaluators or laws.
     step: evaluate the kept model of that step instead, into curve/step_N/ (a learning curve's point).
     keep, eval_name: the evaluation is kept beside the workdir's others (`evaluate_and_write`); returns `Kept`.
+    same_as: a comparison's first model's settings, with which this one is evaluated (`check_workdir`).
     """
     # Whether eval/ may be replaced is decided once, under the lock, by evaluate_and_write.
-    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, True, step)
+    settings = check_workdir(workdir, num_examples, batch_size, evaluators, overrides, True, step, same_as=same_as)
     # Process 0 writes eval/ and holds the workdir's lock for the evaluation's processes.
     with sharding.writer_lock(workdir, "an evaluation"):
         _, model_fns, state = workdir_lib.restore(workdir, step=step)

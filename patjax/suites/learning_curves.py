@@ -14,7 +14,8 @@ from patjax.suites.run_outcomes import RunOutcome, figure, pairing, run_dir
 
 CURVE_ATTACK = "pgd20"  # the attack a suite's curve points may be evaluated with (`Suite.curve_evaluators`)
 ROBUST_KEY = f"{CURVE_ATTACK}.robust"
-ATTACK_SETTINGS = ("attack_eps", "attack_step_size", "attack_steps")  # one attack, one column
+# The threat model of the curve points' attack: one attack, one column.
+ATTACK_SETTINGS = ("attack_norm", "attack_eps", "attack_step_size", "attack_steps")
 
 
 def _attack(settings: dict) -> tuple:
@@ -32,7 +33,9 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     points = []
     for step in eval_files.curve_steps(directory):
         results, per_image = eval_files.load_results(directory, step)
-        eval_files.check_comparable(outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}")
+        eval_files.check_comparable(
+            outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}", aside=ATTACK_SETTINGS
+        )
         points.append(
             {
                 "step": step,

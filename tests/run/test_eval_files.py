@@ -3,15 +3,18 @@ never replaces another, --overwrite only the one of its name, a saved one whose 
 images match is reused instead of evaluated again, a reader picks one by name; a workdir of one
 eval/ folder reads as before."""
 
+import dataclasses
 import os
 import shutil
 
 import pytest
 from helpers import eval_config, tiny_setup
 
+from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.run import checkpoints, comparison, eval_files, evaluation
+from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 
 L2 = {"attack_norm": "l2", "attack_eps": 0.5, "attack_step_size": 0.125}
@@ -151,3 +154,35 @@ def test_a_model_trained_again_to_the_same_step_is_evaluated_again_not_reused(wo
     assert (again.name, again.folder, again.reused, len(calls)) == (first.name, first.folder, False, 2)
     assert again.results["weights_sha256"] != first.results["weights_sha256"]
     assert keep(workdir).reused and len(calls) == 2
+
+
+# Every evaluator setting, from the settings classes: (block or None for the shared ones, field).
+SETTINGS_FIELDS = [(None, f.name) for f in dataclasses.fields(evaluators.common.SharedSettings)] + [
+    (block, f.name) for block, cls in evaluators.blocks().items() for f in dataclasses.fields(cls)
+]
+# Those that change no figure (randomness is keyed by image and sample, not by chunk), and the
+# laws, of which two evaluations compare those both computed.
+NOT_COMPARED = {("pr", "chunk_size"), ("certify", "chunk_size"), ("pr", "distributions")}
+
+
+@pytest.mark.parametrize("block, field", SETTINGS_FIELDS, ids=[f"{b or 'shared'}.{f}" for b, f in SETTINGS_FIELDS])
+def test_two_evaluations_differing_in_any_one_setting_are_not_compared(block, field):
+    """An evaluation whose record differs from another's in one evaluator setting (each setting of
+    each block in turn, the entropic lambda included) is refused beside it, but for the settings
+    that change no figure."""
+    record = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10"), 10, 0)
+    name = {where: flat for flat, where in evaluators.flat_names().items()}[(block, field)]
+    other = {**record, name: {"changed": record[name]}}
+    if (block, field) in NOT_COMPARED:
+        eval_files.check_comparable(record, other, "a", "b")
+    else:
+        with pytest.raises(UserError, match=rf"\({name}\): not comparable"):
+            eval_files.check_comparable(record, other, "a", "b")
+
+
+def test_two_evaluations_of_other_images_are_not_compared_but_of_other_batches_and_models_are():
+    record = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10"), 10, 0)
+    for key in ("num_examples", "dataset"):
+        with pytest.raises(UserError, match=rf"\({key}\): not comparable"):
+            eval_files.check_comparable(record, {**record, key: "other"}, "a", "b")
+    eval_files.check_comparable(record, {**record, "batch_size": 3, "devices": 4, "step": 9}, "a", "b")

@@ -324,9 +324,10 @@ def test_certified_accuracy_differences_are_paired_over_the_same_images_and_nois
         assert diffs[1]["certified_accuracy"][r] == {**fig, "value": 0.0, "interval": [0.0, 0.0]}
     assert any(np.any(h[1] != h[0]) for h in zip(*hits[:2]))  # the two models differ somewhere
     assert "dcert(0.05) pp" in report.certified_difference_lines(diffs)[1]
-    # Certified under other settings, the runs are not paired on their certificates.
+    # Certified under other settings, the runs are not compared at all: their certificates are other figures.
     other = {**results[1], "settings": {**results[1]["settings"], "certify_samples": 41}}
-    assert "certified_accuracy" not in comparison.paired_differences(["a", "b"], [results[0], other], per_images)[0]
+    with pytest.raises(UserError, match=r"\(certify_samples\): not comparable"):
+        comparison.paired_differences(["a", "b"], [results[0], other], per_images)
 
 
 @pytest.mark.slow

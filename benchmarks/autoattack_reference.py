@@ -18,7 +18,10 @@ which they disagree, and the wall time of each (patjax's four attack passes, the
 run_standard_evaluation) on this machine. Timings are of one run each: compare them as the
 ratio of alternating runs (`--only`). With --individual, each attack alone on every image
 instead, robust accuracy and the images disagreeing attack by attack (FAB-T and Square rarely
-find anything after APGD-T in the sequence, so only this compares them).
+find anything after APGD-T in the sequence, so only this compares them); `--only` and
+`--attacks` pick whose and which, so that runs can alternate attack by attack. Each side's
+robust images are listed (`robust_images`), so runs made in separate processes can be compared
+image by image.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 
 import numpy as np
 
+STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order, patjax's aa passes
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
 from patjax.core.errors import UserError  # noqa: E402
@@ -67,6 +71,12 @@ def parse_args(argv=None):
         help="instead of the sequence, run each of the four attacks alone on every image (patjax's aa "
         "passes; the reference's run_standard_evaluation_individual) and compare attack by attack",
     )
+    p.add_argument(
+        "--attacks",
+        choices=STAGES,
+        action="append",
+        help="with --individual, only these attacks (repeatable); default: all four",
+    )
     p.add_argument("--out", default=None, help="write the JSON here too")
     return p.parse_args(argv)
 
@@ -99,7 +109,7 @@ def run_patjax(settings, model_fns, state, split):
     }
 
 
-def run_patjax_individual(settings, model_fns, state, split, batch_size):
+def run_patjax_individual(settings, model_fns, state, split, batch_size, stages):
     """Robust (per image) under each attack of the sequence alone, on every image: the aa
     evaluator's own passes of each attack (`autoattack.make_batch_fn` and its rounds,
     `autoattack.make_rounds`, run by `common.evaluate_pass` as an evaluation runs them) on all
@@ -109,7 +119,7 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size):
 
     clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
     out = {}
-    for stage in autoattack.STAGES:
+    for stage in stages:
         s, name = settings.evaluator_settings, f"aa_{stage}"
         fn, rounds = autoattack.make_batch_fn(model_fns, s, name), autoattack.make_rounds(model_fns, s, name)
         per_image, wall = common.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
@@ -117,7 +127,7 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size):
     return out
 
 
-def run_reference_individual(torch_model, x, y, eps, batch_size, norm, seed=0):
+def run_reference_individual(torch_model, x, y, eps, batch_size, norm, stages, seed=0):
     """The reference's run_standard_evaluation_individual: each attack alone on every image."""
     from pyautoattack import AutoAttack
 
@@ -125,6 +135,8 @@ def run_reference_individual(torch_model, x, y, eps, batch_size, norm, seed=0):
     names = {"apgd-ce": "apgd_ce", "apgd-t": "apgd_t", "fab-t": "fab_t", "square": "square"}
     out = {}
     for name, stage in names.items():
+        if stage not in stages:
+            continue
         adversary.attacks_to_run = [name]
         start = time.perf_counter()
         x_adv, _ = adversary.run_standard_evaluation(x, y, batch_size=batch_size)
@@ -132,23 +144,36 @@ def run_reference_individual(torch_model, x, y, eps, batch_size, norm, seed=0):
     return out
 
 
-def compare_individually(args, settings, model_fns, state, split, torch_model, x, y) -> dict:
-    """Each attack alone on the first n images, patjax's and the reference's, side by side."""
+def compare_individually(args, wanted, settings, model_fns, state, split, torch_model, x, y) -> dict:
+    """Each chosen attack alone on the first n images, patjax's and/or the reference's, side by
+    side when both ran."""
     from patjax.data import cifar
 
-    first = cifar.Split(split.images[: len(y)], split.labels[: len(y)])
-    mine = run_patjax_individual(settings, model_fns, state, first, args.batch_size)
-    theirs = run_reference_individual(torch_model, x, y, args.eps, args.batch_size, args.norm)
-    return {
-        stage: {
-            "patjax": float(mine[stage][0].mean()),
-            "reference": float(theirs[stage][0].mean()),
-            "difference_pp": round(100 * (mine[stage][0].mean() - theirs[stage][0].mean()), 2),
-            "images_disagreeing": int(np.sum(mine[stage][0] != theirs[stage][0])),
-            "wall_s": {"patjax": mine[stage][1], "reference": theirs[stage][1]},
-        }
-        for stage in mine
-    }
+    stages = [s for s in STAGES if s in (args.attacks or STAGES)]
+    runs = {}
+    if "patjax" in wanted:
+        first = cifar.Split(split.images[: len(y)], split.labels[: len(y)])
+        runs["patjax"] = run_patjax_individual(settings, model_fns, state, first, args.batch_size, stages)
+    if "reference" in wanted:
+        with contextlib.suppress(ImportError):
+            runs["reference"] = run_reference_individual(
+                torch_model, x, y, args.eps, args.batch_size, args.norm, stages
+            )
+    out = {}
+    for stage in stages:
+        row = {who: float(r[stage][0].mean()) for who, r in runs.items()}
+        row["wall_s"] = {who: r[stage][1] for who, r in runs.items()}
+        row["robust_images"] = {who: robust_images(r[stage][0]) for who, r in runs.items()}
+        if len(runs) == 2:
+            mine, theirs = runs["patjax"][stage][0], runs["reference"][stage][0]
+            row["difference_pp"] = round(100 * (mine.mean() - theirs.mean()), 2)
+            row["images_disagreeing"] = int(np.sum(mine != theirs))
+        out[stage] = row
+    return out
+
+
+def robust_images(robust) -> list:
+    return [int(i) for i in np.flatnonzero(robust)]
 
 
 def run_reference(torch_model, x, y, eps, batch_size, norm, seed=0):
@@ -268,7 +293,7 @@ def main(argv=None):
         batch_size=args.batch_size,
     )
     if args.individual:
-        out["individual"] = compare_individually(args, settings, model_fns, state, split, torch_model, x, y)
+        out["individual"] = compare_individually(args, wanted, settings, model_fns, state, split, torch_model, x, y)
         wanted = set()  # each attack alone instead of the sequence
     robust = {}
     if "patjax" in wanted:
@@ -285,6 +310,8 @@ def main(argv=None):
             res = run_torchattacks(torch_model, x, y, args.eps, args.batch_size, args.norm)
             robust["torchattacks"] = res.pop("robust")
             out["torchattacks"] = res
+    for who, r in robust.items():
+        out[who]["robust_images"] = robust_images(r)
     if "patjax" in robust and "reference" in robust:
         a, b = robust["patjax"], robust["reference"]
         out["difference_pp"] = round(100 * (a.mean() - b.mean()), 2)

@@ -21,7 +21,8 @@ instead, robust accuracy and the images disagreeing attack by attack (FAB-T and 
 find anything after APGD-T in the sequence, so only this compares them); `--only` and
 `--attacks` pick whose and which, so that runs can alternate attack by attack. Each side's
 robust images are listed (`robust_images`), so runs made in separate processes can be compared
-image by image.
+image by image, and patjax's seconds of compilation (JAX's tracing, lowering and compiling, by
+pass: `compile_s_passes`, `patjax_compile_s`) beside its wall times.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ import time
 import numpy as np
 
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order, patjax's aa passes
+# JAX's own time spans of tracing, lowering and compiling (jax._src.dispatch's event names),
+# kept while patjax runs: their union within a pass is its compilation, the rest its running.
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+COMPILE_SPANS = []
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
 from patjax.core.errors import UserError  # noqa: E402
@@ -81,18 +90,53 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def keep_compile_span(event, start, end, **_):
+    if event in COMPILE_EVENTS:
+        COMPILE_SPANS.append((start, end))
+
+
+def union_length(spans) -> float:
+    """Seconds covered by the spans: a jit traced inside another's trace has its own span."""
+    total, reach = 0.0, -np.inf
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
+@contextlib.contextmanager
+def compile_seconds_by_pass(common):
+    """Seconds spent compiling in each `common.evaluate_pass` call, by pass name, while inside."""
+    by_pass, evaluate_pass = {}, common.evaluate_pass
+
+    def timed(*args, **kwargs):
+        before = len(COMPILE_SPANS)
+        try:
+            return evaluate_pass(*args, **kwargs)
+        finally:
+            by_pass[args[5]] = round(union_length(COMPILE_SPANS[before:]), 1)  # args[5]: the pass's name
+
+    common.evaluate_pass = timed
+    try:
+        yield by_pass
+    finally:
+        common.evaluate_pass = evaluate_pass
+
+
 def run_patjax(settings, model_fns, state, split):
+    from patjax.evaluators import common
     from patjax.run import evaluation
 
     per_image = {}
-    results = evaluation.evaluate_state(
-        settings,
-        model_fns,
-        state,
-        split,
-        progress=False,
-        per_image_out=per_image,
-    )
+    with compile_seconds_by_pass(common) as compile_s:
+        results = evaluation.evaluate_state(
+            settings,
+            model_fns,
+            state,
+            split,
+            progress=False,
+            per_image_out=per_image,
+        )
     fig = results["figures"]["aa"]
     walls = results["evaluator_wall_time_s"]
     return {
@@ -105,6 +149,7 @@ def run_patjax(settings, model_fns, state, split):
         "masking": fig["masking"],
         "wall_s_attacks": round(sum(walls[f"aa_{s}"] for s in ("apgd_ce", "apgd_t", "fab_t", "square")), 1),
         "wall_s_passes": walls,
+        "compile_s_passes": compile_s,
         "robust": per_image["aa.robust"],
     }
 
@@ -122,8 +167,9 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size, stages)
     for stage in stages:
         s, name = settings.evaluator_settings, f"aa_{stage}"
         fn, rounds = autoattack.make_batch_fn(model_fns, s, name), autoattack.make_rounds(model_fns, s, name)
-        per_image, wall = common.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
-        out[stage] = (per_image["robust"] & (clean == split.labels), round(wall, 1))
+        with compile_seconds_by_pass(common) as compile_s:
+            per_image, wall = common.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
+        out[stage] = (per_image["robust"] & (clean == split.labels), round(wall, 1), compile_s[name])
     return out
 
 
@@ -164,6 +210,8 @@ def compare_individually(args, wanted, settings, model_fns, state, split, torch_
         row = {who: float(r[stage][0].mean()) for who, r in runs.items()}
         row["wall_s"] = {who: r[stage][1] for who, r in runs.items()}
         row["robust_images"] = {who: robust_images(r[stage][0]) for who, r in runs.items()}
+        if "patjax" in runs:
+            row["patjax_compile_s"] = runs["patjax"][stage][2]
         if len(runs) == 2:
             mine, theirs = runs["patjax"][stage][0], runs["reference"][stage][0]
             row["difference_pp"] = round(100 * (mine.mean() - theirs.mean()), 2)
@@ -246,6 +294,8 @@ def main(argv=None):
 
     devices.use_cpu_cores_as_devices()
     import jax
+
+    jax.monitoring.register_event_time_span_listener(keep_compile_span)
     import torch
 
     from patjax.run import workdir as workdir_lib

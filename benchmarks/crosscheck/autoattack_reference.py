@@ -18,7 +18,11 @@ which they disagree, and the wall time of each (patjax's four attack passes, the
 run_standard_evaluation) on this machine. Timings are of one run each: compare them as the
 ratio of alternating runs (`--only`). With --individual, each attack alone on every image
 instead, robust accuracy and the images disagreeing attack by attack (FAB-T and Square rarely
-find anything after APGD-T in the sequence, so only this compares them).
+find anything after APGD-T in the sequence, so only this compares them); `--only` and
+`--attacks` pick whose and which, so that runs can alternate attack by attack. Each side's
+robust images are listed (`robust_images`), so runs made in separate processes can be compared
+image by image, and patjax's seconds of compilation (JAX's tracing, lowering and compiling, by
+pass: `compile_s_passes`, `patjax_compile_s`) beside its wall times.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ import time
 
 import numpy as np
 
+STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order, patjax's aa passes
+# JAX's own time spans of tracing, lowering and compiling (jax._src.dispatch's event names),
+# kept while patjax runs: their union within a pass is its compilation, the rest its running.
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+COMPILE_SPANS = []
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
 from patjax.core.errors import UserError  # noqa: E402
@@ -67,22 +80,63 @@ def parse_args(argv=None):
         help="instead of the sequence, run each of the four attacks alone on every image (patjax's aa "
         "passes; the reference's run_standard_evaluation_individual) and compare attack by attack",
     )
+    p.add_argument(
+        "--attacks",
+        choices=STAGES,
+        action="append",
+        help="with --individual, only these attacks (repeatable); default: all four",
+    )
     p.add_argument("--out", default=None, help="write the JSON here too")
     return p.parse_args(argv)
 
 
+def keep_compile_span(event, start, end, **_):
+    if event in COMPILE_EVENTS:
+        COMPILE_SPANS.append((start, end))
+
+
+def union_length(spans) -> float:
+    """Seconds covered by the spans: a jit traced inside another's trace has its own span."""
+    total, reach = 0.0, -np.inf
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
+@contextlib.contextmanager
+def compile_seconds_by_pass(batches):
+    """Seconds spent compiling in each `batches.evaluate_pass` call, by pass name, while inside."""
+    by_pass, evaluate_pass = {}, batches.evaluate_pass
+
+    def timed(*args, **kwargs):
+        before = len(COMPILE_SPANS)
+        try:
+            return evaluate_pass(*args, **kwargs)
+        finally:
+            by_pass[args[5]] = round(union_length(COMPILE_SPANS[before:]), 1)  # args[5]: the pass's name
+
+    batches.evaluate_pass = timed
+    try:
+        yield by_pass
+    finally:
+        batches.evaluate_pass = evaluate_pass
+
+
 def run_patjax(settings, model_fns, state, split):
+    from patjax.evaluators import batches
     from patjax.run import evaluation
 
     per_image = {}
-    results = evaluation.evaluate_state(
-        settings,
-        model_fns,
-        state,
-        split,
-        progress=False,
-        per_image_out=per_image,
-    )
+    with compile_seconds_by_pass(batches) as compile_s:
+        results = evaluation.evaluate_state(
+            settings,
+            model_fns,
+            state,
+            split,
+            progress=False,
+            per_image_out=per_image,
+        )
     fig = results["figures"]["aa"]
     walls = results["evaluator_wall_time_s"]
     return {
@@ -95,11 +149,12 @@ def run_patjax(settings, model_fns, state, split):
         "masking": fig["masking"],
         "wall_s_attacks": round(sum(walls[f"aa_{s}"] for s in ("apgd_ce", "apgd_t", "fab_t", "square")), 1),
         "wall_s_passes": walls,
+        "compile_s_passes": compile_s,
         "robust": per_image["aa.robust"],
     }
 
 
-def run_patjax_individual(settings, model_fns, state, split, batch_size):
+def run_patjax_individual(settings, model_fns, state, split, batch_size, stages):
     """Robust (per image) under each attack of the sequence alone, on every image: the aa
     evaluator's own passes of each attack (`autoattack.make_batch_fn` and its rounds,
     `autoattack.make_rounds`, run by `batches.evaluate_pass` as an evaluation runs them) on all
@@ -109,15 +164,18 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size):
 
     clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
     out = {}
-    for stage in autoattack.STAGES:
+    for stage in stages:
         s, name = settings.evaluator_settings, f"aa_{stage}"
         fn, rounds = autoattack.make_batch_fn(model_fns, s, name), autoattack.make_rounds(model_fns, s, name)
-        per_image, wall = batches.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
-        out[stage] = (per_image["robust"] & (clean == split.labels), round(wall, 1))
+        with compile_seconds_by_pass(batches) as compile_s:
+            per_image, wall = batches.evaluate_pass(
+                fn, state, split, len(split), batch_size, name, False, rounds=rounds
+            )
+        out[stage] = (per_image["robust"] & (clean == split.labels), round(wall, 1), compile_s[name])
     return out
 
 
-def run_reference_individual(torch_model, x, y, eps, batch_size, norm, seed=0):
+def run_reference_individual(torch_model, x, y, eps, batch_size, norm, stages, seed=0):
     """The reference's run_standard_evaluation_individual: each attack alone on every image."""
     from pyautoattack import AutoAttack
 
@@ -125,6 +183,8 @@ def run_reference_individual(torch_model, x, y, eps, batch_size, norm, seed=0):
     names = {"apgd-ce": "apgd_ce", "apgd-t": "apgd_t", "fab-t": "fab_t", "square": "square"}
     out = {}
     for name, stage in names.items():
+        if stage not in stages:
+            continue
         adversary.attacks_to_run = [name]
         start = time.perf_counter()
         x_adv, _ = adversary.run_standard_evaluation(x, y, batch_size=batch_size)
@@ -132,23 +192,38 @@ def run_reference_individual(torch_model, x, y, eps, batch_size, norm, seed=0):
     return out
 
 
-def compare_individually(args, settings, model_fns, state, split, torch_model, x, y) -> dict:
-    """Each attack alone on the first n images, patjax's and the reference's, side by side."""
+def compare_individually(args, wanted, settings, model_fns, state, split, torch_model, x, y) -> dict:
+    """Each chosen attack alone on the first n images, patjax's and/or the reference's, side by
+    side when both ran."""
     from patjax.data import cifar
 
-    first = cifar.Split(split.images[: len(y)], split.labels[: len(y)])
-    mine = run_patjax_individual(settings, model_fns, state, first, args.batch_size)
-    theirs = run_reference_individual(torch_model, x, y, args.eps, args.batch_size, args.norm)
-    return {
-        stage: {
-            "patjax": float(mine[stage][0].mean()),
-            "reference": float(theirs[stage][0].mean()),
-            "difference_pp": round(100 * (mine[stage][0].mean() - theirs[stage][0].mean()), 2),
-            "images_disagreeing": int(np.sum(mine[stage][0] != theirs[stage][0])),
-            "wall_s": {"patjax": mine[stage][1], "reference": theirs[stage][1]},
-        }
-        for stage in mine
-    }
+    stages = [s for s in STAGES if s in (args.attacks or STAGES)]
+    runs = {}
+    if "patjax" in wanted:
+        first = cifar.Split(split.images[: len(y)], split.labels[: len(y)])
+        runs["patjax"] = run_patjax_individual(settings, model_fns, state, first, args.batch_size, stages)
+    if "reference" in wanted:
+        with contextlib.suppress(ImportError):
+            runs["reference"] = run_reference_individual(
+                torch_model, x, y, args.eps, args.batch_size, args.norm, stages
+            )
+    out = {}
+    for stage in stages:
+        row = {who: float(r[stage][0].mean()) for who, r in runs.items()}
+        row["wall_s"] = {who: r[stage][1] for who, r in runs.items()}
+        row["robust_images"] = {who: robust_images(r[stage][0]) for who, r in runs.items()}
+        if "patjax" in runs:
+            row["patjax_compile_s"] = runs["patjax"][stage][2]
+        if len(runs) == 2:
+            mine, theirs = runs["patjax"][stage][0], runs["reference"][stage][0]
+            row["difference_pp"] = round(100 * (mine.mean() - theirs.mean()), 2)
+            row["images_disagreeing"] = int(np.sum(mine != theirs))
+        out[stage] = row
+    return out
+
+
+def robust_images(robust) -> list:
+    return [int(i) for i in np.flatnonzero(robust)]
 
 
 def run_reference(torch_model, x, y, eps, batch_size, norm, seed=0):
@@ -221,6 +296,8 @@ def main(argv=None):
 
     devices.use_cpu_cores_as_devices()
     import jax
+
+    jax.monitoring.register_event_time_span_listener(keep_compile_span)
     import torch
 
     from patjax.run import workdir as workdir_lib
@@ -268,7 +345,7 @@ def main(argv=None):
         batch_size=args.batch_size,
     )
     if args.individual:
-        out["individual"] = compare_individually(args, settings, model_fns, state, split, torch_model, x, y)
+        out["individual"] = compare_individually(args, wanted, settings, model_fns, state, split, torch_model, x, y)
         wanted = set()  # each attack alone instead of the sequence
     robust = {}
     if "patjax" in wanted:
@@ -285,6 +362,8 @@ def main(argv=None):
             res = run_torchattacks(torch_model, x, y, args.eps, args.batch_size, args.norm)
             robust["torchattacks"] = res.pop("robust")
             out["torchattacks"] = res
+    for who, r in robust.items():
+        out[who]["robust_images"] = robust_images(r)
     if "patjax" in robust and "reference" in robust:
         a, b = robust["patjax"], robust["reference"]
         out["difference_pp"] = round(100 * (a.mean() - b.mean()), 2)

@@ -110,7 +110,7 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size):
     clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
     out = {}
     for stage in autoattack.STAGES:
-        s, name = settings.evaluator_settings, f"aa_{stage}"
+        s, name = settings.evaluator_settings.view(autoattack.EVALUATOR), f"aa_{stage}"
         fn, rounds = autoattack.make_batch_fn(model_fns, s, name), autoattack.make_rounds(model_fns, s, name)
         per_image, wall = batches.evaluate_pass(fn, state, split, len(split), batch_size, name, False, rounds=rounds)
         out[stage] = (per_image["robust"] & (clean == split.labels), round(wall, 1))

@@ -29,7 +29,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 from patjax.core import cli as cli_lib
-from patjax.core import files, locks
+from patjax.core import files, locks, paths
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.pat import langevin, langevin_diagnostic
@@ -50,8 +50,8 @@ def main(argv):
     cli_lib.start(argv)
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
-    cli_lib.existing_folder("workdir", FLAGS.workdir)
-    cli_lib.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
+    paths.existing_folder("workdir", FLAGS.workdir)
+    paths.output_folder("out", FLAGS.out or os.path.join(FLAGS.workdir, "diagnose"))
     langevin_diagnostic.DiagnosticSettings(
         FLAGS.num_examples, FLAGS.chains, FLAGS.steps, FLAGS.init, FLAGS.seed, FLAGS.tolerance
     )

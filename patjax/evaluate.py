@@ -32,7 +32,7 @@ from ml_collections import config_flags
 from patjax import api, evaluators
 from patjax.attacks import l2
 from patjax.core import cli as cli_lib
-from patjax.core import sharding
+from patjax.core import paths, sharding
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common, pr
@@ -112,7 +112,7 @@ def overrides_from_flags(typed: dict) -> dict:
     if "evaluators" in overrides:  # a name that is none is refused before any folder is read
         evaluators.parse(overrides["evaluators"])
     if FLAGS.data_dir:  # every model's test split, the workdirs' recorded folders included
-        overrides["data_dir"] = cli_lib.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
+        overrides["data_dir"] = paths.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
     return overrides
 
 

@@ -23,6 +23,7 @@ from absl import app, flags
 from patjax import suites
 from patjax.configs import suites as shipped_suites
 from patjax.core import cli as cli_lib
+from patjax.core import paths
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.suites import handover, run_outcomes, runner, workers
@@ -39,10 +40,10 @@ def main(argv):
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
     # --report_only and --handover read a suite folder; the others may create it.
-    check = cli_lib.existing_folder if FLAGS.report_only or FLAGS.handover else cli_lib.output_folder
+    check = paths.existing_folder if FLAGS.report_only or FLAGS.handover else paths.output_folder
     check("workdir", FLAGS.workdir)
     if FLAGS.data_dir:
-        cli_lib.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
+        paths.data_folder("data_dir", FLAGS.data_dir, cifar.TFDS)
     data_dir = FLAGS.data_dir or cifar.find_data_dir()  # None: found or downloaded when a run loads it
     suite = shipped_suites.get_suite(FLAGS.suite, data_dir)
     groups, methods = _names(FLAGS.groups), _names(FLAGS.methods)
@@ -63,9 +64,9 @@ def main(argv):
             )
         return
     if FLAGS.handover:
-        paths = handover.handover(suite, FLAGS.workdir)
-        print(f"{len(paths)} unfinished run(s) keep their newest checkpoint; commit them with the suite:")
-        for path in paths:
+        kept = handover.handover(suite, FLAGS.workdir)
+        print(f"{len(kept)} unfinished run(s) keep their newest checkpoint; commit them with the suite:")
+        for path in kept:
             print(f"  git add -f {os.path.relpath(path)}")
         return
     if FLAGS.report_only:

@@ -22,6 +22,7 @@ import os
 from absl import app, flags
 
 from patjax.core import cli as cli_lib
+from patjax.core import paths
 from patjax.core.errors import UserError
 from patjax.interop import torch_weights
 
@@ -32,8 +33,8 @@ def main(argv):
     cli_lib.start(argv)
     if not FLAGS.workdir or not FLAGS.out:
         raise UserError("--workdir and --out are required")
-    cli_lib.existing_folder("workdir", FLAGS.workdir)
-    cli_lib.output_file("out", FLAGS.out)
+    paths.existing_folder("workdir", FLAGS.workdir)
+    paths.output_file("out", FLAGS.out)
     suffix = os.path.splitext(FLAGS.out)[1].lower()
     if FLAGS.format is not None and torch_weights.FORMATS.get(FLAGS.format) != suffix:
         raise UserError(f"--format={FLAGS.format} needs --out ending in {torch_weights.FORMATS.get(FLAGS.format)}")

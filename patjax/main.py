@@ -23,7 +23,7 @@ from ml_collections import config_flags
 from patjax import configs
 from patjax.attacks import l2
 from patjax.core import cli as cli_lib
-from patjax.core import sharding
+from patjax.core import paths, sharding
 from patjax.reporting import report
 from patjax.run import config, train
 
@@ -52,7 +52,7 @@ def shipped_config(argv: list[str]) -> list[str]:
 @cli_lib.guarded
 def main(argv):
     cli_lib.start(argv)
-    cli_lib.output_folder("workdir", FLAGS.workdir)
+    paths.output_folder("workdir", FLAGS.workdir)
     complete_threat_models(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
     # The config is read here and nowhere below: typed, checked settings go down (the
     # evaluation's too, so that a bad one fails now, not after the training time was spent).

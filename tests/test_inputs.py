@@ -496,7 +496,7 @@ def test_the_documented_sentinels_are_accepted():
 
 # ---------------------------------------------------------------------------------------
 # Paths: every path flag of every command is checked for its kind before anything is read or
-# written (patjax.core.cli's existing_folder, existing_file, output_folder, output_file).
+# written (patjax.core.paths' existing_folder, existing_file, output_folder, output_file).
 
 
 def path_cases(tmp):
@@ -530,7 +530,7 @@ def test_every_command_refuses_a_path_of_the_wrong_kind_in_one_line_and_writes_n
 
 
 def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
-    from patjax.core import cli
+    from patjax.core import paths
 
     f = tmp_path / "f"
     f.write_text("x")
@@ -540,33 +540,33 @@ def test_the_path_checks_name_the_flag_and_what_is_wrong(tmp_path):
     readonly.mkdir()
     readonly.chmod(0o500)
     checks = [
-        (cli.existing_folder, tmp_path / "no", "no such folder"),
-        (cli.existing_folder, f, "is a file, not a folder"),
-        (cli.existing_file, tmp_path / "no", "no such file"),
-        (cli.existing_file, tmp_path, "is a folder, not a file"),
-        (cli.output_folder, f, "is a file, not a folder"),
-        (cli.output_folder, f / "a" / "b", f"{f} is a file, so nothing can be made under it"),
-        (cli.output_file, tmp_path, "is a folder; name the file to write"),
-        (cli.output_file, f / "out.json", f"{f} is a file, so nothing can be made under it"),
+        (paths.existing_folder, tmp_path / "no", "no such folder"),
+        (paths.existing_folder, f, "is a file, not a folder"),
+        (paths.existing_file, tmp_path / "no", "no such file"),
+        (paths.existing_file, tmp_path, "is a folder, not a file"),
+        (paths.output_folder, f, "is a file, not a folder"),
+        (paths.output_folder, f / "a" / "b", f"{f} is a file, so nothing can be made under it"),
+        (paths.output_file, tmp_path, "is a folder; name the file to write"),
+        (paths.output_file, f / "out.json", f"{f} is a file, so nothing can be made under it"),
         # A link whose target is gone: writing would replace the link, not make its target.
         (
-            cli.output_file,
+            paths.output_file,
             dangling,
             f"is a symbolic link to {tmp_path / 'gone' / 'out.json'}, which does not exist; remove the link or "
             "name another file",
         ),
     ]
     if os.geteuid() != 0:  # root writes anywhere
-        checks.append((cli.output_folder, readonly / "new", f"cannot create it, {readonly} is not writable"))
+        checks.append((paths.output_folder, readonly / "new", f"cannot create it, {readonly} is not writable"))
     for check, path, message in checks:
         with pytest.raises(UserError) as error:
             check("flag", str(path))
         assert str(error.value) == f"--flag={path}: {message}", check
     # What each accepts: the folder or file there, or a path it can create.
-    assert cli.existing_folder("flag", str(tmp_path)) == str(tmp_path)
-    assert cli.existing_file("flag", str(f)) == str(f)
-    assert cli.output_folder("flag", str(tmp_path / "new" / "deeper"))
-    assert cli.output_file("flag", str(tmp_path / "new" / "out.json"))
+    assert paths.existing_folder("flag", str(tmp_path)) == str(tmp_path)
+    assert paths.existing_file("flag", str(f)) == str(f)
+    assert paths.output_folder("flag", str(tmp_path / "new" / "deeper"))
+    assert paths.output_file("flag", str(tmp_path / "new" / "out.json"))
     assert sorted(os.listdir(tmp_path)) == ["f", "link.json", "ro"]  # the checks create nothing
 
 

@@ -304,7 +304,7 @@ class MarginStepSettings:
 
 
 def _step_robust(logits_fn, key, indices, x, y, s):
-    eps = s["attack"].eps * s["margin_step"].fraction
+    eps = s.threat.eps * s.own.fraction
     attacked = lambda k, xi, yi: margin_sign_step(logits_fn, k, xi, yi, eps=eps)
     return jnp.argmax(logits_fn(streams.per_example(attacked, key, indices, x, y)), -1) == y
 
@@ -314,7 +314,7 @@ STEP = attack.attack_evaluator(
     "margin_step",
     "MarginStep",
     _step_robust,
-    lambda s: {"eps": s["attack"].eps * s["margin_step"].fraction, "steps": 1},
+    lambda s: {"eps": s.threat.eps * s.own.fraction, "steps": 1},
     MarginStepSettings,
 )
 

@@ -165,7 +165,7 @@ def run_patjax_individual(settings, model_fns, state, split, batch_size, stages)
     clean = np.asarray(model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))).argmax(1)
     out = {}
     for stage in stages:
-        s, name = settings.evaluator_settings, f"aa_{stage}"
+        s, name = settings.evaluator_settings.view(autoattack.EVALUATOR), f"aa_{stage}"
         fn, rounds = autoattack.make_batch_fn(model_fns, s, name), autoattack.make_rounds(model_fns, s, name)
         with compile_seconds_by_pass(batches) as compile_s:
             per_image, wall = batches.evaluate_pass(

@@ -64,12 +64,12 @@ def run(args) -> dict:
         evaluators=args.evaluators,
         batch_size=args.batch,
     )
-    s = settings.evaluator_settings
     rates, walls = {}, {}
     for name in settings.evaluators:
         evaluator = evaluators.REGISTRY[name]
         if evaluator.subset is not None:
             continue
+        s = settings.evaluator_settings.view(evaluator)
         for pass_name in evaluator.passes(s):
             batch_fn = evaluator.make_batch_fn(model_fns, s, pass_name)
             timed = [

@@ -38,7 +38,7 @@ def main():
     model_fns, state = state_lib.create_train_state(train.model, 0, tx)
     split = cifar.load_split("cifar10", "test", None)
     for name, pass_name in (("clean", "clean"), ("pgd20", "pgd20"), ("pr", "pr_uniform")):
-        plain = REGISTRY[name].make_batch_fn(model_fns, s, pass_name)
+        plain = REGISTRY[name].make_batch_fn(model_fns, s.view(REGISTRY[name]), pass_name)
         arms = {"plain": plain, "checked": batches.checking_logits(plain, model_fns)}
         times = {arm: [] for arm in arms}
         for fn in arms.values():

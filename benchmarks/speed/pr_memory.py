@@ -47,7 +47,7 @@ def main(argv=None):
         settings = config_lib.default_evaluation_settings(
             "cifar10", {"pr_distributions": ("uniform",), "pr_chunk_size": chunk}, evaluators="pr", batch_size=batch
         )
-        fn = pr.make_batch_fn(model_fns, settings.evaluator_settings, "pr_uniform")
+        fn = pr.make_batch_fn(model_fns, settings.evaluator_settings.view(pr.EVALUATOR), "pr_uniform")
         images = jnp.asarray(rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8))
         labels, indices = jnp.zeros((batch,), jnp.int32), jnp.arange(batch, dtype=jnp.int32)
         t0 = time.perf_counter()

@@ -1,2 +1,2 @@
 """Layer 0, glue: errors, atomic files and strict JSON, file locks, provenance, devices and sharding,
-the command lines' shared flags. Imports nothing of patjax outside `core`."""
+path flags checked for their kind, the command lines' shared flags. Imports nothing of patjax outside `core`."""

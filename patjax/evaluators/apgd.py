@@ -37,7 +37,7 @@ BLOCK = "apgd"
 
 def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
-        own, threat = s[BLOCK], s[common.THREAT_BLOCK]
+        own, threat = s.own, s.threat
         return streams.per_example(
             lambda k, xi, yi: apgd.apgd(
                 logits_fn, k, xi, yi, eps=threat.eps, steps=own.steps, loss=loss, rho=own.rho, norm=threat.norm
@@ -50,10 +50,10 @@ def _apgd(loss: str, name: str, label: str) -> common.Evaluator:
 
     def settings(s) -> dict:
         return {
-            "eps": s[common.THREAT_BLOCK].eps,
-            "norm": s[common.THREAT_BLOCK].norm,
-            "steps": s[BLOCK].steps,
-            "rho": s[BLOCK].rho,
+            "eps": s.threat.eps,
+            "norm": s.threat.norm,
+            "steps": s.own.steps,
+            "rho": s.own.rho,
             "loss": loss,
             "restarts": 1,
             "departure": DEPARTURE,

@@ -81,8 +81,8 @@ class CWSettings:
 
 def _pgd(loss: str, name: str, label: str, settings_type=None, block: str = "") -> common.Evaluator:
     def batch_robust(logits_fn, key, indices, x, y, s):
-        threat = s[common.THREAT_BLOCK]
-        loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s["cw"].kappa)
+        threat = s.threat
+        loss_fn = pgd.cross_entropy_loss if loss == "ce" else functools.partial(pgd.cw_margin_loss, kappa=s.own.kappa)
         attack = l2.PGD_BY_NORM[threat.norm]
         x_adv = streams.per_example(
             lambda k, xi, yi: attack(
@@ -104,8 +104,8 @@ def _pgd(loss: str, name: str, label: str, settings_type=None, block: str = "") 
         return jnp.argmax(logits_fn(x_adv), -1) == y
 
     def settings(s) -> dict:
-        threat = s[common.THREAT_BLOCK]
-        kappa = {"kappa": s["cw"].kappa} if loss == "cw_margin" else {}
+        threat = s.threat
+        kappa = {"kappa": s.own.kappa} if loss == "cw_margin" else {}
         return {
             "norm": threat.norm,
             "eps": threat.eps,

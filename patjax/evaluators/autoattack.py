@@ -99,7 +99,7 @@ def _key(seed: int, stream: int):
 
 
 def _masking_passes(s) -> tuple:
-    return ("aa_square_alone",) + tuple(f"aa_apgd_ce_x{f:g}" for f in s[BLOCK].masking_eps_factors)
+    return ("aa_square_alone",) + tuple(f"aa_apgd_ce_x{f:g}" for f in s.own.masking_eps_factors)
 
 
 def passes(s) -> tuple:
@@ -124,13 +124,13 @@ def _stage(s, pass_name):
     name = pass_name[len("aa_") :]
     stream = {"apgd_ce": 0, "apgd_t": 1, "fab_t": 2, "square": 3, "square_alone": 3}.get(name, 4)
     factor = float(name.split("_x")[1]) if "_x" in name else 1.0  # the masking check's larger balls
-    return name, _key(s.shared.seed, stream), s[common.THREAT_BLOCK].eps * factor
+    return name, _key(s.shared.seed, stream), s.threat.eps * factor
 
 
 def _apgd_robust(logits_fn, key, x, y, s, eps, loss, target=None):
     """Whether APGD (one run, `eval.apgd`'s settings) leaves the image (x: (1, ...)) robust."""
     own = s[apgd_evaluators.BLOCK]
-    norm = s[common.THREAT_BLOCK].norm
+    norm = s.threat.norm
     return apgd.apgd(
         logits_fn, key, x, y, eps=eps, steps=own.steps, loss=loss, rho=own.rho, target=target, norm=norm
     ).robust
@@ -151,9 +151,9 @@ def make_batch_fn(model_fns, s, pass_name):
     """The pass's batch function; for APGD-T, FAB-T and Square (alone too) its first round, which
     classifies x (and takes Square's start), and `make_rounds` the rest: one per target class, one
     per span of Square's queries, each on the images still robust."""
-    own = s[BLOCK]
+    own = s.own
     name, key, eps = _stage(s, pass_name)
-    square_attack = SQUARE_BY_NORM[s[common.THREAT_BLOCK].norm]
+    square_attack = SQUARE_BY_NORM[s.threat.norm]
 
     def fn(params, batch_stats, images, labels, indices):
         logits_fn = model_fns.attack_logits_fn(params, batch_stats)
@@ -184,9 +184,9 @@ def make_batch_fn(model_fns, s, pass_name):
 def make_rounds(model_fns, s, pass_name):
     """APGD-T's and FAB-T's runs, one round per target rank (the reference's loop over target
     classes, each on the images still robust), and Square's spans of queries; None for APGD-CE."""
-    own = s[BLOCK]
+    own = s.own
     name, key, eps = _stage(s, pass_name)
-    norm = s[common.THREAT_BLOCK].norm
+    norm = s.threat.norm
     square_attack = SQUARE_BY_NORM[norm]
     if name.startswith("apgd_ce"):
         return None
@@ -271,7 +271,7 @@ def combine(per_image, s) -> dict:
 
 
 def figures(per_image, s) -> dict:
-    eps, own, apgd_settings = s[common.THREAT_BLOCK].eps, s[BLOCK], s[apgd_evaluators.BLOCK]
+    eps, own, apgd_settings = s.threat.eps, s.own, s[apgd_evaluators.BLOCK]
     confidence = s.shared.confidence
     out = per_image["aa"]
     n = len(out["robust"])
@@ -327,7 +327,7 @@ def figures(per_image, s) -> dict:
     }
     fig["settings"] = {
         "eps": eps,
-        "norm": s[common.THREAT_BLOCK].norm,
+        "norm": s.threat.norm,
         "version": "standard",
         "attacks": list(STAGES),
         "apgd_steps": apgd_settings.steps,
@@ -355,4 +355,7 @@ EVALUATOR = common.Evaluator(
     make_rounds=make_rounds,
     settings=AutoAttackSettings,
     norms=l2.NORMS,
+    # Its APGD-CE and APGD-T run at eval.apgd's settings, as the reference's AutoAttack runs its
+    # APGD with the standalone attack's defaults (apgd.ApgdSettings).
+    reads=(apgd_evaluators.BLOCK,),
 )

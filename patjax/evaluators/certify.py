@@ -108,7 +108,7 @@ def passes(s) -> tuple:
 
 
 def make_batch_fn(model_fns, s, pass_name):
-    own = s[BLOCK]
+    own = s.own
     # A stream of its own, derived from the name as an attack's random start is, so the selection
     # and estimation noise is the same for every model evaluated with the same seed.
     key = streams.attack_key(s.shared.seed, NAME)
@@ -135,7 +135,7 @@ def make_batch_fn(model_fns, s, pass_name):
 def combine(per_image, s) -> dict:
     """Per image: CERTIFY's class, radius and p_A lower bound, PREDICT's class (on the estimation
     samples) and the label."""
-    own, counts = s[BLOCK], per_image[COUNTS_PASS]
+    own, counts = s.own, per_image[COUNTS_PASS]
     out = certify(counts["selection"], counts["estimation"], own.alpha, own.sigma)
     out["predict"] = predict(counts["estimation"], own.alpha)
     out["label"] = counts["label"]
@@ -143,7 +143,7 @@ def combine(per_image, s) -> dict:
 
 
 def figures(per_image, s) -> dict:
-    own, c, confidence = s[BLOCK], per_image[NAME], s.shared.confidence
+    own, c, confidence = s.own, per_image[NAME], s.shared.confidence
     certified = certified_at(c["class"], c["label"], c["radius"], own.radii)
     return {
         NAME: {

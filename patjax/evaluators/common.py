@@ -1,5 +1,7 @@
-"""The evaluators' interface: what an evaluator is (`Evaluator`), the bundle of settings each is
-handed (`Settings`) and the settings every evaluator reads, the shared ones and the threat model.
+"""The evaluators' interface: what an evaluator is (`Evaluator`), the settings each is handed
+(`View`: the shared settings, the threat model and its own block, made from the evaluation's
+`Settings` in one place, `Settings.view`) and the settings every evaluator reads, the shared ones
+and the threat model.
 
 An evaluator (one module each: `clean`, `attack`, `apgd`, `autoattack`, `pr`, `certify`, each
 declaring its own settings) is an `Evaluator`: one or more
@@ -83,10 +85,11 @@ THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attac
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What an evaluator is handed: the shared settings, and every block of the config's `eval`
-    (`s["pr"]`, `s["attack"]`, ...: each evaluator's own, declared beside its code and named by its
-    registry entry, and the threat model). Every block is read and checked whichever evaluators
-    run, so that a bad field fails before any evaluation (`config.evaluation_settings`)."""
+    """Every block of the config's `eval` and the shared settings (`s["pr"]`, `s["attack"]`, ...:
+    each evaluator's own, declared beside its code and named by its registry entry, and the
+    threat model). Every block is read and checked whichever evaluators run, so that a bad field
+    fails before any evaluation (`config.evaluation_settings`). An evaluator is not handed this
+    but its `View` (`Settings.view`)."""
 
     shared: SharedSettings
     blocks: Mapping[str, Any]
@@ -94,11 +97,47 @@ class Settings:
     def __getitem__(self, block: str):
         return self.blocks[block]
 
+    def view(self, evaluator: Evaluator) -> View:
+        """What `evaluator` is handed: the shared settings, the threat model, its own block and
+        the other blocks its registry entry declares (`Evaluator.reads`), nothing else."""
+        own = self.blocks[evaluator.settings_block] if evaluator.settings is not None else None
+        return View(
+            self.shared,
+            self.blocks[THREAT_BLOCK],
+            own,
+            evaluator.name,
+            {block: self.blocks[block] for block in evaluator.reads},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """An evaluator's settings: `shared`, `threat` (the `eval.attack` block), `own` (its block's
+    settings, or None) and, by `view[block]`, only the blocks its entry declares in `reads`
+    (AutoAttack runs APGD at `eval.apgd`'s settings). Reading any other block raises, so that
+    what an evaluator depends on is in its registry entry, as big_vision's evaluators take their
+    config block's keys and nothing else."""
+
+    shared: SharedSettings
+    threat: ThreatModelSettings
+    own: Any
+    evaluator: str
+    declared: Mapping[str, Any]
+
+    def __getitem__(self, block: str):
+        if block not in self.declared:
+            raise LookupError(
+                f"evaluator {self.evaluator!r} reads eval.{block}, a block its registry entry does not "
+                f"declare (Evaluator.reads: {', '.join(self.declared) or 'none'})"
+            )
+        return self.declared[block]
+
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
     """One evaluator behind the registry (`patjax.evaluators.REGISTRY`). Each function below is
-    handed the evaluation's `Settings` `s`: its own block is `s[block]`.
+    handed its `View` `s` (`Settings.view`): `s.shared`, `s.threat`, its own block `s.own`, and
+    `s[block]` for a block in `reads`.
 
     passes: settings -> names of its passes (one compiled function and one per-image output
       each; PR has one per perturbation distribution).
@@ -108,6 +147,8 @@ class Evaluator:
       `eval.<block>`, its default the config's), or None; evaluators that share a block (APGD-CE
       and APGD-DLR) name the same class.
     block: the block its settings are read from (default: its name).
+    reads: the other evaluators' blocks it reads (AutoAttack: `apgd`, the settings of its APGD-CE
+      and APGD-T); any block not named here or as its own raises when read.
     norms: the threat models (`eval.attack.norm`) it attacks under; None: it reads no threat
       model (clean accuracy, PR). An evaluation under a norm it lacks is refused before it runs.
     worst_case: whether its per-image outcome joins the worst case over attacks.
@@ -135,6 +176,7 @@ class Evaluator:
     settings: type | None = None
     block: str = ""
     norms: tuple | None = None
+    reads: tuple = ()
 
     @property
     def settings_block(self) -> str:

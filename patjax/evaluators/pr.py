@@ -148,11 +148,11 @@ def levels(s: PRSettings, distribution):
 
 
 def passes(s) -> tuple:
-    return tuple(f"pr_{d}" for d in s[BLOCK].distributions)
+    return tuple(f"pr_{d}" for d in s.own.distributions)
 
 
 def make_batch_fn(model_fns, s, pass_name):
-    distribution, own = pass_name[len("pr_") :], s[BLOCK]
+    distribution, own = pass_name[len("pr_") :], s.own
     level_values, _ = levels(own, distribution)
     root = jax.random.PRNGKey(s.shared.seed)
 
@@ -177,7 +177,7 @@ def make_batch_fn(model_fns, s, pass_name):
 
 def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
     """Figures of one perturbation level from per-image statistics (arrays over images)."""
-    own, shared = s[BLOCK], s.shared
+    own, shared = s.own, s.shared
     n_samples = own.samples
     per_image = np.asarray(counts, np.float64) / n_samples
     lam = own.entropic_lambda
@@ -216,8 +216,8 @@ def level_figures(counts, sum_loss, lse_loss, correct, s) -> dict:
 def figures(per_image, s) -> dict:
     correct = per_image["clean"]["correct"]
     out = {}
-    for d in s[BLOCK].distributions:
-        _, keys = levels(s[BLOCK], d)
+    for d in s.own.distributions:
+        _, keys = levels(s.own, d)
         st = per_image[f"pr_{d}"]
         out[d] = {
             k: level_figures(st["counts"][:, j], st["sum_loss"][:, j], st["lse_loss"][:, j], correct, s)

@@ -73,21 +73,23 @@ def evaluate_state(
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
     start_time = time.perf_counter()
+    views = {evaluator.name: s.view(evaluator) for evaluator in chosen}  # what each is handed
     batch_fns = {
         (evaluator.name, pass_name): batches.checking_logits(
-            evaluator.make_batch_fn(model_fns, s, pass_name), model_fns
+            evaluator.make_batch_fn(model_fns, views[evaluator.name], pass_name), model_fns
         )
         for evaluator in chosen
-        for pass_name in evaluator.passes(s)
+        for pass_name in evaluator.passes(views[evaluator.name])
     }
     estimate = (
         announce(settings, batch_fns, state, split, n) if (progress if announce_on is None else announce_on) else None
     )
     per_image, walls, figures = {}, {}, {}
     for evaluator in chosen:
-        for pass_name in evaluator.passes(s):
+        view = views[evaluator.name]
+        for pass_name in evaluator.passes(view):
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
-            rounds = evaluator.make_rounds(model_fns, s, pass_name) if evaluator.make_rounds else None
+            rounds = evaluator.make_rounds(model_fns, view, pass_name) if evaluator.make_rounds else None
             if rounds is not None:
                 rounds = batches.Rounds(rounds.count, batches.checking_logits(rounds.fn, model_fns))
             per_image[pass_name], walls[pass_name] = batches.evaluate_pass(
@@ -98,9 +100,9 @@ def evaluate_state(
                 if sharding.is_writer():
                     print(time_left_line(pass_name, time.perf_counter() - start_time, estimate), flush=True)
         if evaluator.combine:
-            per_image[evaluator.name] = evaluator.combine(per_image, s)
+            per_image[evaluator.name] = evaluator.combine(per_image, view)
     for evaluator in sorted(chosen, key=lambda e: evaluators_lib.NAMES.index(e.name)):
-        figures.update(evaluator.figures(per_image, s))
+        figures.update(evaluator.figures(per_image, views[evaluator.name]))
     worst = evaluators_lib.worst_case(per_image, names, s)
     if worst is not None:
         figures["worst_case"] = worst

@@ -252,9 +252,10 @@ def test_packing_changes_no_per_image_outcome():
     s = config_lib.evaluation_settings(cfg, evaluators="aa", batch_size=4).evaluator_settings
     expected = unpacked(model_fns, state, split.images, split.labels, s)
     clean = np.asarray(model_fns.infer(state.params, {}, cifar.to_float(split.images))).argmax(1) == split.labels
+    view = s.view(autoattack.EVALUATOR)
     for pass_name, outputs in expected.items():
-        rounds = autoattack.make_rounds(model_fns, s, pass_name)
-        batch_fn = autoattack.make_batch_fn(model_fns, s, pass_name)
+        rounds = autoattack.make_rounds(model_fns, view, pass_name)
+        batch_fn = autoattack.make_batch_fn(model_fns, view, pass_name)
         packed, _ = batches.evaluate_pass(batch_fn, state, split, len(split), 4, pass_name, False, rounds=rounds)
         assert set(packed) == set(outputs), pass_name
         for key, value in outputs.items():

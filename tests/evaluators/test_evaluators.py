@@ -9,6 +9,7 @@ from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common
+from patjax.run import config as config_lib
 
 
 def test_the_headline_law_comes_first_and_the_others_keep_their_order():
@@ -69,3 +70,33 @@ def test_worst_case_is_the_conjunction_of_the_attacks_run_and_clean():
     worst = results["figures"]["worst_case"]
     assert worst["attacks"] == ["pgd20", "cw20"] and worst["value"] == pytest.approx(both.mean())
     assert worst["value"] <= min(results["figures"][a]["value"] for a in ("pgd20", "cw20"))
+
+
+def test_each_evaluator_is_handed_its_own_block_the_shared_settings_and_the_threat_model_only():
+    s = config_lib.evaluation_settings(eval_config()).evaluator_settings
+    pr_view = s.view(evaluators.REGISTRY["pr"])
+    assert (pr_view.shared, pr_view.threat, pr_view.own) == (s.shared, s["attack"], s["pr"])
+    assert s.view(evaluators.REGISTRY["cw20"]).own == s["cw"]  # a block named apart from the evaluator
+    assert s.view(evaluators.REGISTRY["apgd_dlr"]).own == s["apgd"]
+    assert s.view(evaluators.REGISTRY["pgd20"]).own is None  # the threat model only
+    assert s.view(evaluators.REGISTRY["aa"])["apgd"] == s["apgd"]  # declared in its entry: reads=("apgd",)
+    with pytest.raises(LookupError, match=r"evaluator 'pr' reads eval.apgd, a block its registry entry does not"):
+        pr_view["apgd"]
+
+
+def test_a_registered_evaluator_reading_a_block_it_does_not_declare_fails_before_it_runs(monkeypatch):
+    """The registry line is what an evaluator depends on: one that reads PR's block without
+    declaring it is refused at its first read, not evaluated with a hidden dependency."""
+    sneaky = common.Evaluator(
+        "sneaky",
+        passes=lambda s: tuple(f"sneaky_{d}" for d in s["pr"].distributions),
+        make_batch_fn=lambda model_fns, s, pass_name: None,
+        figures=lambda per_image, s: {},
+    )
+    registry = {**evaluators.REGISTRY, "sneaky": sneaky}
+    monkeypatch.setattr(evaluators, "REGISTRY", registry)
+    for name, value in evaluators.derived_names(registry).items():
+        monkeypatch.setattr(evaluators, name, value)
+    model_fns, state, split = tiny_setup()
+    with pytest.raises(LookupError, match="evaluator 'sneaky' reads eval.pr"):
+        evaluate(eval_config(), model_fns, state, split, evaluators="sneaky", batch_size=4, progress=False)

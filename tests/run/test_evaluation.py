@@ -597,7 +597,9 @@ def test_prob_acc_is_strict_at_the_threshold():
             "prob_acc_q": (0.2, 0.1, 0.05, 0.01),
         },
     ).evaluator_settings
-    figs = evaluators.pr.level_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
+    figs = evaluators.pr.level_figures(
+        counts, np.full(8, 10.0), np.full(8, 3.0), correct, s.view(evaluators.pr.EVALUATOR)
+    )
     for q, above in (("0.2", 7), ("0.1", 5), ("0.05", 3), ("0.01", 1)):
         assert figs["prob_acc"][q]["value"] == pytest.approx(above / 8)
         assert figs["clean_correct"]["prob_acc"][q]["value"] == pytest.approx((above - 1) / 7)

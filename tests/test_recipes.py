@@ -346,7 +346,7 @@ def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_mo
     assert 0 < robust.sum() < 40
     fig = results["figures"]["margin_step"]
     assert fig["value"] == pytest.approx(robust.mean()) and fig["settings"] == {"eps": 0.05, "steps": 1}
-    assert results["settings"]["margin_step_fraction"] == 0.5
+    assert results["settings"]["margin_step"]["fraction"] == 0.5
     worst = results["figures"]["worst_case"]
     assert worst["attacks"] == ["margin_step"] and worst["value"] == pytest.approx(np.mean(robust & correct))
     # Its column is headed with the radius it attacked at (half the threat model's), not the threat model's.
@@ -520,7 +520,7 @@ def test_a_new_noise_law_runs_from_the_command_line_as_through_the_api(monkeypat
     assert "laplace law at ε = 0.05, 0.2" in run.stdout
     out = tmp_path / "net" / "eval"
     saved = json.loads((out / "results.json").read_text())
-    assert saved["settings"]["pr_distributions"] == ["laplace", "uniform"]
+    assert saved["settings"]["pr"]["distributions"] == ["laplace", "uniform"]
     assert saved["settings"]["laplace"] == LAPLACE.definition
     # The same images, model and settings through the API, in this process: the same counts.
     monkeypatch.setitem(laws.REGISTRY, "laplace", LAPLACE)

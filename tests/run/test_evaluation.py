@@ -93,7 +93,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
                 <= f["lower_bound_positive_part"]["value"] + 2e-9
                 <= f["all"]["value"] + 3e-9
             ), (d, eps)
-    assert a["settings"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
+    assert a["settings"]["pr"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
     assert set(a["evaluator_wall_time_s"]) == {
         "clean",
         "pgd20",
@@ -205,7 +205,7 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
 
 
 def test_paired_evaluations_share_one_resampling_of_their_images():
-    s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr_samples": 6}
+    s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr": {"samples": 6}}
     indices, confidence = comparison.pairing([s, dict(s)], ["a", "b"])
     assert confidence == 0.9
     # The documented draw: numpy's default generator seeded with the evaluation seed, images with
@@ -271,7 +271,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
         assert fig["value"] == pytest.approx(hits.mean()) and fig["n"] == 7
         np.testing.assert_allclose(fig["interval"], [ci.low, ci.high], rtol=1e-7, atol=1e-12)
     assert figures["abstained"]["value"] == pytest.approx(np.mean(cls == -1))
-    assert returned["settings"]["certify_samples"] == n and returned["settings"]["certify_radii"] == list(radii)
+    assert returned["settings"]["certify"]["samples"] == n and returned["settings"]["certify"]["radii"] == list(radii)
     eval_files.check_results(returned, "results.json", "re-run")
     assert {"certify.class", "certify.radius"} <= set(eval_files.per_image_arrays(returned["settings"]))
     # The comparison lays the radii out beside the other figures.
@@ -325,8 +325,9 @@ def test_certified_accuracy_differences_are_paired_over_the_same_images_and_nois
     assert any(np.any(h[1] != h[0]) for h in zip(*hits[:2]))  # the two models differ somewhere
     assert "dcert(0.05) pp" in report.certified_difference_lines(diffs)[1]
     # Certified under other settings, the runs are not compared at all: their certificates are other figures.
-    other = {**results[1], "settings": {**results[1]["settings"], "certify_samples": 41}}
-    with pytest.raises(UserError, match=r"\(certify_samples\): not comparable"):
+    settings = results[1]["settings"]
+    other = {**results[1], "settings": {**settings, "certify": {**settings["certify"], "samples": 41}}}
+    with pytest.raises(UserError, match=r"\(certify.samples\): not comparable"):
         comparison.paired_differences(["a", "b"], [results[0], other], per_images)
 
 
@@ -407,7 +408,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
         )
     # Identity of the evaluation, stored beside the outcomes.
     assert int(z["meta.step"]) == 3 and int(z["meta.seed"]) == seed and int(z["meta.num_examples"]) == n
-    assert int(z["meta.pr_samples"]) == N and list(z["meta.pr_epsilons"]) == epsilons
+    assert int(z["meta.pr.samples"]) == N and list(z["meta.pr.epsilons"]) == epsilons
 
     # results.json from the npz, with numpy only.
     assert saved["clean_accuracy"] == pytest.approx(correct.mean())
@@ -449,7 +450,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
-    assert saved["settings"]["pr_distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
+    assert saved["settings"]["pr"]["distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
     text = comparison.compare([workdir], str(tmp_path / "plot.png"))
     assert "[90 % intervals]" in text and "PR: Table-1 protocol" in text
 
@@ -623,7 +624,7 @@ def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_
     refused = [
         ({"num_examples": 6, "evaluators": "clean,pr"}, "num_examples 5 there, 6 now"),
         ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"seed": 1}}, "seed 0 there, 1 now"),
-        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr_samples": 7}}, "pr_samples 6 there, 7 now"),
+        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr_samples": 7}}, "pr.samples 6 there, 7 now"),
         ({"num_examples": 5, "evaluators": "clean"}, "evaluators clean,pr there, clean now, dropping pr"),
     ]
     for kwargs, message in refused:
@@ -722,12 +723,13 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
     committed = json.loads(
         (REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0/eval/results.json").read_text()
     )["settings"]
+    committed = eval_files.nested_settings(committed)  # written with flat names
     assert "uniform_l2" not in committed
     laws = ["uniform", "gaussian", "pdis", "uniform_l2"]
     settings = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": tuple(laws)})
     new = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
     assert [k for k in new if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform", "uniform_l2"]
-    new = {**committed, "pr_distributions": laws, "uniform_l2": new["uniform_l2"]}
+    new = {**committed, "pr": {**committed["pr"], "distributions": laws}, "uniform_l2": new["uniform_l2"]}
     eval_files.check_comparable(committed, new, "committed", "new")
     eval_files.check_comparable(new, committed, "new", "committed")
     with pytest.raises(UserError, match=r"\(uniform\): not comparable"):
@@ -763,8 +765,8 @@ def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path
     assert run.returncode == 0, run.stderr
     results = json.load(open(tmp_path / "r18" / "eval" / "results.json"))
     settings = results["settings"]
-    assert (settings["pr_distribution"], settings["pr_distributions"]) == ("uniform_l2", ["uniform_l2"])
-    assert settings["pr_epsilons"] == [1.0, 3.0]  # the flag beside the preset wins
+    assert (settings["pr"]["distribution"], settings["pr"]["distributions"]) == ("uniform_l2", ["uniform_l2"])
+    assert settings["pr"]["epsilons"] == [1.0, 3.0]  # the flag beside the preset wins
     assert set(results["pr"]) == {"1.0", "3.0"} and set(results["figures"]["pr"]) == {"uniform_l2"}
     assert settings["uniform_l2"] == pr_laws.get("uniform_l2").definition and "uniform" not in settings
     bad = evaluate_with("--pr_epsilons=0.1,big")
@@ -795,10 +797,10 @@ def test_the_command_line_takes_the_prbench_preset_and_an_l2_threat_model(tmp_pa
     assert run.returncode == 0, run.stderr
     results = json.load(open(tmp_path / "r18" / "eval" / "results.json"))
     settings = results["settings"]
-    assert (settings["pr_epsilons"], settings["pr_distribution"]) == ([0.03, 0.08, 0.1, 0.12], "uniform")
-    assert settings["pr_samples"] == 4  # the flag beside the preset wins
+    assert (settings["pr"]["epsilons"], settings["pr"]["distribution"]) == ([0.03, 0.08, 0.1, 0.12], "uniform")
+    assert settings["pr"]["samples"] == 4  # the flag beside the preset wins
     assert set(results["pr"]) == {"0.03", "0.08", "0.1", "0.12"}
-    assert (settings["attack_norm"], settings["attack_eps"], settings["attack_step_size"]) == ("l2", 0.5, 0.125)
+    assert settings["attack"] == {"eps": 0.5, "step_size": 0.125, "steps": 20, "norm": "l2"}
     assert results["figures"]["pgd20"]["settings"]["norm"] == "l2"
 
 
@@ -840,7 +842,7 @@ def test_pgd_l2_and_apgd_l2_find_the_closed_form_attack_of_a_linear_model():
     for name in ("pgd20", "cw20", "apgd_ce"):
         np.testing.assert_array_equal(results["per_image"][f"{name}.robust"][clear], robust[clear])
         assert results["figures"][name]["settings"]["norm"] == "l2"
-    assert results["settings"]["attack_norm"] == "l2" and results["settings"]["attack_eps"] == eps
+    assert results["settings"]["attack"]["norm"] == "l2" and results["settings"]["attack"]["eps"] == eps
 
 
 def test_an_unknown_threat_model_is_refused():
@@ -849,11 +851,13 @@ def test_an_unknown_threat_model_is_refused():
 
 
 def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_was(tmp_path):
-    """A results.json written before the norm was recorded was L-inf (`IMPLICIT_BEFORE_RECORDED`)."""
-    previous = {"settings": {"attack_eps": 0.5, "seed": 0}}
-    assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "linf"}) == []
-    assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "l2"}) == [
-        "attack_norm 'linf' there, 'l2' now"
+    """A results.json written before the norm was recorded was L-inf (`IMPLICIT_BEFORE_RECORDED`),
+    as its reader says."""
+    previous = eval_files.nested_settings({"attack_eps": 0.5, "seed": 0})
+    assert previous == {"attack": {"eps": 0.5, "norm": "linf"}, "seed": 0}
+    assert eval_files.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "linf"}}) == []
+    assert eval_files.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "l2"}}) == [
+        "attack.norm 'linf' there, 'l2' now"
     ]
 
 

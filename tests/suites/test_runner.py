@@ -602,21 +602,16 @@ def test_static_partition_flags_slurm_and_bad_values():
     assert not os.path.exists("/nonexistent/suite")
 
 
-def _synthetic_settings(n, samples, **extra):
+def _synthetic_settings(n, samples, pr=None, **extra):
     """An evaluation's settings for synthetic outcomes: n images, N = samples, Gaussian headline law."""
     return {
         "num_examples": n,
-        "pr_samples": samples,
         "seed": 0,
-        "pr_epsilons": [0.1, 0.2],
         "dataset": "cifar10",
-        "pdis_c1": 0.1,
         "confidence": 0.95,
-        "pr_distribution": "gaussian",
-        "attack_eps": 8 / 255,
-        "attack_step_size": 2 / 255,
-        "attack_steps": 20,
-        "cw_kappa": 0.0,
+        "pr": {"samples": samples, "epsilons": [0.1, 0.2], "pdis_c1": 0.1, "distribution": "gaussian", **(pr or {})},
+        "attack": {"eps": 8 / 255, "step_size": 2 / 255, "steps": 20, "norm": "linf"},
+        "cw": {"kappa": 0.0},
         **extra,
     }
 
@@ -732,7 +727,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     # evaluation; every cell of results.md's curve table is a hand formula of those outcomes.
     n, samples = 50, 10
     settings = _synthetic_settings(
-        n, samples, bootstrap_resamples=200, pr_distributions=["gaussian"], evaluators=["clean", "pgd20", "pr"]
+        n, samples, pr={"distributions": ["gaussian"]}, bootstrap_resamples=200, evaluators=["clean", "pgd20", "pr"]
     )
     rng = np.random.default_rng(1)
     cfg = cpu_suites.smoke_cpu_suite(None).groups[0].base_config
@@ -786,7 +781,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     for run in suites.plan(suite):
         directory = run_outcomes.run_dir(workdir, run)
         results, per_image = eval_files.load_results(directory, 1)
-        results["settings"]["attack_steps"] = 10
+        results["settings"]["attack"]["steps"] = 10
         eval_files.write_results(directory, results, {k: v for k, v in per_image.items() if "meta." not in k}, step=1)
     md = results_md.markdown(aggregate.build(suite, workdir, outcomes, []))
     table = md.split("### Learning curves (clean accuracy and PR over clean-correct images)")[1]

@@ -179,7 +179,8 @@ def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **k
 
 
 def eval_config(**eval_overrides):
-    """The default config with an evaluation small enough for a linear model on a few images."""
+    """The default config with an evaluation small enough for a linear model on a few images, and
+    `eval_overrides` by path: a block's fields as a dict (pr={"samples": 4}), a shared one as itself."""
     cfg = config_lib.default_config()
     cfg.eval.pr.samples = 6
     cfg.eval.pr.chunk_size = 4

@@ -413,12 +413,12 @@ def laplace_counts(logits_of, images, labels, epsilons, num_samples, seed):
 
 
 def test_a_new_noise_law_reaches_the_settings_the_api_results_and_the_reports(monkeypatch, linear_images):
-    settings = {"pr_distribution": "laplace", "pr_distributions": ("laplace",), "pr_epsilons": (0.05, 0.2)}
+    settings = {"pr.distribution": "laplace", "pr.distributions": ("laplace",), "pr.epsilons": (0.05, 0.2)}
     with pytest.raises(UserError, match="unknown PR distribution 'laplace'"):
         config_lib.default_evaluation_settings("cifar10", settings)  # before its registry line
     monkeypatch.setitem(laws.REGISTRY, "laplace", LAPLACE)
     # The config's block takes it by name: the headline law, and a law beside the default ones.
-    beside = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": ("uniform", "laplace")})
+    beside = config_lib.default_evaluation_settings("cifar10", {"pr.distributions": ("uniform", "laplace")})
     assert beside.evaluator_settings["pr"].distributions == ("uniform", "laplace")
     images, labels, kernel, bias = linear_images
     results = api.evaluate(
@@ -427,8 +427,7 @@ def test_a_new_noise_law_reaches_the_settings_the_api_results_and_the_reports(mo
         labels,
         evaluators="clean,pr",
         batch_size=16,
-        pr_samples=6,
-        pr_chunk_size=4,
+        pr={"samples": 6, "chunk_size": 4},
         seed=3,
         **settings,
     )
@@ -531,11 +530,8 @@ def test_a_new_noise_law_runs_from_the_command_line_as_through_the_api(monkeypat
         split.labels[:12],
         evaluators="clean,pr",
         batch_size=12,
-        pr_samples=8,
         seed=5,
-        pr_distribution="laplace",
-        pr_distributions=("laplace", "uniform"),
-        pr_epsilons=(0.05, 0.2),
+        pr={"samples": 8, "distribution": "laplace", "distributions": ("laplace", "uniform"), "epsilons": (0.05, 0.2)},
     )
     per_image = np.load(out / "per_image.npz")
     for law in ("laplace", "uniform"):

@@ -401,46 +401,42 @@ class EvaluationSettings:
             )
 
 
-def _eval_items(overrides: Optional[Mapping]) -> list:
-    """(the name as given, its path in `eval`, value) of each override: a path as given
-    (pr.samples, seed, num_examples), a nested block's ({"pr": {"samples": 20}}) fields by their
-    paths, a name of the flat spelling (pr_samples, `evaluators.flat_names`) by its path; data_dir,
-    the config's own field, as it is."""
-    flat = FLAT_NAMES
-    out = []
+def eval_paths(overrides: Optional[Mapping]) -> dict:
+    """Overrides of the `eval` block as {path: value}: a path as given (pr.samples, seed,
+    num_examples), a nested block's fields ({"pr": {"samples": 20}}) by their paths; data_dir, the
+    config's own field, as it is."""
+    out = {}
 
     def walk(given: Mapping, prefix: str) -> None:
         for key, value in given.items():
             if isinstance(value, Mapping):
                 walk(value, f"{prefix}{key}.")
-            elif not prefix and key in flat:
-                out.append((key, ".".join(part for part in flat[key] if part), value))
             else:
-                out.append((f"{prefix}{key}", f"{prefix}{key}", value))
+                out[f"{prefix}{key}"] = value
 
     walk(overrides or {}, "")
     return out
 
 
-def eval_paths(overrides: Optional[Mapping]) -> dict:
-    """Overrides of the `eval` block as {path: value} (`_eval_items`)."""
-    return {path: value for _, path, value in _eval_items(overrides)}
+def _unknown(path: str) -> UserError:
+    """The refusal of an override the `eval` block does not have; a flat name (pr_samples, which
+    results.json and overrides used before the blocks) is told its path."""
+    moved = FLAT_NAMES.get(path)
+    return UserError(f"unknown eval setting {path!r}" + (f"; it is {'.'.join(moved)}" if moved else ""))
 
 
 def with_eval_overrides(
     cfg: ml_collections.ConfigDict, overrides: Optional[Mapping] = None
 ) -> ml_collections.ConfigDict:
     """A copy of cfg with fields of its `eval` block replaced, each named by its path in the block
-    ({"pr.samples": 20} sets eval.pr.samples; `_eval_items`), and data_dir; a norm given without its
-    radius or step takes that norm's standard ones (`l2.with_norm_radii`); an unknown name is refused."""
+    ({"pr.samples": 20} or {"pr": {"samples": 20}} sets eval.pr.samples; `eval_paths`), and
+    data_dir; a norm given without its radius or step takes that norm's standard ones
+    (`l2.with_norm_radii`); an unknown path is refused."""
     if not overrides:
         return cfg
-    items = _eval_items(overrides)
-    names = {path: name for name, path, _ in items}
-    paths = l2.with_norm_radii({path: value for _, path, value in items}, *EVAL_THREAT)
+    paths = l2.with_norm_radii(eval_paths(overrides), *EVAL_THREAT)
     cfg = copy.deepcopy(cfg)
     for path, value in paths.items():
-        name = names.get(path, path)
         if path == "data_dir":  # where the test split is read from, not what is computed on it
             cfg.data_dir = value
             continue
@@ -449,15 +445,15 @@ def with_eval_overrides(
         for block in blocks:
             target = target.get(block)
             if not isinstance(target, ml_collections.ConfigDict):
-                raise UserError(f"unknown eval setting {name!r}")
+                raise _unknown(path)
         if field not in target or isinstance(target[field], ml_collections.ConfigDict):
-            raise UserError(f"unknown eval setting {name!r}")
+            raise _unknown(path)
         value = python_scalars(value)
         try:
             target[field] = value
         except TypeError:  # ConfigDict keeps each field's type: a str where an int is, say
             expected = type(target[field]).__name__
-            raise UserTypeError(f"eval setting {name} must be of type {expected}, got {value!r}") from None
+            raise UserTypeError(f"eval setting {path} must be of type {expected}, got {value!r}") from None
     return cfg
 
 

@@ -73,7 +73,7 @@ def curve_figures(points: list[dict], eps_keys) -> list[dict]:
 
 def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, list]:
     """({run: its learning curve's figures}, [one entry per suite.matched pair]) from the finished runs."""
-    law = suite.curve_eval_overrides.get("pr_distribution", suite.pr_distribution)
+    law = suite.curve_eval_overrides.get("pr.distribution", suite.pr_distribution)
     runs = {r.name: r for r in plan(suite)}
     curves, entries = {}, []
     for name, o in outcomes.items():  # every finished run with learning-curve points

@@ -33,7 +33,7 @@ def evaluation_settings(suite: Suite, curve: bool) -> tuple:
     chosen, overrides = (
         (suite.curve_evaluators, suite.curve_eval_overrides) if curve else (suite.evaluators, suite.eval_overrides)
     )
-    return chosen, {"pr_distribution": suite.pr_distribution, **overrides}
+    return chosen, {"pr.distribution": suite.pr_distribution, **overrides}
 
 
 def eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -> bool:

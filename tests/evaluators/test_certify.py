@@ -148,8 +148,7 @@ def networks_torch():
 
 def certify_images(model_fns, state, split, num_images, **settings):
     """patjax's certify evaluator on the first images: its per-image outputs."""
-    overrides = {f"certify_{k}": v for k, v in settings.items()}
-    cfg = eval_config(**overrides)
+    cfg = eval_config(certify=settings)
     s = config_lib.evaluation_settings(cfg, evaluators="certify", num_examples=num_images, batch_size=16)
     per_image = {}
     evaluation.evaluate_state(s, model_fns, state, split, progress=False, per_image_out=per_image)

@@ -241,11 +241,11 @@ def test_every_committed_config_reads_with_each_eval_setting_in_its_block(path):
 
 
 def test_a_model_no_run_trained_is_evaluated_with_the_default_configs_settings_without_building_one(monkeypatch):
-    """The settings of a PyTorch file or an API call: by path, nested or flat, with a value other than
+    """The settings of a PyTorch file or an API call: by path or nested, with a value other than
     the default in every block, what the default config's eval block gives on that dataset (p_dis's c1
     and the entropic lambda resolved alike), with no training config built."""
     overrides = {"seed": 3, "attack.norm": "l2", "cw": {"kappa": 1.0}, "apgd.steps": 7, "aa.fab_steps": 9}
-    overrides.update({"pr.epsilons": (0.05,), "pr_samples": 7, "certify.sigma": 0.5, "data_dir": "/tmp"})
+    overrides.update({"pr.epsilons": (0.05,), "pr.samples": 7, "certify.sigma": 0.5, "data_dir": "/tmp"})
     cfg = config_lib.default_config()
     cfg.dataset = "cifar100"
     expected = config_lib.evaluation_settings(cfg, overrides, batch_size=7)

@@ -20,8 +20,8 @@ from patjax.run import checkpoints, comparison, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 
-L2 = {"attack_norm": "l2", "attack_eps": 0.5, "attack_step_size": 0.125}
-PRBENCH = {"pr_epsilons": (0.03, 0.08, 0.1, 0.12), "pr_distributions": ("uniform",)}
+L2 = {"attack.norm": "l2", "attack.eps": 0.5, "attack.step_size": 0.125}
+PRBENCH = {"pr.epsilons": (0.03, 0.08, 0.1, 0.12), "pr.distributions": ("uniform",)}
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def workdir(tmp_path, monkeypatch):
     with every call of the evaluators counted."""
     model_fns, state, split = tiny_setup()
     workdir = str(tmp_path / "run")
-    workdir_lib.save_config(eval_config(pr_distributions=()).to_dict(), workdir)
+    workdir_lib.save_config(eval_config(pr={"distributions": ()}).to_dict(), workdir)
     monkeypatch.setattr(checkpoints, "latest_step", lambda w: 3)
     monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, state))
     monkeypatch.setattr(cifar, "load_split", lambda *a: split)

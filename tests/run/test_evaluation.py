@@ -53,7 +53,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
     for batch_size, chunk in ((4, 4), (3, 5)):
         per_image = {}
         results = evaluate(
-            eval_config(pr_chunk_size=chunk),
+            eval_config(pr={"chunk_size": chunk}),
             model_fns,
             state,
             split,
@@ -110,7 +110,7 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
     model_fns, state, split = tiny_setup()
     per_image = {}
     results = evaluate(
-        eval_config(pr_distributions=("gaussian",)),
+        eval_config(pr={"distributions": ("gaussian",)}),
         model_fns,
         state,
         split,
@@ -133,7 +133,7 @@ def write_eval(workdir, scale, model_seed=0):
     model_fns, state, split = tiny_setup(scale, num_images=12, model_seed=model_seed)
     per_image = {}
     results = evaluate(
-        eval_config(pr_distributions=("gaussian",)),
+        eval_config(pr={"distributions": ("gaussian",)}),
         model_fns,
         state,
         split,
@@ -222,12 +222,14 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
     binomtest, certified accuracy as Cohen et al.'s analyze.py counts it."""
     sigma, n0, n, alpha, seed, radii = 0.1, 5, 40, 0.05, 2, (0.0, 0.05, 0.1)
     cfg = eval_config(
-        certify_sigma=sigma,
-        certify_selection_samples=n0,
-        certify_samples=n,
-        certify_alpha=alpha,
-        certify_radii=radii,
-        certify_chunk_size=7,
+        certify={
+            "sigma": sigma,
+            "selection_samples": n0,
+            "samples": n,
+            "alpha": alpha,
+            "radii": radii,
+            "chunk_size": 7,
+        },
         seed=seed,
     )
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
@@ -282,7 +284,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
     model_fns, state, split = tiny_setup(0.3)
     other = {}
     evaluate(
-        config_lib.with_eval_overrides(cfg, {"certify_chunk_size": 45}),
+        config_lib.with_eval_overrides(cfg, {"certify.chunk_size": 45}),
         model_fns,
         state,
         split,
@@ -296,11 +298,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
 
 def test_certified_accuracy_differences_are_paired_over_the_same_images_and_noise():
     cfg = eval_config(
-        certify_sigma=0.1,
-        certify_selection_samples=5,
-        certify_samples=40,
-        certify_alpha=0.05,
-        certify_radii=(0.0, 0.05),
+        certify={"sigma": 0.1, "selection_samples": 5, "samples": 40, "alpha": 0.05, "radii": (0.0, 0.05)}
     )
     results, per_images = [], []
     for model_seed, batch_size in ((0, 4), (1, 4), (0, 3)):  # the third: the first model again
@@ -371,7 +369,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     lam, conf, resamples, seed = 0.5, 0.9, 300, 4
     # The defaults' headline PR is the Table-1 protocol: uniform noise, clean-correct images.
     cfg = eval_config(
-        pr_distributions=(), entropic_lambda=lam, confidence=conf, bootstrap_resamples=resamples, seed=seed
+        pr={"distributions": (), "entropic_lambda": lam}, confidence=conf, bootstrap_resamples=resamples, seed=seed
     )
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
     returned = evaluation.evaluate_workdir(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
@@ -476,7 +474,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
 
 @pytest.mark.slow
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
-    cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    cfg = eval_config(pr={"distributions": ("gaussian",)}, bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     results_path = os.path.join(workdir, "eval", "results.json")
@@ -558,8 +556,8 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
     cases = [
         ({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
         ({"overrides": {"seed": 2**32}}, "eval.seed must be an integer in [0, 4294967295]"),
-        ({"overrides": {"pr_samples": 0}}, "eval.pr.samples must be an integer in [1, 1000000], got 0"),
-        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr.chunk_size must be an integer in [1, 10000]"),
+        ({"overrides": {"pr.samples": 0}}, "eval.pr.samples must be an integer in [1, 1000000], got 0"),
+        ({"overrides": {"pr.chunk_size": -2}}, "eval.pr.chunk_size must be an integer in [1, 10000]"),
         ({"batch_size": 0}, "eval.batch_size must be an integer in [1, 10000], got 0"),
         ({"num_examples": 2.5}, "eval.num_examples must be an integer in [1, 1000000], or -1 (the whole test split)"),
         (
@@ -568,11 +566,11 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
         ),
         ({"num_examples": -2}, "eval.num_examples must be an integer in [1, 1000000], or -1"),
         ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)"),
-        ({"overrides": {"certify_sigma": 0.0}}, "eval.certify.sigma must be > 0, got 0.0"),
-        ({"overrides": {"certify_alpha": 1.0}}, "eval.certify.alpha must lie in (0, 1), got 1.0"),
-        ({"overrides": {"certify_selection_samples": 0}}, "eval.certify.selection_samples must be an integer in"),
-        ({"overrides": {"certify_samples": 0}}, "eval.certify.samples must be an integer in"),
-        ({"overrides": {"certify_radii": (0.5, -1.0)}}, "eval.certify.radii must be non-empty, finite and >= 0"),
+        ({"overrides": {"certify.sigma": 0.0}}, "eval.certify.sigma must be > 0, got 0.0"),
+        ({"overrides": {"certify.alpha": 1.0}}, "eval.certify.alpha must lie in (0, 1), got 1.0"),
+        ({"overrides": {"certify.selection_samples": 0}}, "eval.certify.selection_samples must be an integer in"),
+        ({"overrides": {"certify.samples": 0}}, "eval.certify.samples must be an integer in"),
+        ({"overrides": {"certify.radii": (0.5, -1.0)}}, "eval.certify.radii must be non-empty, finite and >= 0"),
     ]
     for kwargs, message in cases:
         with pytest.raises(UserError) as error:
@@ -590,12 +588,12 @@ def test_prob_acc_is_strict_at_the_threshold():
     s = config_lib.default_evaluation_settings(
         "cifar10",
         {
-            "pr_samples": 100,
-            "entropic_lambda": 0.5,
+            "pr.samples": 100,
+            "pr.entropic_lambda": 0.5,
             "confidence": 0.95,
             "bootstrap_resamples": 100,
             "seed": 0,
-            "prob_acc_q": (0.2, 0.1, 0.05, 0.01),
+            "pr.prob_acc_q": (0.2, 0.1, 0.05, 0.01),
         },
     ).evaluator_settings
     figs = evaluators.pr.level_figures(counts, np.full(8, 10.0), np.full(8, 3.0), correct, s)
@@ -612,7 +610,7 @@ def eval_files_bytes(eval_dir):
 def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_stays_byte_identical(
     tmp_path, monkeypatch
 ):
-    cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    cfg = eval_config(pr={"distributions": ("gaussian",)}, bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     comparison.compare([workdir], None)  # draws eval/pr_vs_eps.png
@@ -624,7 +622,7 @@ def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_
     refused = [
         ({"num_examples": 6, "evaluators": "clean,pr"}, "num_examples 5 there, 6 now"),
         ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"seed": 1}}, "seed 0 there, 1 now"),
-        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr_samples": 7}}, "pr.samples 6 there, 7 now"),
+        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr.samples": 7}}, "pr.samples 6 there, 7 now"),
         ({"num_examples": 5, "evaluators": "clean"}, "evaluators clean,pr there, clean now, dropping pr"),
     ]
     for kwargs, message in refused:
@@ -693,16 +691,16 @@ def test_the_pr_presets_are_the_papers_and_prbenchs_settings():
     law, the default config's headline) and PRBench's evaluate.py (radius = [round(8/255, 2),
     0.08, 0.1, 0.12], uniform, 100 samples, and no other law)."""
     assert evaluators.pr.PRESETS["prbench"] == {
-        "pr_distribution": "uniform",
-        "pr_distributions": ("uniform",),
-        "pr_epsilons": (0.03, 0.08, 0.1, 0.12),
-        "pr_samples": 100,
+        "pr.distribution": "uniform",
+        "pr.distributions": ("uniform",),
+        "pr.epsilons": (0.03, 0.08, 0.1, 0.12),
+        "pr.samples": 100,
     }
     default = config_lib.default_config().eval.pr
     assert evaluators.pr.PRESETS["table1"] == {
-        "pr_distribution": default.distribution,
-        "pr_epsilons": tuple(default.epsilons),
-        "pr_samples": default.samples,
+        "pr.distribution": default.distribution,
+        "pr.epsilons": tuple(default.epsilons),
+        "pr.samples": default.samples,
     }
 
 
@@ -710,10 +708,10 @@ def test_the_l2_preset_is_the_l2_law_alone_at_l2_radii():
     """Written out by hand: uniform_l2 the headline and the only law (the L-inf laws at L2 radii
     would be other figures under the same name), N = 100, radii from AutoAttack's 0.5 to 8."""
     assert evaluators.pr.PRESETS["l2"] == {
-        "pr_distribution": "uniform_l2",
-        "pr_distributions": ("uniform_l2",),
-        "pr_epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
-        "pr_samples": 100,
+        "pr.distribution": "uniform_l2",
+        "pr.distributions": ("uniform_l2",),
+        "pr.epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
+        "pr.samples": 100,
     }
 
 
@@ -726,7 +724,7 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
     committed = eval_files.nested_settings(committed)  # written with flat names
     assert "uniform_l2" not in committed
     laws = ["uniform", "gaussian", "pdis", "uniform_l2"]
-    settings = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": tuple(laws)})
+    settings = config_lib.default_evaluation_settings("cifar10", {"pr.distributions": tuple(laws)})
     new = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
     assert [k for k in new if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform", "uniform_l2"]
     new = {**committed, "pr": {**committed["pr"], "distributions": laws}, "uniform_l2": new["uniform_l2"]}
@@ -828,9 +826,7 @@ def test_pgd_l2_and_apgd_l2_find_the_closed_form_attack_of_a_linear_model():
         labels,
         evaluators="clean,pgd20,cw20,apgd_ce",
         batch_size=16,
-        attack_norm="l2",
-        attack_eps=eps,
-        attack_step_size=eps / 4,
+        attack={"norm": "l2", "eps": eps, "step_size": eps / 4},
     )
     x = (images / 255.0).reshape(len(images), -1)
     z = x @ kernel + bias
@@ -847,7 +843,7 @@ def test_pgd_l2_and_apgd_l2_find_the_closed_form_attack_of_a_linear_model():
 
 def test_an_unknown_threat_model_is_refused():
     with pytest.raises(UserError, match="eval.attack.norm must be one of linf, l2, got 'l1'"):
-        config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l1"})
+        config_lib.default_evaluation_settings("cifar10", {"attack.norm": "l1"})
 
 
 def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_was(tmp_path):
@@ -887,7 +883,7 @@ def test_a_long_evaluation_says_what_runs_its_estimate_and_the_time_left_and_its
     estimate from a timed batch of each pass, one per pass with the time left; the timed batches
     change no figure. Fewer batches: nothing printed but the bars."""
     model_fns, state, split = tiny_setup(num_images=8)
-    cfg = eval_config(pr_distributions=())
+    cfg = eval_config(pr={"distributions": ()})
     quiet = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=False)
     assert capsys.readouterr().out == ""
     said = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=True)

@@ -65,12 +65,12 @@ def tiny_suite(data_dir, seeds=(0, 1)):
         eval_batch_size=16,
         evaluators=("clean", "pgd20", "pr"),
         eval_overrides={
-            "pr_distribution": "gaussian",
-            "pr_distributions": ("gaussian",),
+            "pr.distribution": "gaussian",
+            "pr.distributions": ("gaussian",),
             "seed": 0,
-            "pr_samples": 6,
-            "pr_chunk_size": 3,
-            "attack_steps": 2,
+            "pr.samples": 6,
+            "pr.chunk_size": 3,
+            "attack.steps": 2,
             "bootstrap_resamples": 200,
         },
     )
@@ -243,13 +243,13 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
         assert (5 * 195) % run.config.checkpoint_every_steps == 0 and run.config.max_checkpoints_to_keep >= 6
     assert suite.num_eval_examples == 10_000 and suite.keep_models
     assert list(suite.evaluators) == ["clean", "pgd20", "cw20", "pr"]
-    assert suite.pr_distribution == "uniform" and set(suite.eval_overrides["pr_distributions"]) == {
+    assert suite.pr_distribution == "uniform" and set(suite.eval_overrides["pr.distributions"]) == {
         "uniform",
         "gaussian",
         "pdis",
     }
-    assert suite.eval_overrides["cw_kappa"] == 2.0 and set(suite.curve_methods) == {"pgd", "pat"}
-    assert list(suite.curve_evaluators) == ["clean", "pr"] and suite.curve_eval_overrides["pr_distributions"] == (
+    assert suite.eval_overrides["cw.kappa"] == 2.0 and set(suite.curve_methods) == {"pgd", "pat"}
+    assert list(suite.curve_evaluators) == ["clean", "pr"] and suite.curve_eval_overrides["pr.distributions"] == (
         "uniform",
     )
     assert list(suite.matched) == [(("cifar10_resnet18", "pat"), ("cifar10_resnet18", "pgd"))]
@@ -738,7 +738,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
         num_eval_examples=n,
         eval_batch_size=n,
         evaluators=("clean", "pgd20", "pr"),
-        eval_overrides={"pr_distribution": "gaussian"},
+        eval_overrides={"pr.distribution": "gaussian"},
         curve_every_steps=1,
         curve_evaluators=("clean", "pgd20", "pr"),
         matched=((("main", "pat"), ("main", "pgd")),),

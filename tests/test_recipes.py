@@ -499,7 +499,7 @@ def test_a_new_evaluators_setting_is_a_command_line_flag_by_its_path(tmp_path, d
     )
     assert run.returncode == 0, run.stderr[-3000:]
     saved = json.loads((tmp_path / "net" / "eval" / "results.json").read_text())
-    assert saved["settings"]["margin_step_fraction"] == 0.25
+    assert saved["settings"]["margin_step"]["fraction"] == 0.25
     assert saved["figures"]["margin_step"]["settings"] == {"eps": pytest.approx(0.25 * 8 / 255), "steps": 1}
     bad = subprocess.run([*command, "--eval.margin_step.fraction=1.5"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2

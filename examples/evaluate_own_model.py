@@ -33,7 +33,7 @@ def main(num_images: int = 64):
         split.images[:num_images],
         split.labels[:num_images],
         evaluators="clean,pgd20,pr",
-        pr_samples=20,
+        pr={"samples": 20},
     )
     acc, pgd = results["figures"]["clean_accuracy"], results["figures"]["pgd20"]
     pr = results["pr"]  # the headline PR: uniform noise, over the clean-correct images (Table 1's protocol)

@@ -2,7 +2,7 @@
 results.json out, with no run, config file or workdir.
 
   results = patjax.api.evaluate(logits_fn, images, labels, evaluators="clean,pgd20,pr")
-  results = patjax.api.evaluate((module, variables), images, labels, pr_samples=100)
+  results = patjax.api.evaluate((module, variables), images, labels, pr={"samples": 100})
   results = patjax.api.evaluate(module.bind(variables), images, labels)
 
 `model` is a function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
@@ -237,7 +237,7 @@ def evaluate(
 ) -> dict:
     """Every chosen evaluator on every image: results.json's figures with their intervals, and
     the per-image arrays under "per_image". `dataset` is recorded with the figures; `settings`
-    replace fields of the default config's `eval` block (pr_samples=..., seed=..., ...)."""
+    replace fields of the default config's `eval` block, a block's as a dict (pr={"samples": 100}, seed=...)."""
     chosen = config_lib.default_evaluation_settings(
         dataset, settings, evaluators=evaluators, num_examples=config_lib.WHOLE_SPLIT, batch_size=batch_size
     )

@@ -179,7 +179,8 @@ def evaluate(cfg, model_fns, state, split, evaluators=None, batch_size=None, **k
 
 
 def eval_config(**eval_overrides):
-    """The default config with an evaluation small enough for a linear model on a few images."""
+    """The default config with an evaluation small enough for a linear model on a few images, and
+    `eval_overrides` by path: a block's fields as a dict (pr={"samples": 4}), a shared one as itself."""
     cfg = config_lib.default_config()
     cfg.eval.pr.samples = 6
     cfg.eval.pr.chunk_size = 4
@@ -217,9 +218,7 @@ def hand_made_results(correct, pr_correct, pr_all, bound, attacks):
             "num_examples": 100,
             "num_clean_correct": correct,
             "dataset": "cifar10",
-            "pr_distribution": "uniform",
-            "pr_distributions": ["uniform"],
-            "pr_samples": 100,
+            "pr": {"distribution": "uniform", "distributions": ["uniform"], "samples": 100},
             "seed": 0,
             "confidence": 0.95,
         },

@@ -34,7 +34,11 @@ def test_the_example_runs_and_its_clean_accuracy_is_the_argmax_of_the_logits(exa
 
     # The same network as a plain logits function: the same figures, image by image.
     as_function = api.evaluate(
-        lambda x: module.apply(variables, x), split.images[:32], split.labels[:32], evaluators="clean,pr", pr_samples=20
+        lambda x: module.apply(variables, x),
+        split.images[:32],
+        split.labels[:32],
+        evaluators="clean,pr",
+        pr={"samples": 20},
     )
     np.testing.assert_array_equal(as_function["per_image"]["clean.correct"], correct)
     assert as_function["pr"] == results["pr"]
@@ -92,7 +96,9 @@ def tiny():
 @pytest.fixture(scope="module")
 def reference(tiny):
     variables, images, labels = tiny
-    return api.evaluate((Tiny(), variables), images, labels, evaluators="clean,pgd20", attack_steps=3, batch_size=6)
+    return api.evaluate(
+        (Tiny(), variables), images, labels, evaluators="clean,pgd20", attack={"steps": 3}, batch_size=6
+    )
 
 
 @pytest.mark.slow
@@ -105,7 +111,7 @@ def test_every_kind_of_model_evaluates_with_the_figures_of_its_logits(tiny, refe
         "logits function": lambda x: Tiny().apply(variables, x),
         "with train": lambda x, train: Tiny().apply(variables, x, train=train),  # called with train=False
     }.get(form)
-    settings = dict(evaluators="clean,pgd20", attack_steps=3, batch_size=6)
+    settings = dict(evaluators="clean,pgd20", attack={"steps": 3}, batch_size=6)
     results = reference if form == "pair" else api.evaluate(model, images, labels, **settings)
     correct = np.arange(12) < 7  # by construction of the labels from numpy's argmax
     np.testing.assert_array_equal(results["per_image"]["clean.correct"], correct)
@@ -174,18 +180,22 @@ def test_settings_take_numpy_scalars_and_refuse_other_types_and_unknown_datasets
         _IMAGES,
         _LABELS,
         evaluators="pr",
-        pr_samples=np.int64(2),
-        pr_chunk_size=np.int64(2),
-        pr_epsilons=(np.float32(0.1),),
+        pr={"samples": np.int64(2), "chunk_size": np.int64(2), "epsilons": (np.float32(0.1),)},
     )
     python_args = api.evaluate(
-        _linear, _IMAGES, _LABELS, evaluators="pr", pr_samples=2, pr_chunk_size=2, pr_epsilons=(float(np.float32(0.1)),)
+        _linear,
+        _IMAGES,
+        _LABELS,
+        evaluators="pr",
+        pr={"samples": 2, "chunk_size": 2, "epsilons": (float(np.float32(0.1)),)},
     )
     np.testing.assert_array_equal(
         numpy_args["per_image"]["pr_uniform.counts"], python_args["per_image"]["pr_uniform.counts"]
     )
-    with pytest.raises(TypeError, match="pr_samples must be of type int, got '4'") as raised:
-        api.evaluate(_linear, _IMAGES, _LABELS, evaluators="pr", pr_samples="4")
+    with pytest.raises(TypeError, match="pr.samples must be of type int, got '4'") as raised:
+        api.evaluate(_linear, _IMAGES, _LABELS, evaluators="pr", pr={"samples": "4"})
+    with pytest.raises(ValueError, match="unknown eval setting 'pr_samples'; it is pr.samples"):
+        api.evaluate(_linear, _IMAGES, _LABELS, evaluators="pr", pr_samples=4)
     assert isinstance(raised.value, ValueError)  # a UserError all the same
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'"):
         api.evaluate(_linear, _IMAGES, _LABELS, evaluators="clean", dataset="imagenet")
@@ -197,7 +207,12 @@ def test_autoattack_on_images_the_model_all_misclassifies_reports_zero_robust():
     reference AutoAttack's too), not a KeyError."""
     always_class_0 = lambda x: _linear(x) * 0 + np.eye(10, dtype=np.float32)[0] * 10  # noqa: E731
     results = api.evaluate(
-        always_class_0, _IMAGES, np.ones(4, int), evaluators="aa", apgd_steps=2, aa_fab_steps=2, aa_square_queries=4
+        always_class_0,
+        _IMAGES,
+        np.ones(4, int),
+        evaluators="aa",
+        apgd={"steps": 2},
+        aa={"fab_steps": 2, "square_queries": 4},
     )
     aa = results["figures"]["aa"]
     assert aa["value"] == 0.0 and aa["clean_accuracy"]["value"] == 0.0

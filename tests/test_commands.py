@@ -1,6 +1,7 @@
 """Every command line runs its main path once on a tiny run, the four at once in their own
 processes: the fast tier's touch of each door. Each command's own test file runs it at length."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -138,16 +139,18 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
     run_results = json.load(open(os.path.join(workdir, "eval", "results.json")))
     file_results = json.load(open(tmp_path / "run_safetensors" / "eval" / "results.json"))
     assert file_results["model"]["torch_checkpoint"] == "run.safetensors"
-    assert file_results["settings"]["pr_chunk_size"] == run_results["settings"]["pr_chunk_size"] == 2
+    assert file_results["settings"]["pr"]["chunk_size"] == run_results["settings"]["pr"]["chunk_size"] == 2
     # The file is evaluated with the run's settings, as the run's config resolved them, every
     # block's: none of them the default config's, which a file alone would be evaluated with.
     default = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10"), 12, 0)
-    names = evaluators.flat_names()
-    handed = {k: run_results["settings"][k] for k in (*names, "evaluators", "num_examples", "batch_size", "uniform")}
+    shared = [f.name for f in dataclasses.fields(evaluators.common.SharedSettings)]
+    keys = (*shared, *evaluators.blocks(), "evaluators", "num_examples", "batch_size", "uniform")
+    handed = {k: run_results["settings"][k] for k in keys}
     assert {k: file_results["settings"][k] for k in handed} == handed
-    for block in (None, *evaluators.blocks()):
-        assert any(handed[k] != default[k] for k, (b, _) in names.items() if b == block), block
-    assert handed["pdis_c1"] == 0.2 and handed["entropic_lambda"] == pytest.approx(0.5 - 0.01)
+    assert any(handed[k] != default[k] for k in shared)
+    for block in evaluators.blocks():
+        assert handed[block] != default[block], block
+    assert handed["pr"]["pdis_c1"] == 0.2 and handed["pr"]["entropic_lambda"] == pytest.approx(0.5 - 0.01)
     run_images, file_images = (
         np.load(os.path.join(d, "eval", "per_image.npz")) for d in (workdir, tmp_path / "run_safetensors")
     )
@@ -295,12 +298,12 @@ def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with
     for out, name, folder in zip(outs, names, folders):
         assert f"run: wrote {folder}/results.json ({name};" in out
     settings = [json.load(open(os.path.join(f, "results.json")))["settings"] for f in folders]
-    assert [(s["attack_norm"], s["attack_eps"]) for s in settings] == [
+    assert [(s["attack"]["norm"], s["attack"]["eps"]) for s in settings] == [
         ("linf", 8 / 255),
         ("l2", 0.5),
         ("linf", 8 / 255),
     ]
-    assert settings[2]["pr_epsilons"] == [0.03, 0.08, 0.1, 0.12] and settings[0]["pr_epsilons"] == [
+    assert settings[2]["pr"]["epsilons"] == [0.03, 0.08, 0.1, 0.12] and settings[0]["pr"]["epsilons"] == [
         0.1,
         0.12,
         0.15,

@@ -126,7 +126,7 @@ def test_a_run_split_over_two_windows_ends_bitwise_as_one_run_and_brings_its_cur
     assert sorted(os.listdir(committed / "curve")) == ["step_000004", "step_000008"]
     for step in (4, 8):
         results = json.loads((committed / "curve" / f"step_{step:06d}" / "results.json").read_text())
-        assert results["settings"]["step"] == step and results["settings"]["pr_distribution"] == "uniform"
+        assert results["settings"]["step"] == step and results["settings"]["pr"]["distribution"] == "uniform"
     for name, _, _ in carried.FINAL_EVALUATIONS:
         assert (committed / "fp32" / name / "eval" / "results.json").is_file(), name
 

@@ -117,7 +117,12 @@ def test_logits_finite_at_the_images_but_not_at_their_perturbations_are_refused_
 
     with pytest.raises(UserError, match=r"not finite on 6 of 6 images in the pr_uniform pass"):
         api.evaluate(
-            nan_off_the_8_bit_grid, images, labels, evaluators="clean,pr", pr_samples=4, pr_chunk_size=4, batch_size=8
+            nan_off_the_8_bit_grid,
+            images,
+            labels,
+            evaluators="clean,pr",
+            pr={"samples": 4, "chunk_size": 4},
+            batch_size=8,
         )
     # The same function at the images alone is fine: the clean figure is computed.
     clean = api.evaluate(nan_off_the_8_bit_grid, images, labels, evaluators="clean", batch_size=8)
@@ -899,24 +904,6 @@ def evaluator_setting(evaluation, name):
     return getattr(handed[block[0]] if block else handed.shared, field)
 
 
-# The API's keyword (and a suite's override) for each eval count, written out by hand: the names
-# results.json records them under.
-FLAT_NAMES = {
-    "eval.seed": "seed",
-    "eval.bootstrap_resamples": "bootstrap_resamples",
-    "eval.attack.steps": "attack_steps",
-    "eval.apgd.steps": "apgd_steps",
-    "eval.aa.target_classes": "aa_target_classes",
-    "eval.aa.fab_steps": "aa_fab_steps",
-    "eval.aa.square_queries": "aa_square_queries",
-    "eval.pr.samples": "pr_samples",
-    "eval.pr.chunk_size": "pr_chunk_size",
-    "eval.certify.samples": "certify_samples",
-    "eval.certify.selection_samples": "certify_selection_samples",
-    "eval.certify.chunk_size": "certify_chunk_size",
-}
-
-
 def config_ranges() -> dict:
     """The declared counts a config holds; the others are a command's own flags, named `--flag`."""
     return {name: r for name, r in declared_ranges().items() if not name.startswith("--")}
@@ -939,8 +926,8 @@ def test_each_declared_count_is_accepted_at_its_bounds_and_refused_beyond_them(n
             config_lib.train_settings(config_with(name, value))
         assert str(error.value) == beyond_message(r, value)
     if name.startswith("eval.") and name not in ("eval.num_examples", "eval.batch_size"):
-        field = FLAT_NAMES[name]
-        base = {"pr_samples": 1_000_000} if field == "pr_chunk_size" else {}
+        field = name[len("eval.") :]  # its path, as the API's settings and a suite's overrides name it
+        base = {"pr.samples": 1_000_000} if field == "pr.chunk_size" else {}
         for value in (r.minimum, r.maximum):
             settings = config_lib.default_evaluation_settings("cifar10", {**base, field: value})
             assert evaluator_setting(settings, name) == value
@@ -963,7 +950,7 @@ def test_a_run_longer_than_the_int32_step_counter_is_refused(num_epochs, batch_s
 
 
 def test_a_pr_chunk_beyond_the_sample_count_is_capped_at_it():
-    settings = config_lib.default_evaluation_settings("cifar10", {"pr_samples": 20, "pr_chunk_size": 5000})
+    settings = config_lib.default_evaluation_settings("cifar10", {"pr.samples": 20, "pr.chunk_size": 5000})
     pr = settings.evaluator_settings["pr"]
     assert (pr.samples, pr.chunk_size) == (20, 20)
 
@@ -1054,14 +1041,12 @@ def test_each_count_flag_is_refused_beyond_its_bound_in_one_line_naming_the_flag
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize(
-    "flat_name, field", [("attack_eps", "attack.eps"), ("cw_kappa", "cw.kappa"), ("pr_epsilons", "pr.epsilons")]
-)
-def test_a_float_setting_infinite_in_float32_is_refused(flat_name, field):
+@pytest.mark.parametrize("field", ["attack.eps", "cw.kappa", "pr.epsilons"])
+def test_a_float_setting_infinite_in_float32_is_refused(field):
     """1e39 is a finite Python float and inf in the float32 attack or noise it sets."""
     value = (1e39,) if field == "pr.epsilons" else 1e39
     with pytest.raises(UserError) as error:
-        config_lib.default_evaluation_settings("cifar10", {flat_name: value})
+        config_lib.default_evaluation_settings("cifar10", {field: value})
     assert str(error.value) == f"eval.{field} must be a finite number in float32 (|x| <= 3.4e38), got {value!r}"
 
 
@@ -1125,11 +1110,11 @@ def test_the_training_command_refuses_each_declared_count_beyond_its_bound_in_on
 @pytest.mark.parametrize(
     "overrides, eps, step",
     [
-        ({"attack_norm": "l2"}, 0.5, 0.125),  # RobustBench's and AutoAttack's L2 radius, not 8/255
-        ({"attack_norm": "linf"}, 8 / 255, 2 / 255),
-        ({"attack_norm": "l2", "attack_eps": 1.0}, 1.0, 0.125),  # a radius given wins, the step is L2's
-        ({"attack_norm": "l2", "attack_step_size": 0.1}, 0.5, 0.1),
-        ({"attack_eps": 4 / 255}, 4 / 255, 2 / 255),  # no norm given: the config's
+        ({"attack.norm": "l2"}, 0.5, 0.125),  # RobustBench's and AutoAttack's L2 radius, not 8/255
+        ({"attack.norm": "linf"}, 8 / 255, 2 / 255),
+        ({"attack.norm": "l2", "attack.eps": 1.0}, 1.0, 0.125),  # a radius given wins, the step is L2's
+        ({"attack.norm": "l2", "attack.step_size": 0.1}, 0.5, 0.1),
+        ({"attack.eps": 4 / 255}, 4 / 255, 2 / 255),  # no norm given: the config's
     ],
 )
 def test_a_norm_chosen_without_a_radius_takes_its_standard_radius_and_step(overrides, eps, step):
@@ -1141,7 +1126,7 @@ def test_a_norm_chosen_without_a_radius_replaces_the_radius_of_the_workdirs_norm
     """A config evaluated under L2 at 0.5 and asked for L-inf gets 8/255, not 0.5 as an L-inf radius."""
     cfg = config_lib.default_config()
     cfg.eval.attack.norm, cfg.eval.attack.eps, cfg.eval.attack.step_size = "l2", 0.5, 0.125
-    threat = config_lib.evaluation_settings(cfg, {"attack_norm": "linf"}).evaluator_settings["attack"]
+    threat = config_lib.evaluation_settings(cfg, {"attack.norm": "linf"}).evaluator_settings["attack"]
     assert (threat.norm, threat.eps, threat.step_size) == ("linf", 8 / 255, 2 / 255)
 
 
@@ -1149,11 +1134,11 @@ def test_a_norm_chosen_without_a_radius_replaces_the_radius_of_the_workdirs_norm
     "make, message",
     [
         (
-            lambda: config_lib.default_evaluation_settings("cifar10", {"attack_eps": 8.0}),
+            lambda: config_lib.default_evaluation_settings("cifar10", {"attack.eps": 8.0}),
             "eval.attack.eps=8 > 1: did you mean 8/255 = 0.0314? (L-inf radii are in [0, 1])",
         ),
         (
-            lambda: config_lib.default_evaluation_settings("cifar10", {"attack_step_size": 2.0}),
+            lambda: config_lib.default_evaluation_settings("cifar10", {"attack.step_size": 2.0}),
             "eval.attack.step_size=2 > 1: did you mean 2/255 = 0.0078? (L-inf radii are in [0, 1])",
         ),
         (
@@ -1174,7 +1159,7 @@ def test_an_linf_radius_above_one_is_refused_with_its_likely_meaning(make, messa
 
 def test_an_l2_radius_above_one_is_a_radius():
     """Above 1 is an L2 radius like any other (the L2 preset's PR radii reach 8)."""
-    threat = config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l2", "attack_eps": 2.0})
+    threat = config_lib.default_evaluation_settings("cifar10", {"attack.norm": "l2", "attack.eps": 2.0})
     assert threat.evaluator_settings["attack"].eps == 2.0
     assert config_lib.train_settings(tiny_config(method="pgd", **{"attack.norm": "l2", "attack.epsilon": 2.0}))
 

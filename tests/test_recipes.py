@@ -346,7 +346,7 @@ def test_a_new_attack_through_its_evaluator_gives_the_closed_form_on_a_linear_mo
     assert 0 < robust.sum() < 40
     fig = results["figures"]["margin_step"]
     assert fig["value"] == pytest.approx(robust.mean()) and fig["settings"] == {"eps": 0.05, "steps": 1}
-    assert results["settings"]["margin_step_fraction"] == 0.5
+    assert results["settings"]["margin_step"]["fraction"] == 0.5
     worst = results["figures"]["worst_case"]
     assert worst["attacks"] == ["margin_step"] and worst["value"] == pytest.approx(np.mean(robust & correct))
     # Its column is headed with the radius it attacked at (half the threat model's), not the threat model's.
@@ -413,12 +413,12 @@ def laplace_counts(logits_of, images, labels, epsilons, num_samples, seed):
 
 
 def test_a_new_noise_law_reaches_the_settings_the_api_results_and_the_reports(monkeypatch, linear_images):
-    settings = {"pr_distribution": "laplace", "pr_distributions": ("laplace",), "pr_epsilons": (0.05, 0.2)}
+    settings = {"pr.distribution": "laplace", "pr.distributions": ("laplace",), "pr.epsilons": (0.05, 0.2)}
     with pytest.raises(UserError, match="unknown PR distribution 'laplace'"):
         config_lib.default_evaluation_settings("cifar10", settings)  # before its registry line
     monkeypatch.setitem(laws.REGISTRY, "laplace", LAPLACE)
     # The config's block takes it by name: the headline law, and a law beside the default ones.
-    beside = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": ("uniform", "laplace")})
+    beside = config_lib.default_evaluation_settings("cifar10", {"pr.distributions": ("uniform", "laplace")})
     assert beside.evaluator_settings["pr"].distributions == ("uniform", "laplace")
     images, labels, kernel, bias = linear_images
     results = api.evaluate(
@@ -427,8 +427,7 @@ def test_a_new_noise_law_reaches_the_settings_the_api_results_and_the_reports(mo
         labels,
         evaluators="clean,pr",
         batch_size=16,
-        pr_samples=6,
-        pr_chunk_size=4,
+        pr={"samples": 6, "chunk_size": 4},
         seed=3,
         **settings,
     )
@@ -500,7 +499,7 @@ def test_a_new_evaluators_setting_is_a_command_line_flag_by_its_path(tmp_path, d
     )
     assert run.returncode == 0, run.stderr[-3000:]
     saved = json.loads((tmp_path / "net" / "eval" / "results.json").read_text())
-    assert saved["settings"]["margin_step_fraction"] == 0.25
+    assert saved["settings"]["margin_step"]["fraction"] == 0.25
     assert saved["figures"]["margin_step"]["settings"] == {"eps": pytest.approx(0.25 * 8 / 255), "steps": 1}
     bad = subprocess.run([*command, "--eval.margin_step.fraction=1.5"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2
@@ -520,7 +519,7 @@ def test_a_new_noise_law_runs_from_the_command_line_as_through_the_api(monkeypat
     assert "laplace law at ε = 0.05, 0.2" in run.stdout
     out = tmp_path / "net" / "eval"
     saved = json.loads((out / "results.json").read_text())
-    assert saved["settings"]["pr_distributions"] == ["laplace", "uniform"]
+    assert saved["settings"]["pr"]["distributions"] == ["laplace", "uniform"]
     assert saved["settings"]["laplace"] == LAPLACE.definition
     # The same images, model and settings through the API, in this process: the same counts.
     monkeypatch.setitem(laws.REGISTRY, "laplace", LAPLACE)
@@ -531,11 +530,8 @@ def test_a_new_noise_law_runs_from_the_command_line_as_through_the_api(monkeypat
         split.labels[:12],
         evaluators="clean,pr",
         batch_size=12,
-        pr_samples=8,
         seed=5,
-        pr_distribution="laplace",
-        pr_distributions=("laplace", "uniform"),
-        pr_epsilons=(0.05, 0.2),
+        pr={"samples": 8, "distribution": "laplace", "distributions": ("laplace", "uniform"), "epsilons": (0.05, 0.2)},
     )
     per_image = np.load(out / "per_image.npz")
     for law in ("laplace", "uniform"):

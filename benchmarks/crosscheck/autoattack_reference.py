@@ -339,7 +339,7 @@ def main(argv=None):
     wanted = set(args.only or ("patjax", "reference", "torchattacks"))
     settings = workdir_lib.evaluation_settings(
         args.workdir,
-        {"attack_eps": args.eps, "attack_norm": args.norm.lower()},
+        {"attack.eps": args.eps, "attack.norm": args.norm.lower()},
         evaluators="aa",
         num_examples=n,
         batch_size=args.batch_size,

@@ -44,14 +44,18 @@ def load_run(runs_dir, name):
     with open(os.path.join(d, "results.json")) as f:
         res = json.load(f)
     st = res["settings"]
-    N = int(st["pr_samples"])
-    if "meta.pr_samples" in npz.files:
-        assert int(npz["meta.pr_samples"]) == N, (name, "pr_samples mismatch")
+    # PR's settings: results.json's "pr" block, or, in a file written before the settings were
+    # nested, their flat names (read here by hand: this check reads no patjax code).
+    pr = st["pr"] if "pr" in st else {"samples": st["pr_samples"], "epsilons": st["pr_epsilons"]}
+    N = int(pr["samples"])
+    for key in ("meta.pr.samples", "meta.pr_samples"):
+        if key in npz.files:
+            assert int(npz[key]) == N, (name, "N mismatch")
     run = {
         "name": name,
         "settings": st,
         "N": N,
-        "eps": [float(e) for e in st["pr_epsilons"]],
+        "eps": [float(e) for e in pr["epsilons"]],
         "image_index": npz["image_index"] if "image_index" in npz.files else None,
         "correct": npz["clean.correct"].astype(bool),
         "pgd": npz["pgd20.robust"].astype(bool),

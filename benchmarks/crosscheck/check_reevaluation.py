@@ -26,21 +26,21 @@ import shutil
 import sys
 import tempfile
 
-from patjax.core import files
 from patjax.core.errors import UserError
 
+# The committed evaluation's settings the new one takes, by their paths in `eval`.
 SETTINGS = (
-    "pr_distribution",
-    "pr_samples",
-    "pr_chunk_size",
-    "cw_kappa",
+    "pr.distribution",
+    "pr.samples",
+    "pr.chunk_size",
+    "cw.kappa",
     "seed",
     "bootstrap_resamples",
-    "attack_steps",
-    "attack_eps",
-    "attack_step_size",
+    "attack.steps",
+    "attack.eps",
+    "attack.step_size",
     "confidence",
-    "pr_epsilons",
+    "pr.epsilons",
 )
 
 
@@ -78,15 +78,15 @@ def main(argv=None):
     p.add_argument("--laws", default=None, help="PR laws to recompute (default: the headline law)")
     args = p.parse_args(argv)
     from patjax.core import devices
-    from patjax.run import evaluation
+    from patjax.run import eval_files, evaluation
 
     devices.use_cpu_cores_as_devices()
-    old = files.read_json(os.path.join(args.run, "eval", "results.json"), "evaluate the run again")
+    old = eval_files.read_results_file(os.path.join(args.run, "eval", "results.json"), "evaluate the run again")
     if old is None:
         raise UserError(f"--run must be an evaluated suite run directory (with eval/results.json), got {args.run!r}")
     s = old["settings"]
-    overrides = {k: s[k] for k in SETTINGS if k in s}
-    overrides["pr_distributions"] = tuple((args.laws or s["pr_distribution"]).split(","))
+    overrides = {k: eval_files.setting(s, k) for k in SETTINGS if eval_files.setting(s, k) is not None}
+    overrides["pr.distributions"] = tuple((args.laws or s["pr"]["distribution"]).split(","))
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, "run")
         shutil.copytree(args.run, copy, ignore=shutil.ignore_patterns("eval", "curve", "checkpoints"))

@@ -45,15 +45,15 @@ def matched(a: str, b: str, final: str = "curve") -> dict:
     settings = [s["settings"] for s, _ in curve_a] + [final_b[0]["settings"]]
     names = [f"{a} point {i}" for i in range(len(curve_a))] + [f"{b} final"]
     indices, confidence = comparison.pairing(settings, names)
-    law = settings[0]["pr_distribution"]
+    law = settings[0]["pr"]["distribution"]
 
     def figures(point):
         results, per_image = point
-        pr = per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"]
+        pr = per_image[f"pr_{law}.counts"] / results["settings"]["pr"]["samples"]
         return per_image["clean.correct"].astype(bool), pr
 
     row = stats.matched_difference([[figures(p) for p in curve_a]], [figures(final_b)], indices, confidence)
-    eps = [str(e) for e in settings[0]["pr_epsilons"]]
+    eps = [str(e) for e in settings[0]["pr"]["epsilons"]]
     low, high = row["interval"] if row["interval"][0] is not None else ([None] * len(eps), [None] * len(eps))
     return {
         "a": a,

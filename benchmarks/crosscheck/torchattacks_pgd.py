@@ -79,7 +79,7 @@ def main():
     start = time.perf_counter()
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     module = networks.create_model(model.name, model.dataset, cifar.NUM_CLASSES[model.dataset], **kwargs)
-    threat = {"attack_norm": a.norm, "attack_eps": a.eps, "attack_step_size": a.alpha, "attack_steps": a.steps}
+    threat = {"attack.norm": a.norm, "attack.eps": a.eps, "attack.step_size": a.alpha, "attack.steps": a.steps}
     res = api.evaluate((module, variables), images, labels, evaluators="pgd20", batch_size=a.batch_size, **threat)
     patjax_wall = time.perf_counter() - start
     robust_patjax = np.asarray(res["per_image"]["pgd20.robust"], bool)

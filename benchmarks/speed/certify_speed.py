@@ -58,12 +58,12 @@ def main(argv=None):
     split = torch_arms.first_test_images(args.images)
 
     overrides = {
-        "certify_sigma": args.sigma,
-        "certify_selection_samples": args.n0,
-        "certify_samples": args.n,
-        "certify_alpha": args.alpha,
-        "certify_chunk_size": args.chunk,
-        "certify_radii": (0.0, 0.25, 0.5),
+        "certify.sigma": args.sigma,
+        "certify.selection_samples": args.n0,
+        "certify.samples": args.n,
+        "certify.alpha": args.alpha,
+        "certify.chunk_size": args.chunk,
+        "certify.radii": (0.0, 0.25, 0.5),
     }
     settings = config_lib.default_evaluation_settings(
         "cifar10", overrides, evaluators="certify", num_examples=args.images, batch_size=args.batch

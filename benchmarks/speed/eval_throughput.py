@@ -60,7 +60,7 @@ def run(args) -> dict:
     )
     settings = config_lib.default_evaluation_settings(
         "cifar10",
-        dict(pr_samples=args.pr_samples, pr_distributions=tuple(args.pr_distributions.split(","))),
+        {"pr.samples": args.pr_samples, "pr.distributions": tuple(args.pr_distributions.split(","))},
         evaluators=args.evaluators,
         batch_size=args.batch,
     )

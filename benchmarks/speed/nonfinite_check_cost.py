@@ -29,7 +29,7 @@ def main():
     p.add_argument("--pr-samples", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
-    overrides = {"pr_samples": args.pr_samples, "pr_distributions": ("uniform",)}
+    overrides = {"pr.samples": args.pr_samples, "pr.distributions": ("uniform",)}
     s = config_lib.default_evaluation_settings("cifar10", overrides).evaluator_settings
     cfg = config_lib.default_config()
     cfg.model = args.model

@@ -45,7 +45,7 @@ def main(argv=None):
     for spec in args.settings:
         batch, chunk = (int(v) for v in spec.split(":"))
         settings = config_lib.default_evaluation_settings(
-            "cifar10", {"pr_distributions": ("uniform",), "pr_chunk_size": chunk}, evaluators="pr", batch_size=batch
+            "cifar10", {"pr.distributions": ("uniform",), "pr.chunk_size": chunk}, evaluators="pr", batch_size=batch
         )
         fn = pr.make_batch_fn(model_fns, settings.evaluator_settings.view(pr.EVALUATOR), "pr_uniform")
         images = jnp.asarray(rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8))

@@ -63,7 +63,7 @@ def prbench_counts(model_fns, state, net, split, batch: int, chunk: int):
     from patjax.run import evaluation
 
     prbench = torch_arms.reference("prbench_reference")
-    overrides = {**pr.PRESETS["prbench"], "pr_chunk_size": chunk}
+    overrides = {**pr.PRESETS["prbench"], "pr.chunk_size": chunk}
     settings = config_lib.default_evaluation_settings(
         "cifar10", overrides, evaluators="clean,pr", num_examples=len(split), batch_size=batch
     )

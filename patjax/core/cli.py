@@ -48,7 +48,7 @@ def guarded(main: Callable) -> Callable:
 @contextlib.contextmanager
 def named_as_flags(settings: Mapping[str, str]):
     """Within it, a UserError about a setting that came from a flag names the flag the user
-    typed: {"eval.pr_samples": "pr_samples"} turns `eval.pr_samples must be ...` into
+    typed: {"eval.pr.samples": "pr_samples"} turns `eval.pr.samples must be ...` into
     `--pr_samples must be ...`. The settings' own checks name the field, which is what a caller
     of the library or a config file set; on a command line that name was never typed."""
     try:

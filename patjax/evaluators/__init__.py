@@ -5,8 +5,7 @@ their registry, and the host-side intervals (`stats`). Imports `methods`, `pat`,
 REGISTRY is the only list of evaluator names; ALIASES name groups of them; an evaluator's
 `worst_case` flag puts it in the worst case over attacks. Adding an evaluator: a module with
 an `Evaluator` (and its own settings class, if it has settings) and one line here; its settings
-become the config block `eval.<block>` (`blocks`) and the flat names `<block>_<field>`
-(`flat_names`).
+become the config block `eval.<block>` (`blocks`) and results.json's `settings.<block>` (`record`).
 """
 
 from __future__ import annotations
@@ -64,44 +63,21 @@ def blocks() -> dict:
     return found
 
 
-# The flat names of three of PR's settings, which results.json recorded before the settings had
-# blocks: kept, so that every committed evaluation stays comparable (`run.eval_files`).
-KEPT_FLAT_NAMES = {
-    ("pr", "pdis_c1"): "pdis_c1",
-    ("pr", "entropic_lambda"): "entropic_lambda",
-    ("pr", "prob_acc_q"): "prob_acc_q",
-}
-
-
-def flat_names() -> dict:
-    """{flat name: (block, field)} of every evaluator setting; (None, field) for the shared ones.
-
-    A block's field is `<block>_<field>` (pr.samples is pr_samples), a shared one its own name
-    (seed). The flat names are those results.json's "settings" record, the API's keywords and a
-    suite's eval overrides take, and the evaluate command's flags (--pr_samples); a config
-    written before the blocks held them at the top of its `eval` block (`config.upgrade`)."""
-    names = {f.name: (None, f.name) for f in dataclasses.fields(common.SharedSettings)}
-    for block, settings in blocks().items():
-        for f in dataclasses.fields(settings):
-            names[KEPT_FLAT_NAMES.get((block, f.name), f"{block}_{f.name}")] = (block, f.name)
-    return names
-
-
-def config_field(flat_name: str) -> str:
-    """The config field a flat name sets, as its checks name it: pr_samples -> eval.pr.samples."""
-    block, field = flat_names()[flat_name]
-    return ".".join(("eval", *([block] if block else []), field))
-
-
 def record(s: common.Settings) -> dict:
-    """Every evaluator setting under its flat name, as results.json's "settings" records it (tuples
-    as lists), and p_dis's sigma, which its c1 gives."""
+    """Every evaluator setting as results.json's "settings" records it: the shared ones at the top,
+    then one dict per block of `eval` (`blocks`), tuples as lists; PR's also holds p_dis's sigma,
+    which its c1 gives."""
     out = {}
-    for name, (block, field) in flat_names().items():
-        value = getattr(s.shared if block is None else s[block], field)
-        out[name] = list(value) if isinstance(value, tuple) else value
-    out["pdis_sigma"] = s[pr.BLOCK].pdis_sigma
+    for f in dataclasses.fields(common.SharedSettings):
+        out[f.name] = _listed(getattr(s.shared, f.name))
+    for block, settings in blocks().items():
+        out[block] = {f.name: _listed(getattr(s[block], f.name)) for f in dataclasses.fields(settings)}
+    out[pr.BLOCK]["pdis_sigma"] = s[pr.BLOCK].pdis_sigma
     return out
+
+
+def _listed(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 _DERIVED = derived_names(REGISTRY)

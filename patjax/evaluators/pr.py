@@ -25,30 +25,30 @@ from patjax.pat.laws import pdis
 BLOCK = "pr"
 
 # Named headline-PR settings, one flag each (`python -m patjax.evaluate --pr_preset=NAME`), by
-# their flat names (`evaluators.flat_names`): the same estimand as the Table-1 protocol (uniform
+# their paths in the config's `eval` block: the same estimand as the Table-1 protocol (uniform
 # noise, N = 100 per image, the mean over clean-correct images, a margin >= 0 counting as
 # adversarial) at the radii of a published table.
 PRESETS = {
     # The paper's Table 1: PR at eps 0.1, 0.12, 0.15, 0.2 (docs/evaluation.md).
-    "table1": {"pr_distribution": "uniform", "pr_epsilons": (0.1, 0.12, 0.15, 0.2), "pr_samples": 100},
+    "table1": {"pr.distribution": "uniform", "pr.epsilons": (0.1, 0.12, 0.15, 0.2), "pr.samples": 100},
     # PRBench's leaderboard: its evaluate.py (wellzline/PRBenchmark, evaluate_PR) takes
     # radius = [round(8/255, 2), 0.08, 0.1, 0.12], so its first radius is 0.03, not 8/255.
     # Its law alone: the Gaussian and p_dis laws beside it are not PRBench's and would double the time.
     "prbench": {
-        "pr_distribution": "uniform",
-        "pr_distributions": ("uniform",),
-        "pr_epsilons": (0.03, 0.08, 0.1, 0.12),
-        "pr_samples": 100,
+        "pr.distribution": "uniform",
+        "pr.distributions": ("uniform",),
+        "pr.epsilons": (0.03, 0.08, 0.1, 0.12),
+        "pr.samples": 100,
     },
     # The same estimand under the L2 law `uniform_l2` alone (no published table: the radii are
     # patjax's choice, docs/evaluation.md): from AutoAttack's L2 radius on CIFAR-10, 0.5, to past
     # the noise energy of Table 1's uniform law (its RMS L2 norm is eps sqrt(d / 3), 3.2 to 6.4
     # on CIFAR's d = 3072 at eps 0.1 to 0.2).
     "l2": {
-        "pr_distribution": "uniform_l2",
-        "pr_distributions": ("uniform_l2",),
-        "pr_epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
-        "pr_samples": 100,
+        "pr.distribution": "uniform_l2",
+        "pr.distributions": ("uniform_l2",),
+        "pr.epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
+        "pr.samples": 100,
     },
 }
 
@@ -60,7 +60,7 @@ PRESET_NAMES = {"table1": "the Table-1 protocol", "prbench": "PRBench's protocol
 def preset_of(distribution: str, epsilons) -> str:
     """The preset (`PRESETS`' key) whose headline law and radii these are, or ''."""
     for name, preset in PRESETS.items():
-        if distribution == preset["pr_distribution"] and tuple(float(e) for e in epsilons) == preset["pr_epsilons"]:
+        if distribution == preset["pr.distribution"] and tuple(float(e) for e in epsilons) == preset["pr.epsilons"]:
             return name
     return ""
 

@@ -46,7 +46,7 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
     plt = _pyplot()
     s = results_list[0]["settings"]
     drawn = [r.get("figures", {}).get("pr", {}) for r in results_list]
-    dists = [d for d in s["pr_distributions"] if d in laws.of_eps() and any(pr.get(d) for pr in drawn)]
+    dists = [d for d in s["pr"]["distributions"] if d in laws.of_eps() and any(pr.get(d) for pr in drawn)]
     certified = any("certify" in r.get("figures", {}) for r in results_list)
     panels = len(dists) + certified
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.4), squeeze=False)
@@ -61,9 +61,11 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
             _line_with_band(ax, {e: figure[over] for e, figure in pr.items()}, f"{name} (over {n} images)")
         # The uniform law over clean-correct images is the Table-1 protocol's estimand at any radii,
         # but for PRBench's, which are PRBench's protocol.
-        name = pr_lib.protocol_name(d, s.get("pr_epsilons", ())) or ("the Table-1 protocol" if d == "uniform" else "")
+        name = pr_lib.protocol_name(d, s["pr"].get("epsilons", ())) or (
+            "the Table-1 protocol" if d == "uniform" else ""
+        )
         protocol = f" ({name})" if name and over == "clean_correct" else ""
-        ax.set_title(f"{d} noise{protocol}, N={s['pr_samples']} per image", fontsize=10)
+        ax.set_title(f"{d} noise{protocol}, N={s['pr']['samples']} per image", fontsize=10)
         ax.set_xlabel(laws.get(d).level)
         images = "clean-correct" if over == "clean_correct" else "all"
         ax.set_ylabel(f"PR % over {images} images\n({confidence_pct(s)} bootstrap interval)")
@@ -216,7 +218,7 @@ def plot_suite(report: dict):
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4.2 * len(groups)), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, (gname, g) in zip(axes, groups):
-        eps_keys = [robustness.level_key(e) for e in g["evaluation"]["pr_epsilons"]]
+        eps_keys = [robustness.level_key(e) for e in g["evaluation"]["pr"]["epsilons"]]
         eps = [float(e) for e in eps_keys]
         for ax, key, title in ((row[0], "pr_clean_correct", "clean-correct images"), (row[1], "pr_all", "all images")):
             for i, method in enumerate(g["methods"]):
@@ -248,7 +250,7 @@ def plot_suite(report: dict):
                         )
             ev = g["evaluation"]
             ax.set_title(
-                f"{gname}: PR over {title}\n({ev['pr_distribution']}, N={ev['pr_samples']}, "
+                f"{gname}: PR over {title}\n({ev['pr']['distribution']}, N={ev['pr']['samples']}, "
                 f"{ev['num_examples']} images; dotted: single seeds)",
                 fontsize=9,
             )

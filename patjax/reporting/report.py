@@ -68,12 +68,13 @@ def radius(eps, norm: str = "linf") -> str:
 
 
 def threat_model(settings) -> str:
-    """'L∞, ε = 8/255' of a results.json settings record (a record without the norm, written
-    before it was recorded, is L-inf); '' for one without the attacks' radius."""
-    if "attack_eps" not in settings:
+    """'L∞, ε = 8/255' of a results.json settings record (`eval_files.nested_settings`'s shape);
+    '' for one without the attacks' radius."""
+    attack = settings.get("attack") or {}
+    if "eps" not in attack:
         return ""
-    norm = settings.get("attack_norm", "linf")
-    return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(settings['attack_eps'], norm)}"
+    norm = attack["norm"]
+    return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(attack['eps'], norm)}"
 
 
 def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
@@ -86,11 +87,11 @@ def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
 def pr_law(settings) -> str:
     """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
     headline PR's law, radii and samples of a results.json settings record."""
-    dist, radii = settings["pr_distribution"], settings.get("pr_epsilons", ())
+    dist, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons", ())
     name = evaluators.pr.protocol_name(dist, radii)
     return (
         f"{dist} law at ε = {', '.join(f'{float(e):g}' for e in radii)}{f' ({name})' if name else ''}, "
-        f"N = {settings['pr_samples']} per image"
+        f"N = {settings['pr']['samples']} per image"
     )
 
 
@@ -123,7 +124,7 @@ def evaluation_list(directory: str, kept) -> str:
     rows = []
     for name, folder, results in kept:
         s = results.get("settings") if isinstance(results.get("settings"), dict) else {}
-        pr = pr_law(s) if "pr" in s.get("evaluators", ()) and "pr_distribution" in s else "-"
+        pr = pr_law(s) if "pr" in s.get("evaluators", ()) and "distribution" in s.get("pr", {}) else "-"
         rows.append(
             [
                 name,
@@ -147,8 +148,8 @@ def comparison(names, results_list) -> str:
     the worst of) and the Theorem 2 bound. The first line says which images each figure is over."""
     first = results_list[0]
     s = first["settings"]
-    dist = s["pr_distribution"]
-    laws = headline_first(dist, s.get("pr_distributions", ()))
+    dist = s["pr"]["distribution"]
+    laws = headline_first(dist, s["pr"].get("distributions", ()))
     tables = [images_sentence(names, results_list)]
     pr_of = lambda r, d: r.get("figures", {}).get("pr", {}).get(d, {})
     eps_keys = list(pr_of(first, dist))
@@ -162,11 +163,11 @@ def comparison(names, results_list) -> str:
     other_attacks = [a for a in evaluators.OTHER_ATTACKS if a in evaluated]
     threat = threat_model(s)
     if evaluated and threat:
-        norm, eps = s.get("attack_norm", "linf"), float(s["attack_eps"])
+        norm, eps = s["attack"]["norm"], float(s["attack"]["eps"])
         decimal = f" = {eps:.4f}" if radius(eps, norm) != f"{eps:g}" else ""
         tables.append(
-            f"Attacks: {threat}{decimal}; PGD and CW {s['attack_steps']} steps of "
-            f"{radius(s['attack_step_size'], norm)}, APGD and AutoAttack their own."
+            f"Attacks: {threat}{decimal}; PGD and CW {s['attack']['steps']} steps of "
+            f"{radius(s['attack']['step_size'], norm)}, APGD and AutoAttack their own."
         )
     if eps_keys:
         tables.append(f"PR: {pr_law(s)}.")
@@ -176,7 +177,9 @@ def comparison(names, results_list) -> str:
     # and an attack run at its own radius (its figure's settings) is headed with that radius.
     def attack_header(a):
         own = next((r["figures"][a].get("settings", {}) for r in results_list if a in r.get("figures", {})), {})
-        attacked = threat_model({**s, "attack_eps": own["eps"]}) if threat and "eps" in own else threat
+        attacked = (
+            threat_model({**s, "attack": {**s["attack"], "eps": own["eps"]}}) if threat and "eps" in own else threat
+        )
         return f"{evaluators.REGISTRY[a].label} ({attacked}) %" if attacked else f"{evaluators.REGISTRY[a].label} %"
 
     rows = []
@@ -220,7 +223,7 @@ def comparison(names, results_list) -> str:
             + [bound_cell(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
         )
     note = (
-        f"(N={s['pr_samples']}, seed {s['seed']}; [{confidence_pct(s)} intervals]: Clopper-Pearson for "
+        f"(N={s['pr']['samples']}, seed {s['seed']}; [{confidence_pct(s)} intervals]: Clopper-Pearson for "
         f"accuracies, bootstrap over images for PR; worst = robust to every attack of its row's 'worst of'; "
         f"LB = Theorem 2 lower bound 1 - E[f]/log 2 over all images, {dist} noise, '{VACUOUS}' where it is "
         f"at most 0 and says nothing (results.json keeps its value))"
@@ -318,7 +321,7 @@ def differences(diffs, settings) -> str:
     the law, its radii and N."""
     if not diffs:
         return ""
-    dist = settings["pr_distribution"]
+    dist = settings["pr"]["distribution"]
     eps_keys = list(diffs[0]["distributions"].get(dist, {}))
     out = [f"Paired PR differences: {pr_law(settings)}."]
     for estimand, words in ESTIMAND_WORDS.items():

@@ -20,7 +20,7 @@ def certified_differences(settings, per_image, base_settings, base, indices, con
     either lacks certificates (their certify settings are the same: `pairing`)."""
     if "certify.class" not in per_image or "certify.class" not in base:
         return {}
-    radii = [r for r in settings["certify_radii"] if r in base_settings["certify_radii"]]
+    radii = [r for r in settings["certify"]["radii"] if r in base_settings["certify"]["radii"]]
     hits = [
         certify.certified_at(p["certify.class"], p["certify.label"], p["certify.radius"], radii)
         for p in (per_image, base)
@@ -59,7 +59,7 @@ def paired_differences(workdirs, results_list, per_images, names=None) -> list:
     out = []
     for name, res, pi in zip(names[1:], results_list[1:], per_images[1:]):
         row = {"run": name, "baseline": names[0], "distributions": {}}
-        for d in res["settings"]["pr_distributions"]:
+        for d in res["settings"]["pr"]["distributions"]:
             key = f"pr_{d}.counts"
             if key not in pi or key not in base or "clean.correct" not in pi or "clean.correct" not in base:
                 continue
@@ -69,7 +69,7 @@ def paired_differences(workdirs, results_list, per_images, names=None) -> list:
                     pi["clean.correct"],
                     base[key][:, j],
                     base["clean.correct"],
-                    st["pr_samples"],
+                    st["pr"]["samples"],
                     indices,
                     confidence,
                 )

@@ -130,14 +130,48 @@ def default_eval_block() -> ml_collections.ConfigDict:
 CONFIG_VERSION = 2
 
 
+# The names results.json's "settings" and a version-1 config's `eval` gave the evaluator settings
+# before they were nested by block: {flat name: (block, field)}. Frozen: the registry may grow,
+# files written then do not. Read by `_from_version_1` and by the reader of a written record
+# (`eval_files.nested_settings`), and nowhere else.
+FLAT_NAMES = {
+    "attack_eps": ("attack", "eps"),
+    "attack_step_size": ("attack", "step_size"),
+    "attack_steps": ("attack", "steps"),
+    "attack_norm": ("attack", "norm"),
+    "cw_kappa": ("cw", "kappa"),
+    "apgd_steps": ("apgd", "steps"),
+    "apgd_rho": ("apgd", "rho"),
+    "aa_target_classes": ("aa", "target_classes"),
+    "aa_fab_steps": ("aa", "fab_steps"),
+    "aa_square_queries": ("aa", "square_queries"),
+    "aa_masking_eps_factors": ("aa", "masking_eps_factors"),
+    "pr_distribution": ("pr", "distribution"),
+    "pr_distributions": ("pr", "distributions"),
+    "pr_epsilons": ("pr", "epsilons"),
+    "pr_samples": ("pr", "samples"),
+    "pr_chunk_size": ("pr", "chunk_size"),
+    "pdis_c1": ("pr", "pdis_c1"),
+    "pdis_sigma": ("pr", "pdis_sigma"),  # recorded, not a config field
+    "entropic_lambda": ("pr", "entropic_lambda"),
+    "prob_acc_q": ("pr", "prob_acc_q"),
+    "certify_sigma": ("certify", "sigma"),
+    "certify_radii": ("certify", "radii"),
+    "certify_selection_samples": ("certify", "selection_samples"),
+    "certify_samples": ("certify", "samples"),
+    "certify_alpha": ("certify", "alpha"),
+    "certify_chunk_size": ("certify", "chunk_size"),
+}
+
+
 def _from_version_1(saved: dict) -> dict:
     """A version-1 config in version 2's shape: each evaluator setting moved from the top of `eval`
-    (its flat name) into its block (`evaluators.flat_names`)."""
+    (its flat name) into its block (`FLAT_NAMES`)."""
     saved = copy.deepcopy(saved)
     ev = saved.get("eval")
     if isinstance(ev, dict):
-        for name, (block, field) in evaluators_lib.flat_names().items():
-            if block is not None and name in ev:
+        for name, (block, field) in FLAT_NAMES.items():
+            if name in ev:
                 ev.setdefault(block, {})[field] = ev.pop(name)
     saved["config_version"] = 2
     return saved
@@ -304,8 +338,8 @@ def refuse_unknown_fields(cfg: ml_collections.ConfigDict) -> None:
         for key in given:
             if key not in expected:
                 name = f"{prefix}{key}"
-                moved = evaluators_lib.flat_names().get(key) if prefix == "eval." else None
-                hint = f"; it is {evaluators_lib.config_field(key)} since config version 2" if moved else ""
+                moved = FLAT_NAMES.get(key) if prefix == "eval." else None
+                hint = f"; it is eval.{'.'.join(moved)} since config version 2" if moved else ""
                 raise UserError(f"{name} is not a config field{hint}")
             if isinstance(given[key], ml_collections.ConfigDict) and isinstance(
                 expected[key], ml_collections.ConfigDict
@@ -367,46 +401,42 @@ class EvaluationSettings:
             )
 
 
-def _eval_items(overrides: Optional[Mapping]) -> list:
-    """(the name as given, its path in `eval`, value) of each override: a path as given
-    (pr.samples, seed, num_examples), a nested block's ({"pr": {"samples": 20}}) fields by their
-    paths, a name of the flat spelling (pr_samples, `evaluators.flat_names`) by its path; data_dir,
-    the config's own field, as it is."""
-    flat = evaluators_lib.flat_names()
-    out = []
+def eval_paths(overrides: Optional[Mapping]) -> dict:
+    """Overrides of the `eval` block as {path: value}: a path as given (pr.samples, seed,
+    num_examples), a nested block's fields ({"pr": {"samples": 20}}) by their paths; data_dir, the
+    config's own field, as it is."""
+    out = {}
 
     def walk(given: Mapping, prefix: str) -> None:
         for key, value in given.items():
             if isinstance(value, Mapping):
                 walk(value, f"{prefix}{key}.")
-            elif not prefix and key in flat:
-                out.append((key, ".".join(part for part in flat[key] if part), value))
             else:
-                out.append((f"{prefix}{key}", f"{prefix}{key}", value))
+                out[f"{prefix}{key}"] = value
 
     walk(overrides or {}, "")
     return out
 
 
-def eval_paths(overrides: Optional[Mapping]) -> dict:
-    """Overrides of the `eval` block as {path: value} (`_eval_items`)."""
-    return {path: value for _, path, value in _eval_items(overrides)}
+def _unknown(path: str) -> UserError:
+    """The refusal of an override the `eval` block does not have; a flat name (pr_samples, which
+    results.json and overrides used before the blocks) is told its path."""
+    moved = FLAT_NAMES.get(path)
+    return UserError(f"unknown eval setting {path!r}" + (f"; it is {'.'.join(moved)}" if moved else ""))
 
 
 def with_eval_overrides(
     cfg: ml_collections.ConfigDict, overrides: Optional[Mapping] = None
 ) -> ml_collections.ConfigDict:
     """A copy of cfg with fields of its `eval` block replaced, each named by its path in the block
-    ({"pr.samples": 20} sets eval.pr.samples; `_eval_items`), and data_dir; a norm given without its
-    radius or step takes that norm's standard ones (`l2.with_norm_radii`); an unknown name is refused."""
+    ({"pr.samples": 20} or {"pr": {"samples": 20}} sets eval.pr.samples; `eval_paths`), and
+    data_dir; a norm given without its radius or step takes that norm's standard ones
+    (`l2.with_norm_radii`); an unknown path is refused."""
     if not overrides:
         return cfg
-    items = _eval_items(overrides)
-    names = {path: name for name, path, _ in items}
-    paths = l2.with_norm_radii({path: value for _, path, value in items}, *EVAL_THREAT)
+    paths = l2.with_norm_radii(eval_paths(overrides), *EVAL_THREAT)
     cfg = copy.deepcopy(cfg)
     for path, value in paths.items():
-        name = names.get(path, path)
         if path == "data_dir":  # where the test split is read from, not what is computed on it
             cfg.data_dir = value
             continue
@@ -415,15 +445,15 @@ def with_eval_overrides(
         for block in blocks:
             target = target.get(block)
             if not isinstance(target, ml_collections.ConfigDict):
-                raise UserError(f"unknown eval setting {name!r}")
+                raise _unknown(path)
         if field not in target or isinstance(target[field], ml_collections.ConfigDict):
-            raise UserError(f"unknown eval setting {name!r}")
+            raise _unknown(path)
         value = python_scalars(value)
         try:
             target[field] = value
         except TypeError:  # ConfigDict keeps each field's type: a str where an int is, say
             expected = type(target[field]).__name__
-            raise UserTypeError(f"eval setting {name} must be of type {expected}, got {value!r}") from None
+            raise UserTypeError(f"eval setting {path} must be of type {expected}, got {value!r}") from None
     return cfg
 
 

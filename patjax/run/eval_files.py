@@ -17,18 +17,76 @@ from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import laws, robustness
 from patjax.reporting import report
+from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 
-# Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + name and
+# Settings recorded since evaluations could vary them, with the value every evaluation written
+# before then had: a record without them reads as that value, so that an L2 evaluation does not
+# silently replace or pair with an L-inf one.
+IMPLICIT_BEFORE_RECORDED = {("attack", "norm"): "linf"}
+
+
+def nested_settings(settings: dict) -> dict:
+    """results.json's "settings" in the shape written now (`evaluators.record`): the evaluation's
+    own fields and the shared settings at the top, one dict per block of `eval`. A record written
+    with flat names (pr_samples) is upgraded by `config.FLAT_NAMES`, and the settings it predates take
+    their value then (`IMPLICIT_BEFORE_RECORDED`). The one reader of a written record: every
+    reader of results.json's settings gets them through `read_results_file`."""
+    if not any(k in config_lib.FLAT_NAMES for k in settings):
+        return settings
+    out: dict = {}
+    for key, value in settings.items():
+        if key in config_lib.FLAT_NAMES:
+            block, field = config_lib.FLAT_NAMES[key]
+            out.setdefault(block, {})[field] = value
+        else:
+            out[key] = value
+    for (block, field), value in IMPLICIT_BEFORE_RECORDED.items():
+        out.setdefault(block, {}).setdefault(field, value)
+    return out
+
+
+def read_results_file(path: str, remedy: str = "") -> Optional[dict]:
+    """A results.json (an evaluation's) with its settings in the current shape (`nested_settings`),
+    or None if there is none; an unreadable one is a UserError."""
+    results = read_json(path, remedy or RESULTS_REMEDY)
+    if isinstance(results, dict) and isinstance(results.get("settings"), dict):
+        results = {**results, "settings": nested_settings(results["settings"])}
+    return results
+
+
+def setting(settings: dict, path: str):
+    """The setting at `path` (pr.samples, seed) of nested settings, or None where it is not recorded."""
+    *blocks, field = path.split(".")
+    for block in blocks:
+        settings = settings.get(block)
+        if not isinstance(settings, dict):
+            return None
+    return settings.get(field)
+
+
+def _paths(settings: dict, prefix: str = "") -> dict:
+    """{path: value} of every setting of nested settings (pr.samples), for comparing two records
+    setting by setting and naming each difference by its path."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_paths(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + path and
 # checked against results.json's settings wherever the two are paired (`check_per_image`).
 META_PREFIX = "meta."
 IDENTITY_FIELDS = (
     "step",
     "seed",
     "num_examples",
-    "pr_samples",
-    "pr_epsilons",
-    "pr_distributions",
+    "pr.samples",
+    "pr.epsilons",
+    "pr.distributions",
     "evaluators",
     "dataset",
 )
@@ -39,8 +97,8 @@ PER_MODEL_FIELDS = ("step",)
 
 def recorded_laws(settings: dict) -> list:
     """The PR laws an evaluation's settings (results.json's) say it computed; for a record without
-    `pr_distributions`, the laws whose definitions it holds."""
-    return list(settings.get("pr_distributions") or [d for d in laws.REGISTRY if d in settings])
+    `pr.distributions`, the laws whose definitions it holds."""
+    return list(setting(settings, "pr.distributions") or [d for d in laws.REGISTRY if d in settings])
 
 
 def shared_definitions(a: dict, b: dict) -> list:
@@ -50,7 +108,14 @@ def shared_definitions(a: dict, b: dict) -> list:
 
 def identity(settings: dict) -> dict:
     """The per_image.npz entries that tie it to the results.json of its evaluation."""
-    return {META_PREFIX + k: np.asarray(settings[k]) for k in IDENTITY_FIELDS}
+    return {META_PREFIX + k: np.asarray(setting(settings, k)) for k in IDENTITY_FIELDS}
+
+
+def _stored_identity(per_image: dict, path: str):
+    """per_image.npz's identity entry for `path`: meta.pr.samples, or meta.pr_samples in a file
+    written before the settings were nested (`config.FLAT_NAMES`)."""
+    flat = {v: k for k, v in config_lib.FLAT_NAMES.items()}.get(tuple(path.split(".")), path)
+    return per_image.get(META_PREFIX + path, per_image.get(META_PREFIX + flat))
 
 
 def check_per_image(results: dict, per_image: dict, where: str) -> None:
@@ -70,8 +135,8 @@ def check_per_image(results: dict, per_image: dict, where: str) -> None:
     else:
         differing = []
         for k in IDENTITY_FIELDS:
-            stored = np.asarray(per_image.get(META_PREFIX + k))
-            expected = np.asarray(settings.get(k))
+            stored = np.asarray(_stored_identity(per_image, k))
+            expected = np.asarray(setting(settings, k))
             if stored.shape != expected.shape or not np.array_equal(stored, expected):
                 differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
         if differing:
@@ -97,7 +162,7 @@ def per_image_arrays(settings: dict) -> list[str]:
     if "certify" in names:
         out += ["certify.class", "certify.radius"]
     if "pr" in names:
-        out += [f"pr_{d}.counts" for d in settings["pr_distributions"]]
+        out += [f"pr_{d}.counts" for d in settings["pr"]["distributions"]]
     return out
 
 
@@ -108,10 +173,12 @@ def check_results(results: dict, path: str, remedy: str) -> None:
     settings = results.get("settings")
     if not isinstance(settings, dict):
         raise UserError(f"{path} is damaged (no settings); {remedy}")
-    missing = [k for k in (*IDENTITY_FIELDS, "pr_distribution") if k not in settings]
+    missing = [k for k in (*IDENTITY_FIELDS, "pr.distribution") if setting(settings, k) is None]
     if missing:
         raise UserError(f"{path} is damaged (its settings lack {', '.join(missing)}); {remedy}")
-    mistyped = [k for k in ("evaluators", "pr_distributions", "pr_epsilons") if not isinstance(settings[k], list)]
+    mistyped = [
+        k for k in ("evaluators", "pr.distributions", "pr.epsilons") if not isinstance(setting(settings, k), list)
+    ]
     if isinstance(settings["num_examples"], bool) or not isinstance(settings["num_examples"], int):
         mistyped.append("num_examples")
     if mistyped:
@@ -124,10 +191,10 @@ def check_results(results: dict, path: str, remedy: str) -> None:
     missing = [k for k in missing if not isinstance(figures.get(k), dict)]
     if "pr" in names:
         pr = figures.get("pr") if isinstance(figures.get("pr"), dict) else {}
-        eps_keys = [robustness.level_key(e) for e in settings["pr_epsilons"]]
-        for d in settings["pr_distributions"]:
+        eps_keys = [robustness.level_key(e) for e in settings["pr"]["epsilons"]]
+        for d in settings["pr"]["distributions"]:
             law = pr.get(d)
-            # The laws of eps have one figure per level of pr_epsilons; pdis has its own level.
+            # The laws of eps have one figure per level of pr.epsilons; pdis has its own level.
             levels = eps_keys if d in laws.of_eps() else list(law or ())
             if not isinstance(law, dict) or not levels or not all(isinstance(law.get(e), dict) for e in levels):
                 missing.append(f"pr.{d}")
@@ -138,9 +205,9 @@ def check_results(results: dict, path: str, remedy: str) -> None:
 # Settings that change no figure (randomness is keyed by image and sample, `evaluators.common`,
 # so batch, chunk and device counts only reorder float sums) or that are outcomes: an evaluation
 # differing from the previous one only in these reproduces its figures.
-INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr_chunk_size", "certify_chunk_size", "devices")
+INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr.chunk_size", "certify.chunk_size", "devices")
 # Lists an evaluation may extend: every figure of the previous one is made again, with more beside it.
-EXTENSIBLE_FIELDS = ("evaluators", "pr_distributions")
+EXTENSIBLE_FIELDS = ("evaluators", "pr.distributions")
 
 
 # An evaluated weights file as results.json records it: its name, to show, and its sha256, which
@@ -159,21 +226,17 @@ def _listed(values) -> str:
     return ",".join(map(str, values)) or "none"
 
 
-# Settings results.json records since evaluations could vary them, with the value every
-# evaluation written before then had: an L2 evaluation does not silently replace an L-inf one.
-IMPLICIT_BEFORE_RECORDED = {"attack_norm": "linf"}
-
-
 def lost_settings(previous: dict, planned: dict) -> list[str]:
     """How an evaluation with `planned` settings (results.json's "settings" as it would write them)
-    departs from the `previous` one's: a changed setting, or an evaluator or law it drops. Settings
-    `previous` does not record (files written before they existed) are not compared, but for those
-    whose earlier value is known (`IMPLICIT_BEFORE_RECORDED`)."""
+    departs from the `previous` one's (as `nested_settings` reads it): a changed setting, or an
+    evaluator or law it drops, each named by its path. Settings `previous` does not record (files
+    written before they existed) are not compared."""
     differing = []
-    for key, new in planned.items():
-        if key in INCIDENTAL_FIELDS or (key not in previous and key not in IMPLICIT_BEFORE_RECORDED):
+    previous = _paths(previous)
+    for key, new in _paths(planned).items():
+        if key in INCIDENTAL_FIELDS or key not in previous:
             continue
-        old = previous.get(key, IMPLICIT_BEFORE_RECORDED.get(key))
+        old = previous[key]
         if key in EXTENSIBLE_FIELDS:
             dropped = [v for v in old or () if v not in new]
             if dropped:
@@ -234,31 +297,29 @@ def check_replaceable(
 def compared_settings(a: dict, b: dict) -> list[str]:
     """The settings two evaluations (results.json's `settings`) must share for their figures to be
     set side by side and their per-image outcomes paired on common random numbers: every setting
-    either records (each evaluator block's, the shared ones, the images, the dataset), but those
-    that change no figure (`INCIDENTAL_FIELDS`), the model's own (`PER_MODEL_FIELDS`), the lists
-    one may extend (`EXTENSIBLE_FIELDS`) and the definitions of laws not both computed
+    both record (each evaluator block's, the shared ones, the images, the dataset) by its path,
+    but those that change no figure (`INCIDENTAL_FIELDS`), the model's own (`PER_MODEL_FIELDS`),
+    the lists one may extend (`EXTENSIBLE_FIELDS`) and the definitions of laws not both computed
     (`shared_definitions`). A setting one of them does not record (a file written before it
-    existed) is not compared, but for those whose earlier value is known (`IMPLICIT_BEFORE_RECORDED`),
-    as `lost_settings` does. A comparison hands every model the first one's settings whole
-    (`config.handed_on`), so that these are the same; this list checks it."""
+    existed) is not compared, as `lost_settings` does. A comparison hands every model the first
+    one's settings whole (`config.handed_on`), so that these are the same; this list checks it."""
     definitions = [d for d in laws.REGISTRY if d in a or d in b]
     shared = shared_definitions(a, b)
     skipped = (*INCIDENTAL_FIELDS, *PER_MODEL_FIELDS, *EXTENSIBLE_FIELDS)
-    keys = [*a, *(k for k in b if k not in a)]
-    recorded = [k for k in keys if (k in a and k in b) or k in IMPLICIT_BEFORE_RECORDED]
+    pa, pb = _paths(a), _paths(b)
+    recorded = [k for k in pa if k in pb]
     return [k for k in recorded if k not in skipped and (k not in definitions or k in shared)]
 
 
 def check_comparable(a: dict, b: dict, name_a: str, name_b: str, aside=()) -> None:
     """Raises UserError unless two evaluations' settings (results.json's `settings`) agree on
     every setting a figure depends on (`compared_settings`): the same images, perturbations,
-    distribution definitions and evaluator settings. A setting one does not record reads as its
-    value then (`IMPLICIT_BEFORE_RECORDED`). `aside`:
-    settings the caller handles itself (a learning curve's attack, whose column it drops)."""
+    distribution definitions and evaluator settings. `aside`: paths of settings the caller
+    handles itself (a learning curve's attack block, whose column it drops)."""
     differing = [
         k
         for k in compared_settings(a, b)
-        if k not in aside and a.get(k, IMPLICIT_BEFORE_RECORDED.get(k)) != b.get(k, IMPLICIT_BEFORE_RECORDED.get(k))
+        if k.split(".")[0] not in aside and k not in aside and setting(a, k) != setting(b, k)
     ]
     if differing:
         raise UserError(
@@ -347,7 +408,7 @@ def read_results(workdir: str, step: Optional[int] = None, name: Optional[str] =
     None if there is none; an unreadable one is a UserError. What it holds is checked where its
     figures are read (`load_results`): the replacement check reads older files too, comparing the
     settings they record."""
-    return read_json(results_path(workdir, step, name), RESULTS_REMEDY)
+    return read_results_file(results_path(workdir, step, name))
 
 
 def load_results(workdir: str, step: Optional[int] = None, name: Optional[str] = None):
@@ -396,11 +457,11 @@ def derived_name(settings: dict) -> str:
     radius (an L-inf one as k_255), the headline PR's preset (or its law and radii), the number
     of images: linf-8_255.table1.n500, l2-0.5.table1.n500, linf-8_255.prbench.n500."""
     parts = []
-    if "attack_eps" in settings:
-        norm = settings.get("attack_norm", IMPLICIT_BEFORE_RECORDED["attack_norm"])
-        parts.append(f"{norm}-{report.radius(settings['attack_eps'], norm).replace('/', '_')}")
-    if "pr_distribution" in settings:
-        law, radii = settings["pr_distribution"], settings.get("pr_epsilons") or ()
+    if setting(settings, "attack.eps") is not None:
+        norm = settings["attack"]["norm"]
+        parts.append(f"{norm}-{report.radius(settings['attack']['eps'], norm).replace('/', '_')}")
+    if setting(settings, "pr.distribution") is not None:
+        law, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons") or ()
         preset = evaluators.pr.preset_of(law, radii)
         parts.append(preset or "-".join([law, *(f"{float(e):g}" for e in radii)]))
     if "num_examples" in settings:
@@ -420,11 +481,11 @@ def evaluations(directory: str) -> list:
     of evals/ by name."""
     named = os.path.join(directory, NAMED_DIR)
     found = []
-    first = read_json(os.path.join(directory, "eval", "results.json"), RESULTS_REMEDY)
+    first = read_results_file(os.path.join(directory, "eval", "results.json"))
     if first is not None:
         found.append((name_of(first), os.path.join(directory, "eval"), first))
     for name in sorted(os.listdir(named)) if os.path.isdir(named) else ():
-        results = read_json(os.path.join(named, name, "results.json"), RESULTS_REMEDY)
+        results = read_results_file(os.path.join(named, name, "results.json"))
         if results is not None and not any(name == n for n, _, _ in found):
             found.append((name, os.path.join(named, name), results))
     return found
@@ -444,12 +505,12 @@ def covers(saved: dict, planned: dict) -> bool:
     """Whether an evaluation with `saved` settings (results.json's) holds every figure one with
     `planned` settings would compute, made the same way: every setting equal but those that
     change no figure, and its evaluators and laws the planned ones or more. A setting `saved` does
-    not record (a file written before it existed) is a difference, but for those whose earlier
-    value is known."""
-    for key, wanted in planned.items():
+    not record (a file written before it existed) is a difference."""
+    held_paths = _paths(saved)
+    for key, wanted in _paths(planned).items():
         if key in INCIDENTAL_FIELDS:
             continue
-        held = saved.get(key, IMPLICIT_BEFORE_RECORDED.get(key, KeyError))
+        held = held_paths.get(key, KeyError)
         if key in EXTENSIBLE_FIELDS:
             if not isinstance(held, list) or any(v not in held for v in wanted or ()):
                 return False

@@ -190,18 +190,19 @@ def num_images(settings: config_lib.EvaluationSettings, split: cifar.Split) -> i
 def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, num_clean_correct=None) -> dict:
     """results.json's "settings": what an evaluation of `n` images of the model of `step` was made with."""
     return {
-        "num_examples": int(n),
-        "num_clean_correct": num_clean_correct,
         "evaluators": list(settings.evaluators),
-        **evaluators_lib.record(settings.evaluator_settings),
-        **laws.definitions(settings.evaluator_settings["pr"].distributions),
+        "num_examples": int(n),
+        "batch_size": int(settings.batch_size),
+        "num_clean_correct": num_clean_correct,
         "dataset": settings.dataset,
         "split": "test",
-        "batch_size": int(settings.batch_size),
         # Devices each batch was split over (batches.evaluate_pass): the figures are the same on any
         # count up to float summation order (tests/core/test_sharding.py).
         "devices": int(sharding.make_mesh(settings.batch_size).size),
         "step": int(step),
+        **laws.definitions(settings.evaluator_settings["pr"].distributions),
+        # The shared settings, then one dict per block of `eval`.
+        **evaluators_lib.record(settings.evaluator_settings),
     }
 
 

@@ -65,7 +65,7 @@ class Suite:
     @property
     def pr_distribution(self) -> str:
         """The law of the suite's headline PR (its tables lead with it; the others are beside it)."""
-        return self.eval_overrides.get("pr_distribution", config_lib.default_config().eval.pr.distribution)
+        return self.eval_overrides.get("pr.distribution", config_lib.default_config().eval.pr.distribution)
 
 
 def run_name(group: str, method: str, seed: int) -> str:

@@ -70,7 +70,7 @@ def mean_figures(outcomes: Sequence[RunOutcome], indices, confidence) -> dict:
     for d in _common_laws(outcomes):
         law = out["laws"][d] = {"pr_all": {}, "pr_clean_correct": {}}
         for j, eps in enumerate(outcomes[0].eps_keys):
-            pr = np.stack([o.pr_counts[d][:, j] / o.settings["pr_samples"] for o in outcomes])
+            pr = np.stack([o.pr_counts[d][:, j] / o.settings["pr"]["samples"] for o in outcomes])
             v, ci = stats.ratio_interval(pr, ones, indices, confidence)
             law["pr_all"][eps] = figure(v, ci, method, n)
             v, ci = stats.ratio_interval(pr * correct, correct, indices, confidence)
@@ -104,7 +104,7 @@ def paired_difference(a: Sequence[RunOutcome], b: Sequence[RunOutcome], indices,
     ]
     for name, ha, hb in metrics:
         out[name] = figure(*stats.paired_difference(np.stack(ha), np.stack(hb), indices, confidence), method, n)
-    samples = a[0].settings["pr_samples"]
+    samples = a[0].settings["pr"]["samples"]
     correct_a, correct_b = np.stack([o.correct for o in a]), np.stack([o.correct for o in b])
     names = {"clean_correct": "pr_clean_correct", "both_correct": "pr_common_correct", "all": "pr_all"}
     out["laws"] = {}
@@ -211,22 +211,12 @@ def build(suite: Suite, workdir: str, outcomes: dict, invocations: list) -> dict
             continue
         indices, confidence = pairing(group_done)
         s = group_done[0].settings
+        # What results.md says the group's figures were made with, in results.json's shape.
         g["evaluation"] = {
-            k: s.get(k)
-            for k in (
-                "num_examples",
-                "pr_samples",
-                "pr_epsilons",
-                "pr_distribution",
-                "seed",
-                "confidence",
-                "bootstrap_resamples",
-                "attack_eps",
-                "attack_step_size",
-                "attack_steps",
-                "cw_kappa",
-                "dataset",
-            )
+            **{k: s.get(k) for k in ("num_examples", "seed", "confidence", "bootstrap_resamples", "dataset")},
+            "pr": {k: s["pr"].get(k) for k in ("samples", "epsilons", "distribution")},
+            "attack": {k: s["attack"].get(k) for k in ("eps", "step_size", "steps")},
+            "cw": {"kappa": s.get("cw", {}).get("kappa")},
         }
         by_method = {}
         for o in group_done:

@@ -14,12 +14,12 @@ from patjax.suites.run_outcomes import RunOutcome, figure, pairing, run_dir
 
 CURVE_ATTACK = "pgd20"  # the attack a suite's curve points may be evaluated with (`Suite.curve_evaluators`)
 ROBUST_KEY = f"{CURVE_ATTACK}.robust"
-# The threat model of the curve points' attack: one attack, one column.
-ATTACK_SETTINGS = ("attack_norm", "attack_eps", "attack_step_size", "attack_steps")
+# The block of the curve points' threat model: one attack, one column.
+ATTACK_BLOCK = "attack"
 
 
-def _attack(settings: dict) -> tuple:
-    return tuple(settings.get(k) for k in ATTACK_SETTINGS)
+def _attack(settings: dict) -> dict:
+    return settings.get(ATTACK_BLOCK)
 
 
 def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
@@ -34,7 +34,7 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     for step in eval_files.curve_steps(directory):
         results, per_image = eval_files.load_results(directory, step)
         eval_files.check_comparable(
-            outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}", aside=ATTACK_SETTINGS
+            outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}", aside=(ATTACK_BLOCK,)
         )
         points.append(
             {
@@ -45,7 +45,7 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
                     if ROBUST_KEY in per_image and _attack(results["settings"]) == _attack(outcome.settings)
                     else None
                 ),
-                "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr_samples"],
+                "pr": per_image[f"pr_{law}.counts"] / results["settings"]["pr"]["samples"],
             }
         )
     points.append(
@@ -53,7 +53,7 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
             "step": int(outcome.settings["step"]),
             "correct": outcome.correct,
             "robust": outcome.robust.get(CURVE_ATTACK) if any(p["robust"] is not None for p in points) else None,
-            "pr": outcome.pr_counts[law] / outcome.settings["pr_samples"],
+            "pr": outcome.pr_counts[law] / outcome.settings["pr"]["samples"],
         }
     )
     return points
@@ -73,7 +73,7 @@ def curve_figures(points: list[dict], eps_keys) -> list[dict]:
 
 def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, list]:
     """({run: its learning curve's figures}, [one entry per suite.matched pair]) from the finished runs."""
-    law = suite.curve_eval_overrides.get("pr_distribution", suite.pr_distribution)
+    law = suite.curve_eval_overrides.get("pr.distribution", suite.pr_distribution)
     runs = {r.name: r for r in plan(suite)}
     curves, entries = {}, []
     for name, o in outcomes.items():  # every finished run with learning-curve points
@@ -108,14 +108,14 @@ def matched_figures(suite: Suite, workdir: str, outcomes: dict) -> tuple[dict, l
         for (points, b), (a, _) in zip(loaded, pairs):
             fig = stats.matched_difference(
                 [[(p["correct"], p["pr"]) for p in points]],
-                [(b.correct, b.pr_counts[law] / b.settings["pr_samples"])],
+                [(b.correct, b.pr_counts[law] / b.settings["pr"]["samples"])],
                 indices,
                 confidence,
             )
             per_seed[str(a.run.seed)] = _by_level(fig, eps_keys, method)
         fig = stats.matched_difference(
             [[(p["correct"], p["pr"]) for p in points] for points, _ in loaded],
-            [(b.correct, b.pr_counts[law] / b.settings["pr_samples"]) for _, b in pairs],
+            [(b.correct, b.pr_counts[law] / b.settings["pr"]["samples"]) for _, b in pairs],
             indices,
             confidence,
         )
@@ -155,7 +155,7 @@ def _nearest(loaded, law: str, eps_keys, indices, confidence) -> dict:
             out["pr"][e] = stats.pr_difference(
                 np.stack([p["pr"][:, j] for p, _ in pairs]),
                 correct_a,
-                np.stack([b.pr_counts[law][:, j] / b.settings["pr_samples"] for _, b in pairs]),
+                np.stack([b.pr_counts[law][:, j] / b.settings["pr"]["samples"] for _, b in pairs]),
                 correct_b,
                 1,
                 indices,

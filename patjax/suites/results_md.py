@@ -89,7 +89,7 @@ def _law_rows(g, law: str, key: str, eps_keys) -> list:
     """One row per method: its mean PR under `law` over `key`'s images ("pr_clean_correct" or
     "pr_all"), "-" where the method has none under that law; results written before figures were
     kept per law have the headline law's at the top of "mean" only."""
-    headline = g["evaluation"]["pr_distribution"]
+    headline = g["evaluation"]["pr"]["distribution"]
     rows = []
     for m in g["methods"]:
         mean = g["methods"][m]["mean"]
@@ -100,14 +100,14 @@ def _law_rows(g, law: str, key: str, eps_keys) -> list:
 
 def _group_tables(g) -> list:
     ev = g["evaluation"]
-    eps_keys = [robustness.level_key(e) for e in ev["pr_epsilons"]]
+    eps_keys = [robustness.level_key(e) for e in ev["pr"]["epsilons"]]
     pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
     head = ["Method", "Acc. %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS] + pr_cols
     out = [
         f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
-        f"{ev['attack_eps']:.4f} (8/255), alpha {ev['attack_step_size']:.4f}, CW kappa {ev.get('cw_kappa')}; "
-        f"PR: {ev['pr_distribution']} noise first"
-        f"{' (the Table-1 protocol)' if ev['pr_distribution'] == 'uniform' else ''}, N = {ev['pr_samples']} per "
+        f"{ev['attack']['eps']:.4f} (8/255), alpha {ev['attack']['step_size']:.4f}, CW kappa {ev['cw']['kappa']}; "
+        f"PR: {ev['pr']['distribution']} noise first"
+        f"{' (the Table-1 protocol)' if ev['pr']['distribution'] == 'uniform' else ''}, N = {ev['pr']['samples']} per "
         f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
         f"[{confidence_pct(ev)} interval]: in the mean-over-seeds tables a percentile bootstrap over images, which "
         f"collapses to a point at 0 % or 100 %, as do the Every-run table's PR intervals (its accuracy "
@@ -142,7 +142,7 @@ def _group_tables(g) -> list:
             md_table(head, rows),
             "",
         ]
-    laws = list(next(iter(g["methods"].values()))["mean"].get("laws", {})) or [ev["pr_distribution"]]
+    laws = list(next(iter(g["methods"].values()))["mean"].get("laws", {})) or [ev["pr"]["distribution"]]
     for law in laws[1:]:
         out += [
             f"### PR under {law} noise over clean-correct images (mean over seeds)",

@@ -44,7 +44,7 @@ class RunOutcome:
 
     @property
     def eps_keys(self) -> list:
-        return [robustness.level_key(e) for e in self.settings["pr_epsilons"]]
+        return [robustness.level_key(e) for e in self.settings["pr"]["epsilons"]]
 
 
 def read_record(directory: str) -> Optional[dict]:

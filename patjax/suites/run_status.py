@@ -33,7 +33,7 @@ def evaluation_settings(suite: Suite, curve: bool) -> tuple:
     chosen, overrides = (
         (suite.curve_evaluators, suite.curve_eval_overrides) if curve else (suite.evaluators, suite.eval_overrides)
     )
-    return chosen, {"pr_distribution": suite.pr_distribution, **overrides}
+    return chosen, {"pr.distribution": suite.pr_distribution, **overrides}
 
 
 def eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -> bool:
@@ -53,12 +53,13 @@ def eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -
     wanted = {"evaluators": list(evaluators.parse(list(chosen))), "step": step}
     if suite.num_eval_examples > 0:
         wanted["num_examples"] = suite.num_eval_examples
-    for key, value in overrides.items():
-        if key in s:
-            wanted[key] = list(value) if isinstance(value, (tuple, list)) else value
+    # Each setting the suite gives, where results.json records it (by its path in `eval`).
+    for path, value in config.eval_paths(overrides).items():
+        if eval_files.setting(s, path) is not None:
+            wanted[path] = list(value) if isinstance(value, (tuple, list)) else value
     # Results made under another definition of a law they computed are stale.
     wanted.update(laws.definitions(eval_files.recorded_laws(s)))
-    return all(s.get(k) == v for k, v in wanted.items())
+    return all(eval_files.setting(s, k) == v for k, v in wanted.items())
 
 
 def curve_steps(suite: Suite, run: Run, final_step: int) -> list[int]:

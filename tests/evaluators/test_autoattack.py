@@ -35,7 +35,7 @@ def worst_case_margin(W, b, x, y, eps):
 @pytest.fixture(scope="module")
 def evaluated():
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
-    cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
+    cfg = eval_config(attack={"eps": EPS}, apgd={"steps": 20}, aa={"fab_steps": 20, "square_queries": 300})
     per_image = {}
     results = evaluate(
         cfg, model_fns, state, split, batch_size=8, progress=False, evaluators="aa", per_image_out=per_image
@@ -100,7 +100,7 @@ def test_figures_do_not_depend_on_the_batch(evaluated):
     """Each pass packs the images it attacks into the batch widths of its batch size
     (batches.batch_widths): a batch size of 40 gives every image the same outcome as one of 8."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
-    cfg = eval_config(attack_eps=EPS, apgd_steps=20, aa_fab_steps=20, aa_square_queries=300)
+    cfg = eval_config(attack={"eps": EPS}, apgd={"steps": 20}, aa={"fab_steps": 20, "square_queries": 300})
     per_image = {}
     evaluate(cfg, model_fns, state, split, batch_size=40, progress=False, evaluators="aa", per_image_out=per_image)
     _, _, _, reference = evaluated
@@ -168,7 +168,9 @@ def test_l2_autoattack_reaches_the_exact_l2_robustness_of_a_linear_model():
             l2_distance_to_class(W[:, y] - W[:, j], z[y] - z[j], -x[i], 1 - x[i]) for j in range(10) if j != y
         )
     eps = float(np.median(distance[distance > 0]))
-    cfg = eval_config(attack_norm="l2", attack_eps=eps, apgd_steps=20, aa_fab_steps=30, aa_square_queries=300)
+    cfg = eval_config(
+        attack={"norm": "l2", "eps": eps}, apgd={"steps": 20}, aa={"fab_steps": 30, "square_queries": 300}
+    )
     per_image = {}
     state = types.SimpleNamespace(params=params, batch_stats={}, step=np.int32(1))
     results = evaluate(
@@ -248,7 +250,7 @@ def test_packing_changes_no_per_image_outcome():
     the one it has in a single batch of all images run to the end, while images leave the batch at
     different rounds (some fooled early, some late, some never)."""
     model_fns, state, split = tiny_setup(scale=0.3, num_images=40)
-    cfg = eval_config(attack_eps=EPS, apgd_steps=10, aa_fab_steps=10, aa_square_queries=100)
+    cfg = eval_config(attack={"eps": EPS}, apgd={"steps": 10}, aa={"fab_steps": 10, "square_queries": 100})
     s = config_lib.evaluation_settings(cfg, evaluators="aa", batch_size=4).evaluator_settings
     expected = unpacked(model_fns, state, split.images, split.labels, s)
     clean = np.asarray(model_fns.infer(state.params, {}, cifar.to_float(split.images))).argmax(1) == split.labels

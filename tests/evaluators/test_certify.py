@@ -148,8 +148,7 @@ def networks_torch():
 
 def certify_images(model_fns, state, split, num_images, **settings):
     """patjax's certify evaluator on the first images: its per-image outputs."""
-    overrides = {f"certify_{k}": v for k, v in settings.items()}
-    cfg = eval_config(**overrides)
+    cfg = eval_config(certify=settings)
     s = config_lib.evaluation_settings(cfg, evaluators="certify", num_examples=num_images, batch_size=16)
     per_image = {}
     evaluation.evaluate_state(s, model_fns, state, split, progress=False, per_image_out=per_image)
@@ -301,7 +300,7 @@ def test_a_gaussian_augmentation_run_trains_and_is_certified_beside_pr_from_the_
     assert "cert(0.25) %" in run.stdout and "PR(0.1) %" in run.stdout
     results = json.loads((Path(workdir) / "eval" / "results.json").read_text())
     assert set(results["figures"]["certify"]["certified_accuracy"]) == {"0.0", "0.25"}
-    assert results["settings"]["certify_sigma"] == 0.25 and results["settings"]["certify_samples"] == 64
+    assert results["settings"]["certify"]["sigma"] == 0.25 and results["settings"]["certify"]["samples"] == 64
     per_image = np.load(Path(workdir) / "eval" / "per_image.npz")
     assert per_image["certify.radius"].shape == (16,) and per_image["certify_counts.estimation"].sum() == 16 * 64
     bad = evaluate("--certify_sigma=0", "--overwrite")

@@ -32,7 +32,7 @@ def test_names_aliases_and_order():
 def test_pr_alone_runs_the_clean_pass_for_its_subset_and_reports_it():
     model_fns, state, split = tiny_setup()
     results = evaluate(
-        eval_config(pr_distribution="gaussian", pr_distributions=()),
+        eval_config(pr={"distribution": "gaussian", "distributions": ()}),
         model_fns,
         state,
         split,

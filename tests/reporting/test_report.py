@@ -44,8 +44,8 @@ def test_every_table_names_its_threat_model_and_pr_law():
     step and the PR law with its radii and N; PRBench's radii are named PRBench's protocol, in the
     table, the paired differences and the plot."""
     a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20", "cw20"])
-    a["settings"].update(attack_norm="linf", attack_eps=8 / 255, attack_step_size=2 / 255, attack_steps=20)
-    a["settings"]["pr_epsilons"] = [0.1, 0.12, 0.15, 0.2]
+    a["settings"]["attack"] = {"norm": "linf", "eps": 8 / 255, "step_size": 2 / 255, "steps": 20}
+    a["settings"]["pr"]["epsilons"] = [0.1, 0.12, 0.15, 0.2]
     lines = report.comparison(["A"], [a]).splitlines()
     assert lines[1] == "Attacks: L∞, ε = 8/255 = 0.0314; PGD and CW 20 steps of 2/255, APGD and AutoAttack their own."
     assert lines[2] == "PR: uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image."
@@ -55,7 +55,8 @@ def test_every_table_names_its_threat_model_and_pr_law():
         "PGD (L∞, ε = 8/255) %",
         "CW (L∞, ε = 8/255) %",
     ]
-    a["settings"].update(attack_norm="l2", attack_eps=0.5, attack_step_size=0.125, pr_epsilons=[0.03, 0.08, 0.1, 0.12])
+    a["settings"]["attack"].update(norm="l2", eps=0.5, step_size=0.125)
+    a["settings"]["pr"]["epsilons"] = [0.03, 0.08, 0.1, 0.12]
     lines = report.comparison(["A"], [a]).splitlines()
     assert lines[1] == "Attacks: L2, ε = 0.5; PGD and CW 20 steps of 0.125, APGD and AutoAttack their own."
     assert lines[2] == "PR: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."

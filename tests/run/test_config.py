@@ -241,11 +241,11 @@ def test_every_committed_config_reads_with_each_eval_setting_in_its_block(path):
 
 
 def test_a_model_no_run_trained_is_evaluated_with_the_default_configs_settings_without_building_one(monkeypatch):
-    """The settings of a PyTorch file or an API call: by path, nested or flat, with a value other than
+    """The settings of a PyTorch file or an API call: by path or nested, with a value other than
     the default in every block, what the default config's eval block gives on that dataset (p_dis's c1
     and the entropic lambda resolved alike), with no training config built."""
     overrides = {"seed": 3, "attack.norm": "l2", "cw": {"kappa": 1.0}, "apgd.steps": 7, "aa.fab_steps": 9}
-    overrides.update({"pr.epsilons": (0.05,), "pr_samples": 7, "certify.sigma": 0.5, "data_dir": "/tmp"})
+    overrides.update({"pr.epsilons": (0.05,), "pr.samples": 7, "certify.sigma": 0.5, "data_dir": "/tmp"})
     cfg = config_lib.default_config()
     cfg.dataset = "cifar100"
     expected = config_lib.evaluation_settings(cfg, overrides, batch_size=7)
@@ -254,20 +254,30 @@ def test_a_model_no_run_trained_is_evaluated_with_the_default_configs_settings_w
     assert config_lib.default_evaluation_settings("cifar100", overrides, batch_size=7) == expected
 
 
-def test_an_evaluation_records_its_settings_under_the_names_committed_results_have():
-    """results.json's "settings" keep version 1's flat names, so that a new evaluation is compared
-    with a committed one field by field (`eval_files.check_comparable`)."""
-    from patjax.run import evaluation
+def test_an_evaluation_records_its_settings_in_the_shape_committed_results_read_as():
+    """results.json's "settings" nest each evaluator setting in its block of `eval`; a committed one,
+    written with flat names, reads in that shape (`eval_files.nested_settings`), so that a new
+    evaluation is compared with it setting by setting (`eval_files.check_comparable`)."""
+    from patjax.run import eval_files, evaluation
 
-    committed = json.loads((COMMITTED.parent / "eval" / "results.json").read_text())["settings"]
+    flat = json.loads((COMMITTED.parent / "eval" / "results.json").read_text())["settings"]
+    committed = eval_files.nested_settings(flat)
     settings = config_lib.evaluation_settings(workdir_lib.load_config(str(COMMITTED.parent)))
     record = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
-    # The settings recorded since: the threat model's norm and the certify evaluator's.
-    certify_names = {f"certify_{f}" for f in ("sigma", "radii", "selection_samples", "samples", "alpha", "chunk_size")}
-    assert set(record) == set(committed) | {"attack_norm"} | certify_names
-    assert {k: record[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")} == {
-        k: committed[k] for k in ("pr_samples", "pr_epsilons", "seed", "pdis_c1", "cw_kappa")
-    }
+    # The settings recorded since: the certify evaluator's block.
+    assert set(record) == set(committed) | {"certify"}
+    for block in committed:
+        if isinstance(committed[block], dict):
+            assert set(record[block]) == set(committed[block]), block
+    # Written out by hand from the committed file's flat names.
+    pairs = [("pr_samples", ("pr", "samples")), ("pr_epsilons", ("pr", "epsilons")), ("seed", ("seed",))]
+    pairs += [("pdis_c1", ("pr", "pdis_c1")), ("cw_kappa", ("cw", "kappa")), ("attack_eps", ("attack", "eps"))]
+    for name, path in pairs:
+        value = record
+        for part in path:
+            value = value[part]
+        assert value == flat[name], name
+    eval_files.check_comparable(committed, record, "committed", "new")
 
 
 def test_a_config_of_an_unknown_version_is_refused(tmp_path):

@@ -5,7 +5,9 @@ eval/ folder reads as before."""
 
 import dataclasses
 import os
+import re
 import shutil
+import subprocess
 
 import pytest
 from helpers import eval_config, tiny_setup
@@ -13,12 +15,13 @@ from helpers import eval_config, tiny_setup
 from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.pat import laws
 from patjax.run import checkpoints, comparison, eval_files, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 
-L2 = {"attack_norm": "l2", "attack_eps": 0.5, "attack_step_size": 0.125}
-PRBENCH = {"pr_epsilons": (0.03, 0.08, 0.1, 0.12), "pr_distributions": ("uniform",)}
+L2 = {"attack.norm": "l2", "attack.eps": 0.5, "attack.step_size": 0.125}
+PRBENCH = {"pr.epsilons": (0.03, 0.08, 0.1, 0.12), "pr.distributions": ("uniform",)}
 
 
 @pytest.fixture
@@ -27,7 +30,7 @@ def workdir(tmp_path, monkeypatch):
     with every call of the evaluators counted."""
     model_fns, state, split = tiny_setup()
     workdir = str(tmp_path / "run")
-    workdir_lib.save_config(eval_config(pr_distributions=()).to_dict(), workdir)
+    workdir_lib.save_config(eval_config(pr={"distributions": ()}).to_dict(), workdir)
     monkeypatch.setattr(checkpoints, "latest_step", lambda w: 3)
     monkeypatch.setattr(workdir_lib, "restore", lambda w, step=None: (workdir_lib.load_settings(w), model_fns, state))
     monkeypatch.setattr(cifar, "load_split", lambda *a: split)
@@ -59,8 +62,13 @@ def test_three_threat_models_are_kept_side_by_side_and_each_is_reused(workdir):
     assert len(calls) == 3
     for k in (first, l2, prbench):
         assert eval_files.load_results(workdir, name=k.name)[0]["eval_name"] == k.name
-    assert eval_files.load_results(workdir, name=l2.name)[0]["settings"]["attack_norm"] == "l2"
-    assert eval_files.load_results(workdir, name=prbench.name)[0]["settings"]["pr_epsilons"] == [0.03, 0.08, 0.1, 0.12]
+    assert eval_files.load_results(workdir, name=l2.name)[0]["settings"]["attack"]["norm"] == "l2"
+    assert eval_files.load_results(workdir, name=prbench.name)[0]["settings"]["pr"]["epsilons"] == [
+        0.03,
+        0.08,
+        0.1,
+        0.12,
+    ]
     before = {k.name: folder_bytes(k.folder) for k in (first, l2, prbench)}
     # The same settings again, or fewer evaluators, or another batch size: the saved one, not evaluated again.
     again = [keep(workdir, L2), keep(workdir, PRBENCH, batch_size=2), keep(workdir)]
@@ -171,12 +179,15 @@ def test_two_evaluations_differing_in_any_one_setting_are_not_compared(block, fi
     each block in turn, the entropic lambda included) is refused beside it, but for the settings
     that change no figure."""
     record = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10"), 10, 0)
-    name = {where: flat for flat, where in evaluators.flat_names().items()}[(block, field)]
-    other = {**record, name: {"changed": record[name]}}
+    name = f"{block}.{field}" if block else field
+    if block:
+        other = {**record, block: {**record[block], field: ["changed", record[block][field]]}}
+    else:
+        other = {**record, field: ["changed", record[field]]}
     if (block, field) in NOT_COMPARED:
         eval_files.check_comparable(record, other, "a", "b")
     else:
-        with pytest.raises(UserError, match=rf"\({name}\): not comparable"):
+        with pytest.raises(UserError, match=rf"\({re.escape(name)}\): not comparable"):
             eval_files.check_comparable(record, other, "a", "b")
 
 
@@ -186,3 +197,37 @@ def test_two_evaluations_of_other_images_are_not_compared_but_of_other_batches_a
         with pytest.raises(UserError, match=rf"\({key}\): not comparable"):
             eval_files.check_comparable(record, {**record, key: "other"}, "a", "b")
     eval_files.check_comparable(record, {**record, "batch_size": 3, "devices": 4, "step": 9}, "a", "b")
+
+
+# What results.json's "settings" holds beside the evaluator settings: the evaluation's own record
+# fields and each PR law's definition (`evaluation.settings_record`).
+RECORD_FIELDS = {"evaluators", "num_examples", "batch_size", "num_clean_correct", "dataset", "split", "devices", "step"}
+
+
+def test_every_committed_results_json_reads_in_the_nested_shape_with_known_settings():
+    """Every evaluation's results.json in the repository (written with flat names or nested), read
+    through the one reader, has each evaluator setting in its block of `eval` under a field of that
+    block's settings class (p_dis's sigma beside PR's), and nothing else but the shared settings,
+    the record's fields and the laws' definitions at the top."""
+    listed = subprocess.run(["git", "ls-files", "*results.json"], capture_output=True, text=True, check=True)
+    paths = listed.stdout.split()
+    blocks = {b: {f.name for f in dataclasses.fields(cls)} for b, cls in evaluators.blocks().items()}
+    blocks["pr"].add("pdis_sigma")
+    top = RECORD_FIELDS | {f.name for f in dataclasses.fields(evaluators.common.SharedSettings)} | set(laws.REGISTRY)
+    read = 0
+    for path in paths:
+        results = eval_files.read_results_file(path)
+        if "settings" not in results:  # a suite's report (results.md's figures), not an evaluation
+            assert "groups" in results, path
+            continue
+        settings = results["settings"]
+        assert not any(k in config_lib.FLAT_NAMES for k in settings), path
+        for key, value in settings.items():
+            if isinstance(value, dict):
+                assert key in blocks and set(value) <= blocks[key], (path, key, set(value) - blocks.get(key, set()))
+            else:
+                assert key in top, (path, key)
+        assert settings["attack"]["norm"] in ("linf", "l2"), path
+        assert settings["pr"]["samples"] >= 1 and isinstance(settings["pr"]["epsilons"], list), path
+        read += 1
+    assert read >= 100  # the committed suites' runs and their curve points

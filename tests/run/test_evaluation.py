@@ -53,7 +53,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
     for batch_size, chunk in ((4, 4), (3, 5)):
         per_image = {}
         results = evaluate(
-            eval_config(pr_chunk_size=chunk),
+            eval_config(pr={"chunk_size": chunk}),
             model_fns,
             state,
             split,
@@ -93,7 +93,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
                 <= f["lower_bound_positive_part"]["value"] + 2e-9
                 <= f["all"]["value"] + 3e-9
             ), (d, eps)
-    assert a["settings"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
+    assert a["settings"]["pr"]["entropic_lambda"] == pytest.approx(0.42 - 0.001)
     assert set(a["evaluator_wall_time_s"]) == {
         "clean",
         "pgd20",
@@ -110,7 +110,7 @@ def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example(
     model_fns, state, split = tiny_setup()
     per_image = {}
     results = evaluate(
-        eval_config(pr_distributions=("gaussian",)),
+        eval_config(pr={"distributions": ("gaussian",)}),
         model_fns,
         state,
         split,
@@ -133,7 +133,7 @@ def write_eval(workdir, scale, model_seed=0):
     model_fns, state, split = tiny_setup(scale, num_images=12, model_seed=model_seed)
     per_image = {}
     results = evaluate(
-        eval_config(pr_distributions=("gaussian",)),
+        eval_config(pr={"distributions": ("gaussian",)}),
         model_fns,
         state,
         split,
@@ -205,7 +205,7 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
 
 
 def test_paired_evaluations_share_one_resampling_of_their_images():
-    s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr_samples": 6}
+    s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr": {"samples": 6}}
     indices, confidence = comparison.pairing([s, dict(s)], ["a", "b"])
     assert confidence == 0.9
     # The documented draw: numpy's default generator seeded with the evaluation seed, images with
@@ -222,12 +222,14 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
     binomtest, certified accuracy as Cohen et al.'s analyze.py counts it."""
     sigma, n0, n, alpha, seed, radii = 0.1, 5, 40, 0.05, 2, (0.0, 0.05, 0.1)
     cfg = eval_config(
-        certify_sigma=sigma,
-        certify_selection_samples=n0,
-        certify_samples=n,
-        certify_alpha=alpha,
-        certify_radii=radii,
-        certify_chunk_size=7,
+        certify={
+            "sigma": sigma,
+            "selection_samples": n0,
+            "samples": n,
+            "alpha": alpha,
+            "radii": radii,
+            "chunk_size": 7,
+        },
         seed=seed,
     )
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
@@ -271,7 +273,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
         assert fig["value"] == pytest.approx(hits.mean()) and fig["n"] == 7
         np.testing.assert_allclose(fig["interval"], [ci.low, ci.high], rtol=1e-7, atol=1e-12)
     assert figures["abstained"]["value"] == pytest.approx(np.mean(cls == -1))
-    assert returned["settings"]["certify_samples"] == n and returned["settings"]["certify_radii"] == list(radii)
+    assert returned["settings"]["certify"]["samples"] == n and returned["settings"]["certify"]["radii"] == list(radii)
     eval_files.check_results(returned, "results.json", "re-run")
     assert {"certify.class", "certify.radius"} <= set(eval_files.per_image_arrays(returned["settings"]))
     # The comparison lays the radii out beside the other figures.
@@ -282,7 +284,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
     model_fns, state, split = tiny_setup(0.3)
     other = {}
     evaluate(
-        config_lib.with_eval_overrides(cfg, {"certify_chunk_size": 45}),
+        config_lib.with_eval_overrides(cfg, {"certify.chunk_size": 45}),
         model_fns,
         state,
         split,
@@ -296,11 +298,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
 
 def test_certified_accuracy_differences_are_paired_over_the_same_images_and_noise():
     cfg = eval_config(
-        certify_sigma=0.1,
-        certify_selection_samples=5,
-        certify_samples=40,
-        certify_alpha=0.05,
-        certify_radii=(0.0, 0.05),
+        certify={"sigma": 0.1, "selection_samples": 5, "samples": 40, "alpha": 0.05, "radii": (0.0, 0.05)}
     )
     results, per_images = [], []
     for model_seed, batch_size in ((0, 4), (1, 4), (0, 3)):  # the third: the first model again
@@ -325,8 +323,9 @@ def test_certified_accuracy_differences_are_paired_over_the_same_images_and_nois
     assert any(np.any(h[1] != h[0]) for h in zip(*hits[:2]))  # the two models differ somewhere
     assert "dcert(0.05) pp" in report.certified_difference_lines(diffs)[1]
     # Certified under other settings, the runs are not compared at all: their certificates are other figures.
-    other = {**results[1], "settings": {**results[1]["settings"], "certify_samples": 41}}
-    with pytest.raises(UserError, match=r"\(certify_samples\): not comparable"):
+    settings = results[1]["settings"]
+    other = {**results[1], "settings": {**settings, "certify": {**settings["certify"], "samples": 41}}}
+    with pytest.raises(UserError, match=r"\(certify.samples\): not comparable"):
         comparison.paired_differences(["a", "b"], [results[0], other], per_images)
 
 
@@ -370,7 +369,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
     lam, conf, resamples, seed = 0.5, 0.9, 300, 4
     # The defaults' headline PR is the Table-1 protocol: uniform noise, clean-correct images.
     cfg = eval_config(
-        pr_distributions=(), entropic_lambda=lam, confidence=conf, bootstrap_resamples=resamples, seed=seed
+        pr={"distributions": (), "entropic_lambda": lam}, confidence=conf, bootstrap_resamples=resamples, seed=seed
     )
     workdir, state, split = fake_workdir(tmp_path, monkeypatch, cfg)
     returned = evaluation.evaluate_workdir(workdir, num_examples=7, batch_size=4, progress=False, evaluators="clean,pr")
@@ -407,7 +406,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
         )
     # Identity of the evaluation, stored beside the outcomes.
     assert int(z["meta.step"]) == 3 and int(z["meta.seed"]) == seed and int(z["meta.num_examples"]) == n
-    assert int(z["meta.pr_samples"]) == N and list(z["meta.pr_epsilons"]) == epsilons
+    assert int(z["meta.pr.samples"]) == N and list(z["meta.pr.epsilons"]) == epsilons
 
     # results.json from the npz, with numpy only.
     assert saved["clean_accuracy"] == pytest.approx(correct.mean())
@@ -449,7 +448,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
-    assert saved["settings"]["pr_distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
+    assert saved["settings"]["pr"]["distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
     text = comparison.compare([workdir], str(tmp_path / "plot.png"))
     assert "[90 % intervals]" in text and "PR: Table-1 protocol" in text
 
@@ -475,7 +474,7 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
 
 @pytest.mark.slow
 def test_a_kill_between_the_two_writes_is_caught_when_comparing(tmp_path, monkeypatch):
-    cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    cfg = eval_config(pr={"distributions": ("gaussian",)}, bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     results_path = os.path.join(workdir, "eval", "results.json")
@@ -557,8 +556,8 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
     cases = [
         ({"overrides": {"seed": -1}}, "eval.seed must be an integer in [0, 4294967295], got -1"),
         ({"overrides": {"seed": 2**32}}, "eval.seed must be an integer in [0, 4294967295]"),
-        ({"overrides": {"pr_samples": 0}}, "eval.pr.samples must be an integer in [1, 1000000], got 0"),
-        ({"overrides": {"pr_chunk_size": -2}}, "eval.pr.chunk_size must be an integer in [1, 10000]"),
+        ({"overrides": {"pr.samples": 0}}, "eval.pr.samples must be an integer in [1, 1000000], got 0"),
+        ({"overrides": {"pr.chunk_size": -2}}, "eval.pr.chunk_size must be an integer in [1, 10000]"),
         ({"batch_size": 0}, "eval.batch_size must be an integer in [1, 10000], got 0"),
         ({"num_examples": 2.5}, "eval.num_examples must be an integer in [1, 1000000], or -1 (the whole test split)"),
         (
@@ -567,11 +566,11 @@ def test_bad_numeric_settings_fail_before_anything_is_restored_or_evaluated(tmp_
         ),
         ({"num_examples": -2}, "eval.num_examples must be an integer in [1, 1000000], or -1"),
         ({"overrides": {"confidence": 1.0}}, "eval.confidence must be in (0, 1)"),
-        ({"overrides": {"certify_sigma": 0.0}}, "eval.certify.sigma must be > 0, got 0.0"),
-        ({"overrides": {"certify_alpha": 1.0}}, "eval.certify.alpha must lie in (0, 1), got 1.0"),
-        ({"overrides": {"certify_selection_samples": 0}}, "eval.certify.selection_samples must be an integer in"),
-        ({"overrides": {"certify_samples": 0}}, "eval.certify.samples must be an integer in"),
-        ({"overrides": {"certify_radii": (0.5, -1.0)}}, "eval.certify.radii must be non-empty, finite and >= 0"),
+        ({"overrides": {"certify.sigma": 0.0}}, "eval.certify.sigma must be > 0, got 0.0"),
+        ({"overrides": {"certify.alpha": 1.0}}, "eval.certify.alpha must lie in (0, 1), got 1.0"),
+        ({"overrides": {"certify.selection_samples": 0}}, "eval.certify.selection_samples must be an integer in"),
+        ({"overrides": {"certify.samples": 0}}, "eval.certify.samples must be an integer in"),
+        ({"overrides": {"certify.radii": (0.5, -1.0)}}, "eval.certify.radii must be non-empty, finite and >= 0"),
     ]
     for kwargs, message in cases:
         with pytest.raises(UserError) as error:
@@ -589,12 +588,12 @@ def test_prob_acc_is_strict_at_the_threshold():
     s = config_lib.default_evaluation_settings(
         "cifar10",
         {
-            "pr_samples": 100,
-            "entropic_lambda": 0.5,
+            "pr.samples": 100,
+            "pr.entropic_lambda": 0.5,
             "confidence": 0.95,
             "bootstrap_resamples": 100,
             "seed": 0,
-            "prob_acc_q": (0.2, 0.1, 0.05, 0.01),
+            "pr.prob_acc_q": (0.2, 0.1, 0.05, 0.01),
         },
     ).evaluator_settings
     figs = evaluators.pr.level_figures(
@@ -613,7 +612,7 @@ def eval_files_bytes(eval_dir):
 def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_stays_byte_identical(
     tmp_path, monkeypatch
 ):
-    cfg = eval_config(pr_distributions=("gaussian",), bootstrap_resamples=100)
+    cfg = eval_config(pr={"distributions": ("gaussian",)}, bootstrap_resamples=100)
     workdir, _, _ = fake_workdir(tmp_path, monkeypatch, cfg)
     evaluation.evaluate_workdir(workdir, num_examples=5, batch_size=5, progress=False, evaluators="clean,pr")
     comparison.compare([workdir], None)  # draws eval/pr_vs_eps.png
@@ -625,7 +624,7 @@ def test_an_evaluation_made_otherwise_is_refused_unless_overwrite_and_the_first_
     refused = [
         ({"num_examples": 6, "evaluators": "clean,pr"}, "num_examples 5 there, 6 now"),
         ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"seed": 1}}, "seed 0 there, 1 now"),
-        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr_samples": 7}}, "pr_samples 6 there, 7 now"),
+        ({"num_examples": 5, "evaluators": "clean,pr", "overrides": {"pr.samples": 7}}, "pr.samples 6 there, 7 now"),
         ({"num_examples": 5, "evaluators": "clean"}, "evaluators clean,pr there, clean now, dropping pr"),
     ]
     for kwargs, message in refused:
@@ -694,16 +693,16 @@ def test_the_pr_presets_are_the_papers_and_prbenchs_settings():
     law, the default config's headline) and PRBench's evaluate.py (radius = [round(8/255, 2),
     0.08, 0.1, 0.12], uniform, 100 samples, and no other law)."""
     assert evaluators.pr.PRESETS["prbench"] == {
-        "pr_distribution": "uniform",
-        "pr_distributions": ("uniform",),
-        "pr_epsilons": (0.03, 0.08, 0.1, 0.12),
-        "pr_samples": 100,
+        "pr.distribution": "uniform",
+        "pr.distributions": ("uniform",),
+        "pr.epsilons": (0.03, 0.08, 0.1, 0.12),
+        "pr.samples": 100,
     }
     default = config_lib.default_config().eval.pr
     assert evaluators.pr.PRESETS["table1"] == {
-        "pr_distribution": default.distribution,
-        "pr_epsilons": tuple(default.epsilons),
-        "pr_samples": default.samples,
+        "pr.distribution": default.distribution,
+        "pr.epsilons": tuple(default.epsilons),
+        "pr.samples": default.samples,
     }
 
 
@@ -711,10 +710,10 @@ def test_the_l2_preset_is_the_l2_law_alone_at_l2_radii():
     """Written out by hand: uniform_l2 the headline and the only law (the L-inf laws at L2 radii
     would be other figures under the same name), N = 100, radii from AutoAttack's 0.5 to 8."""
     assert evaluators.pr.PRESETS["l2"] == {
-        "pr_distribution": "uniform_l2",
-        "pr_distributions": ("uniform_l2",),
-        "pr_epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
-        "pr_samples": 100,
+        "pr.distribution": "uniform_l2",
+        "pr.distributions": ("uniform_l2",),
+        "pr.epsilons": (0.5, 1.0, 2.0, 4.0, 8.0),
+        "pr.samples": 100,
     }
 
 
@@ -724,12 +723,13 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
     committed = json.loads(
         (REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0/eval/results.json").read_text()
     )["settings"]
+    committed = eval_files.nested_settings(committed)  # written with flat names
     assert "uniform_l2" not in committed
     laws = ["uniform", "gaussian", "pdis", "uniform_l2"]
-    settings = config_lib.default_evaluation_settings("cifar10", {"pr_distributions": tuple(laws)})
+    settings = config_lib.default_evaluation_settings("cifar10", {"pr.distributions": tuple(laws)})
     new = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
     assert [k for k in new if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform", "uniform_l2"]
-    new = {**committed, "pr_distributions": laws, "uniform_l2": new["uniform_l2"]}
+    new = {**committed, "pr": {**committed["pr"], "distributions": laws}, "uniform_l2": new["uniform_l2"]}
     eval_files.check_comparable(committed, new, "committed", "new")
     eval_files.check_comparable(new, committed, "new", "committed")
     with pytest.raises(UserError, match=r"\(uniform\): not comparable"):
@@ -765,8 +765,8 @@ def test_the_command_line_takes_the_l2_preset_and_its_radii_from_a_flag(tmp_path
     assert run.returncode == 0, run.stderr
     results = json.load(open(tmp_path / "r18" / "eval" / "results.json"))
     settings = results["settings"]
-    assert (settings["pr_distribution"], settings["pr_distributions"]) == ("uniform_l2", ["uniform_l2"])
-    assert settings["pr_epsilons"] == [1.0, 3.0]  # the flag beside the preset wins
+    assert (settings["pr"]["distribution"], settings["pr"]["distributions"]) == ("uniform_l2", ["uniform_l2"])
+    assert settings["pr"]["epsilons"] == [1.0, 3.0]  # the flag beside the preset wins
     assert set(results["pr"]) == {"1.0", "3.0"} and set(results["figures"]["pr"]) == {"uniform_l2"}
     assert settings["uniform_l2"] == pr_laws.get("uniform_l2").definition and "uniform" not in settings
     bad = evaluate_with("--pr_epsilons=0.1,big")
@@ -797,10 +797,10 @@ def test_the_command_line_takes_the_prbench_preset_and_an_l2_threat_model(tmp_pa
     assert run.returncode == 0, run.stderr
     results = json.load(open(tmp_path / "r18" / "eval" / "results.json"))
     settings = results["settings"]
-    assert (settings["pr_epsilons"], settings["pr_distribution"]) == ([0.03, 0.08, 0.1, 0.12], "uniform")
-    assert settings["pr_samples"] == 4  # the flag beside the preset wins
+    assert (settings["pr"]["epsilons"], settings["pr"]["distribution"]) == ([0.03, 0.08, 0.1, 0.12], "uniform")
+    assert settings["pr"]["samples"] == 4  # the flag beside the preset wins
     assert set(results["pr"]) == {"0.03", "0.08", "0.1", "0.12"}
-    assert (settings["attack_norm"], settings["attack_eps"], settings["attack_step_size"]) == ("l2", 0.5, 0.125)
+    assert settings["attack"] == {"eps": 0.5, "step_size": 0.125, "steps": 20, "norm": "l2"}
     assert results["figures"]["pgd20"]["settings"]["norm"] == "l2"
 
 
@@ -828,9 +828,7 @@ def test_pgd_l2_and_apgd_l2_find_the_closed_form_attack_of_a_linear_model():
         labels,
         evaluators="clean,pgd20,cw20,apgd_ce",
         batch_size=16,
-        attack_norm="l2",
-        attack_eps=eps,
-        attack_step_size=eps / 4,
+        attack={"norm": "l2", "eps": eps, "step_size": eps / 4},
     )
     x = (images / 255.0).reshape(len(images), -1)
     z = x @ kernel + bias
@@ -842,20 +840,22 @@ def test_pgd_l2_and_apgd_l2_find_the_closed_form_attack_of_a_linear_model():
     for name in ("pgd20", "cw20", "apgd_ce"):
         np.testing.assert_array_equal(results["per_image"][f"{name}.robust"][clear], robust[clear])
         assert results["figures"][name]["settings"]["norm"] == "l2"
-    assert results["settings"]["attack_norm"] == "l2" and results["settings"]["attack_eps"] == eps
+    assert results["settings"]["attack"]["norm"] == "l2" and results["settings"]["attack"]["eps"] == eps
 
 
 def test_an_unknown_threat_model_is_refused():
     with pytest.raises(UserError, match="eval.attack.norm must be one of linf, l2, got 'l1'"):
-        config_lib.default_evaluation_settings("cifar10", {"attack_norm": "l1"})
+        config_lib.default_evaluation_settings("cifar10", {"attack.norm": "l1"})
 
 
 def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_was(tmp_path):
-    """A results.json written before the norm was recorded was L-inf (`IMPLICIT_BEFORE_RECORDED`)."""
-    previous = {"settings": {"attack_eps": 0.5, "seed": 0}}
-    assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "linf"}) == []
-    assert eval_files.lost_settings(previous["settings"], {"attack_eps": 0.5, "attack_norm": "l2"}) == [
-        "attack_norm 'linf' there, 'l2' now"
+    """A results.json written before the norm was recorded was L-inf (`IMPLICIT_BEFORE_RECORDED`),
+    as its reader says."""
+    previous = eval_files.nested_settings({"attack_eps": 0.5, "seed": 0})
+    assert previous == {"attack": {"eps": 0.5, "norm": "linf"}, "seed": 0}
+    assert eval_files.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "linf"}}) == []
+    assert eval_files.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "l2"}}) == [
+        "attack.norm 'linf' there, 'l2' now"
     ]
 
 
@@ -885,7 +885,7 @@ def test_a_long_evaluation_says_what_runs_its_estimate_and_the_time_left_and_its
     estimate from a timed batch of each pass, one per pass with the time left; the timed batches
     change no figure. Fewer batches: nothing printed but the bars."""
     model_fns, state, split = tiny_setup(num_images=8)
-    cfg = eval_config(pr_distributions=())
+    cfg = eval_config(pr={"distributions": ()})
     quiet = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=False)
     assert capsys.readouterr().out == ""
     said = evaluate(cfg, model_fns, state, split, evaluators="clean,pgd20,pr", batch_size=1, progress=True)

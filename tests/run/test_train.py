@@ -63,7 +63,7 @@ def test_quickstart_on_mock_tfds_trains_checkpoints_resumes_and_evaluates(tmp_pa
     assert saved == json.loads(json.dumps(results))
     assert 0.0 <= saved["clean_accuracy"] <= 1.0
     assert set(saved["pr"]) == {"0.1", "0.12", "0.15", "0.2"}
-    assert saved["settings"]["pr_samples"] == 4 and saved["settings"]["num_examples"] == 16
+    assert saved["settings"]["pr"]["samples"] == 4 and saved["settings"]["num_examples"] == 16
 
 
 @pytest.mark.slow

@@ -65,12 +65,12 @@ def tiny_suite(data_dir, seeds=(0, 1)):
         eval_batch_size=16,
         evaluators=("clean", "pgd20", "pr"),
         eval_overrides={
-            "pr_distribution": "gaussian",
-            "pr_distributions": ("gaussian",),
+            "pr.distribution": "gaussian",
+            "pr.distributions": ("gaussian",),
             "seed": 0,
-            "pr_samples": 6,
-            "pr_chunk_size": 3,
-            "attack_steps": 2,
+            "pr.samples": 6,
+            "pr.chunk_size": 3,
+            "attack.steps": 2,
             "bootstrap_resamples": 200,
         },
     )
@@ -243,13 +243,13 @@ def test_the_gpu_table1_suite_is_resnet18_pgd10_against_pat_for_30_epochs_on_the
         assert (5 * 195) % run.config.checkpoint_every_steps == 0 and run.config.max_checkpoints_to_keep >= 6
     assert suite.num_eval_examples == 10_000 and suite.keep_models
     assert list(suite.evaluators) == ["clean", "pgd20", "cw20", "pr"]
-    assert suite.pr_distribution == "uniform" and set(suite.eval_overrides["pr_distributions"]) == {
+    assert suite.pr_distribution == "uniform" and set(suite.eval_overrides["pr.distributions"]) == {
         "uniform",
         "gaussian",
         "pdis",
     }
-    assert suite.eval_overrides["cw_kappa"] == 2.0 and set(suite.curve_methods) == {"pgd", "pat"}
-    assert list(suite.curve_evaluators) == ["clean", "pr"] and suite.curve_eval_overrides["pr_distributions"] == (
+    assert suite.eval_overrides["cw.kappa"] == 2.0 and set(suite.curve_methods) == {"pgd", "pat"}
+    assert list(suite.curve_evaluators) == ["clean", "pr"] and suite.curve_eval_overrides["pr.distributions"] == (
         "uniform",
     )
     assert list(suite.matched) == [(("cifar10_resnet18", "pat"), ("cifar10_resnet18", "pgd"))]
@@ -602,21 +602,16 @@ def test_static_partition_flags_slurm_and_bad_values():
     assert not os.path.exists("/nonexistent/suite")
 
 
-def _synthetic_settings(n, samples, **extra):
+def _synthetic_settings(n, samples, pr=None, **extra):
     """An evaluation's settings for synthetic outcomes: n images, N = samples, Gaussian headline law."""
     return {
         "num_examples": n,
-        "pr_samples": samples,
         "seed": 0,
-        "pr_epsilons": [0.1, 0.2],
         "dataset": "cifar10",
-        "pdis_c1": 0.1,
         "confidence": 0.95,
-        "pr_distribution": "gaussian",
-        "attack_eps": 8 / 255,
-        "attack_step_size": 2 / 255,
-        "attack_steps": 20,
-        "cw_kappa": 0.0,
+        "pr": {"samples": samples, "epsilons": [0.1, 0.2], "pdis_c1": 0.1, "distribution": "gaussian", **(pr or {})},
+        "attack": {"eps": 8 / 255, "step_size": 2 / 255, "steps": 20, "norm": "linf"},
+        "cw": {"kappa": 0.0},
         **extra,
     }
 
@@ -732,7 +727,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     # evaluation; every cell of results.md's curve table is a hand formula of those outcomes.
     n, samples = 50, 10
     settings = _synthetic_settings(
-        n, samples, bootstrap_resamples=200, pr_distributions=["gaussian"], evaluators=["clean", "pgd20", "pr"]
+        n, samples, pr={"distributions": ["gaussian"]}, bootstrap_resamples=200, evaluators=["clean", "pgd20", "pr"]
     )
     rng = np.random.default_rng(1)
     cfg = cpu_suites.smoke_cpu_suite(None).groups[0].base_config
@@ -743,7 +738,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
         num_eval_examples=n,
         eval_batch_size=n,
         evaluators=("clean", "pgd20", "pr"),
-        eval_overrides={"pr_distribution": "gaussian"},
+        eval_overrides={"pr.distribution": "gaussian"},
         curve_every_steps=1,
         curve_evaluators=("clean", "pgd20", "pr"),
         matched=((("main", "pat"), ("main", "pgd")),),
@@ -786,7 +781,7 @@ def test_learning_curves_report_clean_pgd20_and_pr_at_every_point_from_hand_coun
     for run in suites.plan(suite):
         directory = run_outcomes.run_dir(workdir, run)
         results, per_image = eval_files.load_results(directory, 1)
-        results["settings"]["attack_steps"] = 10
+        results["settings"]["attack"]["steps"] = 10
         eval_files.write_results(directory, results, {k: v for k, v in per_image.items() if "meta." not in k}, step=1)
     md = results_md.markdown(aggregate.build(suite, workdir, outcomes, []))
     table = md.split("### Learning curves (clean accuracy and PR over clean-correct images)")[1]

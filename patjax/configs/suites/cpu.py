@@ -39,7 +39,7 @@ def _cpu_config(
     pr: dict,
 ) -> ml_collections.ConfigDict:
     """The base config of the CPU suites: real CIFAR-10, the small CNN, lr 0.05 with the paper's
-    MultiStepLR shape, PR with the suite's laws (`pr`: eval settings by their flat names, `evaluators.flat_names`)."""
+    MultiStepLR shape, PR with the suite's laws (`pr`: eval settings by their paths, pr.distributions)."""
     cfg = config_lib.default_config()
     cfg.dataset = "cifar10"
     cfg.data_dir = data_dir
@@ -99,11 +99,11 @@ SMOKE_TRAIN_STEPS = 4
 SMOKE_BATCH_SIZE = 32
 SMOKE_EVAL_EXAMPLES = 16
 SMOKE_EVAL = {
-    "pr_distributions": ("uniform",),
+    "pr.distributions": ("uniform",),
     "seed": 0,
-    "pr_samples": 4,
-    "pr_chunk_size": 4,
-    "attack_steps": 2,
+    "pr.samples": 4,
+    "pr.chunk_size": 4,
+    "attack.steps": 2,
     "bootstrap_resamples": 200,
 }
 
@@ -119,7 +119,7 @@ def smoke_cpu_suite(data_dir: Optional[str]) -> Suite:
         langevin_steps=2,
         eval_examples=SMOKE_EVAL_EXAMPLES,
         eval_batch_size=500,
-        pr={"pr_distributions": ("uniform",)},
+        pr={"pr.distributions": ("uniform",)},
     )
     cfg.attack.steps = 2
     cfg.checkpoint_every_steps = 2

@@ -8,14 +8,14 @@ from __future__ import annotations
 # The Table-1 protocol (evaluation.PROTOCOL): its law first, the others beside it; CW-20 with
 # the AT-PR evaluation's margin.
 TABLE1_PR_DISTRIBUTIONS = ("uniform", "gaussian", "pdis")
-TABLE1_EVAL = {"pr_distribution": "uniform", "pr_distributions": TABLE1_PR_DISTRIBUTIONS, "cw_kappa": 2.0}
+TABLE1_EVAL = {"pr.distribution": "uniform", "pr.distributions": TABLE1_PR_DISTRIBUTIONS, "cw.kappa": 2.0}
 # A suite's evaluations under it (every run on the same noise: seed 0), and its learning curves'
 # (the headline law alone).
 TABLE1_SUITE_EVAL = {**TABLE1_EVAL, "seed": 0}
-TABLE1_CURVE_EVAL = {**TABLE1_EVAL, "pr_distributions": ("uniform",), "seed": 0}
+TABLE1_CURVE_EVAL = {**TABLE1_EVAL, "pr.distributions": ("uniform",), "seed": 0}
 # stationary_cpu and ablation_cpu are evaluated with Gaussian noise only and CW's kappa = 50, the
 # settings their committed evaluations hold, so that the runner does not find those stale and redo them.
-GAUSSIAN_ONLY = {"pr_distribution": "gaussian", "pr_distributions": ("gaussian",), "cw_kappa": 50.0}
+GAUSSIAN_ONLY = {"pr.distribution": "gaussian", "pr.distributions": ("gaussian",), "cw.kappa": 50.0}
 
 # The cheaper sampler: a chain started at x is at its endpoint by step 19 (the diagnostic), so T = 20
 # caps it; the tolerance alone saves no batched compute (one chain of a batch runs to T).

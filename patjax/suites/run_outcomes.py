@@ -88,7 +88,16 @@ def figure(value, interval, method, n):
     return {"value": value, "interval": list(interval), "interval_method": method, "n": int(n)}
 
 
+# The entropic risk's lambda defaults to the run's own langevin.c2 - pat.beta (Proposition 10,
+# `pr.PRSettings.resolve`): runs trained with different beta report their entropic risk each at
+# its own lambda, a figure of the run alone that the suite's tables neither show nor pair.
+OWN_FIGURE_FIELDS = ("pr.entropic_lambda",)
+
+
 def pairing(outcomes: Sequence[RunOutcome]):
     """(bootstrap indices, confidence) shared by runs that may be paired (`comparison.pairing`);
-    raises if they were not evaluated on the same images with the same noise."""
-    return comparison.pairing([o.settings for o in outcomes], [o.run.name for o in outcomes])
+    raises if they were not evaluated on the same images with the same noise. Each run of a suite
+    is evaluated with its own config, so a setting resolved from its training (`OWN_FIGURE_FIELDS`)
+    may differ between runs: it changes only that run's own figure, never a per-image outcome
+    the suite pairs (PR counts, robust and correct flags)."""
+    return comparison.pairing([o.settings for o in outcomes], [o.run.name for o in outcomes], aside=OWN_FIGURE_FIELDS)

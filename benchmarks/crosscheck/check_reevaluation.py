@@ -78,14 +78,14 @@ def main(argv=None):
     p.add_argument("--laws", default=None, help="PR laws to recompute (default: the headline law)")
     args = p.parse_args(argv)
     from patjax.core import devices
-    from patjax.run import eval_files, evaluation
+    from patjax.run import eval_files, eval_settings, evaluation
 
     devices.use_cpu_cores_as_devices()
     old = eval_files.read_results_file(os.path.join(args.run, "eval", "results.json"), "evaluate the run again")
     if old is None:
         raise UserError(f"--run must be an evaluated suite run directory (with eval/results.json), got {args.run!r}")
     s = old["settings"]
-    overrides = {k: eval_files.setting(s, k) for k in SETTINGS if eval_files.setting(s, k) is not None}
+    overrides = {k: eval_settings.setting(s, k) for k in SETTINGS if eval_settings.setting(s, k) is not None}
     overrides["pr.distributions"] = tuple((args.laws or s["pr"]["distribution"]).split(","))
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, "run")

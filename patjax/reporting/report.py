@@ -68,7 +68,7 @@ def radius(eps, norm: str = "linf") -> str:
 
 
 def threat_model(settings) -> str:
-    """'L∞, ε = 8/255' of a results.json settings record (`eval_files.nested_settings`'s shape);
+    """'L∞, ε = 8/255' of a results.json settings record (`eval_settings.nested_settings`'s shape);
     '' for one without the attacks' radius."""
     attack = settings.get("attack") or {}
     if "eps" not in attack:

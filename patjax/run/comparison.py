@@ -11,7 +11,7 @@ from patjax.core import files, locks
 from patjax.evaluators import certify, stats
 from patjax.pat import robustness
 from patjax.reporting import plots, report
-from patjax.run import eval_files
+from patjax.run import eval_files, eval_settings
 
 
 def certified_differences(settings, per_image, base_settings, base, indices, confidence) -> dict:
@@ -41,11 +41,11 @@ def pairing(settings_list, names, aside=()) -> tuple:
     """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
     `names` in errors) share when paired: one resampling of the same images for all of them, so
     that a difference's interval reflects the images, not independent draws. Raises a UserError
-    unless they were evaluated on common random numbers (`eval_files.check_comparable`, with the
+    unless they were evaluated on common random numbers (`eval_settings.check_comparable`, with the
     settings `aside` left to the caller)."""
     first = settings_list[0]
     for settings, name in zip(settings_list[1:], names[1:]):
-        eval_files.check_comparable(first, settings, names[0], name, aside=aside)
+        eval_settings.check_comparable(first, settings, names[0], name, aside=aside)
     indices = stats.bootstrap_indices(int(first["num_examples"]), int(first["bootstrap_resamples"]), int(first["seed"]))
     return indices, float(first["confidence"])
 

@@ -31,8 +31,8 @@ from patjax.core.errors import (
 from patjax.data import cifar
 from patjax.evaluators import common as evaluators_common
 from patjax.methods import common as methods_common
+from patjax.run import eval_settings, state
 from patjax.run import optimizer as optimizer_lib
-from patjax.run import state
 
 # Fields a resumed run may change: they change how long the run is, what it logs and where
 # the data are read from (the dataset itself is `dataset`), not what a given step computes.
@@ -130,47 +130,13 @@ def default_eval_block() -> ml_collections.ConfigDict:
 CONFIG_VERSION = 2
 
 
-# The names results.json's "settings" and a version-1 config's `eval` gave the evaluator settings
-# before they were nested by block: {flat name: (block, field)}. Frozen: the registry may grow,
-# files written then do not. Read by `_from_version_1` and by the reader of a written record
-# (`eval_files.nested_settings`), and nowhere else.
-FLAT_NAMES = {
-    "attack_eps": ("attack", "eps"),
-    "attack_step_size": ("attack", "step_size"),
-    "attack_steps": ("attack", "steps"),
-    "attack_norm": ("attack", "norm"),
-    "cw_kappa": ("cw", "kappa"),
-    "apgd_steps": ("apgd", "steps"),
-    "apgd_rho": ("apgd", "rho"),
-    "aa_target_classes": ("aa", "target_classes"),
-    "aa_fab_steps": ("aa", "fab_steps"),
-    "aa_square_queries": ("aa", "square_queries"),
-    "aa_masking_eps_factors": ("aa", "masking_eps_factors"),
-    "pr_distribution": ("pr", "distribution"),
-    "pr_distributions": ("pr", "distributions"),
-    "pr_epsilons": ("pr", "epsilons"),
-    "pr_samples": ("pr", "samples"),
-    "pr_chunk_size": ("pr", "chunk_size"),
-    "pdis_c1": ("pr", "pdis_c1"),
-    "pdis_sigma": ("pr", "pdis_sigma"),  # recorded, not a config field
-    "entropic_lambda": ("pr", "entropic_lambda"),
-    "prob_acc_q": ("pr", "prob_acc_q"),
-    "certify_sigma": ("certify", "sigma"),
-    "certify_radii": ("certify", "radii"),
-    "certify_selection_samples": ("certify", "selection_samples"),
-    "certify_samples": ("certify", "samples"),
-    "certify_alpha": ("certify", "alpha"),
-    "certify_chunk_size": ("certify", "chunk_size"),
-}
-
-
 def _from_version_1(saved: dict) -> dict:
     """A version-1 config in version 2's shape: each evaluator setting moved from the top of `eval`
-    (its flat name) into its block (`FLAT_NAMES`)."""
+    (its flat name) into its block (`eval_settings.FLAT_NAMES`)."""
     saved = copy.deepcopy(saved)
     ev = saved.get("eval")
     if isinstance(ev, dict):
-        for name, (block, field) in FLAT_NAMES.items():
+        for name, (block, field) in eval_settings.FLAT_NAMES.items():
             if name in ev:
                 ev.setdefault(block, {})[field] = ev.pop(name)
     saved["config_version"] = 2
@@ -338,7 +304,7 @@ def refuse_unknown_fields(cfg: ml_collections.ConfigDict) -> None:
         for key in given:
             if key not in expected:
                 name = f"{prefix}{key}"
-                moved = FLAT_NAMES.get(key) if prefix == "eval." else None
+                moved = eval_settings.FLAT_NAMES.get(key) if prefix == "eval." else None
                 hint = f"; it is eval.{'.'.join(moved)} since config version 2" if moved else ""
                 raise UserError(f"{name} is not a config field{hint}")
             if isinstance(given[key], ml_collections.ConfigDict) and isinstance(
@@ -421,7 +387,7 @@ def eval_paths(overrides: Optional[Mapping]) -> dict:
 def _unknown(path: str) -> UserError:
     """The refusal of an override the `eval` block does not have; a flat name (pr_samples, which
     results.json and overrides used before the blocks) is told its path."""
-    moved = FLAT_NAMES.get(path)
+    moved = eval_settings.FLAT_NAMES.get(path)
     return UserError(f"unknown eval setting {path!r}" + (f"; it is {'.'.join(moved)}" if moved else ""))
 
 

@@ -17,33 +17,8 @@ from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import laws, robustness
 from patjax.reporting import report
-from patjax.run import config as config_lib
+from patjax.run import eval_settings
 from patjax.run import workdir as workdir_lib
-
-# Settings recorded since evaluations could vary them, with the value every evaluation written
-# before then had: a record without them reads as that value, so that an L2 evaluation does not
-# silently replace or pair with an L-inf one.
-IMPLICIT_BEFORE_RECORDED = {("attack", "norm"): "linf"}
-
-
-def nested_settings(settings: dict) -> dict:
-    """results.json's "settings" in the shape written now (`evaluators.record`): the evaluation's
-    own fields and the shared settings at the top, one dict per block of `eval`. A record written
-    with flat names (pr_samples) is upgraded by `config.FLAT_NAMES`, and the settings it predates take
-    their value then (`IMPLICIT_BEFORE_RECORDED`). The one reader of a written record: every
-    reader of results.json's settings gets them through `read_results_file`."""
-    if not any(k in config_lib.FLAT_NAMES for k in settings):
-        return settings
-    out: dict = {}
-    for key, value in settings.items():
-        if key in config_lib.FLAT_NAMES:
-            block, field = config_lib.FLAT_NAMES[key]
-            out.setdefault(block, {})[field] = value
-        else:
-            out[key] = value
-    for (block, field), value in IMPLICIT_BEFORE_RECORDED.items():
-        out.setdefault(block, {}).setdefault(field, value)
-    return out
 
 
 def read_results_file(path: str, remedy: str = "") -> Optional[dict]:
@@ -51,30 +26,8 @@ def read_results_file(path: str, remedy: str = "") -> Optional[dict]:
     or None if there is none; an unreadable one is a UserError."""
     results = read_json(path, remedy or RESULTS_REMEDY)
     if isinstance(results, dict) and isinstance(results.get("settings"), dict):
-        results = {**results, "settings": nested_settings(results["settings"])}
+        results = {**results, "settings": eval_settings.nested_settings(results["settings"])}
     return results
-
-
-def setting(settings: dict, path: str):
-    """The setting at `path` (pr.samples, seed) of nested settings, or None where it is not recorded."""
-    *blocks, field = path.split(".")
-    for block in blocks:
-        settings = settings.get(block)
-        if not isinstance(settings, dict):
-            return None
-    return settings.get(field)
-
-
-def _paths(settings: dict, prefix: str = "") -> dict:
-    """{path: value} of every setting of nested settings (pr.samples), for comparing two records
-    setting by setting and naming each difference by its path."""
-    out = {}
-    for key, value in settings.items():
-        if isinstance(value, dict):
-            out.update(_paths(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 # Settings that identify an evaluation, stored in per_image.npz as META_PREFIX + path and
@@ -90,31 +43,17 @@ IDENTITY_FIELDS = (
     "evaluators",
     "dataset",
 )
-# What an evaluation's record holds beside its settings: the model's step, which models compared
-# side by side need not share.
-PER_MODEL_FIELDS = ("step",)
-
-
-def recorded_laws(settings: dict) -> list:
-    """The PR laws an evaluation's settings (results.json's) say it computed; for a record without
-    `pr.distributions`, the laws whose definitions it holds."""
-    return list(setting(settings, "pr.distributions") or [d for d in laws.REGISTRY if d in settings])
-
-
-def shared_definitions(a: dict, b: dict) -> list:
-    """The definition keys two evaluations' settings must agree on: those of the laws both computed."""
-    return [d for d in recorded_laws(a) if d in recorded_laws(b)]
 
 
 def identity(settings: dict) -> dict:
     """The per_image.npz entries that tie it to the results.json of its evaluation."""
-    return {META_PREFIX + k: np.asarray(setting(settings, k)) for k in IDENTITY_FIELDS}
+    return {META_PREFIX + k: np.asarray(eval_settings.setting(settings, k)) for k in IDENTITY_FIELDS}
 
 
 def _stored_identity(per_image: dict, path: str):
     """per_image.npz's identity entry for `path`: meta.pr.samples, or meta.pr_samples in a file
-    written before the settings were nested (`config.FLAT_NAMES`)."""
-    flat = {v: k for k, v in config_lib.FLAT_NAMES.items()}.get(tuple(path.split(".")), path)
+    written before the settings were nested (`eval_settings.FLAT_NAMES`)."""
+    flat = {v: k for k, v in eval_settings.FLAT_NAMES.items()}.get(tuple(path.split(".")), path)
     return per_image.get(META_PREFIX + path, per_image.get(META_PREFIX + flat))
 
 
@@ -136,7 +75,7 @@ def check_per_image(results: dict, per_image: dict, where: str) -> None:
         differing = []
         for k in IDENTITY_FIELDS:
             stored = np.asarray(_stored_identity(per_image, k))
-            expected = np.asarray(setting(settings, k))
+            expected = np.asarray(eval_settings.setting(settings, k))
             if stored.shape != expected.shape or not np.array_equal(stored, expected):
                 differing.append(f"{k} {stored.tolist()!r} vs {expected.tolist()!r}")
         if differing:
@@ -173,11 +112,13 @@ def check_results(results: dict, path: str, remedy: str) -> None:
     settings = results.get("settings")
     if not isinstance(settings, dict):
         raise UserError(f"{path} is damaged (no settings); {remedy}")
-    missing = [k for k in (*IDENTITY_FIELDS, "pr.distribution") if setting(settings, k) is None]
+    missing = [k for k in (*IDENTITY_FIELDS, "pr.distribution") if eval_settings.setting(settings, k) is None]
     if missing:
         raise UserError(f"{path} is damaged (its settings lack {', '.join(missing)}); {remedy}")
     mistyped = [
-        k for k in ("evaluators", "pr.distributions", "pr.epsilons") if not isinstance(setting(settings, k), list)
+        k
+        for k in ("evaluators", "pr.distributions", "pr.epsilons")
+        if not isinstance(eval_settings.setting(settings, k), list)
     ]
     if isinstance(settings["num_examples"], bool) or not isinstance(settings["num_examples"], int):
         mistyped.append("num_examples")
@@ -202,14 +143,6 @@ def check_results(results: dict, path: str, remedy: str) -> None:
         raise UserError(f"{path} is damaged (no figures {', '.join(missing)}); {remedy}")
 
 
-# Settings that change no figure (randomness is keyed by image and sample, `evaluators.common`,
-# so batch, chunk and device counts only reorder float sums) or that are outcomes: an evaluation
-# differing from the previous one only in these reproduces its figures.
-INCIDENTAL_FIELDS = ("num_clean_correct", "batch_size", "pr.chunk_size", "certify.chunk_size", "devices")
-# Lists an evaluation may extend: every figure of the previous one is made again, with more beside it.
-EXTENSIBLE_FIELDS = ("evaluators", "pr.distributions")
-
-
 # An evaluated weights file as results.json records it: its name, to show, and its sha256, which
 # alone says which weights were evaluated. The same file moved, copied or renamed is the same
 # evaluation, and another file under the same name is not (`check_replaceable`).
@@ -220,30 +153,6 @@ def checkpoint_record(path: str) -> dict:
     """What identifies the weights file `path` portably: its file name and its sha256 (no path of
     this machine), for the "model" entry of results.json."""
     return {CHECKPOINT_NAME: os.path.basename(path), "sha256": sha256(path)}
-
-
-def _listed(values) -> str:
-    return ",".join(map(str, values)) or "none"
-
-
-def lost_settings(previous: dict, planned: dict) -> list[str]:
-    """How an evaluation with `planned` settings (results.json's "settings" as it would write them)
-    departs from the `previous` one's (as `nested_settings` reads it): a changed setting, or an
-    evaluator or law it drops, each named by its path. Settings `previous` does not record (files
-    written before they existed) are not compared."""
-    differing = []
-    previous = _paths(previous)
-    for key, new in _paths(planned).items():
-        if key in INCIDENTAL_FIELDS or key not in previous:
-            continue
-        old = previous[key]
-        if key in EXTENSIBLE_FIELDS:
-            dropped = [v for v in old or () if v not in new]
-            if dropped:
-                differing.append(f"{key} {_listed(old)} there, {_listed(new)} now, dropping {_listed(dropped)}")
-        elif old != new:
-            differing.append(f"{key} {old!r} there, {new!r} now")
-    return differing
 
 
 def recorded_differences(previous: dict, record: dict) -> list[str]:
@@ -280,7 +189,7 @@ def check_replaceable(
     previous = read_results(directory, step, name)
     if previous is None:
         return
-    differing = lost_settings(previous.get("settings", {}), planned)
+    differing = eval_settings.lost_settings(previous.get("settings", {}), planned)
     differing += recorded_differences(previous, record or {})
     if differing:
         keep = (
@@ -291,40 +200,6 @@ def check_replaceable(
         raise UserError(
             f"{results_path(directory, step, name)} holds an evaluation made otherwise ({'; '.join(differing)}), "
             f"which this one would replace: {keep}, or pass --overwrite to replace it"
-        )
-
-
-def compared_settings(a: dict, b: dict) -> list[str]:
-    """The settings two evaluations (results.json's `settings`) must share for their figures to be
-    set side by side and their per-image outcomes paired on common random numbers: every setting
-    both record (each evaluator block's, the shared ones, the images, the dataset) by its path,
-    but those that change no figure (`INCIDENTAL_FIELDS`), the model's own (`PER_MODEL_FIELDS`),
-    the lists one may extend (`EXTENSIBLE_FIELDS`) and the definitions of laws not both computed
-    (`shared_definitions`). A setting one of them does not record (a file written before it
-    existed) is not compared, as `lost_settings` does. A comparison hands every model the first
-    one's settings whole (`config.handed_on`), so that these are the same; this list checks it."""
-    definitions = [d for d in laws.REGISTRY if d in a or d in b]
-    shared = shared_definitions(a, b)
-    skipped = (*INCIDENTAL_FIELDS, *PER_MODEL_FIELDS, *EXTENSIBLE_FIELDS)
-    pa, pb = _paths(a), _paths(b)
-    recorded = [k for k in pa if k in pb]
-    return [k for k in recorded if k not in skipped and (k not in definitions or k in shared)]
-
-
-def check_comparable(a: dict, b: dict, name_a: str, name_b: str, aside=()) -> None:
-    """Raises UserError unless two evaluations' settings (results.json's `settings`) agree on
-    every setting a figure depends on (`compared_settings`): the same images, perturbations,
-    distribution definitions and evaluator settings. `aside`: paths of settings the caller
-    handles itself (a learning curve's attack block, whose column it drops)."""
-    differing = [
-        k
-        for k in compared_settings(a, b)
-        if k.split(".")[0] not in aside and k not in aside and setting(a, k) != setting(b, k)
-    ]
-    if differing:
-        raise UserError(
-            f"{name_a!r} and {name_b!r} were evaluated with different settings "
-            f"({', '.join(differing)}): not comparable on common random numbers"
         )
 
 
@@ -457,10 +332,10 @@ def derived_name(settings: dict) -> str:
     radius (an L-inf one as k_255), the headline PR's preset (or its law and radii), the number
     of images: linf-8_255.table1.n500, l2-0.5.table1.n500, linf-8_255.prbench.n500."""
     parts = []
-    if setting(settings, "attack.eps") is not None:
+    if eval_settings.setting(settings, "attack.eps") is not None:
         norm = settings["attack"]["norm"]
         parts.append(f"{norm}-{report.radius(settings['attack']['eps'], norm).replace('/', '_')}")
-    if setting(settings, "pr.distribution") is not None:
+    if eval_settings.setting(settings, "pr.distribution") is not None:
         law, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons") or ()
         preset = evaluators.pr.preset_of(law, radii)
         parts.append(preset or "-".join([law, *(f"{float(e):g}" for e in radii)]))
@@ -501,24 +376,6 @@ def named_dir(directory: str, name: str) -> str:
     return os.path.join(directory, "eval") if free else os.path.join(directory, NAMED_DIR, name)
 
 
-def covers(saved: dict, planned: dict) -> bool:
-    """Whether an evaluation with `saved` settings (results.json's) holds every figure one with
-    `planned` settings would compute, made the same way: every setting equal but those that
-    change no figure, and its evaluators and laws the planned ones or more. A setting `saved` does
-    not record (a file written before it existed) is a difference."""
-    held_paths = _paths(saved)
-    for key, wanted in _paths(planned).items():
-        if key in INCIDENTAL_FIELDS:
-            continue
-        held = held_paths.get(key, KeyError)
-        if key in EXTENSIBLE_FIELDS:
-            if not isinstance(held, list) or any(v not in held for v in wanted or ()):
-                return False
-        elif held != wanted:
-            return False
-    return True
-
-
 def reusable(directory: str, planned: dict, record: Optional[dict] = None, name: Optional[str] = None):
     """The name of a saved evaluation in `directory` (the one named `name` with one) that holds
     what an evaluation with `planned` settings of the model `record` describes would compute
@@ -528,7 +385,7 @@ def reusable(directory: str, planned: dict, record: Optional[dict] = None, name:
         if (
             (name is None or kept == name)
             and isinstance(settings, dict)
-            and covers(settings, planned)
+            and eval_settings.covers(settings, planned)
             and not recorded_differences(results, record or {})
             and os.path.isfile(os.path.join(folder, "per_image.npz"))
         ):

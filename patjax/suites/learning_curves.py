@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from patjax.evaluators import stats
-from patjax.run import eval_files
+from patjax.run import eval_files, eval_settings
 from patjax.suites import Suite, plan, run_name
 from patjax.suites.run_outcomes import RunOutcome, figure, pairing, run_dir
 
@@ -26,14 +26,14 @@ def load_curve(workdir: str, outcome: RunOutcome, law: str) -> list[dict]:
     """The run's learning curve: its curve points' evaluations (curve/step_N/) and its final
     evaluation, in training order: [{step, correct (n,), robust (n,) under PGD-20 or None, pr (n, levels)
     per-image PR_i under `law`}].
-    Every point must be on the final evaluation's images and noise (`eval_files.check_comparable`).
+    Every point must be on the final evaluation's images and noise (`eval_settings.check_comparable`).
     A point's PGD-20 outcomes are given only where the curve points were attacked, with the final
     evaluation's attack settings: the curve's PGD-20 is then one attack from start to end."""
     directory = run_dir(workdir, outcome.run)
     points = []
     for step in eval_files.curve_steps(directory):
         results, per_image = eval_files.load_results(directory, step)
-        eval_files.check_comparable(
+        eval_settings.check_comparable(
             outcome.settings, results["settings"], outcome.run.name, f"{directory} step {step}", aside=(ATTACK_BLOCK,)
         )
         points.append(

@@ -11,7 +11,7 @@ from typing import Optional
 from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.pat import laws
-from patjax.run import config, eval_files, kept_models
+from patjax.run import config, eval_files, eval_settings, kept_models
 from patjax.run import workdir as workdir_lib
 from patjax.suites import Run, Suite
 from patjax.suites.run_outcomes import read_record
@@ -55,11 +55,11 @@ def eval_matches(suite: Suite, step: int, directory: str, curve: bool = False) -
         wanted["num_examples"] = suite.num_eval_examples
     # Each setting the suite gives, where results.json records it (by its path in `eval`).
     for path, value in config.eval_paths(overrides).items():
-        if eval_files.setting(s, path) is not None:
+        if eval_settings.setting(s, path) is not None:
             wanted[path] = list(value) if isinstance(value, (tuple, list)) else value
     # Results made under another definition of a law they computed are stale.
-    wanted.update(laws.definitions(eval_files.recorded_laws(s)))
-    return all(eval_files.setting(s, k) == v for k, v in wanted.items())
+    wanted.update(laws.definitions(eval_settings.recorded_laws(s)))
+    return all(eval_settings.setting(s, k) == v for k, v in wanted.items())
 
 
 def curve_steps(suite: Suite, run: Run, final_step: int) -> list[int]:

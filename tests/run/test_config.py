@@ -9,6 +9,7 @@ from conftest import REPO
 from patjax import methods
 from patjax.core.errors import UserError
 from patjax.run import config as config_lib
+from patjax.run import eval_settings
 from patjax.run import workdir as workdir_lib
 
 
@@ -256,12 +257,12 @@ def test_a_model_no_run_trained_is_evaluated_with_the_default_configs_settings_w
 
 def test_an_evaluation_records_its_settings_in_the_shape_committed_results_read_as():
     """results.json's "settings" nest each evaluator setting in its block of `eval`; a committed one,
-    written with flat names, reads in that shape (`eval_files.nested_settings`), so that a new
-    evaluation is compared with it setting by setting (`eval_files.check_comparable`)."""
-    from patjax.run import eval_files, evaluation
+    written with flat names, reads in that shape (`eval_settings.nested_settings`), so that a new
+    evaluation is compared with it setting by setting (`eval_settings.check_comparable`)."""
+    from patjax.run import evaluation
 
     flat = json.loads((COMMITTED.parent / "eval" / "results.json").read_text())["settings"]
-    committed = eval_files.nested_settings(flat)
+    committed = eval_settings.nested_settings(flat)
     settings = config_lib.evaluation_settings(workdir_lib.load_config(str(COMMITTED.parent)))
     record = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
     # The settings recorded since: the certify evaluator's block.
@@ -277,7 +278,7 @@ def test_an_evaluation_records_its_settings_in_the_shape_committed_results_read_
         for part in path:
             value = value[part]
         assert value == flat[name], name
-    eval_files.check_comparable(committed, record, "committed", "new")
+    eval_settings.check_comparable(committed, record, "committed", "new")
 
 
 def test_a_config_of_an_unknown_version_is_refused(tmp_path):

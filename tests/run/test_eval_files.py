@@ -16,7 +16,7 @@ from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.pat import laws
-from patjax.run import checkpoints, comparison, eval_files, evaluation
+from patjax.run import checkpoints, comparison, eval_files, eval_settings, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 
@@ -185,18 +185,18 @@ def test_two_evaluations_differing_in_any_one_setting_are_not_compared(block, fi
     else:
         other = {**record, field: ["changed", record[field]]}
     if (block, field) in NOT_COMPARED:
-        eval_files.check_comparable(record, other, "a", "b")
+        eval_settings.check_comparable(record, other, "a", "b")
     else:
         with pytest.raises(UserError, match=rf"\({re.escape(name)}\): not comparable"):
-            eval_files.check_comparable(record, other, "a", "b")
+            eval_settings.check_comparable(record, other, "a", "b")
 
 
 def test_two_evaluations_of_other_images_are_not_compared_but_of_other_batches_and_models_are():
     record = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10"), 10, 0)
     for key in ("num_examples", "dataset"):
         with pytest.raises(UserError, match=rf"\({key}\): not comparable"):
-            eval_files.check_comparable(record, {**record, key: "other"}, "a", "b")
-    eval_files.check_comparable(record, {**record, "batch_size": 3, "devices": 4, "step": 9}, "a", "b")
+            eval_settings.check_comparable(record, {**record, key: "other"}, "a", "b")
+    eval_settings.check_comparable(record, {**record, "batch_size": 3, "devices": 4, "step": 9}, "a", "b")
 
 
 # What results.json's "settings" holds beside the evaluator settings: the evaluation's own record
@@ -221,7 +221,7 @@ def test_every_committed_results_json_reads_in_the_nested_shape_with_known_setti
             assert "groups" in results, path
             continue
         settings = results["settings"]
-        assert not any(k in config_lib.FLAT_NAMES for k in settings), path
+        assert not any(k in eval_settings.FLAT_NAMES for k in settings), path
         for key, value in settings.items():
             if isinstance(value, dict):
                 assert key in blocks and set(value) <= blocks[key], (path, key, set(value) - blocks.get(key, set()))

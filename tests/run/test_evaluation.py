@@ -25,7 +25,7 @@ from patjax.models import networks
 from patjax.pat import laws as pr_laws
 from patjax.pat import robustness
 from patjax.reporting import report
-from patjax.run import checkpoints, comparison, eval_files, evaluation
+from patjax.run import checkpoints, comparison, eval_files, eval_settings, evaluation
 from patjax.run import config as config_lib
 from patjax.run import workdir as workdir_lib
 from patjax.suites import aggregate, run_outcomes
@@ -723,17 +723,17 @@ def test_an_evaluation_with_the_l2_law_is_comparable_with_a_committed_one_on_the
     committed = json.loads(
         (REPO / "docs/results/table1_cpu/runs/cifar10_small_cnn/pgd_s0/eval/results.json").read_text()
     )["settings"]
-    committed = eval_files.nested_settings(committed)  # written with flat names
+    committed = eval_settings.nested_settings(committed)  # written with flat names
     assert "uniform_l2" not in committed
     laws = ["uniform", "gaussian", "pdis", "uniform_l2"]
     settings = config_lib.default_evaluation_settings("cifar10", {"pr.distributions": tuple(laws)})
     new = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
     assert [k for k in new if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform", "uniform_l2"]
     new = {**committed, "pr": {**committed["pr"], "distributions": laws}, "uniform_l2": new["uniform_l2"]}
-    eval_files.check_comparable(committed, new, "committed", "new")
-    eval_files.check_comparable(new, committed, "new", "committed")
+    eval_settings.check_comparable(committed, new, "committed", "new")
+    eval_settings.check_comparable(new, committed, "new", "committed")
     with pytest.raises(UserError, match=r"\(uniform\): not comparable"):
-        eval_files.check_comparable(committed, {**new, "uniform": "clip(x + eps U[-1, 1])"}, "committed", "new")
+        eval_settings.check_comparable(committed, {**new, "uniform": "clip(x + eps U[-1, 1])"}, "committed", "new")
     # An evaluation of the L-inf laws alone records their definitions only, as every committed one does.
     only_linf = evaluation.settings_record(config_lib.default_evaluation_settings("cifar10", {}), 10, 0)
     assert [k for k in only_linf if k in pr_laws.REGISTRY] == ["pdis", "gaussian", "uniform"]
@@ -851,10 +851,10 @@ def test_an_unknown_threat_model_is_refused():
 def test_an_l2_evaluation_does_not_replace_an_linf_one_recorded_before_the_norm_was(tmp_path):
     """A results.json written before the norm was recorded was L-inf (`IMPLICIT_BEFORE_RECORDED`),
     as its reader says."""
-    previous = eval_files.nested_settings({"attack_eps": 0.5, "seed": 0})
+    previous = eval_settings.nested_settings({"attack_eps": 0.5, "seed": 0})
     assert previous == {"attack": {"eps": 0.5, "norm": "linf"}, "seed": 0}
-    assert eval_files.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "linf"}}) == []
-    assert eval_files.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "l2"}}) == [
+    assert eval_settings.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "linf"}}) == []
+    assert eval_settings.lost_settings(previous, {"attack": {"eps": 0.5, "norm": "l2"}}) == [
         "attack.norm 'linf' there, 'l2' now"
     ]
 

@@ -24,8 +24,9 @@ from patjax.interop.torch_weights import export_run
 from patjax.methods import REGISTRY as METHODS
 from patjax.methods.common import AttackSettings, MethodSettings, SamplerSettings, SnisSettings
 from patjax.models.networks import MODELS
-from patjax.run.config import EvaluationSettings, TrainSettings, default_config, evaluation_settings, train_settings
+from patjax.run.config import default_config, evaluation_settings, train_settings
 from patjax.run.optimizer import OptimizerSettings
+from patjax.run.settings import EvaluationSettings, TrainSettings
 from patjax.run.state import ModelSettings
 from patjax.run.train import train_run
 from patjax.run.workdir import restore

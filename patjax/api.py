@@ -45,6 +45,7 @@ from patjax.interop.sources import (
 from patjax.models import networks
 from patjax.run import config as config_lib
 from patjax.run import evaluation
+from patjax.run import settings as settings_lib
 from patjax.run import state as state_lib
 
 __all__ = [
@@ -239,7 +240,7 @@ def evaluate(
     the per-image arrays under "per_image". `dataset` is recorded with the figures; `settings`
     replace fields of the default config's `eval` block, a block's as a dict (pr={"samples": 100}, seed=...)."""
     chosen = config_lib.default_evaluation_settings(
-        dataset, settings, evaluators=evaluators, num_examples=config_lib.WHOLE_SPLIT, batch_size=batch_size
+        dataset, settings, evaluators=evaluators, num_examples=settings_lib.WHOLE_SPLIT, batch_size=batch_size
     )
     # The images first: what is wrong with them is not blamed on the model.
     split = as_split(images, labels)

@@ -192,7 +192,7 @@ def test_evaluators_and_below_import_no_files_reports_or_command_lines():
 
 def test_only_the_config_and_the_layers_that_take_it_in_import_ml_collections():
     """The config enters at the command lines and the suites, and `run.config` defines it;
-    below them typed settings travel (config.TrainSettings, config.EvaluationSettings)."""
+    below them typed settings travel (settings.TrainSettings, settings.EvaluationSettings)."""
     importers = set()
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):

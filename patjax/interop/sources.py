@@ -16,6 +16,7 @@ from patjax.interop import torch_weights, zoo
 from patjax.reporting import report
 from patjax.run import comparison, eval_files, evaluation
 from patjax.run import config as config_lib
+from patjax.run import settings as settings_lib
 from patjax.run import workdir as workdir_lib
 
 OUT_DIR_REMEDY = "wait for it to finish, or use another --out_dir"
@@ -35,7 +36,7 @@ def evaluate_torch_checkpoint(
     overwrite: bool = True,
     eval_name=None,
     keep: bool = False,
-    same_as: config_lib.EvaluationSettings | None = None,
+    same_as: settings_lib.EvaluationSettings | None = None,
 ):
     """A PyTorch state_dict file (`torch_weights.load_arrays`) evaluated as a run is, under the
     default config's eval settings with `overrides`; results in out_dir/eval/. model_name, dataset
@@ -44,14 +45,14 @@ def evaluate_torch_checkpoint(
     normalization under "model". overwrite=False refuses to replace an evaluation of out_dir made
     otherwise, of another file (sha256) included. keep, eval_name: kept beside out_dir's other
     evaluations, or a saved one reused (`evaluation.evaluate_and_write`). same_as: a comparison's
-    first model's settings, handed on (`config.handed_on`) instead of the default config's."""
+    first model's settings, handed on (`settings.handed_on`) instead of the default config's."""
     model_name, dataset, width = torch_weights.network(path, model_name, dataset, width)
     # Every setting is checked before the weights are read.
     settings = config_lib.default_evaluation_settings(
         dataset, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     if same_as is not None:
-        settings = config_lib.handed_on(same_as, settings)
+        settings = settings_lib.handed_on(same_as, settings)
     tensors = torch_weights.read_state_dict(path)
     model_fns, state = torch_weights.load_arrays(tensors, model_name, dataset, normalize, width, source=path)
     normalization = normalize if normalize is not None else "the file's mu and sigma"
@@ -82,7 +83,7 @@ def evaluate_robustbench(
     threat_model="Linf",
     eval_name=None,
     keep: bool = False,
-    same_as: config_lib.EvaluationSettings | None = None,
+    same_as: settings_lib.EvaluationSettings | None = None,
 ):
     """A RobustBench CIFAR-10 zoo entry of `threat_model` (`zoo.load_model`: its checkpoint in
     model_dir, fetched there if missing) evaluated as a PyTorch checkpoint is; results in
@@ -92,7 +93,7 @@ def evaluate_robustbench(
         zoo.DATASET, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     if same_as is not None:
-        settings = config_lib.handed_on(same_as, settings)
+        settings = settings_lib.handed_on(same_as, settings)
     model_fns, state, path = zoo.load_model(name, model_dir, threat_model)
     zoo_entry = zoo.entry(name, threat_model)
     record = {
@@ -202,7 +203,7 @@ def _check_models(m: Models) -> None:
         raise UserError("--out_dir names the folder of one --torch_checkpoint or --robustbench, not of several models")
 
 
-def first_settings(m: Models, overrides: Optional[dict] = None) -> config_lib.EvaluationSettings:
+def first_settings(m: Models, overrides: Optional[dict] = None) -> settings_lib.EvaluationSettings:
     """The evaluation settings of the first model `m` names, with `overrides` (by path): a
     workdir's config's eval block, else the default config's on the file's (or the zoo's) dataset."""
     if m.workdirs:
@@ -228,7 +229,7 @@ def evaluate_models(
 ) -> None:
     """Every model `m` names evaluated with one set of settings, the first model's with
     `overrides` (`first_settings`), decided before anything runs and handed to the others whole
-    (`config.handed_on`), so that all share their images and noise (common random numbers); then
+    (`settings.handed_on`), so that all share their images and noise (common random numbers); then
     one table with the paired differences against the first (`comparison.compare`), printed by
     process 0. step: a learning-curve point of one workdir, its own figures; compare_only: the
     saved evaluations (`eval_name`'s); list_only: the evaluations each folder keeps."""

@@ -150,7 +150,7 @@ def compared_settings(a: dict, b: dict) -> list[str]:
     the lists one may extend (`EXTENSIBLE_FIELDS`) and the definitions of laws not both computed
     (`shared_definitions`). A setting one of them does not record (a file written before it
     existed) is not compared, as `lost_settings` does. A comparison hands every model the first
-    one's settings whole (`config.handed_on`), so that these are the same; this list checks it."""
+    one's settings whole (`settings.handed_on`), so that these are the same; this list checks it."""
     definitions = [d for d in laws.REGISTRY if d in a or d in b]
     shared = shared_definitions(a, b)
     skipped = (*INCIDENTAL_FIELDS, *PER_MODEL_FIELDS, *EXTENSIBLE_FIELDS)

@@ -35,7 +35,7 @@ from patjax.evaluators import batches, intervals, stats
 from patjax.pat import laws
 from patjax.reporting import report
 from patjax.run import checkpoints, eval_files
-from patjax.run import config as config_lib
+from patjax.run import settings as settings_lib
 from patjax.run import workdir as workdir_lib
 
 # The paper's Table 1 reports PR above clean accuracy for every adversarially trained model, so
@@ -49,7 +49,7 @@ PROTOCOL = (
 
 
 def evaluate_state(
-    settings: config_lib.EvaluationSettings,
+    settings: settings_lib.EvaluationSettings,
     model_fns,
     state,
     split: cifar.Split,
@@ -139,7 +139,7 @@ def evaluate_state(
 ANNOUNCE_BATCHES = 8
 
 
-def announce(settings: config_lib.EvaluationSettings, batch_fns: dict, state, split, n: int):
+def announce(settings: settings_lib.EvaluationSettings, batch_fns: dict, state, split, n: int):
     """For an evaluation of ANNOUNCE_BATCHES batches a pass or more, prints what will run and an
     estimate of its time from one timed batch of each pass (`batches.time_batch`), and returns
     {pass: estimated seconds}; else returns None and prints nothing."""
@@ -181,13 +181,13 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def num_images(settings: config_lib.EvaluationSettings, split: cifar.Split) -> int:
+def num_images(settings: settings_lib.EvaluationSettings, split: cifar.Split) -> int:
     """How many images an evaluation takes: the first settings.num_examples of the split, or all."""
     n = settings.num_examples
-    return len(split) if n == config_lib.WHOLE_SPLIT else min(n, len(split))
+    return len(split) if n == settings_lib.WHOLE_SPLIT else min(n, len(split))
 
 
-def settings_record(settings: config_lib.EvaluationSettings, n: int, step: int, num_clean_correct=None) -> dict:
+def settings_record(settings: settings_lib.EvaluationSettings, n: int, step: int, num_clean_correct=None) -> dict:
     """results.json's "settings": what an evaluation of `n` images of the model of `step` was made with."""
     return {
         "evaluators": list(settings.evaluators),
@@ -245,11 +245,11 @@ def check_workdir(
     step: int | None = None,
     eval_name: str | None = None,
     keep: bool = False,
-    same_as: config_lib.EvaluationSettings | None = None,
-) -> config_lib.EvaluationSettings:
+    same_as: settings_lib.EvaluationSettings | None = None,
+) -> settings_lib.EvaluationSettings:
     """Everything `evaluate_workdir` needs that can be checked without evaluating: config.json, a
     checkpoint, the run's evaluation settings with the overrides and the arguments given (with
-    `same_as`, a comparison's first model's, handed on: `config.handed_on`); with
+    `same_as`, a comparison's first model's, handed on: `settings.handed_on`); with
     overwrite=False also that an existing eval/results.json (curve/step_N/ with a step; with keep,
     the evaluation of the same name) was made as this evaluation would be made, or with fewer
     evaluators or laws (`check_replaceable`). Returns the settings."""
@@ -257,7 +257,7 @@ def check_workdir(
         workdir, overrides, evaluators=evaluators, num_examples=num_examples, batch_size=batch_size
     )
     if same_as is not None:
-        settings = config_lib.handed_on(same_as, settings)
+        settings = settings_lib.handed_on(same_as, settings)
     newest = checkpoints.require_checkpoint(workdir)
     if not overwrite and (keep or os.path.isfile(eval_files.results_path(workdir, step))):
         split = cifar.load_split(settings.dataset, "test", settings.data_dir)
@@ -312,7 +312,7 @@ def evaluate_workdir(
     step: int | None = None,
     eval_name: str | None = None,
     keep: bool = False,
-    same_as: config_lib.EvaluationSettings | None = None,
+    same_as: settings_lib.EvaluationSettings | None = None,
 ):
     """Evaluates a workdir's newest model (its newest checkpoint or kept model); writes
     eval/per_image.npz, then eval/results.json (`eval_files.write_results`). Returns the results
@@ -333,7 +333,7 @@ def evaluate_workdir(
 
 
 def evaluate_and_write(
-    settings: config_lib.EvaluationSettings,
+    settings: settings_lib.EvaluationSettings,
     model_fns,
     state,
     out_dir,

@@ -25,7 +25,7 @@ class OptimizerSettings:
     decay_fractions: tuple
     decay_factor: float
     # With num_train_steps set, num_epochs is not read (but recorded), so 0 is allowed then; the
-    # run's length in steps is bounded by the int32 step counter (`config.TrainSettings`).
+    # run's length in steps is bounded by the int32 step counter (`settings.TrainSettings`).
     num_epochs: int = count("num_epochs", 0, 1_000_000)
     # > 0 overrides num_epochs; USE_EPOCHS: num_epochs sets the length
     num_train_steps: int = count(

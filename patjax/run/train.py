@@ -32,8 +32,8 @@ from patjax.data import cifar, download
 from patjax.evaluators import clean as clean_evaluator
 from patjax.models import networks
 from patjax.run import checkpoints
-from patjax.run import config as config_lib
 from patjax.run import optimizer as optimizer_lib
+from patjax.run import settings as settings_lib
 from patjax.run import state as state_lib
 from patjax.run import workdir as workdir_lib
 
@@ -73,7 +73,7 @@ def train_step(
     return new_state, metrics
 
 
-def create_step(settings: config_lib.TrainSettings, steps_per_epoch: int, mesh):
+def create_step(settings: settings_lib.TrainSettings, steps_per_epoch: int, mesh):
     """(model_fns, initial state, jitted step): SGD with MultiStepLR as in PyTorch (Algorithm 2
     line 20 / Appendix E), the state initialized from the seed, and the step with the batch
     sharded over `mesh`."""
@@ -199,7 +199,7 @@ def check_collectives_pair_across_processes(method: methods.MethodSettings) -> N
 
 
 def train_run(
-    settings: config_lib.TrainSettings,
+    settings: settings_lib.TrainSettings,
     workdir: str,
     stop_after_steps: Optional[int] = None,
     stop_at: Optional[float] = None,
@@ -223,7 +223,7 @@ def train_run(
 
 
 def _train(
-    settings: config_lib.TrainSettings, workdir: str, mesh, stop_after_steps: Optional[int], stop_at: Optional[float]
+    settings: settings_lib.TrainSettings, workdir: str, mesh, stop_after_steps: Optional[int], stop_at: Optional[float]
 ):
     s = settings
     resuming = os.path.isfile(workdir_lib.config_path(workdir))
@@ -367,7 +367,7 @@ def _refuse_non_finite_model(state, step: int, manager: ocp.CheckpointManager) -
     )
 
 
-def closing_message(settings: config_lib.TrainSettings, workdir: str, step: int) -> str:
+def closing_message(settings: settings_lib.TrainSettings, workdir: str, step: int) -> str:
     """What training says last (`main.py`): where the model of `step` is, its clean accuracy on
     which test images (the training log's check at that step), and the command to run next."""
     total = settings.total_steps()
@@ -392,7 +392,7 @@ def closing_message(settings: config_lib.TrainSettings, workdir: str, step: int)
             f"not an evaluation"
         )
     ev = settings.evaluation
-    images = "all" if ev.num_examples == config_lib.WHOLE_SPLIT else f"the first {ev.num_examples}"
+    images = "all" if ev.num_examples == settings_lib.WHOLE_SPLIT else f"the first {ev.num_examples}"
     lines.append(
         f"{'next' if step >= total else 'then'}: python -m patjax.evaluate --workdir={shlex.quote(workdir)}   "
         f"({', '.join(ev.evaluators)} on {images} test images, with intervals)"

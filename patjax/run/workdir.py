@@ -31,6 +31,7 @@ from patjax.models import networks
 from patjax.run import checkpoints, kept_models
 from patjax.run import config as config_lib
 from patjax.run import optimizer as optimizer_lib
+from patjax.run import settings as settings_lib
 from patjax.run import state as state_lib
 
 
@@ -55,7 +56,7 @@ def load_config(workdir: str):
     return cfg
 
 
-def load_settings(workdir: str) -> config_lib.TrainSettings:
+def load_settings(workdir: str) -> settings_lib.TrainSettings:
     """The run's settings from its config.json."""
     return config_lib.train_settings(load_config(workdir))
 
@@ -66,7 +67,7 @@ def sampler_settings(workdir: str):
     return config_lib.block_settings(load_config(workdir))["langevin"]
 
 
-def evaluation_settings(workdir: str, overrides: Optional[dict] = None, **kwargs) -> config_lib.EvaluationSettings:
+def evaluation_settings(workdir: str, overrides: Optional[dict] = None, **kwargs) -> settings_lib.EvaluationSettings:
     """The run's evaluation settings (its config's `eval` block) with `overrides` and `kwargs`
     (`config.evaluation_settings`)."""
     return config_lib.evaluation_settings(load_config(workdir), overrides, **kwargs)
@@ -82,7 +83,7 @@ def _flatten(d, prefix=""):
     return out
 
 
-def check_resume_compatible(settings: config_lib.TrainSettings, workdir: str) -> None:
+def check_resume_compatible(settings: settings_lib.TrainSettings, workdir: str) -> None:
     """Refuses to resume a checkpoint with a config that changes what a step computes."""
     saved_settings = load_settings(workdir)
     saved = _flatten(saved_settings.record)
@@ -102,7 +103,7 @@ def check_resume_compatible(settings: config_lib.TrainSettings, workdir: str) ->
         _check_passed_milestones(saved_settings.optimizer, settings, step)
 
 
-def _check_passed_milestones(saved: optimizer_lib.OptimizerSettings, settings: config_lib.TrainSettings, step: int):
+def _check_passed_milestones(saved: optimizer_lib.OptimizerSettings, settings: settings_lib.TrainSettings, step: int):
     """A longer (or shorter) run moves MultiStepLR's milestones, which are fractions of the run;
     one the run has passed must stay where it was, or the resumed run would go back to a higher
     learning rate (or skip a decay it has not had)."""
@@ -120,7 +121,7 @@ def _check_passed_milestones(saved: optimizer_lib.OptimizerSettings, settings: c
 
 
 def save_config(record: dict, workdir: str) -> None:
-    """config.json from a run's config as a JSON dict (`config.TrainSettings.record`); atomic, so
+    """config.json from a run's config as a JSON dict (`settings.TrainSettings.record`); atomic, so
     a kill never leaves half a config."""
     os.makedirs(workdir, exist_ok=True)
     files.write_text(config_path(workdir), json.dumps(record, indent=2))

@@ -16,10 +16,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items):
-    """A stress or reference test is slow too, so that `-m "not slow"` (which replaces the
-    default `-m` of pyproject.toml) leaves them out as the default run does."""
+    """A stress, reference or past-windows test is slow too, so that `-m "not slow"` (which
+    replaces the default `-m` of pyproject.toml) leaves them out as the default run does."""
     for item in items:
-        if item.get_closest_marker("stress") or item.get_closest_marker("reference"):
+        if any(item.get_closest_marker(m) for m in ("stress", "reference", "past_windows")):
             item.add_marker(pytest.mark.slow)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 from safetensors.numpy import load_file
-from test_gpu_paper_scale import CIFAR, git
+from test_gpu_paper_scale import CIFAR, git, stage_data
 
 from patjax.run import workdir as workdir_lib
 
@@ -31,12 +31,9 @@ def ok(done):
 
 @pytest.fixture(scope="module")
 def data_stage(tmp_path_factory):
-    """CIFAR-10 staged once for every machine of the test (xz level 0: fast, and over the travel
-    limit with a real tree, hence --no_check below)."""
+    """CIFAR-10 staged once for every machine of the test (`stage_data`)."""
     stage = tmp_path_factory.mktemp("data")
-    for part in ("1", "2"):
-        args = ("--stage", str(stage), "stage", "--data", part, "--data_src", str(CIFAR), "--no_check", "--level", "0")
-        ok(script(PAPER_SCALE, *args))
+    stage_data(stage)
     return stage
 
 

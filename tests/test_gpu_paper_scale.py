@@ -248,44 +248,58 @@ def test_the_pair_plan_takes_the_largest_part_that_fits_the_measured_rates(tmp_p
     assert plan(both_3_laws + 2)["methods"] == ["pat"]
 
 
+def stage_data(stage):
+    """CIFAR-10 staged as a window's first two calls carry it (xz level 0: fast; --no_check: the
+    real tree beside it would be over the travel limit), batches 4-5 and the test batch in carry2."""
+    for part in ("1", "2"):
+        args = ("--stage", str(stage), "stage", "--data", part, "--data_src", str(CIFAR), "--no_check", "--level", "0")
+        done = script(*args)
+        assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(stage / "carry2" / "data")) == [
+        "batches.meta.txt",
+        "data_batch_4.bin.pjxz",
+        "data_batch_5.bin.pjxz",
+        "test_batch.bin.pjxz",
+    ]
+
+
 @pytest.mark.slow
+def test_the_dry_run_lays_the_data_down_in_two_calls_and_runs_the_smoke(tmp_path):
+    """The first calls of every window still to run (benchmarks/README.md: E and F, C2, C3), on
+    the CPU: the data staged in two carried folders, a damaged file refused in one line naming
+    it, `device setup smoke` with the first and `device setup` with the second, which lay
+    CIFAR-10 down byte for byte (decoded, size and md5 checked) and record the versions."""
+    stage = tmp_path / "stage"
+    stage_data(stage)
+    damaged = stage / "carry1" / "data" / "data_batch_2.bin.pjxz"
+    intact = damaged.read_bytes()
+    damaged.write_bytes(intact[:-1000])
+    done = script("--stage", str(stage), "device", "setup", "--out", str(tmp_path / "bad"), "--dry_run")
+    assert done.returncode == 1 and "data_batch_2.bin" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    damaged.write_bytes(intact)
+    for steps, out in ((("setup", "smoke"), tmp_path / "out1"), (("setup",), tmp_path / "out2")):
+        done = script("--stage", str(stage), "device", *steps, "--out", str(out), "--dry_run", "--budget_s", "600")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert len(os.listdir(out)) <= 8
+    laid = stage / "data" / "cifar-10-batches-bin"
+    assert sorted(os.listdir(laid)) == sorted(os.listdir(CIFAR))
+    assert all(sha256(laid / n) == sha256(CIFAR / n) for n in os.listdir(CIFAR))
+    timings = json.loads((tmp_path / "out1" / "timings.json").read_text())
+    smoke = next(t for t in timings if t["step"] == "smoke")
+    assert smoke["result"]["median_step_s"] > 0
+    assert json.loads((tmp_path / "out1" / "env.json").read_text())["versions"]["jax"]
+
+
+@pytest.mark.past_windows
 def test_the_dry_run_lays_the_data_down_and_runs_the_window_and_brings_its_results_back(tmp_path):
-    """The window's sequence on the CPU: two staged calls lay CIFAR-10 down (decoded, size and md5
+    """Windows A, B and C1's sequence on the CPU (those windows have run: opt-in, `-m
+    past_windows`): two staged calls lay CIFAR-10 down (decoded, size and md5
     checked), the smoke and the rates, then the pair (main.py for both methods at once, export,
     fp32 evaluation, comparison) and the main job (the small CNN, a few steps), whose results
     come back in pieces that `collect` checks and unpacks."""
     stage, out, out2 = tmp_path / "stage", tmp_path / "out", tmp_path / "out2"
-    # A file damaged between staging and laying down is refused with one line naming it.
-    done = script("--stage", str(stage), "stage", "--data", "1", "--data_src", str(CIFAR), "--no_check", "--level", "0")
-    assert done.returncode == 0, done.stderr
-    damaged = stage / "carry1" / "data" / "data_batch_2.bin.pjxz"
-    intact = damaged.read_bytes()
-    damaged.write_bytes(intact[:-1000])
-    done = script("--stage", str(stage), "device", "setup", "--out", str(out), "--dry_run")
-    assert done.returncode == 1 and "data_batch_2.bin" in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    damaged.write_bytes(intact)
+    stage_data(stage)
     for part in (1, 2):
-        if part == 2:
-            args = (
-                "--stage",
-                str(stage),
-                "stage",
-                "--data",
-                "2",
-                "--data_src",
-                str(CIFAR),
-                "--no_check",
-                "--level",
-                "0",
-            )
-            done = script(*args)
-            assert done.returncode == 0, done.stderr
-            assert sorted(os.listdir(stage / "carry2" / "data")) == [
-                "batches.meta.txt",
-                "data_batch_4.bin.pjxz",
-                "data_batch_5.bin.pjxz",
-                "test_batch.bin.pjxz",
-            ]
         steps = ("setup", "smoke", "rates") if part == 1 else ("setup", "pair")
         done = script(
             "--stage",

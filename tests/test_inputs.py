@@ -869,6 +869,8 @@ def config_with(name, value):
         cfg.num_train_steps = 7
     if name.startswith(("attack.", "atpr.")):  # a method that reads both blocks, so that they are read back
         cfg.method = "atpr"
+    if name == "langevin.steps":  # T = 0 from the uniform start trains on noise (refused: its own test)
+        cfg.langevin.init = "clean"
     *blocks, field = name.split(".")
     target = cfg
     for block in blocks:
@@ -1155,6 +1157,33 @@ def test_an_linf_radius_above_one_is_refused_with_its_likely_meaning(make, messa
     with pytest.raises(UserError) as error:
         make()
     assert str(error.value) == message
+
+
+NO_STEP_FROM_NOISE = (
+    "{} trains on Algorithm 1's samples, which with langevin.steps = 0 and langevin.init = 'uniform' are uniform "
+    "noise independent of x and its label; set langevin.steps >= 1 (Appendix E: 100) or langevin.init = 'clean'"
+)
+
+
+@pytest.mark.parametrize("method", ["pat", "pat_wos"])
+def test_a_sampler_that_takes_no_step_from_its_uniform_start_is_refused_for_the_methods_that_train_on_it(method):
+    """Algorithm 1 starts at Uniform[0,1]^d: with T = 0 the batch is the same noise whatever x is
+    (tests/pat/test_samplers.py), and the run would train to chance without complaint. From x
+    (init='clean') T = 0 trains on x itself, and a method that does not read the sampler ignores it."""
+    with pytest.raises(UserError) as error:
+        config_lib.train_settings(tiny_config(method=method, **{"langevin.steps": 0}))
+    assert str(error.value) == NO_STEP_FROM_NOISE.format(method)
+    clean_start = tiny_config(method=method, **{"langevin.steps": 0, "langevin.init": "clean"})
+    assert config_lib.train_settings(clean_start).method.sampler.steps == 0
+    assert config_lib.train_settings(tiny_config(method="pgd", **{"langevin.steps": 0})).method.sampler is None
+
+
+@pytest.mark.slow
+def test_the_training_command_refuses_a_sampler_without_steps_from_noise_in_one_line_writing_nothing(tmp_path):
+    before = tree_hash(tmp_path)
+    done = run_cli("main.py", "--config=quickstart", f"--workdir={tmp_path}/run", "--config.langevin.steps=0")
+    assert one_error_line(done) == "error: " + NO_STEP_FROM_NOISE.format("pat")
+    assert tree_hash(tmp_path) == before
 
 
 def test_an_l2_radius_above_one_is_a_radius():

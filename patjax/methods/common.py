@@ -149,6 +149,18 @@ class MethodSettings:
     sampler: Optional[SamplerSettings] = None
     snis: Optional[SnisSettings] = None
 
+    def __post_init__(self):
+        # Algorithm 1 starts each chain at Uniform[0,1]^d (Algorithm 2, line 7), not at x: with no step taken
+        # the batch a method trains on is noise, independent of x and of its label, and the run
+        # would train to chance without complaint.
+        s = self.sampler
+        if s is not None and s.steps == 0 and s.init == "uniform":
+            raise UserError(
+                f"{self.name} trains on Algorithm 1's samples, which with langevin.steps = 0 and langevin.init = "
+                "'uniform' are uniform noise independent of x and its label; set langevin.steps >= 1 (Appendix E: "
+                "100) or langevin.init = 'clean'"
+            )
+
 
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
     """Self-normalized importance weights over the batch (Algorithm 2, lines 17-18; Eq. 2).

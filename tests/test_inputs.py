@@ -1163,19 +1163,29 @@ NO_STEP_FROM_NOISE = (
     "{} trains on Algorithm 1's samples, which with langevin.steps = 0 and langevin.init = 'uniform' are uniform "
     "noise independent of x and its label; set langevin.steps >= 1 (Appendix E: 100) or langevin.init = 'clean'"
 )
+NO_PULL_TO_X = (
+    "{} trains on Algorithm 1's samples, which with langevin.c1 = 0 and langevin.init = 'uniform' do not depend on x "
+    "(c1 weighs the energy's only term in x); set langevin.c1 > 0 (Algorithm 1 asks c1 > 0; Appendix E: 0.3) or "
+    "langevin.init = 'clean'"
+)
 
 
 @pytest.mark.parametrize("method", ["pat", "pat_wos"])
-def test_a_sampler_that_takes_no_step_from_its_uniform_start_is_refused_for_the_methods_that_train_on_it(method):
+@pytest.mark.parametrize("field, message", [("steps", NO_STEP_FROM_NOISE), ("c1", NO_PULL_TO_X)])
+def test_a_sampler_whose_samples_from_the_uniform_start_ignore_x_is_refused_for_the_methods_that_train_on_it(
+    method, field, message
+):
     """Algorithm 1 starts at Uniform[0,1]^d: with T = 0 the batch is the same noise whatever x is
-    (tests/pat/test_samplers.py), and the run would train to chance without complaint. From x
-    (init='clean') T = 0 trains on x itself, and a method that does not read the sampler ignores it."""
+    (tests/pat/test_samplers.py), and with c1 = 0 x is in no term of the energy, so the run would
+    train on images unrelated to their labels without complaint. From x (init='clean') the samples
+    depend on x, and a method that does not read the sampler ignores it."""
+    given = {f"langevin.{field}": 0}
     with pytest.raises(UserError) as error:
-        config_lib.train_settings(tiny_config(method=method, **{"langevin.steps": 0}))
-    assert str(error.value) == NO_STEP_FROM_NOISE.format(method)
-    clean_start = tiny_config(method=method, **{"langevin.steps": 0, "langevin.init": "clean"})
-    assert config_lib.train_settings(clean_start).method.sampler.steps == 0
-    assert config_lib.train_settings(tiny_config(method="pgd", **{"langevin.steps": 0})).method.sampler is None
+        config_lib.train_settings(tiny_config(method=method, **given))
+    assert str(error.value) == message.format(method)
+    clean_start = tiny_config(method=method, **given, **{"langevin.init": "clean"})
+    assert getattr(config_lib.train_settings(clean_start).method.sampler, field) == 0
+    assert config_lib.train_settings(tiny_config(method="pgd", **given)).method.sampler is None
 
 
 @pytest.mark.slow

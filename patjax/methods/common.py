@@ -150,15 +150,24 @@ class MethodSettings:
     snis: Optional[SnisSettings] = None
 
     def __post_init__(self):
-        # Algorithm 1 starts each chain at Uniform[0,1]^d (Algorithm 2, line 7), not at x: with no step taken
-        # the batch a method trains on is noise, independent of x and of its label, and the run
-        # would train to chance without complaint.
+        # Algorithm 1 starts each chain at Uniform[0,1]^d (Algorithm 2, line 7), not at x, and x
+        # enters its energy only through c1 ||x_adv - x||^2 (line 11): from that start, with no
+        # step or with c1 = 0, the batch a method trains on does not depend on x, and the run
+        # would train without complaint on images unrelated to their labels.
         s = self.sampler
-        if s is not None and s.steps == 0 and s.init == "uniform":
+        if s is None or s.init != "uniform":
+            return
+        if s.steps == 0:
             raise UserError(
                 f"{self.name} trains on Algorithm 1's samples, which with langevin.steps = 0 and langevin.init = "
                 "'uniform' are uniform noise independent of x and its label; set langevin.steps >= 1 (Appendix E: "
                 "100) or langevin.init = 'clean'"
+            )
+        if s.c1 == 0:
+            raise UserError(
+                f"{self.name} trains on Algorithm 1's samples, which with langevin.c1 = 0 and langevin.init = "
+                "'uniform' do not depend on x (c1 weighs the energy's only term in x); set langevin.c1 > 0 "
+                "(Algorithm 1 asks c1 > 0; Appendix E: 0.3) or langevin.init = 'clean'"
             )
 
 

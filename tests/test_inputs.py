@@ -1159,30 +1159,31 @@ def test_an_linf_radius_above_one_is_refused_with_its_likely_meaning(make, messa
     assert str(error.value) == message
 
 
-NO_STEP_FROM_NOISE = (
-    "{} trains on Algorithm 1's samples, which with langevin.steps = 0 and langevin.init = 'uniform' are uniform "
-    "noise independent of x and its label; set langevin.steps >= 1 (Appendix E: 100) or langevin.init = 'clean'"
-)
-NO_PULL_TO_X = (
-    "{} trains on Algorithm 1's samples, which with langevin.c1 = 0 and langevin.init = 'uniform' do not depend on x "
-    "(c1 weighs the energy's only term in x); set langevin.c1 > 0 (Algorithm 1 asks c1 > 0; Appendix E: 0.3) or "
-    "langevin.init = 'clean'"
-)
+# Appendix E's value of each sampler setting, written out.
+APPENDIX_E = {"steps": "100", "step_size": "0.3", "c1": "0.3"}
+
+
+def ignores_x(method: str, field: str) -> str:
+    return (
+        f"{method} trains on Algorithm 1's samples, which from langevin.init = 'uniform' with langevin.{field} = 0 do "
+        "not depend on x (the chain reaches x only by its steps on the energy's c1 ||x_adv - x||^2); set "
+        f"langevin.{field} > 0 (Appendix E: {APPENDIX_E[field]}) or langevin.init = 'clean'"
+    )
 
 
 @pytest.mark.parametrize("method", ["pat", "pat_wos"])
-@pytest.mark.parametrize("field, message", [("steps", NO_STEP_FROM_NOISE), ("c1", NO_PULL_TO_X)])
+@pytest.mark.parametrize("field", sorted(APPENDIX_E))
 def test_a_sampler_whose_samples_from_the_uniform_start_ignore_x_is_refused_for_the_methods_that_train_on_it(
-    method, field, message
+    method, field
 ):
     """Algorithm 1 starts at Uniform[0,1]^d: with T = 0 the batch is the same noise whatever x is
-    (tests/pat/test_samplers.py), and with c1 = 0 x is in no term of the energy, so the run would
-    train on images unrelated to their labels without complaint. From x (init='clean') the samples
-    depend on x, and a method that does not read the sampler ignores it."""
+    (tests/pat/test_samplers.py), and with a zero step size or c1 = 0 no step moves it toward x, so
+    the run would train on images unrelated to their labels without complaint. From x
+    (init='clean') the samples depend on x, and a method that does not read the sampler ignores it."""
     given = {f"langevin.{field}": 0}
     with pytest.raises(UserError) as error:
         config_lib.train_settings(tiny_config(method=method, **given))
-    assert str(error.value) == message.format(method)
+    assert str(error.value) == ignores_x(method, field)
     clean_start = tiny_config(method=method, **given, **{"langevin.init": "clean"})
     assert getattr(config_lib.train_settings(clean_start).method.sampler, field) == 0
     assert config_lib.train_settings(tiny_config(method="pgd", **given)).method.sampler is None
@@ -1192,7 +1193,7 @@ def test_a_sampler_whose_samples_from_the_uniform_start_ignore_x_is_refused_for_
 def test_the_training_command_refuses_a_sampler_without_steps_from_noise_in_one_line_writing_nothing(tmp_path):
     before = tree_hash(tmp_path)
     done = run_cli("main.py", "--config=quickstart", f"--workdir={tmp_path}/run", "--config.langevin.steps=0")
-    assert one_error_line(done) == "error: " + NO_STEP_FROM_NOISE.format("pat")
+    assert one_error_line(done) == "error: " + ignores_x("pat", "steps")
     assert tree_hash(tmp_path) == before
 
 

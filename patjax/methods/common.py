@@ -151,24 +151,21 @@ class MethodSettings:
 
     def __post_init__(self):
         # Algorithm 1 starts each chain at Uniform[0,1]^d (Algorithm 2, line 7), not at x, and x
-        # enters its energy only through c1 ||x_adv - x||^2 (line 11): from that start, with no
-        # step or with c1 = 0, the batch a method trains on does not depend on x, and the run
-        # would train without complaint on images unrelated to their labels.
+        # enters only through the gradient steps (lines 8-13) on the energy's c1 ||x_adv - x||^2
+        # (line 11): from that start, with no step, a zero step size or c1 = 0, the batch a method
+        # trains on does not depend on x, and the run would train without complaint on images
+        # unrelated to their labels.
         s = self.sampler
         if s is None or s.init != "uniform":
             return
-        if s.steps == 0:
-            raise UserError(
-                f"{self.name} trains on Algorithm 1's samples, which with langevin.steps = 0 and langevin.init = "
-                "'uniform' are uniform noise independent of x and its label; set langevin.steps >= 1 (Appendix E: "
-                "100) or langevin.init = 'clean'"
-            )
-        if s.c1 == 0:
-            raise UserError(
-                f"{self.name} trains on Algorithm 1's samples, which with langevin.c1 = 0 and langevin.init = "
-                "'uniform' do not depend on x (c1 weighs the energy's only term in x); set langevin.c1 > 0 "
-                "(Algorithm 1 asks c1 > 0; Appendix E: 0.3) or langevin.init = 'clean'"
-            )
+        for field in ("steps", "step_size", "c1"):
+            if getattr(s, field) == 0:
+                paper = SamplerSettings.__dataclass_fields__[field].default  # Appendix E's
+                raise UserError(
+                    f"{self.name} trains on Algorithm 1's samples, which from langevin.init = 'uniform' with "
+                    f"langevin.{field} = 0 do not depend on x (the chain reaches x only by its steps on the energy's "
+                    f"c1 ||x_adv - x||^2); set langevin.{field} > 0 (Appendix E: {paper:g}) or langevin.init = 'clean'"
+                )
 
 
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:

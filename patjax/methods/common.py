@@ -151,7 +151,7 @@ class MethodSettings:
 
     def __post_init__(self):
         # Algorithm 1 starts each chain at Uniform[0,1]^d (Algorithm 2, line 7), not at x, and x
-        # enters only through the gradient steps (lines 8-13) on the energy's c1 ||x_adv - x||^2
+        # enters only through the gradient steps (the loop of lines 8-14) on the energy's c1 ||x_adv - x||^2
         # (line 11): from that start, with no step, a zero step size or c1 = 0, the batch a method
         # trains on does not depend on x, and the run would train without complaint on images
         # unrelated to their labels.

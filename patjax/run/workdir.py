@@ -49,9 +49,11 @@ def load_config(workdir: str):
         cfg = config_lib.upgrade(saved)
         config_lib.train_settings(cfg)  # every config read from a workdir is checked here
     except (AttributeError, KeyError, TypeError, ValueError, UserError) as error:  # JSON, but not a config
+        # A check's own refusal is one line already and says what to set: it is kept whole; any
+        # other exception's text is cut to a line of its start.
+        detail = one_line(error) if isinstance(error, UserError) else one_line(error)[:160]
         raise UserError(
-            f"{config_path(workdir)} is damaged ({type(error).__name__}: "
-            f"{one_line(error)[:160]}); restore it or start a new --workdir"
+            f"{config_path(workdir)} is damaged ({type(error).__name__}: {detail}); restore it or start a new --workdir"
         ) from None
     return cfg
 

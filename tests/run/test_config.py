@@ -56,6 +56,17 @@ def test_a_damaged_config_is_one_line_naming_the_file(tmp_path, text):
     assert "config.json is damaged" in message and "\n" not in message
 
 
+def test_a_config_a_check_refuses_is_one_line_with_the_checks_whole_reason(tmp_path):
+    """A readable config.json whose settings a check refuses (here a PAT run with T = 0 from the
+    uniform start) names the file and keeps the check's whole line, what to set included."""
+    workdir = write_config(tmp_path, {"method": "pat", "langevin": {"steps": 0}})
+    with pytest.raises(UserError) as error:
+        workdir_lib.load_config(workdir)
+    message = str(error.value)
+    assert message.startswith(f"{workdir_lib.config_path(workdir)} is damaged (UserError: pat trains on Algorithm 1")
+    assert "set langevin.steps > 0 (Appendix E: 100) or langevin.init = 'clean')" in message and "\n" not in message
+
+
 def test_a_folder_without_config_is_not_a_workdir(tmp_path):
     with pytest.raises(UserError, match="not a patjax workdir"):
         workdir_lib.load_config(str(tmp_path))

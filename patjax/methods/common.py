@@ -160,7 +160,7 @@ class MethodSettings:
             return
         for field in ("steps", "step_size", "c1"):
             if getattr(s, field) == 0:
-                paper = SamplerSettings.__dataclass_fields__[field].default  # Appendix E's
+                paper = getattr(SamplerSettings(), field)  # its default, Appendix E's
                 raise UserError(
                     f"{self.name} trains on Algorithm 1's samples, which from langevin.init = 'uniform' with "
                     f"langevin.{field} = 0 do not depend on x (the chain reaches x only by its steps on the energy's "

@@ -1176,9 +1176,9 @@ def ignores_x(method: str, field: str) -> str:
 def test_a_sampler_whose_samples_from_the_uniform_start_ignore_x_is_refused_for_the_methods_that_train_on_it(
     method, field
 ):
-    """Algorithm 1 starts at Uniform[0,1]^d: with T = 0 the batch is the same noise whatever x is
-    (tests/pat/test_samplers.py), and with a zero step size or c1 = 0 no step moves it toward x, so
-    the run would train on images unrelated to their labels without complaint. From x
+    """Algorithm 1 starts at Uniform[0,1]^d: with T = 0 the batch is the same noise whatever x is,
+    and with a zero step size or c1 = 0 no step moves it toward x (tests/pat/test_samplers.py checks
+    all three on the sampler itself), so the run would train on images unrelated to their labels. From x
     (init='clean') the samples depend on x, and a method that does not read the sampler ignores it."""
     given = {f"langevin.{field}": 0}
     with pytest.raises(UserError) as error:

@@ -38,6 +38,18 @@ def test_zero_steps_return_the_uniform_start_independent_of_x():
     assert abs(float(big.var()) - 1 / 12) < 0.003
 
 
+@pytest.mark.parametrize("field", ["step_size", "c1"])
+def test_from_the_uniform_start_a_zero_step_size_or_c1_leaves_the_samples_independent_of_x(field):
+    """What the methods' check refuses (MethodSettings): with eta = 0 no gradient step moves the
+    chain, with c1 = 0 the energy is -c2 CE(x_adv, y), in which x is absent; either way the same
+    key and label give the same samples for x and 1 - x. With both nonzero they differ."""
+    logits_fn, x, y, _, _ = linear_setup()
+    key = jax.random.PRNGKey(5)
+    given = dict(steps=5, noise_scale=0.01, **{field: 0.0})
+    np.testing.assert_array_equal(sample(logits_fn, key, x, y, **given), sample(logits_fn, key, 1.0 - x, y, **given))
+    assert not np.array_equal(sample(logits_fn, key, x, y, steps=5), sample(logits_fn, key, 1.0 - x, y, steps=5))
+
+
 def test_same_key_same_output_other_key_other_output():
     logits_fn, x, y, _, _ = linear_setup()
     a = sample(logits_fn, jax.random.PRNGKey(0), x, y, steps=3)

@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from patjax.attacks import l2
-from patjax.core.errors import UserError, check_counts, count, linf_radius
+from patjax.core.errors import UserError, check_counts, count, linf_radius, small_l2_radius
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 
@@ -62,7 +62,8 @@ class ThreatModelSettings:
     ball's radius and step_size the length of each normalized-gradient step (RobustBench's L2
     radius is 0.5); each evaluator says which norms it attacks under (`Evaluator.norms`). A norm
     chosen without a radius takes its own (`l2.RADII`, `l2.with_norm_radii`); an L-inf radius
-    above 1 is refused as one written in pixel levels."""
+    above 1 is refused as one written in pixel levels, an L2 one below 0.05 said to be the size
+    of an L-inf one."""
 
     eps: float = 8 / 255
     step_size: float = 2 / 255
@@ -78,6 +79,8 @@ class ThreatModelSettings:
         if self.norm == "linf":
             linf_radius("eval.attack.eps", self.eps)
             linf_radius("eval.attack.step_size", self.step_size)
+        else:
+            small_l2_radius("eval.attack.eps", self.eps, l2.RADII["l2"][0])
 
 
 THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attack evaluator reads

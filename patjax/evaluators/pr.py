@@ -15,7 +15,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from patjax.core.errors import UserError, check_counts, count
+from patjax.core.errors import UserError, check_counts, count, linf_radius
 from patjax.data import cifar
 from patjax.evaluators import common, intervals, stats
 from patjax.methods.common import Resolution
@@ -57,17 +57,22 @@ PRESETS = {
 PRESET_NAMES = {"table1": "the Table-1 protocol", "prbench": "PRBench's protocol", "l2": "patjax's L2 radii"}
 
 
-def preset_of(distribution: str, epsilons) -> str:
-    """The preset (`PRESETS`' key) whose headline law and radii these are, or ''."""
+def preset_of(distribution: str, epsilons, samples=None) -> str:
+    """The preset (`PRESETS`' key) whose headline law and radii these are (and N, where `samples`
+    is given: a caption that names a published protocol holds its N too), or ''."""
     for name, preset in PRESETS.items():
-        if distribution == preset["pr.distribution"] and tuple(float(e) for e in epsilons) == preset["pr.epsilons"]:
+        if (
+            distribution == preset["pr.distribution"]
+            and tuple(float(e) for e in epsilons) == preset["pr.epsilons"]
+            and (samples is None or int(samples) == preset["pr.samples"])
+        ):
             return name
     return ""
 
 
-def protocol_name(distribution: str, epsilons) -> str:
-    """The published protocol a headline law and its radii are (`PRESET_NAMES`), or ''."""
-    preset = preset_of(distribution, epsilons)
+def protocol_name(distribution: str, epsilons, samples=None) -> str:
+    """The published protocol a headline law, its radii (and N) are (`PRESET_NAMES`), or ''."""
+    preset = preset_of(distribution, epsilons, samples)
     return PRESET_NAMES[preset] if preset else ""
 
 
@@ -116,6 +121,11 @@ class PRSettings:
             raise UserError(f"eval.pr.prob_acc_q must lie in (0, 1), got {self.prob_acc_q}")
         if not self.epsilons or min(self.epsilons) < 0:
             raise UserError("eval.pr.epsilons must be non-empty and non-negative")
+        per_pixel = [d for d in self.distributions if laws.get(d).per_pixel]
+        if per_pixel:  # uniform_l2's radii are L2 norms, above 1 as often as not
+            linf_radius(
+                "eval.pr.epsilons", self.epsilons, f"the {' and '.join(per_pixel)} laws' radii are per pixel, in [0, 1]"
+            )
         for d in self.distributions:
             levels(self, d)  # a law with levels of its own checks the settings it reads (p_dis: c1 > 0)
         if self.entropic_lambda < 0:

@@ -15,7 +15,7 @@ import optax
 
 from patjax.attacks import l2
 from patjax.attacks import pgd as pgd_lib
-from patjax.core.errors import UserError, check_counts, count, linf_radius
+from patjax.core.errors import UserError, check_counts, count, linf_radius, small_l2_radius
 from patjax.models.networks import BN_MODES, ModelFns
 from patjax.pat import langevin as langevin_lib
 
@@ -77,6 +77,8 @@ class AttackSettings:
         if self.norm == "linf":
             linf_radius("attack.epsilon", self.epsilon)
             linf_radius("attack.step_size", self.step_size)
+        else:
+            small_l2_radius("attack.epsilon", self.epsilon, l2.RADII["l2"][0])
 
 
 @dataclasses.dataclass(frozen=True)

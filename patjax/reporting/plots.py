@@ -59,11 +59,8 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
                 continue
             n = next(iter(pr.values()))[over]["n"]
             _line_with_band(ax, {e: figure[over] for e, figure in pr.items()}, f"{name} (over {n} images)")
-        # The uniform law over clean-correct images is the Table-1 protocol's estimand at any radii,
-        # but for PRBench's, which are PRBench's protocol.
-        name = pr_lib.protocol_name(d, s["pr"].get("epsilons", ())) or (
-            "the Table-1 protocol" if d == "uniform" else ""
-        )
+        # A published protocol is named only at its law, radii and N.
+        name = pr_lib.protocol_name(d, s["pr"].get("epsilons", ()), s["pr"]["samples"])
         protocol = f" ({name})" if name and over == "clean_correct" else ""
         ax.set_title(f"{d} noise{protocol}, N={s['pr']['samples']} per image", fontsize=10)
         ax.set_xlabel(laws.get(d).level)

@@ -88,7 +88,7 @@ def pr_law(settings) -> str:
     """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
     headline PR's law, radii and samples of a results.json settings record."""
     dist, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons", ())
-    name = evaluators.pr.protocol_name(dist, radii)
+    name = evaluators.pr.protocol_name(dist, radii, settings["pr"].get("samples"))
     return (
         f"{dist} law at ε = {', '.join(f'{float(e):g}' for e in radii)}{f' ({name})' if name else ''}, "
         f"N = {settings['pr']['samples']} per image"

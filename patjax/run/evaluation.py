@@ -207,17 +207,19 @@ def settings_record(settings: settings_lib.EvaluationSettings, n: int, step: int
 
 
 def protocol_text(distribution: str, num_samples: int, epsilons=()) -> str:
-    """What the headline `pr` of results.json is: the Table-1 protocol (PRBench's at PRBench's
-    radii, the same law and estimand), or the same estimand under another law."""
-    if distribution == "uniform":
+    """What the headline `pr` of results.json is: the Table-1 protocol at Table 1's radii and N
+    (PRBench's at PRBench's), else the same estimand under the law, radii and N it was made with."""
+    preset = evaluators_lib.pr.preset_of(distribution, epsilons, num_samples)
+    if preset == "table1":
+        return PROTOCOL.replace("N samples", f"N = {num_samples} samples")
+    if preset == "prbench":
         text = PROTOCOL.replace("N samples", f"N = {num_samples} samples")
-        if evaluators_lib.pr.protocol_name(distribution, epsilons) == evaluators_lib.pr.PRESET_NAMES["prbench"]:
-            text = text.replace("Table-1 protocol", "PRBench's protocol (the Table-1 protocol's law at its radii)")
-        return text
+        return text.replace("Table-1 protocol", "PRBench's protocol (the Table-1 protocol's law at its radii)")
+    radii = ", ".join(f"{float(e):g}" for e in epsilons)
     return (
         f"per image, the fraction of N = {num_samples} samples of {laws.get(distribution).definition} "
-        f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
-        f"protocol's uniform law)"
+        f"at eps = {radii} with s(x') < 0; the mean over the images the model classifies correctly (not the "
+        f"Table-1 protocol, whose law is uniform at eps 0.1, 0.12, 0.15, 0.2 with N = 100)"
     )
 
 

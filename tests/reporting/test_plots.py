@@ -10,6 +10,10 @@ def test_the_pr_plot_shows_the_headline_estimand_and_says_so():
 
     a = hand_made_results(40, (0.95, 0.9), (0.38, 0.36), (0.1, 0.1), ["pgd20"])
     b = hand_made_results(55, (0.9, 0.8), (0.5, 0.44), (0.1, 0.1), ["pgd20"])
+    assert (
+        plots.plot_pr(["A", "B"], [a, b]).axes[0].get_title() == "uniform noise, N=100 per image"
+    )  # not Table 1's radii
+    a["settings"]["pr"]["epsilons"] = [0.1, 0.12, 0.15, 0.2]
     fig = plots.plot_pr(["A", "B"], [a, b])
     (ax,) = fig.axes
     # The lines are PR over each run's clean-correct images (the tables' headline), in percent.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Optional
 
 import numpy as np
@@ -351,25 +352,43 @@ def name_of(results: dict) -> str:
     return recorded if isinstance(recorded, str) else derived_name(settings if isinstance(settings, dict) else {})
 
 
-def evaluations(directory: str) -> list:
+def evaluations(directory: str, asked: Optional[str] = None) -> list:
     """(name, folder, results.json) of every evaluation kept in `directory`: eval/'s, then those
-    of evals/ by name."""
+    of evals/ by name. A damaged results.json (cut short, not JSON) is said in one warning line and
+    skipped, its files left as they are, so that one bad evaluation does not block the others;
+    the one `asked` for by name (evals/ASKED/) is refused in that line instead."""
     named = os.path.join(directory, NAMED_DIR)
     found = []
-    first = read_results_file(os.path.join(directory, "eval", "results.json"))
+    first = _readable(os.path.join(directory, "eval", "results.json"))
     if first is not None:
         found.append((name_of(first), os.path.join(directory, "eval"), first))
     for name in sorted(os.listdir(named)) if os.path.isdir(named) else ():
-        results = read_results_file(os.path.join(named, name, "results.json"))
+        results = _readable(os.path.join(named, name, "results.json"), refuse=name == asked)
         if results is not None and not any(name == n for n, _, _ in found):
             found.append((name, os.path.join(named, name), results))
     return found
 
 
+_SKIPPED: set = set()  # the damaged files already said, each said once a process
+
+
+def _readable(path: str, refuse: bool = False) -> Optional[dict]:
+    """`read_results_file`, or None (said once on stderr) for a damaged file, unless `refuse`."""
+    try:
+        return read_results_file(path)
+    except UserError as error:
+        if refuse:
+            raise
+        if path not in _SKIPPED:
+            _SKIPPED.add(path)
+            print(f"warning: skipped: {error}", file=sys.stderr, flush=True)
+        return None
+
+
 def named_dir(directory: str, name: str) -> str:
     """The folder of the evaluation named `name` in `directory`, or where a new one goes: eval/
     while no evaluation is there, else evals/NAME/."""
-    for kept, folder, _ in evaluations(directory):
+    for kept, folder, _ in evaluations(directory, asked=name):
         if kept == name:
             return folder
     free = not os.path.isfile(os.path.join(directory, "eval", "results.json"))
@@ -380,7 +399,7 @@ def reusable(directory: str, planned: dict, record: Optional[dict] = None, name:
     """The name of a saved evaluation in `directory` (the one named `name` with one) that holds
     what an evaluation with `planned` settings of the model `record` describes would compute
     (`covers`), with both its files; else None."""
-    for kept, folder, results in evaluations(directory):
+    for kept, folder, results in evaluations(directory, asked=name):
         settings = results.get("settings")
         if (
             (name is None or kept == name)
@@ -399,7 +418,7 @@ def chosen(directory: str, name: Optional[str] = None) -> Optional[str]:
     Raises UserError, naming those there are, where the name is not there or several are."""
     if name is None and not os.path.isdir(os.path.join(directory, NAMED_DIR)):
         return None
-    names = [kept for kept, _, _ in evaluations(directory)]
+    names = [kept for kept, _, _ in evaluations(directory, asked=name)]
     if name is None and len(names) <= 1:
         return names[0] if names else None
     if name in names:

@@ -4,6 +4,7 @@ images match is reused instead of evaluated again, a reader picks one by name; a
 eval/ folder reads as before."""
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -231,3 +232,36 @@ def test_every_committed_results_json_reads_in_the_nested_shape_with_known_setti
         assert settings["pr"]["samples"] >= 1 and isinstance(settings["pr"]["epsilons"], list), path
         read += 1
     assert read >= 100  # the committed suites' runs and their curve points
+
+
+def test_a_damaged_evaluation_is_said_in_one_line_and_skipped_unless_it_is_the_one_asked_for(workdir, capsys):
+    """One results.json cut short does not block the workdir: listing, a new evaluation under
+    another name and a comparison of another go on, each saying it in one warning line; the
+    damaged one, asked for by name, is refused; nothing of it is changed."""
+    workdir, calls = workdir
+    small = dict(evaluators="clean,pgd20")
+    first, l2 = keep(workdir, **small), keep(workdir, L2, **small)
+    damaged = os.path.join(l2.folder, "results.json")
+    with open(damaged, "r+b") as f:
+        f.truncate(40)
+    kept = folder_bytes(l2.folder)
+    eval_files._SKIPPED.clear()
+    capsys.readouterr()
+    assert [name for name, _, _ in eval_files.evaluations(workdir)] == [first.name]
+    assert eval_files.evaluations(workdir) and capsys.readouterr().err.splitlines() == [
+        f"warning: skipped: {damaged} is damaged ({_json_error(damaged)}); {eval_files.RESULTS_REMEDY}"
+    ]
+    other = keep(workdir, {"seed": 1}, eval_name="seed1", **small)
+    assert not other.reused and len(calls) == 3
+    assert eval_files.chosen(workdir, "seed1") == "seed1"
+    for asked in (lambda: eval_files.chosen(workdir, l2.name), lambda: keep(workdir, L2, **small)):
+        with pytest.raises(UserError, match=f"^{re.escape(damaged)} is damaged"):
+            asked()
+    assert folder_bytes(l2.folder) == kept and len(calls) == 3
+
+
+def _json_error(path):
+    try:
+        json.load(open(path))
+    except ValueError as error:
+        return str(error)[:120]

@@ -85,6 +85,35 @@ class ThreatModelSettings:
 
 THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attack evaluator reads
 
+NORM_SYMBOLS = {"linf": "L∞", "l2": "L2"}
+
+
+def radius(eps, norm: str = "linf") -> str:
+    """An attack's radius as it is published: an L-inf one as k/255 where it is one (8/255),
+    else the number (0.5)."""
+    levels = float(eps) * 255
+    if norm == "linf" and levels > 0 and abs(levels - round(levels)) < 1e-6:
+        return f"{round(levels)}/255"
+    return f"{float(eps):g}"
+
+
+def threat_model(settings) -> str:
+    """'L∞, ε = 8/255' of a results.json settings record (`eval_settings.nested_settings`'s shape);
+    '' for one without the attacks' radius."""
+    attack = settings.get(THREAT_BLOCK) or {}
+    if "eps" not in attack:
+        return ""
+    norm = attack["norm"]
+    return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(attack['eps'], norm)}"
+
+
+def threat_name(settings) -> str:
+    """The threat model as a part of an evaluation's name: linf-8_255, l2-0.5."""
+    attack = settings.get(THREAT_BLOCK) or {}
+    if "eps" not in attack:
+        return ""
+    return f"{attack['norm']}-{radius(attack['eps'], attack['norm']).replace('/', '_')}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -164,6 +193,12 @@ class Evaluator:
     make_rounds: (model_fns, settings, pass name) -> the pass's further rounds (`batches.Rounds`: the
       images still to attack leave the others between them), or None for a pass of one round.
     needs_clean: whether its figures need the clean pass (PR over clean-correct images).
+    name_part: (results.json's settings) -> its part of an evaluation's derived name, from the
+      settings it reads ('' for none); default: an attack's threat model (linf-8_255), else ''.
+    describe: (results.json's settings) -> what it measured, in words, for `--list` and the
+      announcement of a run; default: an attack's threat model, else ''.
+    An evaluation is named and listed by the parts of the evaluators that ran (`labels`), so that
+    a new evaluator labels its evaluations by declaring these two, nothing else.
     """
 
     name: str
@@ -180,6 +215,20 @@ class Evaluator:
     block: str = ""
     norms: tuple | None = None
     reads: tuple = ()
+    name_part: Callable[[dict], str] | None = None
+    describe: Callable[[dict], str] | None = None
+
+    def label_name(self, settings: dict) -> str:
+        """Its part of the name of an evaluation with these settings (results.json's)."""
+        if self.name_part is not None:
+            return self.name_part(settings)
+        return threat_name(settings) if self.norms is not None else ""
+
+    def label_words(self, settings: dict) -> str:
+        """What it measured in an evaluation with these settings (results.json's), in words."""
+        if self.describe is not None:
+            return self.describe(settings)
+        return f"attacks {threat_model(settings)}" if self.norms is not None and threat_model(settings) else ""
 
     @property
     def settings_block(self) -> str:

@@ -76,6 +76,29 @@ def protocol_name(distribution: str, epsilons, samples=None) -> str:
     return PRESET_NAMES[preset] if preset else ""
 
 
+def law_words(settings) -> str:
+    """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
+    headline PR's law, radii and samples of a results.json settings record."""
+    own = settings[BLOCK]
+    dist, radii, samples = own["distribution"], own.get("epsilons", ()), own["samples"]
+    name = protocol_name(dist, radii, samples)
+    at = ", ".join(f"{float(e):g}" for e in radii)
+    return f"{dist} law at ε = {at}{f' ({name})' if name else ''}, N = {samples} per image"
+
+
+# The N of every preset, the paper's: a name says N only where it is another.
+STANDARD_SAMPLES = 100
+
+
+def name_part(settings) -> str:
+    """PR's part of an evaluation's name: its preset (table1, prbench, l2) or its law and radii
+    (uniform-0.1-0.3), with -N and its samples where they are not the presets' 100."""
+    own = settings[BLOCK]
+    law, radii, samples = own["distribution"], own.get("epsilons") or (), own.get("samples", STANDARD_SAMPLES)
+    part = preset_of(law, radii) or "-".join([law, *(f"{float(e):g}" for e in radii)])
+    return part if samples == STANDARD_SAMPLES else f"{part}-N{samples}"
+
+
 @dataclasses.dataclass(frozen=True)
 class PRSettings:
     """PR's own settings (config block `eval.pr`), checked here before any evaluator runs.
@@ -236,4 +259,13 @@ def figures(per_image, s) -> dict:
     return {"pr": out}
 
 
-EVALUATOR = common.Evaluator("pr", passes, make_batch_fn, figures, needs_clean=True, settings=PRSettings)
+EVALUATOR = common.Evaluator(
+    "pr",
+    passes,
+    make_batch_fn,
+    figures,
+    needs_clean=True,
+    settings=PRSettings,
+    name_part=name_part,
+    describe=lambda settings: f"PR {law_words(settings)}",
+)

@@ -36,6 +36,26 @@ def _percent(value) -> float:
 PR_IMAGE_SETS = {"clean_correct": "the images each run classifies correctly", "all": "all images"}
 
 
+# The comparison plot's file, by what it draws (`drawn`): PR against eps, certified accuracy
+# against the L2 radius, or both side by side.
+PLOT_FILES = {
+    ("pr",): "pr_vs_eps.png",
+    ("certify",): "certified_accuracy.png",
+    ("pr", "certify"): "pr_and_certified.png",
+}
+
+
+def drawn(results_list) -> tuple:
+    """What `plot_pr` draws of these results: ('pr',), ('certify',), both, or () for nothing."""
+    has = lambda key: any(r.get("figures", {}).get(key) for r in results_list)
+    return tuple(k for k in ("pr", "certify") if has(k))
+
+
+def plot_file(results_list) -> str:
+    """The file name of the plot of these results, for what it draws (`PLOT_FILES`)."""
+    return PLOT_FILES[drawn(results_list)]
+
+
 def plot_pr(names, results_list, over: str = "clean_correct"):
     """Figure: PR against eps with interval bands, one line per run, one panel per law; PR over
     `over` (PR_IMAGE_SETS): by default the Table-1 estimand, the mean over the images each run
@@ -69,7 +89,9 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     dataset = DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
-    fig.suptitle(f"First {s['num_examples']} {dataset} test images;\nPR over {PR_IMAGE_SETS[over]}", fontsize=10)
+    what = [f"PR over {PR_IMAGE_SETS[over]}"] if dists else []
+    what += ["certified accuracy of the smoothed classifiers over all images"] if certified else []
+    fig.suptitle(f"First {s['num_examples']} {dataset} test images;\n{'; '.join(what)}", fontsize=10)
     fig.tight_layout()
     return fig
 

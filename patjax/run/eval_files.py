@@ -17,7 +17,7 @@ from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import laws, robustness
-from patjax.reporting import report
+from patjax.reporting import plots
 from patjax.run import eval_settings
 from patjax.run import workdir as workdir_lib
 
@@ -235,8 +235,9 @@ def results_path(workdir: str, step: Optional[int] = None, name: Optional[str] =
     return os.path.join(eval_dir(workdir, step, name), "results.json")
 
 
-def plot_path(workdir: str, name: Optional[str] = None) -> str:
-    return os.path.join(eval_dir(workdir, name=name), "pr_vs_eps.png")
+def plot_path(workdir: str, name: Optional[str] = None, file: str = plots.PLOT_FILES[("pr",)]) -> str:
+    """The comparison plot in the folder of the evaluation named `name`, as `file` (`plots.plot_file`)."""
+    return os.path.join(eval_dir(workdir, name=name), file)
 
 
 def per_image_path(workdir: str, step: Optional[int] = None, name: Optional[str] = None) -> str:
@@ -265,11 +266,10 @@ def write_results(
     entries = {**per_image, **identity(results["settings"])}
     atomic(os.path.join(folder, "per_image.npz"), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
     written = write_json(os.path.join(folder, "results.json"), results)
-    stale_plot = os.path.join(
-        folder, "pr_vs_eps.png"
-    )  # drawn from the previous results; the command line draws it anew
-    if step is None and os.path.isfile(stale_plot):
-        os.remove(stale_plot)
+    for file in plots.PLOT_FILES.values():  # drawn from the previous results; the command line draws it anew
+        stale_plot = os.path.join(folder, file)
+        if step is None and os.path.isfile(stale_plot):
+            os.remove(stale_plot)
     return written
 
 
@@ -329,20 +329,15 @@ def check_name(name: str) -> str:
 
 
 def derived_name(settings: dict) -> str:
-    """An evaluation's name from its settings (results.json's): the attacks' threat model and
-    radius (an L-inf one as k_255), the headline PR's preset (or its law and radii), the number
-    of images: linf-8_255.table1.n500, l2-0.5.table1.n500, linf-8_255.prbench.n500."""
-    parts = []
-    if eval_settings.setting(settings, "attack.eps") is not None:
-        norm = settings["attack"]["norm"]
-        parts.append(f"{norm}-{report.radius(settings['attack']['eps'], norm).replace('/', '_')}")
-    if eval_settings.setting(settings, "pr.distribution") is not None:
-        law, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons") or ()
-        preset = evaluators.pr.preset_of(law, radii)
-        parts.append(preset or "-".join([law, *(f"{float(e):g}" for e in radii)]))
+    """An evaluation's name from its settings (results.json's): the part of each evaluator that
+    ran, from the settings it reads (`evaluators.labels`: the attacks' threat model and radius,
+    an L-inf one as k_255; the headline PR's preset, or its law and radii; CERTIFY's sigma and
+    n), then the number of images: linf-8_255.table1.n500, l2-0.5.n500 (clean and PGD-20),
+    certify-sigma0.25-N100000.n500; the evaluators' names where none of them has a part."""
+    parts = evaluators.labels(settings)[0] or ["-".join(settings.get("evaluators") or ())]
     if "num_examples" in settings:
         parts.append(f"n{settings['num_examples']}")
-    return ".".join(parts) or "eval"
+    return ".".join(p for p in parts if p) or "eval"
 
 
 def name_of(results: dict) -> str:

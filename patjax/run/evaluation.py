@@ -33,7 +33,6 @@ from patjax.core import files, sharding
 from patjax.data import cifar
 from patjax.evaluators import batches, intervals, stats
 from patjax.pat import laws
-from patjax.reporting import report
 from patjax.run import checkpoints, eval_files
 from patjax.run import settings as settings_lib
 from patjax.run import workdir as workdir_lib
@@ -146,10 +145,7 @@ def announce(settings: settings_lib.EvaluationSettings, batch_fns: dict, state, 
     num_batches = -(-n // settings.batch_size)
     if num_batches < ANNOUNCE_BATCHES:
         return None
-    record = settings_record(settings, n, int(state.step))
-    attacks = set(evaluators_lib.WORST_CASE) & set(settings.evaluators)
-    what = [f"attacks {report.threat_model(record)}"] if attacks else []
-    what += [f"PR {report.pr_law(record)}"] if "pr" in settings.evaluators else []
+    what = evaluators_lib.labels(settings_record(settings, n, int(state.step)))[1]
     say = print if sharding.is_writer() else lambda *a, **k: None
     say(
         f"evaluating {', '.join(settings.evaluators)} on {n} images of {settings.dataset}'s test split, "

@@ -1,7 +1,8 @@
 """patjax: Probabilistic Adversarial Training (PAT) and probabilistic-robustness evaluation in JAX.
 
 The names a user needs, here (docs/api.md): evaluate any classifier (`evaluate_model`, the
-function `patjax.api.evaluate`; `evaluate_torch_checkpoint`, `evaluate_robustbench`), train a
+function `patjax.api.evaluate`; `evaluate_torch_checkpoint`, `evaluate_robustbench`) and print
+its result as the command's tables (`evaluation_tables`), train a
 run (`default_config`, `train_settings`, `train_run`), load a run's model (`restore`) and export
 it to PyTorch (`export_run`), the typed settings the config becomes, and the registries of
 methods, evaluators and networks. Everything else is reached through its folder.
@@ -24,6 +25,7 @@ from patjax.interop.torch_weights import export_run
 from patjax.methods import REGISTRY as METHODS
 from patjax.methods.common import AttackSettings, MethodSettings, SamplerSettings, SnisSettings
 from patjax.models.networks import MODELS
+from patjax.reporting.report import evaluation_tables
 from patjax.run.config import default_config, evaluation_settings, train_settings
 from patjax.run.optimizer import OptimizerSettings
 from patjax.run.settings import EvaluationSettings, TrainSettings
@@ -53,6 +55,7 @@ __all__ = [
     "evaluate_robustbench",
     "evaluate_torch_checkpoint",
     "evaluation_settings",
+    "evaluation_tables",
     "export_run",
     "restore",
     "train_run",

@@ -236,6 +236,12 @@ def extra_table(names, results_list, other_attacks, eps_keys, attack_header) -> 
     return [text_table(header + [f"LB({e}) %" for e in eps_keys], rows), f"({'; '.join(said)})"]
 
 
+def evaluation_tables(results: dict, name: str = "model") -> str:
+    """The tables `python -m patjax.evaluate` prints for one model, from the dict `patjax.api.evaluate`
+    returns (or a results.json): the same layout, the model's row labelled `name`."""
+    return comparison([name], [results])
+
+
 # The figures `comparison` lays out in its own tables (PR, AutoAttack and CERTIFY by their own layout).
 LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa", "certify")
 

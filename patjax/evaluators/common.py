@@ -197,6 +197,9 @@ class Evaluator:
       settings it reads ('' for none); default: an attack's threat model (linf-8_255), else ''.
     describe: (results.json's settings) -> what it measured, in words, for `--list` and the
       announcement of a run; default: an attack's threat model, else ''.
+    recorded: the entries at the top of results.json's settings beside its blocks that its
+      figures depend on (PR: each law's definition); with its blocks they are what a saved
+      evaluation must share for its per-image outcomes to be reused (`view_paths`).
     An evaluation is named and listed by the parts of the evaluators that ran (`labels`), so that
     a new evaluator labels its evaluations by declaring these two, nothing else.
     """
@@ -217,6 +220,16 @@ class Evaluator:
     reads: tuple = ()
     name_part: Callable[[dict], str] | None = None
     describe: Callable[[dict], str] | None = None
+    recorded: tuple = ()
+
+    def view_paths(self) -> tuple:
+        """The entries of results.json's settings its `View` is made of (the shared settings, the
+        threat model if it attacks, its own block, the blocks it reads) and those it `recorded`:
+        two evaluations of the same images and weights agreeing on these have its outcomes alike."""
+        blocks = (THREAT_BLOCK,) if self.norms is not None else ()
+        blocks += (self.settings_block,) if self.settings is not None else ()
+        shared = tuple(f.name for f in dataclasses.fields(SharedSettings))
+        return shared + blocks + tuple(self.reads) + tuple(self.recorded)
 
     def label_name(self, settings: dict) -> str:
         """Its part of the name of an evaluation with these settings (results.json's)."""

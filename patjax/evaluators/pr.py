@@ -268,4 +268,5 @@ EVALUATOR = common.Evaluator(
     settings=PRSettings,
     name_part=name_part,
     describe=lambda settings: f"PR {law_words(settings)}",
+    recorded=tuple(laws.REGISTRY),
 )

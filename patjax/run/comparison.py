@@ -102,7 +102,11 @@ def kept_line(label, outcome, written_to) -> str:
         return (
             f"{label}: reused {path} ({name}: made with this evaluation's settings and images; --overwrite redoes it)"
         )
-    return f"{label}: wrote {path} ({name}; wall time per evaluator, s: {outcome.results['evaluator_wall_time_s']})"
+    taken = outcome.results.get(eval_files.REUSED_KEY) or {}
+    sources = sorted(set(taken.values()))
+    reused = "".join(f"; {', '.join(e for e in taken if taken[e] == s)} taken from {s}" for s in sources)
+    walls = outcome.results["evaluator_wall_time_s"]
+    return f"{label}: wrote {path} ({name}; wall time per evaluator, s: {walls}{reused})"
 
 
 def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None, evals=None) -> str:

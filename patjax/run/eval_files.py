@@ -407,6 +407,51 @@ def reusable(directory: str, planned: dict, record: Optional[dict] = None, name:
     return None
 
 
+# results.json's {evaluator: the saved evaluation whose per-image outcomes it took}.
+REUSED_KEY = "reused_from"
+
+
+def ran(settings: dict) -> list:
+    """The evaluators an evaluation with these settings (results.json's) ran: those it lists,
+    and the clean pass that PR's clean-correct subset made it run beside them."""
+    names = list(settings.get("evaluators") or ())
+    needs_clean = any(evaluators.REGISTRY[e].needs_clean for e in names if e in evaluators.REGISTRY)
+    return names + (["clean"] if needs_clean and "clean" not in names else [])
+
+
+def reusable_evaluators(directory: str, planned: dict, record: dict, wanted) -> dict:
+    """{evaluator: name of a saved evaluation in `directory` whose outcomes of it this one may
+    take}: for each evaluator of `wanted`, the first evaluation (`evaluations`' order) of the same
+    model (`record`'s entries, its weights' sha256 among them), with both files, that ran it on
+    the same images with the same view of the settings (`eval_settings.same_view` on its
+    `view_paths`). An L2 evaluation after an L-inf one takes PR and clean accuracy from it;
+    PRBench's radii take PGD-20."""
+    found = {}
+    for kept, folder, results in evaluations(directory):
+        settings = results.get("settings")
+        if (
+            not isinstance(settings, dict)
+            or recorded_differences(results, record)
+            or not os.path.isfile(os.path.join(folder, "per_image.npz"))
+        ):
+            continue
+        for name in wanted:
+            view = evaluators.REGISTRY[name].view_paths()
+            if name not in found and name in ran(settings) and eval_settings.same_view(settings, planned, view):
+                found[name] = kept
+    return found
+
+
+def evaluator_outcomes(per_image: dict, evaluator, passes) -> dict:
+    """{pass: {output: per-image array}} of `evaluator`'s passes, from per_image.npz's arrays
+    (`load_results`), as `evaluation.evaluate_state` holds them before combining."""
+    out = {}
+    for name in passes:
+        prefix = f"{name}."
+        out[name] = {k[len(prefix) :]: v for k, v in per_image.items() if k.startswith(prefix)}
+    return out
+
+
 def chosen(directory: str, name: Optional[str] = None) -> Optional[str]:
     """The name of the evaluation of `directory` a reader takes: the one named `name`, else its
     only one; None where evals/ does not exist (eval/ alone, as before evaluations had names).

@@ -56,8 +56,13 @@ def evaluate_state(
     progress: bool = True,
     per_image_out: dict | None = None,
     announce_on: bool | None = None,
+    reused: dict | None = None,
 ) -> dict:
     """settings.evaluators on the first settings.num_examples images of `split` (-1: all of them).
+
+    reused: {evaluator: {pass: per-image outputs}} of evaluators whose outcomes a saved evaluation
+      of the same model, images and view already holds (`eval_files.reusable_evaluators`): their
+      passes are not run, their figures are made from these as from their own.
 
     announce_on (default: progress): a long evaluation says what will run and its estimated time
     (`announce`); every process of a multi-process evaluation times the same batches, process 0 speaks.
@@ -72,12 +77,14 @@ def evaluate_state(
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
     start_time = time.perf_counter()
+    reused = reused or {}
     views = {evaluator.name: s.view(evaluator) for evaluator in chosen}  # what each is handed
     batch_fns = {
         (evaluator.name, pass_name): batches.checking_logits(
             evaluator.make_batch_fn(model_fns, views[evaluator.name], pass_name), model_fns
         )
         for evaluator in chosen
+        if evaluator.name not in reused
         for pass_name in evaluator.passes(views[evaluator.name])
     }
     estimate = (
@@ -86,7 +93,8 @@ def evaluate_state(
     per_image, walls, figures = {}, {}, {}
     for evaluator in chosen:
         view = views[evaluator.name]
-        for pass_name in evaluator.passes(view):
+        per_image.update(reused.get(evaluator.name, {}))
+        for pass_name in evaluator.passes(view) if evaluator.name not in reused else ():
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             rounds = evaluator.make_rounds(model_fns, view, pass_name) if evaluator.make_rounds else None
             if rounds is not None:
@@ -330,6 +338,23 @@ def evaluate_workdir(
         )
 
 
+def taken_outcomes(settings: settings_lib.EvaluationSettings, out_dir: str, planned: dict, held: dict) -> dict:
+    """{evaluator: (saved evaluation's name, {pass: per-image outputs})} for each evaluator of this
+    evaluation (and the clean pass PR needs) whose outcomes a saved evaluation of out_dir holds
+    for the same model, images and view (`eval_files.reusable_evaluators`); each read back
+    checked (`eval_files.load_results`)."""
+    wanted = eval_files.ran({"evaluators": list(settings.evaluators)})
+    found = eval_files.reusable_evaluators(out_dir, planned, held, wanted)
+    loaded, taken = {}, {}
+    for name, source in found.items():
+        if source not in loaded:
+            loaded[source] = eval_files.load_results(out_dir, name=source)[1]
+        evaluator = evaluators_lib.REGISTRY[name]
+        passes = evaluator.passes(settings.evaluator_settings.view(evaluator))
+        taken[name] = (source, eval_files.evaluator_outcomes(loaded[source], evaluator, passes))
+    return taken
+
+
 def evaluate_and_write(
     settings: settings_lib.EvaluationSettings,
     model_fns,
@@ -367,6 +392,7 @@ def evaluate_and_write(
         eval_name = eval_name or eval_files.derived_name(planned)
     if not overwrite:
         check_replaceable(settings, out_dir, int(state.step), split, record, step, eval_name, keep)
+    taken = taken_outcomes(settings, out_dir, planned, held) if keep and held else {}
     per_image = {}
     results = evaluate_state(
         settings,
@@ -376,10 +402,13 @@ def evaluate_and_write(
         progress=progress and sharding.is_writer(),
         per_image_out=per_image,
         announce_on=progress,
+        reused={name: outcomes for name, (_, outcomes) in taken.items()},
     )
     results.update(record or {})
     if keep:
         results.update(weights)
+        if taken:  # where each evaluator's figures come from, when not from this run
+            results[eval_files.REUSED_KEY] = {name: source for name, (source, _) in taken.items()}
     if not sharding.is_writer():
         results = files.json_safe(results)
     else:

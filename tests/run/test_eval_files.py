@@ -16,6 +16,7 @@ from helpers import eval_config, tiny_setup
 from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.evaluators import batches
 from patjax.pat import laws
 from patjax.run import checkpoints, comparison, eval_files, eval_settings, evaluation
 from patjax.run import config as config_lib
@@ -56,9 +57,9 @@ def test_three_threat_models_are_kept_side_by_side_and_each_is_reused(workdir):
     first, l2, prbench = keep(workdir), keep(workdir, L2), keep(workdir, PRBENCH)
     # Each under the name its settings give, the first in eval/ where older readers look.
     assert [(k.name, os.path.relpath(k.folder, workdir), k.reused) for k in (first, l2, prbench)] == [
-        ("linf-0.05.table1.n7", "eval", False),
-        ("l2-0.5.table1.n7", "evals/l2-0.5.table1.n7", False),
-        ("linf-0.05.prbench.n7", "evals/linf-0.05.prbench.n7", False),
+        ("linf-0.05.table1-N6.n7", "eval", False),
+        ("l2-0.5.table1-N6.n7", "evals/l2-0.5.table1-N6.n7", False),
+        ("linf-0.05.prbench-N6.n7", "evals/linf-0.05.prbench-N6.n7", False),
     ]
     assert len(calls) == 3
     for k in (first, l2, prbench):
@@ -265,3 +266,34 @@ def _json_error(path):
         json.load(open(path))
     except ValueError as error:
         return str(error)[:120]
+
+
+@pytest.mark.slow
+def test_each_evaluator_is_reused_from_any_evaluation_of_the_same_model_images_and_view(workdir, monkeypatch):
+    """An L2 evaluation after an L-inf one runs PGD-20 alone (PR and clean accuracy read no threat
+    model); PRBench's radii then run PR alone (PGD-20 at L-inf is the first's); the figures and
+    per-image outcomes are those of an evaluation made whole; --overwrite runs everything."""
+    workdir, _ = workdir
+    ran = []
+    evaluate_pass = batches.evaluate_pass
+    monkeypatch.setattr(batches, "evaluate_pass", lambda *a, **k: ran.append(a[5]) or evaluate_pass(*a, **k))
+    keep(workdir)
+    assert ran == ["clean", "pgd20", "pr_uniform"]
+    ran.clear()
+    l2 = keep(workdir, L2)
+    assert ran == ["pgd20"] and l2.results["reused_from"] == {
+        "clean": "linf-0.05.table1-N6.n7",
+        "pr": "linf-0.05.table1-N6.n7",
+    }
+    assert comparison.kept_line("run", l2, None).endswith("; clean, pr taken from linf-0.05.table1-N6.n7)")
+    ran.clear()
+    prbench = keep(workdir, PRBENCH)
+    assert ran == ["pr_uniform"] and set(prbench.results["reused_from"]) == {"clean", "pgd20"}
+    ran.clear()
+    whole = keep(workdir, L2, overwrite=True, eval_name="l2_whole")
+    assert ran == ["clean", "pgd20", "pr_uniform"] and "reused_from" not in whole.results
+    assert whole.results["figures"] == l2.results["figures"]
+    reused, made = (eval_files.load_results(workdir, name=n)[1] for n in (l2.name, "l2_whole"))
+    assert sorted(reused) == sorted(made)
+    for key in made:
+        assert (reused[key] == made[key]).all(), key

@@ -37,11 +37,13 @@ PR_IMAGE_SETS = {"clean_correct": "the images each run classifies correctly", "a
 
 
 # The comparison plot's file, by what it draws (`drawn`): PR against eps, certified accuracy
-# against the L2 radius, or both side by side.
+# against the L2 radius, or both side by side; where it draws nothing, no plot is written and
+# the name is the stem of the paired differences' file beside it.
 PLOT_FILES = {
     ("pr",): "pr_vs_eps.png",
     ("certify",): "certified_accuracy.png",
     ("pr", "certify"): "pr_and_certified.png",
+    (): "comparison.png",
 }
 
 

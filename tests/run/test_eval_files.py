@@ -242,6 +242,9 @@ def test_a_damaged_evaluation_is_said_in_one_line_and_skipped_unless_it_is_the_o
     workdir, calls = workdir
     small = dict(evaluators="clean,pgd20")
     first, l2 = keep(workdir, **small), keep(workdir, L2, **small)
+    # Attacks alone: a comparison draws no plot and says none.
+    text = comparison.compare([workdir], evals=[first.name])
+    assert "plot:" not in text and not any(f.endswith(".png") for f in os.listdir(first.folder))
     damaged = os.path.join(l2.folder, "results.json")
     with open(damaged, "r+b") as f:
         f.truncate(40)

@@ -12,6 +12,7 @@ import numpy as np
 
 from patjax.core import files
 from patjax.data.download import DISPLAY_NAMES
+from patjax.evaluators import certify as certify_lib
 from patjax.evaluators import pr as pr_lib
 from patjax.pat import laws, robustness
 from patjax.reporting.report import confidence_pct, method_label
@@ -110,14 +111,16 @@ def _line_with_band(ax, figures: dict, label: str) -> None:
 
 def _plot_certified(ax, names, results_list, confidence: str) -> None:
     """The smoothed classifiers' certified accuracy against the L2 radius (`evaluators.certify`),
-    one line per run that was certified, with its Clopper-Pearson band: beside PR, the same images."""
-    settings = None
+    one line per run that was certified, with its Clopper-Pearson band: beside PR, the same images.
+    Radii above the largest that n and alpha can certify are not drawn (0 whatever the model): a
+    dashed line marks that radius."""
+    settings = next(r["figures"]["certify"]["settings"] for r in results_list if r.get("figures", {}).get("certify"))
+    top = certify_lib.largest_radius(settings["sigma"], settings["samples"], settings["alpha"])
     for name, r in zip(names, results_list):
         figure = r.get("figures", {}).get("certify")
-        if not figure:
-            continue
-        settings = settings or figure["settings"]  # every model of a comparison certified alike
-        _line_with_band(ax, figure["certified_accuracy"], name)
+        if figure:  # every model of a comparison certified alike
+            _line_with_band(ax, {k: v for k, v in figure["certified_accuracy"].items() if float(k) <= top}, name)
+    ax.axvline(top, color="grey", linestyle="--", linewidth=1, label=f"largest certifiable radius, {top:.3f}")
     ax.set_title(
         f"randomized smoothing, sigma={settings['sigma']}: n={settings['samples']}, alpha={settings['alpha']}",
         fontsize=10,

@@ -10,6 +10,8 @@ them out, in the paper's order and names.
 
 from __future__ import annotations
 
+import re
+
 from patjax import evaluators
 from patjax.data import download
 from patjax.evaluators.common import NORM_SYMBOLS, headline_first, radius, threat_model
@@ -196,7 +198,7 @@ def comparison(names, results_list) -> str:
                 f"{name}: AutoAttack on {aa['n']} images [{confidence_pct(s)} Clopper-Pearson intervals]: clean % "
                 f"{pct(aa.get('clean_accuracy'), 2)}, robust % after {after}; signs of gradient masking: {signs}"
             )
-    return "\n".join(tables)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(tables))  # one blank line between tables, whichever were printed
 
 
 def extra_table(names, results_list, other_attacks, eps_keys, attack_header) -> list:

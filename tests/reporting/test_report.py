@@ -132,9 +132,11 @@ def test_a_certify_only_evaluation_is_named_listed_and_tabled_as_certification()
     diffs = [{"run": "B", "baseline": "A", "distributions": {}, "certified_accuracy": {"0.0": None}}]
     assert "Paired PR differences" not in report.differences(diffs, a["settings"])
     assert plots.plot_file([a, b]) == "certified_accuracy.png"
-    assert plots.plot_pr(["A", "B"], [a, b])._suptitle.get_text() == (
+    fig = plots.plot_pr(["A", "B"], [a, b])
+    assert fig._suptitle.get_text() == (
         "First 100 CIFAR-10 test images;\ncertified accuracy of the smoothed classifiers over all images"
     )
+    assert list(fig.axes[0].lines[0].get_xdata()) == [0.0, 0.5]  # 0.75 is beyond n: not drawn as a 0
 
 
 def test_an_evaluation_is_named_for_the_evaluators_that_ran():

@@ -1238,6 +1238,15 @@ def test_a_pr_radius_of_a_per_pixel_law_above_one_is_refused_with_its_likely_mea
         )
 
 
+def test_l2_radii_given_beside_the_per_pixel_laws_are_refused_naming_how_they_go():
+    with pytest.raises(UserError) as error:
+        config_lib.default_evaluation_settings("cifar10", {"pr.distribution": "uniform_l2", "pr.epsilons": (0.5, 2.0)})
+    assert str(error.value) == (
+        "eval.pr.epsilons=0.5,2: 2 > 1: did you mean 2/255 = 0.0078? (the uniform and gaussian laws' radii are per "
+        "pixel, in [0, 1]; uniform_l2's radii: with eval.pr.distributions=uniform_l2 alone)"
+    )
+
+
 def test_an_l2_pr_radius_above_one_is_a_radius():
     """uniform_l2's radii are L2 norms (the L2 preset's reach 8)."""
     overrides = {"pr.distribution": "uniform_l2", "pr.distributions": ("uniform_l2",), "pr.epsilons": (0.5, 8.0)}

@@ -146,9 +146,11 @@ class PRSettings:
             raise UserError("eval.pr.epsilons must be non-empty and non-negative")
         per_pixel = [d for d in self.distributions if laws.get(d).per_pixel]
         if per_pixel:  # uniform_l2's radii are L2 norms, above 1 as often as not
-            linf_radius(
-                "eval.pr.epsilons", self.epsilons, f"the {' and '.join(per_pixel)} laws' radii are per pixel, in [0, 1]"
-            )
+            units = f"the {' and '.join(per_pixel)} laws' radii are per pixel, in [0, 1]"
+            other = [d for d in self.distributions if d in laws.of_eps() and d not in per_pixel]
+            if other:  # a law of eps in other units among them (uniform_l2): its radii go alone
+                units += f"; {other[0]}'s radii: with eval.pr.distributions={other[0]} alone"
+            linf_radius("eval.pr.epsilons", self.epsilons, units)
         for d in self.distributions:
             levels(self, d)  # a law with levels of its own checks the settings it reads (p_dis: c1 > 0)
         if self.entropic_lambda < 0:

@@ -71,6 +71,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="new_user_path_") as scratch:
         workdir = fresh_copy(run, scratch) if not args.dry_run else os.path.join(scratch, "run")
         env = dict(os.environ, PYTHONPATH=repo)
+        if not args.dry_run:  # which patjax the commands import: the checkout's, not an installed one
+            where = [sys.executable, "-c", "import patjax; print(patjax.__file__)"]
+            imported = subprocess.run(where, cwd=repo, env=env, capture_output=True, text=True).stdout.strip()
+            print(json.dumps({"step": "patjax", "repo": repo, "imported": imported}), flush=True)
         total = 0.0
         for step, argv_ in commands(workdir, args.certify_samples, args.extra.split()):
             if args.dry_run:

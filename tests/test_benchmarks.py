@@ -320,6 +320,7 @@ def test_the_new_user_path_runs_its_four_steps_as_separate_commands_on_a_copy(tm
             "--workdir=W",
             "--evaluators=clean,certify",
             "--certify_sigma=0.25",
+            "--eval_name=certify",
             "--certify_samples=1000",
             "--num_examples=8",
         ],

@@ -1,11 +1,14 @@
 """The evaluation as a library call: any classifier and any 8-bit images in, the figures of
 results.json out, with no run, config file or workdir.
 
-  results = patjax.api.evaluate(logits_fn, images, labels, evaluators="clean,pgd20,pr")
+  results = patjax.api.evaluate(nnx_model, images, labels, evaluators="clean,pgd20,pr")
+  results = patjax.api.evaluate(logits_fn, images, labels)
   results = patjax.api.evaluate((module, variables), images, labels, pr={"samples": 100})
   results = patjax.api.evaluate(module.bind(variables), images, labels)
 
-`model` is a function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
+`model` is a Flax NNX module (evaluated as `model.eval()` sets it, BatchNorm on its running
+statistics, on a copy: the module passed keeps its mode; its __call__ takes the images alone), a
+function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
 traceable: the attacks differentiate it), or a Flax Linen module with its variables
 ({"params": ..., "batch_stats": ...}), as a (module, variables) pair or bound
 (`module.bind(variables)`); its __call__ takes the images and, optionally, `train` (then called
@@ -31,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from patjax.core.errors import UserError, UserTypeError, one_line
 from patjax.data import cifar
@@ -42,7 +46,7 @@ from patjax.interop.sources import (
     evaluate_torch_checkpoint,
     first_settings,
 )
-from patjax.models import networks
+from patjax.models import forwards, networks
 from patjax.run import config as config_lib
 from patjax.run import evaluation
 from patjax.run import settings as settings_lib
@@ -99,12 +103,18 @@ def _without_train_mode(logits):
 
 
 def as_model(model: Model):
-    """(model_fns, state) for `evaluation.evaluate_state` from a logits function, a Flax module
-    with its variables, or a bound Flax module (`module.bind(variables)`). Whether the module's
+    """(model_fns, state) for `evaluation.evaluate_state` from an NNX module
+    (`forwards.nnx_model_fns`), a logits function, a Flax Linen module with its variables, or a
+    bound Linen module (`module.bind(variables)`). Whether the module's
     __call__ takes `train` is read off its signature: the evaluation calls it with train=False
     (BatchNorm's running statistics) if it does, with the images alone if it does not. Variables
     that hold a NaN or an infinity are a one-line UserError (`networks.check_finite`); a logits
     function's own weights are out of reach, and only its logits are checked."""
+    if isinstance(model, nnx.Module):
+        # Evaluated as model.eval() sets it, on a copy: the user's module keeps its mode.
+        model_fns, params, batch_stats = forwards.nnx_model_fns(model)
+        networks.check_finite({"params": params, "batch_stats": batch_stats}, f"the {type(model).__name__} passed")
+        return model_fns, state_lib.inference_state(params, batch_stats)
     if isinstance(model, nn.Module):
         if model.scope is None:
             raise UserError("a Flax module needs its variables: pass (module, variables) or module.bind(variables)")
@@ -127,7 +137,9 @@ def as_model(model: Model):
         params, batch_stats = {}, {}
         apply = _without_train_mode(lambda variables, x: model(x, train=False) if takes_train else model(x))
     else:
-        raise UserTypeError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
+        raise UserTypeError(
+            "model must be a flax.nnx.Module, a logits function, a (flax module, variables) pair or a bound flax module"
+        )
     return networks.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 
 

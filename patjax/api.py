@@ -138,7 +138,7 @@ def as_model(model: Model):
         apply = _without_train_mode(lambda variables, x: model(x, train=False) if takes_train else model(x))
     else:
         raise UserTypeError(
-            "model must be a flax.nnx.Module, a logits function, a (flax module, variables) pair or a bound flax module"
+            "model must be a logits function, an nnx.Module, a (linen module, variables) pair or a bound linen module"
         )
     return networks.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 

@@ -46,7 +46,7 @@ def check_images_alone(fn, what: str) -> None:
 
 def _batch_norm_modes(model: nnx.Module) -> set:
     """{True, False}: the use_running_average of every BatchNorm the module holds."""
-    return {m.use_running_average for _, m in model.iter_modules() if isinstance(m, nnx.BatchNorm)}
+    return {m.use_running_average for _, m in nnx.iter_modules(model) if isinstance(m, nnx.BatchNorm)}
 
 
 def _check_nnx(model) -> None:

@@ -23,7 +23,7 @@ settings, state, training and evaluation), `interop` (PyTorch weights, RobustBen
 """
 
 from patjax.api import evaluate as evaluate_model
-from patjax.api import evaluate_robustbench, evaluate_torch_checkpoint
+from patjax.api import evaluate_robustbench, evaluate_torch_checkpoint, train_model
 from patjax.attacks.apgd import apgd
 from patjax.attacks.pgd import cw_margin_loss, pgd
 from patjax.evaluators import REGISTRY as EVALUATORS
@@ -105,6 +105,7 @@ __all__ = [
     "restore",
     "snis_weights",
     "trades_loss",
+    "train_model",
     "train_run",
     "train_settings",
 ]

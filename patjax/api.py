@@ -51,6 +51,7 @@ from patjax.run import config as config_lib
 from patjax.run import evaluation
 from patjax.run import settings as settings_lib
 from patjax.run import state as state_lib
+from patjax.run import train as train_lib
 
 __all__ = [
     "MODEL_FIELDS",
@@ -64,6 +65,7 @@ __all__ = [
     "evaluate_robustbench",
     "evaluate_torch_checkpoint",
     "first_settings",
+    "train_model",
 ]
 
 Model = Union[Callable[[Any], Any], tuple]
@@ -261,3 +263,18 @@ def evaluate(
     per_image = {}
     results = evaluation.evaluate_state(chosen, model_fns, state, split, progress=progress, per_image_out=per_image)
     return {**results, "per_image": per_image}
+
+
+def train_model(model, settings: settings_lib.TrainSettings, workdir: str, **kwargs):
+    """A user's module trained by patjax's loop (`train.train_run(..., model=)`): the method,
+    optimizer, data and schedule of `settings` (`patjax.train_settings(cfg)`; its model name is
+    not read, its dataset is), checkpoints and the training log in `workdir`, resumed from its
+    newest checkpoint when run again with the same module. `model`: a flax.nnx.Module or a
+    (linen module, variables) pair, trained from its own variables and left unchanged; returns
+    the trained model in the same form (an NNX module in inference mode, or (module, variables)),
+    for `evaluate`. kwargs: train_run's stop_after_steps and stop_at."""
+    state = train_lib.train_run(settings, workdir, model=model, **kwargs)
+    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    if isinstance(model, nnx.Module):
+        return forwards.nnx_module(model, variables["params"], variables["batch_stats"])
+    return model[0], variables

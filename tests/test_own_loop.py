@@ -294,3 +294,38 @@ def test_the_own_loop_snippets_of_docs_api_md_run_in_order():
     assert np.isfinite(float(namespace["metrics"]["loss"]))
     assert namespace["results"]["figures"]["clean_accuracy"]["n"] == 8
     assert namespace["certificates"]["radius"].shape == (8,)
+
+
+@pytest.mark.slow
+def test_train_model_trains_a_users_linen_module_as_main_py_trains_its_network(fake_data_dir, tmp_path, nnx_example):
+    """The same network and initial variables through train_model and through main.py's
+    train_run: the same parameters, bitwise; a resumed run takes the same module only, and a
+    run of a user's module is not rebuilt from its config."""
+    cfg = tiny_config(method="pat", data_dir=fake_data_dir, num_train_steps=2)
+    settings = config_lib.train_settings(cfg)
+    main_state = train_lib.train_run(settings, str(tmp_path / "main"))
+    module = settings.model.build()
+    params, batch_stats = networks.init_variables(module, jax.random.split(jax.random.PRNGKey(settings.seed))[0])
+    variables = {"params": params, "batch_stats": batch_stats}
+    _, trained = patjax.train_model((module, variables), settings, str(tmp_path / "own"))
+    jax.tree.map(np.testing.assert_array_equal, trained["params"], main_state.params)
+    jax.tree.map(np.testing.assert_array_equal, trained["batch_stats"], main_state.batch_stats)
+    with pytest.raises(UserError, match="whose variables differ"):
+        patjax.train_model(nnx_example["SmallCNN"](rngs=nnx.Rngs(0)), settings, str(tmp_path / "own"))
+    with pytest.raises(UserError, match="trains a SmallCNN of the user's; resume with train_run"):
+        train_lib.train_run(settings, str(tmp_path / "own"))
+    with pytest.raises(UserError, match="trained a module of the user's"):
+        patjax.restore(str(tmp_path / "own"))
+
+
+@pytest.mark.slow
+def test_train_model_returns_a_trained_nnx_module_and_leaves_the_users_unchanged(fake_data_dir, tmp_path, nnx_example):
+    cfg = tiny_config(method="pgd", data_dir=fake_data_dir, num_train_steps=2, **{"attack.steps": 1})
+    model = nnx_example["SmallCNN"](rngs=nnx.Rngs(0))
+    before = jax.tree.map(np.asarray, nnx.state(model))
+    trained = patjax.train_model(model, config_lib.train_settings(cfg), str(tmp_path))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, nnx.state(model)), before)
+    assert type(trained) is type(model) and all(n.use_running_average for n in trained.norms)
+    assert not np.array_equal(trained.head.kernel[...], model.head.kernel[...])
+    results = patjax.evaluate_model(trained, np.zeros((4, 32, 32, 3), np.uint8), np.arange(4), evaluators="clean")
+    assert results["figures"]["clean_accuracy"]["n"] == 4

@@ -278,17 +278,19 @@ DOC_SMALLER = {
     "(8, 32, 32, 3)": "(8, 16, 16, 3)",
     "steps=100).x_adv": "steps=2).x_adv",
     "steps=20": "steps=2",
+    "cfg.num_train_steps = 2": "cfg.num_train_steps, cfg.batch_size, cfg.langevin.steps = 2, 8, 1",
 }
 
 
 @pytest.mark.slow
-def test_the_own_loop_snippets_of_docs_api_md_run_in_order():
+def test_the_own_loop_snippets_of_docs_api_md_run_in_order(tmp_path, data_dir):
     text = (REPO / "docs" / "api.md").read_text()
     section = text.split("## Your own training loop")[1].split("\n## ")[0]
     code = "\n".join(block.split("```")[0] for block in section.split("```python\n")[1:])
     for doc, smaller in DOC_SMALLER.items():
         assert doc in code, doc
         code = code.replace(doc, smaller)
+    code = code.replace('"runs/my_nnx_pat"', repr(str(tmp_path / "run")))
     namespace = {}
     exec(compile(code, "docs/api.md", "exec"), namespace)
     assert np.isfinite(float(namespace["metrics"]["loss"]))

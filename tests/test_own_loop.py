@@ -265,9 +265,22 @@ def test_bad_input_is_one_line():
         patjax.pgd_at_loss(wrong, lambda x: jnp.zeros((x.shape[0], 10)), jax.random.PRNGKey(0), x, y)
     with pytest.raises(UserError, match="pat.beta must be >= 0"):
         patjax.pat_loss(wrong, lambda x: jnp.zeros((4, 10)), jax.random.PRNGKey(0), x, y, beta=-1.0)
-    for error in (UserError,):
-        with pytest.raises(error):
-            forwards.nnx_logits_fn(Flat(), bn_mode="auto")
+    with pytest.raises(UserError, match="bn_mode must be one of"):
+        forwards.nnx_logits_fn(Flat(), bn_mode="auto")
+    training = Flat()  # an NNX module in training mode handed to an attack or estimator as the classifier
+    key = jax.random.PRNGKey(0)
+    calls = {
+        "pgd": lambda: patjax.pgd(training, key, x, y, eps=0.03, step_size=0.01, steps=1),
+        "langevin": lambda: patjax.langevin_sample(training, key, x, y, patjax.LangevinSettings(steps=1)),
+        "apgd": lambda: patjax.apgd(training, key, x, y, eps=0.03, steps=1),
+        "pr": lambda: patjax.pr_statistics(training, key, x, y, jnp.arange(4), (0.1,), 2, 2),
+        "counts": lambda: patjax.class_counts(training, key, x, jnp.arange(4), 0, 2, 2, 0.25),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UserError, match="Flat passed as the classifier is in training mode .* model.eval"):
+            call()
+    training.eval()
+    assert patjax.pgd(training, key, x, y, eps=0.03, step_size=0.01, steps=1).shape == x.shape
 
 
 # The doc's settings, made small where only the run time depends on them.

@@ -168,6 +168,13 @@ class MethodSettings:
                 )
 
 
+def check_beta(beta) -> None:
+    """The one check of beta where an objective takes it (`SnisSettings`'s): a Python number is
+    checked; a traced one (a schedule of beta in the user's step) is the caller's to keep >= 0."""
+    if isinstance(beta, (int, float)):
+        SnisSettings(beta=beta)
+
+
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
     """Self-normalized importance weights over the batch (Algorithm 2, lines 17-18; Eq. 2).
 

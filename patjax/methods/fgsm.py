@@ -10,7 +10,7 @@ import jax
 
 from patjax.attacks import pgd as pgd_lib
 from patjax.attacks.logits import LogitsFn
-from patjax.methods.common import Method, SnisSettings, TrainFn, weighted_ce
+from patjax.methods.common import Method, TrainFn, check_beta, weighted_ce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ def fgsm_at_loss(
     (Goodfellow et al. 2015) on `attack_fn`; random_start: the gradient taken at a uniform point
     of the ball, as AT-PR's fgsm_loss (`key` is read only then). beta > 0 is FGSM-COR (Table 2),
     the PAT weights. (loss, (state, metrics))."""
-    SnisSettings(beta=beta)
+    check_beta(beta)
     if random_start:
         x_adv = pgd_lib.fgsm_random_point(attack_fn, key, x, y, epsilon)
     else:

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from patjax.attacks.logits import LogitsFn
-from patjax.methods.common import Method, SnisSettings, TrainFn, weighted_ce
+from patjax.methods.common import Method, SnisSettings, TrainFn, check_beta, weighted_ce
 from patjax.models.networks import ModelFns
 from patjax.pat import langevin as langevin_lib
 
@@ -46,7 +46,7 @@ def pat_loss(
     Metrics: loss, adv_accuracy (training-mode pass on x_adv), snis_weight_mean / _max and
     langevin_steps (gradient steps per chain: T unless sampler.tolerance ends chains early).
     """
-    SnisSettings(beta=beta)  # the one check of beta
+    check_beta(beta)
     x_adv, steps = langevin_lib.langevin_sample_with_steps(attack_fn, key, x, y, sampler)
     loss, (state, metrics) = weighted_ce(train_fn, x_adv, y, beta, state)
     return loss, (state, dict(metrics, langevin_steps=jnp.mean(steps.astype(jnp.float32))))

@@ -10,7 +10,7 @@ import jax
 
 from patjax.attacks import l2
 from patjax.attacks.logits import LogitsFn
-from patjax.methods.common import AttackSettings, Method, SnisSettings, TrainFn, weighted_ce
+from patjax.methods.common import AttackSettings, Method, TrainFn, check_beta, weighted_ce
 from patjax.models.networks import ModelFns
 
 
@@ -37,7 +37,7 @@ def pgd_at_loss(
     beta > 0 is PGD-COR (Table 2): sum_i w_i CE_i with PAT's SNIS weights (Eq. 2).
     (loss, (state, metrics)); `attack.bn_mode` is how patjax's loop builds `attack_fn` (batch
     statistics for PGD, as MadryLab/cifar10_challenge) and is not read here."""
-    SnisSettings(beta=beta)
+    check_beta(beta)
     x_adv = pgd_batch(attack_fn, key, x, y, attack)
     return weighted_ce(train_fn, x_adv, y, beta, state)
 

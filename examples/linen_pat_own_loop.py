@@ -87,7 +87,7 @@ def main(
         test.images[:eval_images],
         test.labels[:eval_images],
         evaluators="clean,pgd20,pr",
-        pr={"samples": pr_samples},
+        pr={"samples": pr_samples, "distributions": ["uniform"]},  # Table 1's law
     )
     print(report.comparison(["linen own loop"], [results]))
     return results

@@ -108,7 +108,7 @@ def main(
         test.images[:eval_images],
         test.labels[:eval_images],
         evaluators="clean,pgd20,pr",
-        pr={"samples": pr_samples},
+        pr={"samples": pr_samples, "distributions": ["uniform"]},  # Table 1's law
     )
     print(report.comparison(["nnx own loop"], [results]))
     return results

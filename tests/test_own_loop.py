@@ -291,7 +291,8 @@ DOC_SMALLER = {
     "(8, 32, 32, 3)": "(8, 16, 16, 3)",
     "steps=100).x_adv": "steps=2).x_adv",
     "steps=20": "steps=2",
-    "cfg.num_train_steps = 2": "cfg.num_train_steps, cfg.batch_size, cfg.langevin.steps = 2, 8, 1",
+    "cfg.num_train_steps = 2": "cfg.num_train_steps, cfg.batch_size, cfg.langevin.steps = 2, 8, 1\n"
+    "cfg.log_test_examples, cfg.progress_bar = 8, False",
 }
 
 

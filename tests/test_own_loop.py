@@ -249,6 +249,25 @@ class Flat(nnx.Module):
         return self.norm(jnp.mean(x, axis=(1, 2))) @ self.w[...]
 
 
+class WithDropout(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones((3, 10)))
+        self.drop = nnx.Dropout(0.5, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+        return self.drop(jnp.mean(x, axis=(1, 2)) @ self.w[...])
+
+
+def test_a_module_with_random_layers_is_evaluated_and_not_trained_by_patjax_s_loop(fake_data_dir, tmp_path):
+    model = WithDropout()  # in training mode: the evaluation runs it as model.eval() would
+    results = patjax.evaluate_model(model, np.zeros((4, 8, 8, 3), np.uint8), np.arange(4), evaluators="clean")
+    assert results["figures"]["clean_accuracy"]["n"] == 4
+    settings = config_lib.train_settings(tiny_config(method="clean", data_dir=fake_data_dir))
+    with pytest.raises(UserError, match="WithDropout has random layers .* your own loop"):
+        patjax.train_model(model, settings, str(tmp_path))
+    assert not (tmp_path / "config.json").exists()  # nothing written
+
+
 def test_bad_input_is_one_line():
     x, y = jnp.zeros((4, 8, 8, 3)), jnp.arange(4)
     images = np.zeros((4, 8, 8, 3), np.uint8)

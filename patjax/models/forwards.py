@@ -55,18 +55,24 @@ def _check_nnx(model) -> None:
     check_images_alone(model.__call__, f"{type(model).__name__}.__call__")
 
 
+# The variables a module updates in training mode and a run checkpoints (BatchStat and any other
+# of the user's), apart from its parameters and its random layers' key state.
+_STATS = nnx.Not(nnx.Any(nnx.Param, nnx.RngState))
+
+
 def _split(model: nnx.Module):
-    """(graphdef, params, the other variables) with the variables as pure dicts of arrays: what
-    a checkpoint, a sharding and the evaluators' pytrees hold."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+    """(graphdef, params, statistics, key state): the parameters and statistics as pure dicts of
+    arrays (what a checkpoint, a sharding and the evaluators' pytrees hold); the random layers'
+    keys (nnx.Rngs, which inference mode does not draw from) kept as the module's State."""
+    graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
+    return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest), rngs
 
 
-def _merged(graphdef, params, rest, train: bool) -> nnx.Module:
+def _merged(graphdef, params, rest, rngs, train: bool) -> nnx.Module:
     """A new module from the variables, in training or inference mode: `copy=True` gives it
     Variables of the current trace, so its BatchNorm may update them inside jax transforms
     without touching the module they came from."""
-    model = nnx.merge(graphdef, nnx.State(params), nnx.State(rest), copy=True)
+    model = nnx.merge(graphdef, nnx.State(params), rngs, nnx.State(rest), copy=True)
     if train:
         model.train()
     else:
@@ -82,9 +88,9 @@ def nnx_logits_fn(model: nnx.Module, bn_mode: str = "inference"):
     _check_nnx(model)
     if bn_mode not in BN_MODES:
         raise UserError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r}")
-    graphdef, params, rest = _split(model)
+    graphdef, params, rest, rngs = _split(model)
     params, rest = jax.lax.stop_gradient((params, rest))
-    return lambda x: _merged(graphdef, params, rest, bn_mode == "train")(x)
+    return lambda x: _merged(graphdef, params, rest, rngs, bn_mode == "train")(x)
 
 
 def nnx_forwards(model: nnx.Module, attack_bn_mode: str = "inference"):
@@ -114,24 +120,29 @@ def linen_forwards(module, params, batch_stats: Any = None, attack_bn_mode: str 
 
 def nnx_model_fns(model: nnx.Module):
     """(ModelFns, params, batch_stats) of an NNX module, Linen's apply convention over its
-    variables as pure dicts (params: its nnx.Param variables; batch_stats: all the others,
-    BatchStat among them), for evaluation and patjax's training loop; `nnx_module` puts trained
-    variables back into a module."""
+    variables as pure dicts (params: its nnx.Param variables; batch_stats: the others but its
+    random layers' keys, BatchStat among them), for evaluation and patjax's training loop;
+    `nnx_module` puts trained variables back into a module."""
     _check_nnx(model)
-    graphdef, params, rest = _split(model)
+    graphdef, params, rest, rngs = _split(model)
 
     def apply(variables, x, train: bool = False, mutable=None):
-        copy = _merged(graphdef, variables["params"], variables.get("batch_stats", rest), train)
+        copy = _merged(graphdef, variables["params"], variables.get("batch_stats", rest), rngs, train)
         logits = copy(x)
         if not mutable:
             return logits
-        return logits, {"batch_stats": nnx.to_pure_dict(nnx.state(copy, nnx.Not(nnx.Param)))}
+        return logits, {"batch_stats": nnx.to_pure_dict(nnx.state(copy, _STATS))}
 
     return ModelFns(apply), params, rest
+
+
+def has_random_layers(model: nnx.Module) -> bool:
+    """Whether the module holds key state (nnx.Rngs: Dropout and the like)."""
+    return bool(jax.tree.leaves(nnx.state(model, nnx.RngState)))
 
 
 def nnx_module(model: nnx.Module, params, batch_stats) -> nnx.Module:
     """A new module of `model`'s structure holding these variables (as `nnx_model_fns` returns
     them), in inference mode."""
-    graphdef, _, _ = _split(model)
-    return _merged(graphdef, params, batch_stats, train=False)
+    graphdef, _, _, rngs = _split(model)
+    return _merged(graphdef, params, batch_stats, rngs, train=False)

@@ -87,6 +87,12 @@ def user_model(model):
     initial ones) or a Linen (module, variables) pair whose __call__ takes (x, train); the
     description (its class and every variable's shape) is what a resumed run must match."""
     if isinstance(model, nnx.Module):
+        if forwards.has_random_layers(model):
+            # The step hands the model no key, so Dropout would draw the same mask at every step.
+            raise UserError(
+                f"{type(model).__name__} has random layers (nnx.Rngs): patjax's step draws no key for them; "
+                f"train it in your own loop with patjax's objectives (docs/api.md)"
+            )
         fns, params, batch_stats = forwards.nnx_model_fns(model)
         kind, name = "nnx", type(model).__name__
     elif isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], nn.Module):

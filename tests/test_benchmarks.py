@@ -11,11 +11,15 @@ import pytest
 from conftest import REPO
 
 
-def _load_profile_step():
-    spec = importlib.util.spec_from_file_location("profile_step", REPO / "benchmarks" / "speed" / "profile_step.py")
+def _load_speed_script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "speed" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_profile_step():
+    return _load_speed_script("profile_step")
 
 
 def test_valid_taps_hand_counts():
@@ -332,3 +336,19 @@ def test_the_new_user_path_runs_its_four_steps_as_separate_commands_on_a_copy(tm
     assert os.listdir(copy) == ["config.json"] and (run / "eval").is_dir()  # the run itself untouched
     with pytest.raises(SystemExit):
         module.main(["--run", str(tmp_path / "nothing"), "--dry_run"])
+
+
+def test_epoch_throughput_counts_t_sampler_steps_of_pat_from_the_uniform_start():
+    # PAT from the uniform start with T = 0 is refused, so the count cannot lower that step; it
+    # must still grow by one sampler step per step of T, the loop body XLA counts once.
+    et = _load_speed_script("epoch_throughput")
+    args = et.parse_args(["--model", "small_cnn", "--batch", "8", "--langevin-steps", "10"])
+    assert args.langevin_init == "uniform" and args.method == "pat"
+    placed = et.build(args, 1)[1:]
+
+    def flops(steps):
+        at = et.parse_args(["--model", "small_cnn", "--batch", "8", "--langevin-steps", str(steps)])
+        return et.step_flops(at, et.build(at, steps)[0].lower(*placed), placed)
+
+    f1, f2, f10 = flops(1), flops(2), flops(10)
+    assert 0 < f1 < f2 and f10 - f1 == 9 * (f2 - f1)

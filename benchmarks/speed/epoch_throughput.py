@@ -12,8 +12,10 @@ unchanged on CPU and GPU; flags that overlap benchmarks/speed/torch_pat_peer.py 
 names (--batch, --langevin-steps, --width, --iters).
 
 FLOPs: XLA's cost analysis counts a while-loop body once whatever its trip count, so the
-step's FLOPs are assembled as F(T=0) + T * (F(T=1) - F(T=0)) from the cost analyses of the
-step lowered at T = 0 and T = 1 (lowering only, no extra compilation).
+step's FLOPs are assembled as F(T) + (T - 1) * (F'(1) - F'(0)): the step as timed, its sampler
+loop counted once, plus T - 1 more sampler steps, one sampler step being the difference between
+the step lowered with one and with no Langevin step from the clean start (F'; lowering only, no
+extra compilation). Other loops (PGD's attack steps in the pgd method, say) stay counted once.
 """
 
 from __future__ import annotations
@@ -108,6 +110,21 @@ def _flops(lowered) -> float:
     return float(cost.get("flops", 0.0)) if cost else 0.0
 
 
+def step_flops(args, lowered, placed) -> float:
+    """FLOPs of one step at T = args.langevin_steps, `lowered` being that step lowered.
+
+    The cost analysis counts the sampler's loop body once, so T - 1 sampler steps are added,
+    each counted as the difference between the step at T = 1 and at T = 0. Those two are lowered
+    from the clean start: PAT from the uniform start with no step is refused (its samples would
+    not depend on x), and the start is outside the loop, so the body it adds is the same."""
+    total = _flops(lowered)
+    if args.langevin_steps > 1:
+        clean = argparse.Namespace(**{**vars(args), "langevin_init": "clean"})
+        f0, f1 = (_flops(build(clean, t)[0].lower(*placed)) for t in (0, 1))
+        total += (args.langevin_steps - 1) * (f1 - f0)
+    return total
+
+
 def peak_memory_bytes(compiled) -> dict:
     """Peak bytes of one step from the executable's buffer assignment (arguments + outputs +
     temporaries, less donated/aliased buffers); independent of what else the process holds."""
@@ -140,11 +157,9 @@ def run(args) -> dict:
 
     flops_per_image = None
     if not args.no_flops:
-        f0 = _flops(build(args, 0)[0].lower(state, images, labels, permutation))
-        f1 = _flops(build(args, 1)[0].lower(state, images, labels, permutation))
         # The GPU backend's cost analysis of a lowered program counts no FLOPs: None, not 0; the
         # count is the program's, so the same flags with --iters 0 on a CPU give it.
-        flops_per_image = (f0 + T * (f1 - f0)) / args.batch or None
+        flops_per_image = step_flops(args, lowered, (state, images, labels, permutation)) / args.batch or None
 
     times, ends = [], []
     for i in range((args.warmup + args.iters) if args.iters > 0 else 0):

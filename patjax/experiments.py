@@ -80,6 +80,8 @@ def main(argv):
         # Runs of one method differ only in the seed, and every run of a group is evaluated by the
         # same functions: XLA's persistent cache compiles each once per suite.
         jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(FLAGS.workdir), "jax_cache"))
+    else:  # not even the command lines' default one (core.compile_cache)
+        jax.config.update("jax_enable_compilation_cache", False)
     runner.run_suite(
         suite,
         FLAGS.workdir,

@@ -39,16 +39,11 @@ import time
 import numpy as np
 
 STAGES = ("apgd_ce", "apgd_t", "fab_t", "square")  # the reference's order, patjax's aa passes
-# JAX's own time spans of tracing, lowering and compiling (jax._src.dispatch's event names),
-# kept while patjax runs: their union within a pass is its compilation, the rest its running.
-COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-COMPILE_SPANS = []
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # patjax from this checkout, also in an environment that has not installed it
+sys.path.insert(0, str(REPO / "benchmarks"))
+import timing  # noqa: E402
+
 from patjax.core.errors import UserError  # noqa: E402
 
 
@@ -87,34 +82,26 @@ def parse_args(argv=None):
         help="with --individual, only these attacks (repeatable); default: all four",
     )
     p.add_argument("--out", default=None, help="write the JSON here too")
+    p.add_argument(
+        "--torch_weights",
+        default=None,
+        help="the run exported to PyTorch (`python -m patjax.export`): the reference's weights read from it, "
+        "so that a reference-only run (--only=reference) loads no JAX",
+    )
     return p.parse_args(argv)
-
-
-def keep_compile_span(event, start, end, **_):
-    if event in COMPILE_EVENTS:
-        COMPILE_SPANS.append((start, end))
-
-
-def union_length(spans) -> float:
-    """Seconds covered by the spans: a jit traced inside another's trace has its own span."""
-    total, reach = 0.0, -np.inf
-    for start, end in sorted(spans):
-        total += max(0.0, end - max(start, reach))
-        reach = max(reach, end)
-    return total
 
 
 @contextlib.contextmanager
 def compile_seconds_by_pass(batches):
     """Seconds spent compiling in each `batches.evaluate_pass` call, by pass name, while inside."""
-    by_pass, evaluate_pass = {}, batches.evaluate_pass
+    by_pass, evaluate_pass, spans = {}, batches.evaluate_pass, timing.compile_spans()
 
     def timed(*args, **kwargs):
-        before = len(COMPILE_SPANS)
+        before = len(spans)
         try:
             return evaluate_pass(*args, **kwargs)
         finally:
-            by_pass[args[5]] = round(union_length(COMPILE_SPANS[before:]), 1)  # args[5]: the pass's name
+            by_pass[args[5]] = round(timing.union_length(spans[before:]), 1)  # args[5]: the pass's name
 
     batches.evaluate_pass = timed
     try:
@@ -287,28 +274,30 @@ def predict(torch_model, x, batch_size):
         )
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.eps is None:
-        args.eps = 8 / 255 if args.norm == "Linf" else 0.5
-    from patjax.core import devices
+def torch_copy(args, run, state):
+    """The PyTorch copy of the run's network: from --torch_weights (an export of the run, read
+    without JAX), else from the restored state."""
     from patjax.data import cifar
 
-    devices.use_cpu_cores_as_devices()
+    if args.torch_weights:
+        import torch
+
+        from patjax.interop import torch_weights
+        from patjax_torch import models as torch_models
+
+        name, dataset, width = torch_weights.network(args.torch_weights)
+        if (name, dataset) != (run.model.name, run.dataset):
+            raise SystemExit(f"error: {args.torch_weights} holds {name} on {dataset}, not the run's network")
+        arrays = torch_weights.read_state_dict(args.torch_weights)
+        normalize = (arrays["mu"].ravel(), arrays["sigma"].ravel()) if "mu" in arrays else None
+        net = torch_models.create_model(
+            name, cifar.NUM_CLASSES[dataset], normalize, **({"width": width} if width else {})
+        )
+        net.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()}, strict=True)
+        return net.eval()
     import jax
 
-    jax.monitoring.register_event_time_span_listener(keep_compile_span)
-    import torch
-
-    from patjax.run import workdir as workdir_lib
-
     peer = load_peer()
-    run, model_fns, state = workdir_lib.restore(args.workdir)
-    split = cifar.load_split(run.dataset, "test", args.data_dir or run.data_dir)
-    n = min(args.num_examples, len(split))
-    x_np = np.asarray(cifar.to_float(split.images[:n]))
-    y_np = np.asarray(split.labels[:n]).astype(np.int64)
-
     if run.model.name not in ("small_cnn", "resnet18"):
         raise SystemExit(f"error: no PyTorch copy of model {run.model.name!r}")
     torch_model = peer.create_model(
@@ -316,27 +305,75 @@ def main(argv=None):
     )
     params, batch_stats = jax.device_get((state.params, state.batch_stats))
     peer.load_patjax_weights(torch_model, params, batch_stats)
-    torch_model.eval()
-    x = torch.from_numpy(x_np).permute(0, 3, 1, 2).contiguous()
-    y = torch.from_numpy(y_np)
-    with torch.no_grad():
-        torch_logits = torch_model(x[:64]).numpy()
-    jax_logits = np.asarray(model_fns.infer(state.params, state.batch_stats, x_np[:64]))
-    logit_gap = float(np.max(np.abs(torch_logits - jax_logits)))
-    if logit_gap > 1e-3 * max(1.0, float(np.max(np.abs(jax_logits)))):
-        raise SystemExit(f"error: the PyTorch copy's logits differ from patjax's by {logit_gap}")
+    return torch_model.eval()
 
-    out = {
-        "workdir": args.workdir,
-        "step": int(state.step),
-        "num_examples": n,
-        "norm": args.norm,
-        "eps": args.eps,
-        "max_logit_difference": logit_gap,
-        "torch_threads": torch.get_num_threads(),
-        "jax_devices": jax.device_count(),
-    }
+
+def timing_line(out: dict) -> str:
+    """The arm's line for benchmarks/timing.py: the seconds of the attacks this process ran
+    (patjax's with JAX's compile seconds of the same passes), each attack alone as a part."""
+    who = next(w for w in ("patjax", "reference", "torchattacks") if w in out or w in str(out.get("individual")))
+    if "individual" in out:
+        parts = {}
+        for stage, row in out["individual"].items():
+            parts[stage] = {"wall_s": row["wall_s"][who]}
+            if who == "patjax":
+                parts[stage]["compile_s"] = row["patjax_compile_s"]
+        total = sum(p["wall_s"] for p in parts.values())
+        compile_s = sum(p["compile_s"] for p in parts.values()) if who == "patjax" else None
+        return timing.arm_line(total, compile_s, arm=who, parts=parts)
+    if who == "patjax":
+        passes = out["patjax"]["compile_s_passes"]
+        compile_s = sum(passes.get(f"aa_{s}", 0.0) for s in STAGES)
+        return timing.arm_line(out["patjax"]["wall_s_attacks"], compile_s, arm=who)
+    return timing.arm_line(out[who]["wall_s"], arm=who)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.eps is None:
+        args.eps = 8 / 255 if args.norm == "Linf" else 0.5
+    from patjax.data import cifar
+    from patjax.run import workdir as workdir_lib
+
     wanted = set(args.only or ("patjax", "reference", "torchattacks"))
+    run = workdir_lib.load_settings(args.workdir)
+    split = cifar.load_split(run.dataset, "test", args.data_dir or run.data_dir)
+    n = min(args.num_examples, len(split))
+    x_np = np.asarray(cifar.to_float(split.images[:n]))
+    y_np = np.asarray(split.labels[:n]).astype(np.int64)
+    out = {"workdir": args.workdir, "num_examples": n, "norm": args.norm, "eps": args.eps}
+    # JAX runs only where patjax is timed or where it gives the PyTorch copy its weights, and
+    # PyTorch only where a PyTorch side is timed: an arm of benchmarks/timing.py (one --only, with
+    # --torch_weights for the reference) holds one framework.
+    state = model_fns = None
+    if "patjax" in wanted or not args.torch_weights:
+        from patjax.core import compile_cache, devices
+
+        devices.use_cpu_cores_as_devices()
+        compile_cache.enable()
+        import jax
+
+        timing.compile_spans()  # listening before the first compilation
+        _, model_fns, state = workdir_lib.restore(args.workdir)
+        out.update(step=int(state.step), jax_devices=jax.device_count())
+    if wanted - {"patjax"}:
+        import torch
+
+        torch_model = torch_copy(args, run, state)
+        x = torch.from_numpy(x_np).permute(0, 3, 1, 2).contiguous()
+        y = torch.from_numpy(y_np)
+        out["torch_threads"] = torch.get_num_threads()
+        if state is not None:
+            with torch.no_grad():
+                torch_logits = torch_model(x[:64]).numpy()
+            jax_logits = np.asarray(model_fns.infer(state.params, state.batch_stats, x_np[:64]))
+            logit_gap = float(np.max(np.abs(torch_logits - jax_logits)))
+            if logit_gap > 1e-3 * max(1.0, float(np.max(np.abs(jax_logits)))):
+                raise SystemExit(f"error: the PyTorch copy's logits differ from patjax's by {logit_gap}")
+            out["max_logit_difference"] = logit_gap
+    else:
+        torch_model = x = None
+        y = y_np
     settings = workdir_lib.evaluation_settings(
         args.workdir,
         {"attack.eps": args.eps, "attack.norm": args.norm.lower()},
@@ -373,6 +410,8 @@ def main(argv=None):
     print(text)
     if args.out:
         pathlib.Path(args.out).write_text(text + "\n")
+    if len(args.only or ()) == 1:
+        print(timing_line(out))
     return out
 
 

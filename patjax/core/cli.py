@@ -11,7 +11,7 @@ from typing import Callable, Mapping, Optional
 
 from absl import flags, logging
 
-from patjax.core import devices
+from patjax.core import compile_cache, devices
 from patjax.core.errors import UserError, fraction, one_line
 
 
@@ -34,6 +34,7 @@ def guarded(main: Callable) -> Callable:
         try:
             devices.initialize_distributed()
             devices.use_cpu_cores_as_devices()
+            compile_cache.enable()
             return main(argv)
         except UserError as error:
             print(f"error: {error}", file=sys.stderr)

@@ -1,0 +1,109 @@
+"""benchmarks/timing.py, the discipline every cross-tool benchmark is timed by, on trivial arms:
+the load gate, the alternation, cold and warm arms, the minimum and median."""
+
+import json
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import timing  # noqa: E402
+
+
+class FakeRunner:
+    """Each call returns the next wall of its arm; records the order and the environments."""
+
+    def __init__(self, walls):
+        self.walls, self.calls = {k: list(v) for k, v in walls.items()}, []
+
+    def __call__(self, arm, env):
+        self.calls.append((arm.name, dict(env)))
+        return {"wall_s": self.walls[arm.name].pop(0), "compile_s": 0.5 if arm.compiles else None}
+
+
+def loads(*values):
+    it = iter(values)
+    return lambda: next(it)
+
+
+def test_a_start_above_the_stated_load_is_refused_or_marked_not_a_figure():
+    arms = [timing.Arm("a", ("true",))]
+    with pytest.raises(timing.NotQuiet, match="1.50, above 1.0"):
+        timing.measure(arms, run=FakeRunner({"a": [1, 1, 1]}), load=lambda: 1.5)
+    forced = timing.measure(arms, force=True, run=FakeRunner({"a": [1, 1, 1]}), load=lambda: 1.5, log=None)
+    assert forced["figure"] is False and forced["start_load"] == 1.5
+    quiet = timing.measure(arms, run=FakeRunner({"a": [1, 1, 1]}), load=lambda: 0.4)
+    assert quiet["figure"] is True
+    # Only the start is gated: the arms' own processes load the machine once they run.
+    busy_later = timing.measure(arms, run=FakeRunner({"a": [1, 1, 1]}), load=loads(0.2, *[3.0] * 6))
+    assert busy_later["figure"] is True
+    assert [r["load_before"] for r in busy_later["arms"]["a"]["records"]] == [3.0, 3.0, 3.0]
+
+
+def test_fewer_than_three_rounds_are_refused_unless_forced_and_then_not_a_figure():
+    arms = [timing.Arm("a", ("true",))]
+    with pytest.raises(SystemExit, match="at least 3"):
+        timing.measure(arms, rounds=2, run=FakeRunner({"a": [1, 1]}), load=lambda: 0.0)
+    assert not timing.measure(arms, rounds=2, force=True, run=FakeRunner({"a": [1, 1]}), load=lambda: 0.0)["figure"]
+
+
+def test_arms_alternate_round_by_round_and_a_compiling_arm_runs_cold_and_warm():
+    arms = [timing.Arm("ref", ("true",)), timing.Arm("patjax", ("true",), env=(("X", "1"),), compiles=True)]
+    runner = FakeRunner({"ref": [3, 1, 2], "patjax cold": [9, 8, 7], "patjax warm": [0.9, 5, 2, 1]})
+    measured = timing.measure(arms, run=runner, load=lambda: 0.0, log=None)
+    names = ["ref", "patjax cold", "patjax warm"]
+    assert measured["order"] == names * 3
+    # The warm arm's cache is filled once, untimed, before the rounds; the cold arm has none.
+    assert [name for name, _ in runner.calls] == ["patjax warm"] + names * 3
+    warm_dirs = {env[timing.CACHE_DIR_VARIABLE] for name, env in runner.calls if name == "patjax warm"}
+    assert len(warm_dirs) == 1
+    for name, env in runner.calls:
+        assert (env.get("PATJAX_COMPILATION_CACHE") == "off") == (name == "patjax cold")
+        assert (timing.CACHE_DIR_VARIABLE in env) == (name == "patjax warm")
+        assert name == "ref" or env["X"] == "1"
+    assert [r["round"] for r in measured["arms"]["ref"]["records"]] == [1, 2, 3]
+
+
+def test_minimum_median_compile_and_run_seconds_and_the_ratio():
+    arms = [timing.Arm("ref", ("true",)), timing.Arm("patjax", ("true",), compiles=True)]
+    runner = FakeRunner({"ref": [3, 1, 2], "patjax cold": [9, 8, 7], "patjax warm": [0, 5, 2, 1]})
+    measured = timing.measure(arms, run=runner, load=lambda: 0.0, log=None)
+    assert measured["arms"]["ref"]["wall_s"] == {"min": 1, "median": 2} and measured["arms"]["ref"]["compile_s"] == {}
+    warm = measured["arms"]["patjax warm"]
+    assert warm["wall_s"] == {"min": 1, "median": 2} and warm["compile_s"] == {"min": 0.5, "median": 0.5}
+    assert warm["run_s"] == {"min": 0.5, "median": 1.5}
+    assert timing.ratio(measured, "patjax cold", "ref") == {"median": 4.0, "min": 7.0}
+
+
+def test_an_arm_times_its_parts_and_they_are_summarized_apart():
+    def run(arm, env):
+        return {"wall_s": 3, "parts": {"x": {"wall_s": 1}, "y": {"wall_s": 2, "compile_s": 1}}}
+
+    measured = timing.measure([timing.Arm("a", ("true",)), timing.Arm("b", ("true",))], run=run, load=lambda: 0.0)
+    assert measured["arms"]["a"]["parts"]["y"]["run_s"] == {"min": 1, "median": 1}
+    assert timing.ratio(measured, "a", "b", part="x") == {"median": 1.0, "min": 1.0}
+
+
+def test_an_arm_is_a_process_whose_last_json_line_counts_and_one_framework_is_its_limit():
+    line = json.dumps({"wall_s": 1.25, "frameworks": ["jax"]})
+    arm = timing.Arm("a", (sys.executable, "-c", f"print('progress'); print({line!r})"))
+    record = timing.run_arm(arm, {})
+    assert record["wall_s"] == 1.25 and record["process_s"] > 0
+    both = json.dumps({"wall_s": 1, "frameworks": ["jax", "torch"]})
+    with pytest.raises(RuntimeError, match="JAX and PyTorch in one process"):
+        timing.run_arm(timing.Arm("b", (sys.executable, "-c", f"print({both!r})")), {})
+    with pytest.raises(RuntimeError, match="exit 3"):
+        timing.run_arm(timing.Arm("c", (sys.executable, "-c", "raise SystemExit(3)")), {})
+    # An indented JSON object as the whole output is read too (autoattack_reference.py's).
+    assert timing.last_json('{\n "wall_s": 2\n}') == {"wall_s": 2}
+
+
+def test_jax_compile_spans_are_counted_once_where_they_nest():
+    assert timing.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    import jax
+    import jax.numpy as jnp
+
+    result, wall, compile_s = timing.timed_jax_call(jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0), jnp.arange(7.0))
+    assert result.shape == (7,) and 0 < compile_s <= wall
+    assert timing.frameworks()[0] == "jax"

@@ -10,8 +10,8 @@ process share (and fight over) the cores. Hence:
 - at least three rounds (`MIN_ROUNDS`), alternating the arms (A B A B ...), so that a drift of
   the machine shows up in every arm alike;
 - the 1-minute load average is recorded before and after every arm; a measurement that starts
-  above `max_load` (default `DEFAULT_MAX_LOAD`, 1.0 on 2 cores) is refused, or with `force`
-  run and marked "not a figure" (the arms' own processes raise the load once they run, which
+  above `max_load` (default: half the usable cores, 1.0 on 2 cores) is refused, or with `force`
+  run and marked "not a figure"; so is one of fewer rounds (the arms' own processes raise the load once they run, which
   is why only the start is gated: what is excluded is somebody else's work);
 - the minimum and the median of each arm's walls, and of its compile time apart where the arm
   reports one (`compile_s`: JAX's own compile spans, `jax_compile_seconds`);
@@ -39,7 +39,7 @@ import tempfile
 import time
 from typing import Callable, Optional
 
-DEFAULT_MAX_LOAD = 1.0
+DEFAULT_MAX_LOAD = len(os.sched_getaffinity(0)) / 2
 MIN_ROUNDS = 3
 # Environment of a cold arm (patjax's persistent compilation cache off) and the variable a warm
 # arm's cache directory goes in (patjax.core.compile_cache reads both).
@@ -196,8 +196,6 @@ def measure(
     once, at its start), else the gate is checked here. Returns the gate, the order the arms ran
     in, and per arm its records (walls, compile and run seconds, loads before and after, what
     it printed) and their minimum and median."""
-    if rounds < MIN_ROUNDS and not force:
-        raise SystemExit(f"at least {MIN_ROUNDS} alternating rounds make a figure (got {rounds}); --force for fewer")
     gate = gate or check_quiet(max_load, force, load)
     figure = gate["figure"] and rounds >= MIN_ROUNDS
     arms = expand(arms)
@@ -257,13 +255,13 @@ def ratio(measured: dict, slower: str, faster: str, part: Optional[str] = None) 
 
 def add_arguments(parser, rounds: int = MIN_ROUNDS) -> None:
     """The discipline's flags, the same in every script that uses it."""
-    parser.add_argument("--rounds", type=int, default=rounds, help=f"alternating rounds (at least {MIN_ROUNDS})")
+    parser.add_argument(
+        "--rounds", type=int, default=rounds, help=f"alternating rounds (fewer than {MIN_ROUNDS}: not a figure)"
+    )
     parser.add_argument(
         "--max-load",
         type=float,
         default=DEFAULT_MAX_LOAD,
-        help="refuse to start above this 1-minute load average (default %(default)s, for 2 cores)",
+        help="refuse to start above this 1-minute load average (default: half the usable cores, %(default)s)",
     )
-    parser.add_argument(
-        "--force", action="store_true", help="run even so (or with fewer rounds), marked 'not a figure'"
-    )
+    parser.add_argument("--force", action="store_true", help="run above --max-load even so, marked 'not a figure'")

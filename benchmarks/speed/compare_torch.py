@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """patjax vs the plain PyTorch peer, run alternately (A B A B ...) in one run; prints the ratio of medians.
 
-The machine is shared and noisy, so each round runs every arm once, one after the other, in
-fresh processes, and the figure quoted is median(images/s of patjax) / median(images/s of
-the peer) over the rounds.
+Timed by benchmarks/timing.py: each round runs every arm once, one after the other, each in a
+fresh process, the load gated at the start and recorded around every arm, and the figure
+quoted is median(images/s of patjax) / median(images/s of the peer) over the rounds (each
+run's own median step; compilation is outside it and reported apart).
 
   python benchmarks/speed/compare_torch.py --model resnet18 --batch 32 --langevin-steps 10 --iters 3 --rounds 3
 
@@ -25,24 +26,34 @@ patjax arms run, and ratios are to the first one.
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import timing  # noqa: E402
+
 REFERENCE = os.environ.get("PATJAX_TORCH_REFERENCE", os.path.join(HERE, "torch_pat_peer.py"))
 
 
-def run_json(cmd):
-    """The last line of the command's output as JSON; None (the error's last lines printed) if it
-    fails: an arm that cannot run here (an XLA flag this build lacks, say) leaves the rest."""
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode:
-        print(f"arm failed (exit {run.returncode}): {' '.join(cmd)}\n" + "\n".join(run.stderr.splitlines()[-5:]))
-        return None
-    return json.loads(run.stdout.strip().splitlines()[-1])
+def arm_record(arm, env):
+    """One run of an arm (timing.run_arm) timed by its median step; an arm that fails (an XLA
+    flag this build lacks, say) is reported and marked, and leaves the rest."""
+    try:
+        return timing.run_arm(arm, env)
+    except RuntimeError as error:
+        print(str(error).splitlines()[0] + "\n" + "\n".join(str(error).splitlines()[-5:]))
+        return {"wall_s": float("nan"), "failed": True}
+
+
+def step_timing(result: dict) -> dict:
+    """An arm's JSON as timing.py reads it: the wall is its median step (compilation, which
+    patjax reports as compile_s and the peers within their first step, is outside it)."""
+    out = {k: v for k, v in result.items() if k != "compile_s"}
+    return {**out, "wall_s": result["median_step_s"], "setup_compile_s": result.get("compile_s")}
 
 
 def split_variant(variant: str):
@@ -59,7 +70,6 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--langevin-steps", type=int, default=10)
     p.add_argument("--iters", type=int, default=3, help="timed steps per run (after one warm-up)")
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--patjax-variant",
         action="append",
@@ -92,6 +102,7 @@ def main():
         "--no-peer", action="store_true", help="run only the patjax arms (ratios to the first --patjax-variant)"
     )
     p.add_argument("--json", action="store_true", help="also print one JSON line with every run")
+    timing.add_arguments(p)
     a = p.parse_args()
     variants = a.patjax_variant or [""]
     common = ["--batch", str(a.batch), "--langevin-steps", str(a.langevin_steps), "--iters", str(a.iters)]
@@ -130,22 +141,18 @@ def main():
             for name, cmd in arms.items()
         }
         arms = {name: ["taskset", "-c", a.cpus, *cmd] for name, cmd in arms.items()}
-    runs = {name: [] for name in arms}
-    for r in range(a.rounds):
-        for name, cmd in arms.items():
-            if r and len(runs[name]) < r:
-                continue  # failed in an earlier round
-            result = run_json(cmd)
-            if result is None:
-                continue
-            runs[name].append(result)
-            extra = f" compile {result['compile_s']:.1f}s" if "compile_s" in result else ""
-            extra += f" first step {result['first_step_s']:.1f}s" if "first_step_s" in result else ""
-            print(
-                f"round {r + 1} {name:>40}: {result['images_per_s']:8.2f} img/s{extra} (load {os.getloadavg()[0]:.1f})",
-                flush=True,
-            )
-    runs = {name: rs for name, rs in runs.items() if len(rs) == a.rounds}
+    measured = timing.measure(
+        [timing.Arm(name, tuple(cmd), extract=step_timing) for name, cmd in arms.items()],
+        rounds=a.rounds,
+        max_load=a.max_load,
+        force=a.force,
+        run=arm_record,
+    )
+    runs = {
+        name: [r for r in arm["records"] if not r.get("failed")]
+        for name, arm in measured["arms"].items()
+        if not any(r.get("failed") or math.isnan(r["wall_s"]) for r in arm["records"])
+    }
     if baseline not in runs:
         raise SystemExit(f"the baseline arm {baseline!r} failed")
     arms = {name: cmd for name, cmd in arms.items() if name in runs}
@@ -184,6 +191,9 @@ def main():
                     "langevin_steps": a.langevin_steps,
                     "cpus": a.cpus or None,
                     "load_average": os.getloadavg(),
+                    "figure": measured["figure"],
+                    "start_load": measured["start_load"],
+                    "max_load": measured["max_load"],
                     "medians": medians,
                     "ratios": {n: m / medians[baseline] for n, m in medians.items()},
                     "round_ratios": round_ratios,

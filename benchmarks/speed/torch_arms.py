@@ -1,21 +1,24 @@
 """What the benchmarks that time a patjax evaluator against a reference PyTorch loop share
 (certify_speed.py, pr_speed.py): the committed small CNN in both frameworks, CIFAR-10's first
-test images, and the two arms timed alternately.
+test images, and their two arms timed by benchmarks/timing.py, each in a process of its own.
 
 The network is docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0 (clean training, 800
-steps), restored as patjax restores a run, and its PyTorch copy (`torch_names.to_state_dict`
-into patjax_torch's SmallCNN, normalization inside, in eval mode). Needs PyTorch.
+steps): the patjax arm restores it as patjax restores a run; the reference arm reads its export
+(`python -m patjax.export`, made once per measurement in a process of its own) into
+patjax_torch's SmallCNN (normalization inside, eval mode), so that it starts no JAX. Needs PyTorch.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
+import subprocess
 import sys
-import time
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEPT_RUN = os.path.join(REPO, "docs/results/table1_cpu/runs/cifar10_small_cnn/clean_s0")
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import timing  # noqa: E402
 
 
 def reference(name: str):
@@ -24,21 +27,47 @@ def reference(name: str):
     return __import__(name)
 
 
-def committed_small_cnn():
-    """(model_fns, state, net): the committed small CNN in patjax and in PyTorch, same weights."""
-    import torch
+def start_jax():
+    """The patjax arm's process set up as every patjax command line sets itself up; then JAX's
+    compile spans are listened to (`timing.timed_jax_call`)."""
+    from patjax.core import compile_cache, devices
 
-    from patjax.interop import torch_names
-    from patjax.models import networks
+    devices.use_cpu_cores_as_devices()  # before JAX starts
+    compile_cache.enable()
+    timing.compile_spans()
+
+
+def committed_small_cnn():
+    """(model_fns, state): the committed small CNN in patjax."""
     from patjax.run import workdir as workdir_lib
-    from patjax_torch import models as torch_models
 
     _, model_fns, state = workdir_lib.restore(KEPT_RUN)
-    normalize = networks.DATASET_STATS["cifar10"]
-    net = torch_models.create_model("small_cnn", 10, normalize)
-    state_dict = torch_names.to_state_dict("small_cnn", state.params, state.batch_stats, normalize)
-    net.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()}, strict=True)
-    return model_fns, state, net.eval()
+    return model_fns, state
+
+
+def export_committed_small_cnn(directory: str) -> str:
+    """The committed small CNN exported to PyTorch's state_dict in `directory` (a process of its own)."""
+    path = os.path.join(directory, "clean_s0.safetensors")
+    subprocess.run(
+        [sys.executable, "-m", "patjax.export", f"--workdir={KEPT_RUN}", f"--out={path}", "--overwrite"],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
+    return path
+
+
+def torch_small_cnn(path: str):
+    """The exported small CNN in PyTorch (patjax_torch's SmallCNN, eval mode), read without JAX."""
+    import torch
+
+    from patjax.interop import torch_weights
+    from patjax_torch import models as torch_models
+
+    arrays = torch_weights.read_state_dict(path)
+    net = torch_models.create_model("small_cnn", 10, (arrays["mu"].ravel(), arrays["sigma"].ravel()))
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()}, strict=True)
+    return net.eval()
 
 
 def first_test_images(n: int):
@@ -54,36 +83,37 @@ def as_torch(images):
     import numpy as np
     import torch
 
-    from patjax.data import cifar
-
-    return torch.from_numpy(np.asarray(cifar.to_float(images)).transpose(0, 3, 1, 2).copy())
+    return torch.from_numpy((np.asarray(images, np.float32) / 255.0).transpose(0, 3, 1, 2).copy())
 
 
-def alternate(patjax_arm, their_arm, rounds: int, images: int):
-    """patjax's arm once to compile its pass (and run it), then each arm once per round, in turn
-    (patjax, theirs, patjax, ...): ({arm: what its last call returned}, the timing record:
-    warm-up, walls, images per second from the median walls, their ratio, and the machine's
-    load and thread counts)."""
-    import jax
-    import torch
+def measure(script: str, arm_flags: list, args) -> dict:
+    """The patjax arm (cold and warm) and the reference arm of `script` (run as
+    `script --arm patjax|theirs ARM_FLAGS`, the reference with the export) under
+    benchmarks/timing.py's discipline, with the timing flags of `args`."""
+    with tempfile.TemporaryDirectory() as directory:
+        exported = export_committed_small_cnn(directory)
+        command = (sys.executable, os.path.abspath(script), *arm_flags)
+        arms = [
+            timing.Arm("theirs", (*command, "--arm=theirs", f"--torch-weights={exported}")),
+            timing.Arm("patjax", (*command, "--arm=patjax"), compiles=True),
+        ]
+        return timing.measure(arms, rounds=args.rounds, max_load=args.max_load, force=args.force)
 
-    start = time.perf_counter()
-    patjax_arm()
-    warmup_s = time.perf_counter() - start
-    arms = {"patjax": patjax_arm, "theirs": their_arm}
-    walls, outputs = {name: [] for name in arms}, {}
-    for _ in range(rounds):
-        for name, arm in arms.items():
-            start = time.perf_counter()
-            outputs[name] = arm()
-            walls[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(w) for name, w in walls.items()}
-    return outputs, {
-        "jax_devices": jax.device_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": [round(v, 2) for v in os.getloadavg()],
-        "patjax_warmup_s": round(warmup_s, 2),
-        "walls_s": {k: [round(w, 2) for w in v] for k, v in walls.items()},
-        "images_per_s": {k: round(images / m, 3) for k, m in medians.items()},
-        "speedup_patjax_over_theirs": round(medians["theirs"] / medians["patjax"], 2),
+
+def summary(measured: dict, images: int) -> dict:
+    """The figures of a two-arm measurement: each arm's walls (minimum, median), images per
+    second at the median, and how many times faster patjax ran, cold and warm."""
+    arms = measured["arms"]
+    return {
+        "figure": measured["figure"],
+        "start_load": measured["start_load"],
+        "max_load": measured["max_load"],
+        "rounds": measured["rounds"],
+        "walls_s": {name: arm["wall_s"] for name, arm in arms.items()},
+        "compile_s": {name: arm["compile_s"] for name, arm in arms.items() if arm["compile_s"]},
+        "loads": {name: [(r["load_before"], r["load_after"]) for r in arm["records"]] for name, arm in arms.items()},
+        "images_per_s": {name: round(images / arm["wall_s"]["median"], 3) for name, arm in arms.items()},
+        "speedup_patjax_over_theirs": {
+            state: timing.ratio(measured, "theirs", f"patjax {state}") for state in ("cold", "warm")
+        },
     }

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from patjax.interop.torch_weights import export_run
+
 # The reference loop runs one forward pass per image and radius, PyTorch beside JAX: seconds.
 pytestmark = pytest.mark.slow
 IMAGES = 64
@@ -24,14 +26,17 @@ def load_pr_speed():
     return module
 
 
-def test_the_prbench_preset_counts_agree_in_distribution_with_prbenchs_loop(data_dir):
+def test_the_prbench_preset_counts_agree_in_distribution_with_prbenchs_loop(data_dir, tmp_path):
     torch = pytest.importorskip("torch")
     pr_speed = load_pr_speed()
     torch.manual_seed(0)  # as PRBench's evaluate.py
-    model_fns, state, net = pr_speed.torch_arms.committed_small_cnn()
-    split = pr_speed.torch_arms.first_test_images(IMAGES)
-    patjax_arm, their_arm = pr_speed.prbench_counts(model_fns, state, net, split, batch=IMAGES, chunk=5)
-    ours, theirs = patjax_arm(), their_arm()
+    arms = pr_speed.torch_arms
+    model_fns, state = arms.committed_small_cnn()
+    split = arms.first_test_images(IMAGES)
+    exported = str(tmp_path / "clean_s0.safetensors")
+    export_run(arms.KEPT_RUN, exported)
+    ours = pr_speed.patjax_counts(model_fns, state, split, batch=IMAGES, chunk=5)
+    theirs = pr_speed.prbench_counts(arms.torch_small_cnn(exported), split)
     radii = (0.03, 0.08, 0.1, 0.12)  # PRBench's: round(8/255, 2), 0.08, 0.1, 0.12
     assert tuple(ours) == tuple(theirs) == radii
     for e in radii:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -228,7 +229,9 @@ def measure(
             shutil.rmtree(path, ignore_errors=True)
     summary = {}
     for name, rs in records.items():
-        summary[name] = {**_timings(rs), "records": rs}
+        arm = next(a for a in arms if a.name == name)
+        summary[name] = {**_timings(rs), "command": shlex.join([f"{k}={v}" for k, v in arm.env] + list(arm.argv))}
+        summary[name]["records"] = rs
         parts = rs[0].get("parts") or {}
         if parts:
             summary[name]["parts"] = {part: _timings([r["parts"][part] for r in rs]) for part in parts}

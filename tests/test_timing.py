@@ -107,3 +107,66 @@ def test_jax_compile_spans_are_counted_once_where_they_nest():
     result, wall, compile_s = timing.timed_jax_call(jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0), jnp.arange(7.0))
     assert result.shape == (7,) and 0 < compile_s <= wall
     assert timing.frameworks()[0] == "jax"
+
+
+def _ratios():
+    sys.path.insert(0, str(REPO / "benchmarks" / "speed"))
+    import ratios
+
+    return ratios
+
+
+def test_the_ratio_table_has_a_row_per_attack_and_per_peer_and_says_whether_it_is_a_figure():
+    ratios = _ratios()
+
+    def run(arm, env):
+        if arm.name.startswith("patjax"):
+            parts = {"apgd_ce": {"wall_s": 2.0, "compile_s": 1.0}, "square": {"wall_s": 4.0, "compile_s": 1.0}}
+            return {"wall_s": 6.0, "compile_s": 2.0, "parts": parts}
+        return {"wall_s": 9.0, "parts": {"apgd_ce": {"wall_s": 1.0}, "square": {"wall_s": 8.0}}}
+
+    arms = ratios.aa_arms("pat_s0", "x.safetensors", "Linf", 4, True, ("apgd_ce", "square"))
+    aa = timing.measure(arms, run=run, load=lambda: 0.0)
+    steps = timing.measure(
+        ratios.train_arms("small_cnn", 8, 1, 1), run=lambda arm, env: {"wall_s": 2.0}, load=lambda: 0.0
+    )
+    report = {"date": "d", "machine": "m", "command": "c", "start_load": 0.5, "max_load": 1.0, "rounds": 3}
+    report.update(figure=True, items={"aa_individual": {"size": "4", "measured": aa}})
+    report["items"]["train_step"] = {"size": "8", "measured": steps}
+    text = ratios.markdown(report)
+    assert "**a figure**" in text
+    # Reference over patjax: APGD-CE 1 s against 2 s, Square 8 against 4.
+    assert "| aa_individual: apgd_ce | 4 | 1.00 (1.00) | 2.00 (2.00), compiling 1.00 |" in text
+    assert "| **0.50** (0.50) | **0.50** (0.50) |" in text and "| **2.00** (2.00) | **2.00** (2.00) |" in text
+    assert text.count("| train_step against the ") == 2
+    # The reference arm is told to read the export, so that its process starts no JAX.
+    assert "--torch_weights=x.safetensors" in aa["arms"]["reference"]["command"]
+    assert aa["arms"]["patjax cold"]["command"].startswith("PATJAX_COMPILATION_CACHE=off ")
+
+
+@pytest.mark.slow
+def test_the_ratios_command_measures_and_writes_its_table_at_tiny_size(tmp_path):
+    import os
+    import subprocess
+
+    out = tmp_path / "ratios"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    flags = ["--items=certify", "--certify-images=2", "--certify-n=100", "--rounds=1", "--force"]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "speed" / "ratios.py"), f"--out={out}", *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "ratios.json").read_text())
+    assert report["figure"] is False and set(report["items"]) == {"certify"}
+    arms = report["items"]["certify"]["measured"]["arms"]
+    assert set(arms) == {"theirs", "patjax cold", "patjax warm"}
+    # Each arm started one framework: PyTorch for the authors' loop, JAX for patjax's.
+    assert arms["theirs"]["records"][0]["frameworks"] == ["torch"]
+    assert arms["patjax warm"]["records"][0]["frameworks"] == ["jax"]
+    # The warm arm loads what its untimed first run compiled.
+    assert arms["patjax warm"]["compile_s"]["median"] < arms["patjax cold"]["compile_s"]["median"]
+    assert "| certify |" in (out / "ratios.md").read_text()

@@ -101,7 +101,7 @@ def compile_seconds_by_pass(batches):
         try:
             return evaluate_pass(*args, **kwargs)
         finally:
-            by_pass[args[5]] = round(timing.union_length(spans[before:]), 1)  # args[5]: the pass's name
+            by_pass[args[5]] = round(timing.union_length(spans[before:]), 3)  # args[5]: the pass's name
 
     batches.evaluate_pass = timed
     try:

@@ -86,10 +86,10 @@ def as_torch(images):
     return torch.from_numpy((np.asarray(images, np.float32) / 255.0).transpose(0, 3, 1, 2).copy())
 
 
-def measure(script: str, arm_flags: list, args) -> dict:
+def measure(script: str, arm_flags: list, args, gate=None) -> dict:
     """The patjax arm (cold and warm) and the reference arm of `script` (run as
     `script --arm patjax|theirs ARM_FLAGS`, the reference with the export) under
-    benchmarks/timing.py's discipline, with the timing flags of `args`."""
+    benchmarks/timing.py's discipline, with the timing flags of `args` (`gate`: see timing.measure)."""
     with tempfile.TemporaryDirectory() as directory:
         exported = export_committed_small_cnn(directory)
         command = (sys.executable, os.path.abspath(script), *arm_flags)
@@ -97,7 +97,7 @@ def measure(script: str, arm_flags: list, args) -> dict:
             timing.Arm("theirs", (*command, "--arm=theirs", f"--torch-weights={exported}")),
             timing.Arm("patjax", (*command, "--arm=patjax"), compiles=True),
         ]
-        return timing.measure(arms, rounds=args.rounds, max_load=args.max_load, force=args.force)
+        return timing.measure(arms, rounds=args.rounds, max_load=args.max_load, force=args.force, gate=gate)
 
 
 def summary(measured: dict, images: int) -> dict:

@@ -12,8 +12,11 @@ before and after every arm. The gate is checked once, at the start: the arms' ow
 the machine from then on. Results are written after every item, so an interrupted run keeps
 what it finished.
 
-Items (`--items`, default all of DEFAULT_ITEMS; about 15 minutes on a quiet 2-core CPU at the
-default sizes; `--items=all` adds the optional ones):
+Items (`--items`, default DEFAULT_ITEMS; `--items=all` adds the optional ones). At the default
+sizes the default items should take about 15 minutes on a quiet 2-core CPU: an estimate from
+single quiet runs at 100 images (AutoAttack 50-77 s an arm), scaled, with each arm's process
+start-up and patjax's warm arms' untimed first runs added; the optional items about 3.5 minutes
+each (ResNet-18 more):
 - aa_individual: each attack of standard AutoAttack alone on every image (APGD-CE, APGD-T, FAB-T,
   Square), patjax's `aa` passes against the reference (`pyautoattack` 0.2.0, the authors' code),
   the committed table1_cpu PAT small CNN (`pat_s0`), L-inf 8/255, --aa-images images
@@ -65,7 +68,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="directory for ratios.json and ratios.md")
     p.add_argument("--items", default=",".join(DEFAULT_ITEMS), help=f"comma-separated, or all: {', '.join(ALL_ITEMS)}")
-    p.add_argument("--aa-images", type=int, default=50, help="first CIFAR-10 test images for AutoAttack")
+    p.add_argument("--aa-images", type=int, default=32, help="first CIFAR-10 test images for AutoAttack")
     p.add_argument("--aa-attacks", default=",".join(ATTACKS), help="aa_individual's attacks")
     p.add_argument("--pr-images", type=int, default=100)
     p.add_argument("--certify-images", type=int, default=16)

@@ -86,8 +86,8 @@ def run(args) -> dict:
         "batch": args.batch,
         "batches": [a, b],
         "pr_samples": args.pr_samples,
-        "pr_epsilons": list(s["pr"].epsilons),
-        "pr_chunk_size": s["pr"].chunk_size,
+        "pr_epsilons": list(settings.evaluator_settings["pr"].epsilons),
+        "pr_chunk_size": settings.evaluator_settings["pr"].chunk_size,
         "images_per_s": rates,
         "pass_wall_s": walls,  # per pass: warm-up (with compile), A batches, B batches
         "backend": jax.default_backend(),

@@ -269,10 +269,13 @@ def fab_targeted(
         df, dg = diff_and_grad(x1)
         w = flat(dg)
         b = -df + jnp.sum(w * flat(x1), axis=1)
-        d3 = project(jnp.concatenate([flat(x1), flat(x)]), jnp.concatenate([w, w]), jnp.concatenate([b, b]))
-        d1, d2 = d3[:batch].reshape(x.shape), d3[batch:].reshape(x.shape)
-        a0 = jnp.maximum(size(d3), 1e-8)
-        a1, a2 = a0[:batch], a0[batch:]
+        # The two projections (from x1 and from x) side by side on a new leading axis, not
+        # concatenated along the batch: the batch axis is the one split over devices, and a
+        # concatenation and slicing along it made XLA exchange the halves between devices
+        # (all-to-all, collective-permute) every iteration, most of FAB's time on 2 CPU devices.
+        d3 = jax.vmap(project)(jnp.stack([flat(x1), flat(x)]), jnp.stack([w, w]), jnp.stack([b, b]))
+        d1, d2 = d3[0].reshape(x.shape), d3[1].reshape(x.shape)
+        a1, a2 = jnp.maximum(jax.vmap(size)(d3), 1e-8)
         alpha = jnp.minimum(jnp.maximum(a1 / (a1 + a2), 0.0), alpha_max).reshape(bshape)
         x1 = jnp.clip((x1 + eta * d1) * (1 - alpha) + (x + eta * d2) * alpha, 0.0, 1.0)
         is_adv = jnp.argmax(logits_fn(x1), axis=-1) != y

@@ -7,13 +7,14 @@ alternating round by round, the machine's load average recorded before and after
   python benchmarks/speed/amls_speed.py --images 4 --eps 0.1 --particles 1000 --mh-steps 100 --rounds 3
 
 The network is the committed small CNN of `torch_arms` (docs/results/table1_cpu/runs/cifar10_small_cnn/
-clean_s0) in both frameworks; the images are CIFAR-10's first test images. patjax's arm:
-`evaluation.evaluate_state` with evaluators=rare_pr (the uniform law, Webb et al.'s proposal width,
-depth 30), what `python -m patjax.evaluate --evaluators=rare_pr` runs: one compiled pass, `--chunk`
-images at a time, split over one JAX device per core. Their arm: for each image,
+clean_s0) in both frameworks; the images are the first CIFAR-10 test images it classifies correctly.
+patjax's arm: the `rare_pr` evaluator's compiled pass (`rare_pr.make_batch_fn`, what `python -m
+patjax.evaluate --evaluators=rare_pr` runs per batch: the uniform law, Webb et al.'s proposal width,
+`--chunk` images at a time, one JAX device per core), its depth set to what their 500 levels can
+reach so that both loops stop alike. Their arm: for each image,
 multilevel_uniform(prop, x, sigma=eps, rho, count_particles, count_mh_steps) with prop the PyTorch
 copy's margin on the batch of particles, PyTorch on every core. Each arm's process times its own
-work twice: once from a cold start (patjax's includes its compilation) and once more warm; the
+work twice: once from a cold start (patjax's includes compiling the pass) and once more warm; the
 parent records the process's wall time and the load average before and after it. Both arms'
 median log10 p over the images are printed: their runs are independent, so they agree within
 AMLS's spread only. Needs PyTorch (`pip install torch==2.13.0`).
@@ -43,7 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--rho", type=float, default=0.1)
     p.add_argument("--particles", type=int, default=1000, help="their count_particles")
     p.add_argument("--mh-steps", type=int, default=100, help="their count_mh_steps")
-    p.add_argument("--chunk", type=int, default=1, help="patjax: images run at once (eval.rare_pr.chunk_size)")
+    p.add_argument("--chunk", type=int, default=0, help="patjax: images run at once (default: all, one vmap)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (patjax, theirs) timed")
     p.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a summary")
@@ -51,6 +52,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.smoke:
         args.images, args.particles, args.mh_steps, args.rounds = 2, 50, 2, 1
+    args.chunk = args.chunk or args.images
     return args
 
 
@@ -68,18 +70,38 @@ def run_arm(argv: list) -> dict:
             **json.loads(done.stdout.strip().splitlines()[-1])}  # fmt: skip
 
 
+def correct_images(model_fns, state, n: int):
+    """The first n CIFAR-10 test images the committed model classifies correctly (an image it
+    misclassifies has p = 1, which both loops find at their first level)."""
+    import numpy as np
+    import torch_arms
+
+    from patjax.data import cifar
+
+    split = torch_arms.first_test_images(10 * n + 50)
+    logits = model_fns.infer(state.params, state.batch_stats, cifar.to_float(split.images))
+    chosen = np.flatnonzero(np.argmax(np.asarray(logits), -1) == split.labels)[:n]
+    return cifar.Split(split.images[chosen], split.labels[chosen])
+
+
 def patjax_arm(args) -> list:
-    """Times patjax's evaluation twice in this process; returns [(seconds, median log10 p)]."""
+    """Times the rare_pr evaluator's compiled pass twice in this process (the first call compiles
+    it); returns [(seconds, median log10 p)]."""
     from patjax.core import devices
 
     devices.use_cpu_cores_as_devices()  # before JAX starts, as every patjax command line does
+    import numpy as np
     import torch_arms
 
+    from patjax import evaluators
+    from patjax.evaluators import batches, rare_pr
+    from patjax.pat import amls
     from patjax.run import config as config_lib
-    from patjax.run import evaluation
 
     model_fns, state, _ = torch_arms.committed_small_cnn()
-    split = torch_arms.first_test_images(args.images)
+    split = correct_images(model_fns, state, args.images)
+    # Their loop stops at L >= 0 or after 500 levels: so does this one (depth = what 500 levels reach).
+    depth = math.floor(amls.reachable_depth(args.rho, args.particles, 500))
     overrides = {
         "rare_pr.epsilons": (args.eps,),
         "rare_pr.rho": args.rho,
@@ -87,17 +109,19 @@ def patjax_arm(args) -> list:
         "rare_pr.mh_steps": args.mh_steps,
         "rare_pr.chunk_size": args.chunk,
         "rare_pr.decades": (2,),
+        "rare_pr.depth": float(depth),
     }
-    settings = config_lib.default_evaluation_settings(
-        "cifar10", overrides, evaluators="rare_pr", num_examples=args.images, batch_size=args.images
-    )
+    settings = config_lib.default_evaluation_settings("cifar10", overrides, evaluators="rare_pr")
+    view = settings.evaluator_settings.view(evaluators.REGISTRY["rare_pr"])
+    # The pass as the evaluation runs it: one batch of every image, split over the cores' devices.
+    fn = batches.checking_logits(rare_pr.make_batch_fn(model_fns, view, "rare_pr"), model_fns)
+    n = len(split.labels)
     out = []
     for _ in range(2):
         start = time.perf_counter()
-        results = evaluation.evaluate_state(settings, model_fns, state, split, progress=False)
+        r, _ = batches.evaluate_pass(fn, state, split, n, n, "rare_pr", False)
         seconds = time.perf_counter() - start
-        figure = next(iter(results["figures"]["rare_pr"]["by_radius"].values()))["median_log10_p"]
-        out.append((seconds, figure["value"]))
+        out.append((seconds, float(np.median(r["log10_p"]))))
     return out
 
 
@@ -107,8 +131,8 @@ def their_arm(args) -> list:
     import torch_arms
 
     webb_reference = torch_arms.reference("webb_reference")
-    _, _, net = torch_arms.committed_small_cnn()
-    split = torch_arms.first_test_images(args.images)
+    model_fns, state, net = torch_arms.committed_small_cnn()
+    split = correct_images(model_fns, state, args.images)
     images = torch_arms.as_torch(split.images)
 
     def estimate(x, label):

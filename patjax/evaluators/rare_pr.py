@@ -8,8 +8,9 @@ Gaussian law at each radius of `eval.rare_pr.epsilons`. Per image, radius and re
 returns the estimate, how the loop ended (`amls.OUTCOMES`) and the levels it used; per radius the
 figures are the median log10 p over the clean-correct images with a bootstrap interval, the
 fraction of them with p < 10^-k for each k of `decades` (Clopper-Pearson), and the outcomes'
-counts. An image whose run fell below 10^-depth or died out counts below every 10^-k (k <= depth)
-and is never given a value: a median among them reads "< 1e-depth".
+counts. An image whose run fell below 10^-depth counts below every 10^-k (k <= depth) and is never
+given a value: a median among them reads "< 1e-depth". An image whose run died out or ran out of
+levels has no estimate: it is left out of the figures and counted in `outcomes`.
 """
 
 from __future__ import annotations
@@ -147,10 +148,12 @@ def make_batch_fn(model_fns, s, pass_name):
 
 def pooled(log10_p, outcome) -> tuple:
     """Per image (and radius): log10 of the mean of the repetitions' p-hat (p-hat is unbiased, its
-    log is not) and whether that is an estimate. A repetition censored below the depth or not
-    reached leaves the image without a value; one that died out counts as p-hat = 0."""
+    log is not) and whether that is an estimate: every repetition reached L = 0. A repetition
+    censored below the depth, not reached, or whose particles died out (Webb et al.'s stall rule
+    sets a level that did not move to 0, and no particle was there: p-hat = 0, the mark of MH
+    moves that did not mix, not of a small p) leaves the image without a value."""
     log10_p, outcome = np.asarray(log10_p, np.float64), np.asarray(outcome)
-    estimated = np.all((outcome == amls.REACHED) | (outcome == amls.DIED_OUT), axis=-1)
+    estimated = np.all(outcome == amls.REACHED, axis=-1)
     with np.errstate(divide="ignore"):
         value = np.log10(np.mean(np.where(outcome == amls.REACHED, 10.0**log10_p, 0.0), axis=-1))
     return value, estimated
@@ -165,14 +168,15 @@ def spread(log10_p, outcome) -> np.ndarray:
 
 
 def ordered(value, estimated, outcome, depth) -> np.ndarray:
-    """Values to order images by: the pooled estimate, -inf where every run fell below 10^-depth or
-    died out (below any estimate above the depth), nan where a run did not reach (not ordered)."""
-    below = np.any((outcome == amls.CENSORED), axis=-1) | np.all(outcome == amls.DIED_OUT, axis=-1)
-    not_reached = np.any(outcome == amls.NOT_REACHED, axis=-1)
+    """Values to order images by: the pooled estimate, -inf where a run fell below 10^-depth and
+    every other reached or fell below too (below any estimate above the depth), nan where a run
+    did not reach or died out (no estimate: left out of the figures, and counted)."""
+    unknown = np.any((outcome == amls.NOT_REACHED) | (outcome == amls.DIED_OUT), axis=-1)
+    below = np.any(outcome == amls.CENSORED, axis=-1)
     out = np.where(estimated, value, np.where(below, -np.inf, np.nan))
-    # An estimate that is itself below the depth is one the run could not stop at: keep it as below.
+    # A pooled estimate below the depth is one no run could stop at: keep it as below.
     out = np.where(out < -depth, -np.inf, out)
-    return np.where(not_reached, np.nan, out)
+    return np.where(unknown, np.nan, out)
 
 
 def median_with_interval(values, mask, s: common.SharedSettings, depth: float) -> dict:
@@ -242,8 +246,9 @@ def paired_median_difference(a, b, mask, s: common.SharedSettings) -> dict:
     not an estimate are left out (their difference is not known), and counted."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     usable = np.asarray(mask, bool) & np.isfinite(a) & np.isfinite(b)
-    fig = median_with_interval(np.where(usable, a - b, np.nan), usable, s, np.inf)
-    fig.pop("below")
+    with np.errstate(invalid="ignore"):
+        fig = median_with_interval(np.where(usable, a - b, np.nan), usable, s, np.inf)
+    fig.pop("below", None)
     return dict(fig, left_out=int(np.sum(np.asarray(mask, bool) & ~usable)))
 
 

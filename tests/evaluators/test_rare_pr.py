@@ -50,9 +50,10 @@ def test_pooled_estimate_is_the_log_of_the_mean_p_hat_and_says_when_it_is_not_on
     value, estimated = rare_pr.pooled(log10_p, outcome)
     assert value[0] == pytest.approx(math.log10((1e-3 + 1e-5) / 2))
     assert value[2] == pytest.approx(math.log10(1e-4 / 2))  # a run that died out is p-hat = 0
-    assert estimated.tolist() == [True, False, True, False]
+    assert estimated.tolist() == [True, False, False, False]
     ordered = rare_pr.ordered(value, estimated, outcome, 30.0)
-    assert ordered[1] == -np.inf and np.isnan(ordered[3])  # below the depth; not reached: unordered
+    # below the depth; died out (the stall rule, not a small p) and not reached: no value, unordered
+    assert ordered[1] == -np.inf and np.isnan(ordered[2]) and np.isnan(ordered[3])
     assert rare_pr.spread(log10_p, outcome)[0] == pytest.approx(np.std([-3.0, -5.0], ddof=1))
 
 

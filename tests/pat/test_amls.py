@@ -137,7 +137,7 @@ def test_agrees_with_plain_monte_carlo_where_p_is_at_least_1e_2():
     x = jnp.asarray(np.random.default_rng(1).uniform(0.3, 0.7, (2, 2, 3)), jnp.float32)
     logits_fn = jax_margin_model(params, 0)
     label = int(np.argmax(np.asarray(logits_fn(x[None]))[0]))
-    for law, eps in (("uniform", 0.4), ("gaussian", 0.25)):
+    for law, eps in (("uniform", 0.7), ("gaussian", 0.4)):  # p near 0.03 each
         n = 40_000
         st = robustness.pr_statistics(
             logits_fn, jax.random.PRNGKey(3), x[None], jnp.asarray([label]), jnp.arange(1),
@@ -160,13 +160,13 @@ def test_agrees_with_plain_monte_carlo_where_p_is_at_least_1e_2():
 @pytest.mark.slow
 def test_agrees_with_the_authors_multilevel_uniform():
     # The same model (a small tanh MLP on a 2 x 2 x 3 image), image, radius, rho, particles and MH
-    # steps; 16 runs each. The two samples of log10 p-hat have the same law if the algorithms are
+    # steps; 12 runs each. The two samples of log10 p-hat have the same law if the algorithms are
     # the same: the Mann-Whitney and Kolmogorov-Smirnov tests do not reject at the 1 % level.
     params = mlp_params()
     x = np.random.default_rng(1).uniform(0.3, 0.7, (2, 2, 3)).astype(np.float32)
     logits_fn = jax_margin_model(params, 0)
     label = int(np.argmax(np.asarray(logits_fn(jnp.asarray(x)[None]))[0]))
-    eps, particles, mh_steps, runs = 0.15, 300, 20, 16
+    eps, particles, mh_steps, runs = 0.3, 200, 10, 12  # p near 1e-7
     keys = jax.random.split(jax.random.PRNGKey(0), runs)
     run = jax.jit(
         jax.vmap(lambda k: amls.amls(logits_fn, k, jnp.asarray(x), label, eps, "uniform", rho=0.1,

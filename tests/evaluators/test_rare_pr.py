@@ -103,3 +103,31 @@ def test_rare_pr_evaluates_beside_pr_on_a_tiny_model():
     assert small["n"] == large["n"] == int(np.sum(results["figures"]["clean_accuracy"]["value"] * 6))
     assert large["value"] is not None and (small["value"] is None or small["value"] <= large["value"])
     assert sum(figures["0.1"]["outcomes"].values()) >= large["n"]
+
+
+@pytest.mark.slow
+def test_rare_pr_estimates_do_not_depend_on_the_chunk_or_the_batch():
+    # Each run draws from its image's index, radius and repetition: the images run one at a time,
+    # three at a time, or in another batch give the same estimates.
+    import jax
+
+    from patjax.evaluators import streams
+
+    model_fns, state, split = tiny_setup(num_images=3)
+    logits_fn = model_fns.attack_logits_fn(state.params, state.batch_stats)
+    x = split.images.astype(np.float32) / 255
+    key, indices = streams.attack_key(0, "rare_pr"), np.arange(3, dtype=np.int32)
+    fields = dict(epsilons=(0.05, 0.1), particles=32, mh_steps=2, depth=8.0, decades=(2,), max_levels=20)
+    one, three = (
+        jax.jit(
+            lambda x, y, i, c=c: rare_pr.estimate_batch(
+                logits_fn, key, x, y, i, rare_pr.RarePRSettings(**fields, chunk_size=c)
+            )
+        )
+        for c in (1, 3)
+    )
+    a, b = one(x, split.labels, indices), three(x, split.labels, indices)
+    last = one(x[2:], split.labels[2:], indices[2:])
+    for k in a:
+        np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(a[k])[2:], np.asarray(last[k]), rtol=1e-5)

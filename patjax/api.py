@@ -1,11 +1,14 @@
 """The evaluation as a library call: any classifier and any 8-bit images in, the figures of
 results.json out, with no run, config file or workdir.
 
-  results = patjax.api.evaluate(logits_fn, images, labels, evaluators="clean,pgd20,pr")
+  results = patjax.api.evaluate(nnx_model, images, labels, evaluators="clean,pgd20,pr")
+  results = patjax.api.evaluate(logits_fn, images, labels)
   results = patjax.api.evaluate((module, variables), images, labels, pr={"samples": 100})
   results = patjax.api.evaluate(module.bind(variables), images, labels)
 
-`model` is a function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
+`model` is a Flax NNX module (evaluated as `model.eval()` sets it, BatchNorm on its running
+statistics, on a copy: the module passed keeps its mode; its __call__ takes the images alone), a
+function from (N, H, W, C) float32 images in [0, 1] to (N, classes) logits (jax
 traceable: the attacks differentiate it), or a Flax Linen module with its variables
 ({"params": ..., "batch_stats": ...}), as a (module, variables) pair or bound
 (`module.bind(variables)`); its __call__ takes the images and, optionally, `train` (then called
@@ -31,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from patjax.core.errors import UserError, UserTypeError, one_line
 from patjax.data import cifar
@@ -42,11 +46,12 @@ from patjax.interop.sources import (
     evaluate_torch_checkpoint,
     first_settings,
 )
-from patjax.models import networks
+from patjax.models import forwards, networks
 from patjax.run import config as config_lib
 from patjax.run import evaluation
 from patjax.run import settings as settings_lib
 from patjax.run import state as state_lib
+from patjax.run import train as train_lib
 
 __all__ = [
     "MODEL_FIELDS",
@@ -60,6 +65,7 @@ __all__ = [
     "evaluate_robustbench",
     "evaluate_torch_checkpoint",
     "first_settings",
+    "train_model",
 ]
 
 Model = Union[Callable[[Any], Any], tuple]
@@ -99,12 +105,18 @@ def _without_train_mode(logits):
 
 
 def as_model(model: Model):
-    """(model_fns, state) for `evaluation.evaluate_state` from a logits function, a Flax module
-    with its variables, or a bound Flax module (`module.bind(variables)`). Whether the module's
+    """(model_fns, state) for `evaluation.evaluate_state` from an NNX module
+    (`forwards.nnx_model_fns`), a logits function, a Flax Linen module with its variables, or a
+    bound Linen module (`module.bind(variables)`). Whether the module's
     __call__ takes `train` is read off its signature: the evaluation calls it with train=False
     (BatchNorm's running statistics) if it does, with the images alone if it does not. Variables
     that hold a NaN or an infinity are a one-line UserError (`networks.check_finite`); a logits
     function's own weights are out of reach, and only its logits are checked."""
+    if isinstance(model, nnx.Module):
+        # Evaluated as model.eval() sets it, on a copy: the user's module keeps its mode.
+        model_fns, params, batch_stats = forwards.nnx_model_fns(model)
+        networks.check_finite({"params": params, "batch_stats": batch_stats}, f"the {type(model).__name__} passed")
+        return model_fns, state_lib.inference_state(params, batch_stats)
     if isinstance(model, nn.Module):
         if model.scope is None:
             raise UserError("a Flax module needs its variables: pass (module, variables) or module.bind(variables)")
@@ -127,7 +139,9 @@ def as_model(model: Model):
         params, batch_stats = {}, {}
         apply = _without_train_mode(lambda variables, x: model(x, train=False) if takes_train else model(x))
     else:
-        raise UserTypeError("model must be a logits function, a (flax module, variables) pair or a bound flax module")
+        raise UserTypeError(
+            "model must be a logits function, an nnx.Module, a (linen module, variables) pair or a bound linen module"
+        )
     return networks.ModelFns(apply), state_lib.inference_state(params, batch_stats)
 
 
@@ -249,3 +263,18 @@ def evaluate(
     per_image = {}
     results = evaluation.evaluate_state(chosen, model_fns, state, split, progress=progress, per_image_out=per_image)
     return {**results, "per_image": per_image}
+
+
+def train_model(model, settings: settings_lib.TrainSettings, workdir: str, **kwargs):
+    """A user's module trained by patjax's loop (`train.train_run(..., model=)`): the method,
+    optimizer, data and schedule of `settings` (`patjax.train_settings(cfg)`; its model name is
+    not read, its dataset is), checkpoints and the training log in `workdir`, resumed from its
+    newest checkpoint when run again with the same module. `model`: a flax.nnx.Module or a
+    (linen module, variables) pair, trained from its own variables and left unchanged; returns
+    the trained model in the same form (an NNX module in inference mode, or (module, variables)),
+    for `evaluate`. kwargs: train_run's stop_after_steps and stop_at."""
+    state = train_lib.train_run(settings, workdir, model=model, **kwargs)
+    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    if isinstance(model, nnx.Module):
+        return forwards.nnx_module(model, variables["params"], variables["batch_stats"])
+    return model[0], variables

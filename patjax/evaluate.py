@@ -33,7 +33,7 @@ from patjax import api, evaluators
 from patjax.attacks import l2
 from patjax.core import cli as cli_lib
 from patjax.core import paths, sharding
-from patjax.core.errors import UserError, fraction
+from patjax.core.errors import UserError
 from patjax.data import cifar
 from patjax.evaluators import common, pr
 from patjax.interop import zoo
@@ -100,45 +100,15 @@ def typed_flags() -> dict:
     return typed
 
 
-def read_as_default(path: str, value, flag: str):
-    """A value the command line's `flag` gives for the `eval` field `path` (ml_collections reads
-    --eval.pr.epsilons=8/255,0.1 as the string tuple ('8/255,0.1',)) as its default's type: a
-    tuple field's comma-separated strings split, each element of a tuple of numbers or a number
-    field read as a number or a fraction (`core.errors.fraction`). Anything else as given."""
-    default = config_lib.default_eval_block()[path]
-    numbers = isinstance(default, float) or (
-        isinstance(default, tuple)
-        and bool(default)
-        and all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in default)
-    )
-    try:
-        if isinstance(default, tuple) and isinstance(value, (str, tuple, list)):
-            parts = [value] if isinstance(value, str) else list(value)
-            # ml_collections reads --eval.X=0.1 as the tuple (0.1,) of a float: only strings are split
-            split = [
-                p.strip() if isinstance(p, str) else p
-                for part in parts
-                for p in (part.split(",") if isinstance(part, str) else [part])
-            ]
-            return tuple(fraction(p) if numbers and isinstance(p, str) else p for p in split if p != "")
-        if numbers and isinstance(value, str):
-            return fraction(value)
-    except UserError:
-        what = "comma-separated numbers or fractions" if isinstance(default, tuple) else "a number or a fraction"
-        text = ",".join(value) if isinstance(value, (tuple, list)) else value
-        raise UserError(f"--{flag} takes {what}, got {text!r}") from None
-    return value
-
-
 def overrides_from_flags(typed: dict) -> dict:
     """The eval settings the flags give, by path: --full's and a --pr_preset's, then each flag
-    given (which wins), each read as its field's type (`read_as_default`)."""
+    given (which wins), each read as its field's type (`config.read_eval_value`)."""
     overrides = dict(FULL) if FLAGS.full else {}
     overrides.update(config_lib.eval_paths(pr.PRESETS[FLAGS.pr_preset]) if FLAGS.pr_preset else {})
     values = config_flags.get_override_values(FLAGS["eval"])
     for path, flag in typed.items():
         value = values[path] if flag == f"eval.{path}" else FLAGS[flag].value
-        overrides[path] = read_as_default(path, value, flag)
+        overrides[path] = config_lib.read_eval_value(path, value, flag)
     if "evaluators" in overrides:  # a name that is none is refused before any folder is read
         evaluators.parse(overrides["evaluators"])
     if FLAGS.data_dir:  # every model's test split, the workdirs' recorded folders included
@@ -255,7 +225,9 @@ def define_flags():
         "With --robustbench: the zoo the entries are from (the attacks' threat model is --attack_norm's).",
     )
     flags.DEFINE_string("robustbench_dir", zoo.DEFAULT_MODEL_DIR, "With --robustbench: RobustBench's model_dir.")
-    flags.DEFINE_string("plot", None, "PNG path of the PR-vs-eps plot (default: FIRST/eval/pr_vs_eps.png).")
+    flags.DEFINE_string(
+        "plot", None, "PNG path of the comparison's plot (default: in the first's evaluation, pr_vs_eps.png for PR)."
+    )
     flags.DEFINE_enum("plot_over", "clean_correct", list(plots.PR_IMAGE_SETS), "The images the plot's PR is over.")
 
 

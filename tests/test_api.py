@@ -239,3 +239,17 @@ def test_the_public_namespace_is_the_documented_table_and_survives_the_command_l
     missing = [name for name in patjax.__all__ if not hasattr(patjax, name)]
     assert not missing
     assert "resnet18" in patjax.MODELS and "pat" in patjax.METHODS and "pr" in patjax.EVALUATORS
+
+
+def test_the_results_dict_prints_as_the_commands_tables_of_what_ran():
+    """`patjax.evaluation_tables` lays out api.evaluate's dict as the command does: its row, the
+    attacks with their threat model, no PR caption where PR did not run."""
+    import patjax
+    from patjax.reporting import report
+
+    results = api.evaluate(_linear, _IMAGES, _LABELS, evaluators="clean,pgd20", attack={"steps": 2})
+    text = patjax.evaluation_tables(results, name="mine")
+    assert text == report.comparison(["mine"], [results])
+    assert "Attacks: L∞, ε = 8/255" in text and "PGD (L∞, ε = 8/255) %" in text
+    assert "PR:" not in text and "PR(" not in text
+    assert any(line.strip().startswith("mine ") for line in text.splitlines())

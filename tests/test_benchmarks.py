@@ -302,3 +302,33 @@ def test_matched_accuracy_reads_curve_points_as_the_suite_does_and_interpolates_
     accuracy_b, pr_b = figures(runs / "pgd_s1" / "eval")
     by_hand = np.interp(accuracy_b, [a for a, _ in points], [p[3] for _, p in points]) - pr_b[3]
     assert abs(row["pr_difference"]["0.2"]["value"] - by_hand) < 1e-12
+
+
+def test_the_new_user_path_runs_its_four_steps_as_separate_commands_on_a_copy(tmp_path):
+    spec = importlib.util.spec_from_file_location("new_user_path", REPO / "benchmarks" / "speed" / "new_user_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    steps = module.commands("W", 1000, ["--num_examples=8"])
+    assert [step for step, _ in steps] == ["linf", "l2", "prbench", "certify"]
+    assert [argv[1:] for _, argv in steps] == [
+        ["-m", "patjax.evaluate", "--workdir=W", "--num_examples=8"],
+        ["-m", "patjax.evaluate", "--workdir=W", "--attack_norm=l2", "--num_examples=8"],
+        ["-m", "patjax.evaluate", "--workdir=W", "--pr_preset=prbench", "--num_examples=8"],
+        [
+            "-m",
+            "patjax.evaluate",
+            "--workdir=W",
+            "--evaluators=clean,certify",
+            "--certify_sigma=0.25",
+            "--eval_name=certify",
+            "--certify_samples=1000",
+            "--num_examples=8",
+        ],
+    ]
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    copy = module.fresh_copy(str(run), str(tmp_path / "scratch"))
+    assert os.listdir(copy) == ["config.json"] and (run / "eval").is_dir()  # the run itself untouched
+    with pytest.raises(SystemExit):
+        module.main(["--run", str(tmp_path / "nothing"), "--dry_run"])

@@ -293,7 +293,8 @@ def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with
     flags = ("--evaluators=clean,pgd20,pr", "--num_examples=8")
     runs = [(), ("--attack_norm=l2",), ("--pr_preset=prbench", "--pr_samples=4")]
     outs = [finish(start("patjax.evaluate", f"--workdir={workdir}", *flags, *extra)) for extra in runs]
-    names = ["linf-8_255.table1.n8", "l2-0.5.table1.n8", "linf-8_255.prbench.n8"]
+    # The config's N = 4, not the presets' 100: each name says it.
+    names = ["linf-8_255.table1-N4.n8", "l2-0.5.table1-N4.n8", "linf-8_255.prbench-N4.n8"]
     folders = [os.path.join(workdir, "eval")] + [os.path.join(workdir, "evals", n) for n in names[1:]]
     for out, name, folder in zip(outs, names, folders):
         assert f"run: wrote {folder}/results.json ({name};" in out
@@ -312,7 +313,7 @@ def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with
     listed = finish(start("patjax.evaluate", f"--workdir={workdir}", "--list"))
     rows = [line.split("|")[1:3] for line in listed.splitlines() if line.startswith("| ") and "folder" not in line]
     assert [(n.strip(), f.strip()) for n, f in rows] == list(zip(names, folders))
-    assert "L2, ε = 0.5" in listed and "PRBench's protocol" in listed
+    assert "attacks L2, ε = 0.5" in listed and "PR uniform law at ε = 0.03, 0.08, 0.1, 0.12, N = 4" in listed
     kept = [open(os.path.join(f, "results.json"), "rb").read() for f in folders]
 
     exported = str(tmp_path / "run.safetensors")
@@ -327,7 +328,7 @@ def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with
     assert "Attacks: L2, ε = 0.5" in again and first.splitlines()[-1] == again.splitlines()[-1]
 
     chosen = finish(start("patjax.evaluate", f"--workdir={workdir}", "--compare_only", f"--eval_name={names[2]}"))
-    assert "PRBench's protocol" in chosen
+    assert "PR: uniform law at ε = 0.03, 0.08, 0.1, 0.12, N = 4 per image." in chosen
     proc = start("patjax.evaluate", f"--workdir={workdir}", "--compare_only")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2

@@ -1,4 +1,4 @@
-"""benchmarks/gpu/gpu_carried_run.py: a run carried across GPU windows ends bitwise where one
+"""tools/gpu/gpu_carried_run.py: a run carried across GPU windows ends bitwise where one
 uninterrupted run ends, through the same pieces, commits and restores a window uses."""
 
 import json
@@ -16,8 +16,8 @@ from test_gpu_paper_scale import CIFAR, git, stage_data
 
 from patjax.run import workdir as workdir_lib
 
-SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_carried_run.py"
-PAPER_SCALE = REPO / "benchmarks" / "gpu" / "gpu_paper_scale.py"
+SCRIPT = REPO / "tools" / "gpu" / "gpu_carried_run.py"
+PAPER_SCALE = REPO / "tools" / "gpu" / "gpu_paper_scale.py"
 
 
 def script(path, *args):
@@ -74,7 +74,7 @@ def test_a_run_split_over_two_windows_ends_bitwise_as_one_run_and_brings_its_cur
     tree = small_tree(tmp_path)
     reference = tmp_path / "reference"
     config, overrides = "configs/pgd_atpr_cifar10.py", []
-    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+    sys.path.insert(0, str(REPO / "tools" / "gpu"))
     try:
         import gpu_carried_run as carried
     finally:
@@ -91,7 +91,7 @@ def test_a_run_split_over_two_windows_ends_bitwise_as_one_run_and_brings_its_cur
         stage = ["--root", str(tree), "--stage", str(machine), "stage", "--run", "pgd_atpr", "--no_check"]
         printed = ok(script(SCRIPT, *stage, *(["--from", str(committed)] if committed else [])))
         # The small CNN's state fits beside the data: two calls, the second trains.
-        assert '2. carry [".gpu/carry2"]: python3 benchmarks/gpu/gpu_carried_run.py device --run pgd_atpr' in printed
+        assert '2. carry [".gpu/carry2"]: python3 tools/gpu/gpu_carried_run.py device --run pgd_atpr' in printed
         assert bool(committed) == (machine / "carry1" / "inbox").is_dir()
         device = ["--stage", str(machine), "device", "--run", "pgd_atpr", "--dry_run", "--out", str(out)]
         ok(script(SCRIPT, *device, "--budget_s", "1500", *(["--train_steps", str(steps)] if steps else [])))
@@ -149,7 +149,7 @@ def test_pieces_fill_the_room_the_data_leave_then_a_call_of_their_own_and_join_b
     manifest rides with carry1, 4 MiB pieces fill carry2's room, the rest take carry3, each
     folder with the tree under the travel limit; the pieces, gathered as the device's setup
     gathers them, unpack to the run's files, byte for byte."""
-    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+    sys.path.insert(0, str(REPO / "tools" / "gpu"))
     try:
         import gpu_carried_run as carried
         import gpu_paper_scale as gps

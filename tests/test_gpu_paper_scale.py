@@ -1,4 +1,4 @@
-"""benchmarks/gpu/gpu_paper_scale.py: what travels, the pieces that come back, and its CPU dry run."""
+"""tools/gpu/gpu_paper_scale.py: what travels, the pieces that come back, and its CPU dry run."""
 
 import hashlib
 import importlib.util
@@ -14,7 +14,7 @@ from conftest import REPO
 
 from patjax.data import cifar
 
-SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_paper_scale.py"
+SCRIPT = REPO / "tools" / "gpu" / "gpu_paper_scale.py"
 # The real CIFAR-10 files where every test finds them ($PATJAX_DATA_DIR, else ../shared/data).
 CIFAR = pathlib.Path(cifar.find_data_dir() or REPO.parent / "shared" / "data") / "cifar-10-batches-bin"
 
@@ -265,7 +265,7 @@ def stage_data(stage):
 
 @pytest.mark.slow
 def test_the_dry_run_lays_the_data_down_in_two_calls_and_runs_the_smoke(tmp_path):
-    """The first calls of every window still to run (benchmarks/README.md: E and F, C2, C3), on
+    """The first calls of every window still to run (docs/maintainers.md: E and F, C2, C3), on
     the CPU: the data staged in two carried folders, a damaged file refused in one line naming
     it, `device setup smoke` with the first and `device setup` with the second, which lay
     CIFAR-10 down byte for byte (decoded, size and md5 checked) and record the versions."""

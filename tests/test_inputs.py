@@ -1197,6 +1197,80 @@ def test_the_training_command_refuses_a_sampler_without_steps_from_noise_in_one_
     assert tree_hash(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"pr.epsilons": (8.0, 16.0)},
+            "eval.pr.epsilons=8,16 > 1: did you mean 8/255 = 0.0314, 16/255 = 0.0627? "
+            "(the uniform and gaussian laws' radii are per pixel, in [0, 1])",
+        ),
+        (
+            {"pr.epsilons": (0.1, 8.0)},
+            "eval.pr.epsilons=0.1,8: 8 > 1: did you mean 8/255 = 0.0314? (the uniform and gaussian laws' radii "
+            "are per pixel, in [0, 1])",
+        ),
+        (
+            {"pr.distribution": "gaussian", "pr.distributions": ("gaussian",), "pr.epsilons": (8.0,)},
+            "eval.pr.epsilons=8 > 1: did you mean 8/255 = 0.0314? (the gaussian laws' radii are per pixel, in [0, 1])",
+        ),
+    ],
+)
+def test_a_pr_radius_of_a_per_pixel_law_above_one_is_refused_with_its_likely_meaning(overrides, message):
+    """The rule of the attacks' L-inf radius, for PR's uniform and Gaussian laws: the settings
+    class checks it, so a flag, a config file and the API meet the same line."""
+    with pytest.raises(UserError) as error:
+        config_lib.default_evaluation_settings("cifar10", overrides)
+    assert str(error.value) == message
+    cfg = config_lib.default_config()
+    cfg.eval.pr.epsilons = overrides["pr.epsilons"]
+    for path in ("pr.distribution", "pr.distributions"):
+        if path in overrides:
+            cfg.eval.pr[path.split(".")[1]] = overrides[path]
+    with pytest.raises(UserError, match=re.escape(message)):
+        config_lib.evaluation_settings(cfg)
+    with pytest.raises(UserError, match=re.escape(message)):
+        api.evaluate(
+            linear_logits,
+            np.zeros((2, 32, 32, 3), np.uint8),
+            np.zeros(2, np.int32),
+            pr=dict({k.split(".")[1]: v for k, v in overrides.items()}),
+        )
+
+
+def test_l2_radii_given_beside_the_per_pixel_laws_are_refused_naming_how_they_go():
+    with pytest.raises(UserError) as error:
+        config_lib.default_evaluation_settings("cifar10", {"pr.distribution": "uniform_l2", "pr.epsilons": (0.5, 2.0)})
+    assert str(error.value) == (
+        "eval.pr.epsilons=0.5,2: 2 > 1: did you mean 2/255 = 0.0078? (the uniform and gaussian laws' radii are per "
+        "pixel, in [0, 1]; uniform_l2's radii: with eval.pr.distributions=uniform_l2 alone)"
+    )
+
+
+def test_an_l2_pr_radius_above_one_is_a_radius():
+    """uniform_l2's radii are L2 norms (the L2 preset's reach 8)."""
+    overrides = {"pr.distribution": "uniform_l2", "pr.distributions": ("uniform_l2",), "pr.epsilons": (0.5, 8.0)}
+    assert config_lib.default_evaluation_settings("cifar10", overrides).evaluator_settings["pr"].epsilons == (0.5, 8.0)
+
+
+def test_an_l2_attack_radius_the_size_of_an_linf_one_is_said_in_one_line_and_run(capsys, monkeypatch):
+    from patjax.core import errors
+
+    monkeypatch.setattr(errors, "_SAID", set())
+    threat = config_lib.default_evaluation_settings("cifar10", {"attack.norm": "l2", "attack.eps": 8 / 255})
+    assert threat.evaluator_settings["attack"].eps == 8 / 255
+    config_lib.train_settings(tiny_config(method="pgd", **{"attack.norm": "l2", "attack.epsilon": 0.03}))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "warning: L2 attack radius eval.attack.eps=0.03137 (= 8/255) is below 0.05, the size of an L-inf radius; "
+        "L2's standard radius on CIFAR-10 is 0.5 (run as given)",
+        "warning: L2 attack radius attack.epsilon=0.03 (= 7.65/255) is below 0.05, the size of an L-inf radius; "
+        "L2's standard radius on CIFAR-10 is 0.5 (run as given)",
+    ]
+    config_lib.default_evaluation_settings("cifar10", {"attack.norm": "l2"})  # the standard 0.5: nothing said
+    assert capsys.readouterr().err == ""
+
+
 def test_an_l2_radius_above_one_is_a_radius():
     """Above 1 is an L2 radius like any other (the L2 preset's PR radii reach 8)."""
     threat = config_lib.default_evaluation_settings("cifar10", {"attack.norm": "l2", "attack.eps": 2.0})
@@ -1230,6 +1304,8 @@ def test_the_commands_refuse_an_linf_radius_in_pixel_levels_and_take_fractions(t
         ((*evaluate, "--attack_eps=8"), "--attack_eps=8 > 1: did you mean 8/255 = 0.0314?"),
         ((*evaluate, "--attack_eps=8/255", "--attack_step_size=2"), "--attack_step_size=2 > 1: did you mean 2/255"),
         ((*evaluate, "--attack_eps=8/0"), "expected a number or a fraction such as 8/255, got '8/0'"),
+        ((*evaluate, "--pr_epsilons=8,16"), "--pr_epsilons=8,16 > 1: did you mean 8/255 = 0.0314, 16/255 = 0.0627?"),
+        ((*evaluate, "--pr_preset=prbench", "--pr_epsilons=8"), "--pr_epsilons=8 > 1: did you mean 8/255"),
         ((*train, "--config.attack.epsilon=8"), "attack.epsilon=8 > 1: did you mean 8/255 = 0.0314?"),
         ((*train, "--config.attack.epsilon=8/255", "--config.attack.step_size=2"), "attack.step_size=2 > 1"),
     ]

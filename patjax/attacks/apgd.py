@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from patjax.attacks.l2 import norms
-from patjax.attacks.logits import LogitsFn, margin, true_value
+from patjax.attacks.logits import LogitsFn, check_inference_mode, margin, true_value
 from patjax.attacks.pgd import cross_entropy_loss, project_linf
 
 # autopgd_base.py's APGDAttack.normalize: x / (|x|_p + 1e-12), per example.
@@ -175,6 +175,7 @@ def apgd(
         def project(z):
             return project_l2_apgd(z, x, eps)
 
+    check_inference_mode(logits_fn)
     clean_correct = jnp.argmax(logits_fn(x), axis=-1) == y
     x_start = jnp.clip(x + eps * t / (t_norm + NORMALIZE_EPS), 0.0, 1.0)
     loss0, correct0, grad0 = loss_and_grad(x_start)

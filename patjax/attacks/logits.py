@@ -11,9 +11,29 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
+
+from patjax.core.errors import UserError
 
 # A classifier as the attacks and the math above them see it: [0, 1] images (NHWC) in, logits out.
 LogitsFn = Callable[[jax.Array], jax.Array]
+
+
+def check_inference_mode(logits_fn) -> None:
+    """A one-line UserError for an NNX module passed as a logits function while in training
+    mode: the attacks and estimators mean the classifier as it predicts (BatchNorm on its running
+    statistics), and a module in training mode would normalize by each attacked batch and update
+    its statistics from inside the attack's trace. Read while tracing; nothing else is checked."""
+    if not isinstance(logits_fn, nnx.Module):
+        return
+    training = sorted(
+        {type(m).__name__ for _, m in nnx.iter_modules(logits_fn) if getattr(m, "use_running_average", True) is False}
+    )
+    if training:
+        raise UserError(
+            f"the {type(logits_fn).__name__} passed as the classifier is in training mode ({', '.join(training)}) "
+            f"where its inference mode is meant; pass patjax.nnx_logits_fn(model) or call model.eval()"
+        )
 
 
 def true_value(values: jax.Array, labels: jax.Array) -> jax.Array:

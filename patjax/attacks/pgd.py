@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.attacks.logits import LogitsFn, margin
+from patjax.attacks.logits import LogitsFn, check_inference_mode, margin
 
 
 def project_linf(x_adv: jax.Array, x: jax.Array, eps: float | jax.Array) -> jax.Array:
@@ -34,6 +34,7 @@ def cw_margin_loss(logits: jax.Array, y: jax.Array, kappa: float = 50.0) -> jax.
 
 def input_gradient(logits_fn: LogitsFn, loss_fn, x_adv: jax.Array, y: jax.Array) -> jax.Array:
     """Gradient of the summed per-example loss w.r.t. the input (per-example gradients)."""
+    check_inference_mode(logits_fn)
     return jax.grad(lambda z: jnp.sum(loss_fn(logits_fn(z), y)))(x_adv)
 
 

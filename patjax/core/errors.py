@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import numbers
+import sys
 from typing import Optional
 
 import numpy as np
@@ -79,12 +80,36 @@ def check_counts(settings) -> None:
         object.__setattr__(settings, field, value)
 
 
-def linf_radius(name: str, value: float) -> None:
-    """An L-inf radius or step, in the units of images in [0, 1]: above 1 it is the whole cube, and
-    is almost surely one written in pixel levels (8 meaning 8/255); refused with that reading."""
-    if value > 1:
-        raise UserError(
-            f"{name}={value:g} > 1: did you mean {value:g}/255 = {value / 255:.4f}? (L-inf radii are in [0, 1])"
+def linf_radius(name: str, value, units: str = "L-inf radii are in [0, 1]") -> None:
+    """An L-inf radius or step, or a radius of a per-pixel PR law, in the units of images in
+    [0, 1]: above 1 it is the whole cube, and is almost surely one written in pixel levels (8
+    meaning 8/255); refused with that reading. `value` may be a list of radii (PR's), each checked."""
+    values = list(value) if isinstance(value, (tuple, list)) else [value]
+    wrong = [v for v in values if v > 1]
+    if wrong:
+        given = ",".join(f"{v:g}" for v in values)
+        meant = ", ".join(f"{v:g}/255 = {v / 255:.4f}" for v in wrong)
+        head = f"{name}={given} > 1" if wrong == values else f"{name}={given}: {','.join(f'{v:g}' for v in wrong)} > 1"
+        raise UserError(f"{head}: did you mean {meant}? ({units})")
+
+
+# Below this an L2 attack radius is almost surely an L-inf one (8/255 = 0.031) given to the L2
+# ball, whose standard radius on CIFAR-10 is 0.5: an attack 16 times weaker, whose robust accuracy
+# reads as clean accuracy. Still a legal radius, so it is said, not refused.
+SMALL_L2_RADIUS = 0.05
+_SAID: set = set()
+
+
+def small_l2_radius(name: str, value: float, standard: float) -> None:
+    """Says in one line on stderr, once per process and setting, that an L2 attack radius below
+    SMALL_L2_RADIUS looks like an L-inf one; the evaluation or training still runs."""
+    if 0 < value < SMALL_L2_RADIUS and (name, value) not in _SAID:
+        _SAID.add((name, value))
+        print(
+            f"warning: L2 attack radius {name}={value:.4g} (= {value * 255:.3g}/255) is below {SMALL_L2_RADIUS:g}, "
+            f"the size of an L-inf radius; L2's standard radius on CIFAR-10 is {standard:g} (run as given)",
+            file=sys.stderr,
+            flush=True,
         )
 
 

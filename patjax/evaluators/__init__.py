@@ -105,6 +105,24 @@ def parse(spec) -> tuple:
     return tuple(e for e in NAMES if e in chosen)
 
 
+def labels(settings: dict) -> tuple[list, list]:
+    """(name parts, descriptions) of an evaluation with these settings (results.json's): each
+    evaluator that ran says its own (`Evaluator.label_name`, `label_words`), in the registry's
+    order, each said once (every attack shares the threat model's). A record written before a
+    setting an evaluator names existed gives no part for it."""
+    ran = [REGISTRY[e] for e in NAMES if e in (settings.get("evaluators") or ())]
+    parts, words = [], []
+    for e in ran:
+        for label, out in ((e.label_name, parts), (e.label_words, words)):
+            try:
+                found = label(settings)
+            except (KeyError, TypeError):
+                found = ""
+            if found and found not in out:
+                out.append(found)
+    return parts, words
+
+
 def worst_case(per_image: dict, names, s) -> dict | None:
     """Robust accuracy under the worst of the worst-case attacks run (and correct when clean)."""
     ran = [a for a in WORST_CASE if a in names]

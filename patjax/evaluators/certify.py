@@ -71,6 +71,33 @@ class CertifySettings:
         object.__setattr__(self, "alpha", float(self.alpha))
 
 
+def largest_radius(sigma: float, samples: int, alpha: float) -> float:
+    """The largest radius CERTIFY can return with n samples at level alpha: sigma Phi^-1 of the
+    lower bound when all n samples are the guessed class, alpha^(1/n) (0.616 at sigma 0.25,
+    n = 1,000, alpha 0.001); certified accuracy beyond it is 0 whatever the model."""
+    return float(sigma * special.ndtri(alpha ** (1.0 / samples)))
+
+
+def _own(settings) -> dict:
+    return settings[BLOCK]
+
+
+def name_part(settings) -> str:
+    """CERTIFY's part of an evaluation's name: certify-sigma0.25-N100000."""
+    own = _own(settings)
+    return f"certify-sigma{float(own['sigma']):g}-N{own['samples']}"
+
+
+def describe(settings) -> str:
+    """What CERTIFY measured: its sigma, n0, n, alpha and the largest radius they can certify."""
+    own = _own(settings)
+    top = largest_radius(own["sigma"], own["samples"], own["alpha"])
+    return (
+        f"certified accuracy (randomized smoothing) sigma = {float(own['sigma']):g}, n0 = {own['selection_samples']}, "
+        f"n = {own['samples']}, alpha = {float(own['alpha']):g}: radii up to {top:.3f} certifiable"
+    )
+
+
 def certify(selection_counts, estimation_counts, alpha: float, sigma: float) -> dict:
     """Cohen et al.'s CERTIFY per image from its two independent draws' class counts (images, classes):
     the class cA with the most selection samples (the lowest on ties, as numpy's argmax), the
@@ -159,5 +186,13 @@ def figures(per_image, s) -> dict:
 
 
 EVALUATOR = common.Evaluator(
-    NAME, passes, make_batch_fn, figures, label="Certified", combine=combine, settings=CertifySettings
+    NAME,
+    passes,
+    make_batch_fn,
+    figures,
+    label="Certified",
+    combine=combine,
+    settings=CertifySettings,
+    name_part=name_part,
+    describe=describe,
 )

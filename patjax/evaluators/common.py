@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from patjax.attacks import l2
-from patjax.core.errors import UserError, check_counts, count, linf_radius
+from patjax.core.errors import UserError, check_counts, count, linf_radius, small_l2_radius
 
 SEED_LIMIT = 2**32  # PRNGKey keeps 32 bits without x64: seeds 0 and 2**32 would alias
 
@@ -62,7 +62,8 @@ class ThreatModelSettings:
     ball's radius and step_size the length of each normalized-gradient step (RobustBench's L2
     radius is 0.5); each evaluator says which norms it attacks under (`Evaluator.norms`). A norm
     chosen without a radius takes its own (`l2.RADII`, `l2.with_norm_radii`); an L-inf radius
-    above 1 is refused as one written in pixel levels."""
+    above 1 is refused as one written in pixel levels, an L2 one below 0.05 said to be the size
+    of an L-inf one."""
 
     eps: float = 8 / 255
     step_size: float = 2 / 255
@@ -78,9 +79,40 @@ class ThreatModelSettings:
         if self.norm == "linf":
             linf_radius("eval.attack.eps", self.eps)
             linf_radius("eval.attack.step_size", self.step_size)
+        else:
+            small_l2_radius("eval.attack.eps", self.eps, l2.RADII["l2"][0])
 
 
 THREAT_BLOCK = "attack"  # the threat model's block of `eval`, which every attack evaluator reads
+
+NORM_SYMBOLS = {"linf": "L∞", "l2": "L2"}
+
+
+def radius(eps, norm: str = "linf") -> str:
+    """An attack's radius as it is published: an L-inf one as k/255 where it is one (8/255),
+    else the number (0.5)."""
+    levels = float(eps) * 255
+    if norm == "linf" and levels > 0 and abs(levels - round(levels)) < 1e-6:
+        return f"{round(levels)}/255"
+    return f"{float(eps):g}"
+
+
+def threat_model(settings) -> str:
+    """'L∞, ε = 8/255' of a results.json settings record (`eval_settings.nested_settings`'s shape);
+    '' for one without the attacks' radius."""
+    attack = settings.get(THREAT_BLOCK) or {}
+    if "eps" not in attack:
+        return ""
+    norm = attack["norm"]
+    return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(attack['eps'], norm)}"
+
+
+def threat_name(settings) -> str:
+    """The threat model as a part of an evaluation's name: linf-8_255, l2-0.5."""
+    attack = settings.get(THREAT_BLOCK) or {}
+    if "eps" not in attack:
+        return ""
+    return f"{attack['norm']}-{radius(attack['eps'], attack['norm']).replace('/', '_')}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +193,15 @@ class Evaluator:
     make_rounds: (model_fns, settings, pass name) -> the pass's further rounds (`batches.Rounds`: the
       images still to attack leave the others between them), or None for a pass of one round.
     needs_clean: whether its figures need the clean pass (PR over clean-correct images).
+    name_part: (results.json's settings) -> its part of an evaluation's derived name, from the
+      settings it reads ('' for none); default: an attack's threat model (linf-8_255), else ''.
+    describe: (results.json's settings) -> what it measured, in words, for `--list` and the
+      announcement of a run; default: an attack's threat model, else ''.
+    recorded: the entries at the top of results.json's settings beside its blocks that its
+      figures depend on (PR: each law's definition); with its blocks they are what a saved
+      evaluation must share for its per-image outcomes to be reused (`view_paths`).
+    An evaluation is named and listed by the parts of the evaluators that ran (`labels`), so that
+    a new evaluator labels its evaluations by declaring these two, nothing else.
     """
 
     name: str
@@ -177,6 +218,30 @@ class Evaluator:
     block: str = ""
     norms: tuple | None = None
     reads: tuple = ()
+    name_part: Callable[[dict], str] | None = None
+    describe: Callable[[dict], str] | None = None
+    recorded: tuple = ()
+
+    def view_paths(self) -> tuple:
+        """The entries of results.json's settings its `View` is made of (the shared settings, the
+        threat model if it attacks, its own block, the blocks it reads) and those it `recorded`:
+        two evaluations of the same images and weights agreeing on these have its outcomes alike."""
+        blocks = (THREAT_BLOCK,) if self.norms is not None else ()
+        blocks += (self.settings_block,) if self.settings is not None else ()
+        shared = tuple(f.name for f in dataclasses.fields(SharedSettings))
+        return shared + blocks + tuple(self.reads) + tuple(self.recorded)
+
+    def label_name(self, settings: dict) -> str:
+        """Its part of the name of an evaluation with these settings (results.json's)."""
+        if self.name_part is not None:
+            return self.name_part(settings)
+        return threat_name(settings) if self.norms is not None else ""
+
+    def label_words(self, settings: dict) -> str:
+        """What it measured in an evaluation with these settings (results.json's), in words."""
+        if self.describe is not None:
+            return self.describe(settings)
+        return f"attacks {threat_model(settings)}" if self.norms is not None and threat_model(settings) else ""
 
     @property
     def settings_block(self) -> str:

@@ -15,7 +15,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from patjax.core.errors import UserError, check_counts, count
+from patjax.core.errors import UserError, check_counts, count, linf_radius
 from patjax.data import cifar
 from patjax.evaluators import common, intervals, stats
 from patjax.methods.common import Resolution
@@ -57,18 +57,46 @@ PRESETS = {
 PRESET_NAMES = {"table1": "the Table-1 protocol", "prbench": "PRBench's protocol", "l2": "patjax's L2 radii"}
 
 
-def preset_of(distribution: str, epsilons) -> str:
-    """The preset (`PRESETS`' key) whose headline law and radii these are, or ''."""
+def preset_of(distribution: str, epsilons, samples=None) -> str:
+    """The preset (`PRESETS`' key) whose headline law and radii these are (and N, where `samples`
+    is given: a caption that names a published protocol holds its N too), or ''."""
     for name, preset in PRESETS.items():
-        if distribution == preset["pr.distribution"] and tuple(float(e) for e in epsilons) == preset["pr.epsilons"]:
+        if (
+            distribution == preset["pr.distribution"]
+            and tuple(float(e) for e in epsilons) == preset["pr.epsilons"]
+            and (samples is None or int(samples) == preset["pr.samples"])
+        ):
             return name
     return ""
 
 
-def protocol_name(distribution: str, epsilons) -> str:
-    """The published protocol a headline law and its radii are (`PRESET_NAMES`), or ''."""
-    preset = preset_of(distribution, epsilons)
+def protocol_name(distribution: str, epsilons, samples=None) -> str:
+    """The published protocol a headline law, its radii (and N) are (`PRESET_NAMES`), or ''."""
+    preset = preset_of(distribution, epsilons, samples)
     return PRESET_NAMES[preset] if preset else ""
+
+
+def law_words(settings) -> str:
+    """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
+    headline PR's law, radii and samples of a results.json settings record."""
+    own = settings[BLOCK]
+    dist, radii, samples = own["distribution"], own.get("epsilons", ()), own["samples"]
+    name = protocol_name(dist, radii, samples)
+    at = ", ".join(f"{float(e):g}" for e in radii)
+    return f"{dist} law at ε = {at}{f' ({name})' if name else ''}, N = {samples} per image"
+
+
+# The N of every preset, the paper's: a name says N only where it is another.
+STANDARD_SAMPLES = 100
+
+
+def name_part(settings) -> str:
+    """PR's part of an evaluation's name: its preset (table1, prbench, l2) or its law and radii
+    (uniform-0.1-0.3), with -N and its samples where they are not the presets' 100."""
+    own = settings[BLOCK]
+    law, radii, samples = own["distribution"], own.get("epsilons") or (), own.get("samples", STANDARD_SAMPLES)
+    part = preset_of(law, radii) or "-".join([law, *(f"{float(e):g}" for e in radii)])
+    return part if samples == STANDARD_SAMPLES else f"{part}-N{samples}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +144,13 @@ class PRSettings:
             raise UserError(f"eval.pr.prob_acc_q must lie in (0, 1), got {self.prob_acc_q}")
         if not self.epsilons or min(self.epsilons) < 0:
             raise UserError("eval.pr.epsilons must be non-empty and non-negative")
+        per_pixel = [d for d in self.distributions if laws.get(d).per_pixel]
+        if per_pixel:  # uniform_l2's radii are L2 norms, above 1 as often as not
+            units = f"the {' and '.join(per_pixel)} laws' radii are per pixel, in [0, 1]"
+            other = [d for d in self.distributions if d in laws.of_eps() and d not in per_pixel]
+            if other:  # a law of eps in other units among them (uniform_l2): its radii go alone
+                units += f"; {other[0]}'s radii: with eval.pr.distributions={other[0]} alone"
+            linf_radius("eval.pr.epsilons", self.epsilons, units)
         for d in self.distributions:
             levels(self, d)  # a law with levels of its own checks the settings it reads (p_dis: c1 > 0)
         if self.entropic_lambda < 0:
@@ -226,4 +261,14 @@ def figures(per_image, s) -> dict:
     return {"pr": out}
 
 
-EVALUATOR = common.Evaluator("pr", passes, make_batch_fn, figures, needs_clean=True, settings=PRSettings)
+EVALUATOR = common.Evaluator(
+    "pr",
+    passes,
+    make_batch_fn,
+    figures,
+    needs_clean=True,
+    settings=PRSettings,
+    name_part=name_part,
+    describe=lambda settings: f"PR {law_words(settings)}",
+    recorded=tuple(laws.REGISTRY),
+)

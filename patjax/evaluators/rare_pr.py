@@ -252,6 +252,24 @@ def paired_median_difference(a, b, mask, s: common.SharedSettings) -> dict:
     return dict(fig, left_out=int(np.sum(np.asarray(mask, bool) & ~usable)))
 
 
+def name_part(settings) -> str:
+    """rare_pr's part of an evaluation's name: its law, radii and particles,
+    amls-uniform-0.0314-0.1-P1000."""
+    own = settings[BLOCK]
+    radii = "-".join(f"{float(e):.3g}" for e in own.get("epsilons") or ())
+    return f"amls-{own['distribution']}-{radii}-P{own['particles']}"
+
+
+def describe(settings) -> str:
+    """What rare_pr measured: log10 P(violation) by AMLS, its law, radii and budget."""
+    own = settings[BLOCK]
+    at = ", ".join(f"{float(e):.4g}" for e in own.get("epsilons") or ())
+    return (
+        f"log10 P(violation) by AMLS, {own['distribution']} law at ε = {at}, {own['particles']} particles, "
+        f"{own['mh_steps']} MH steps a level, depth 1e-{float(own['depth']):g}"
+    )
+
+
 EVALUATOR = common.Evaluator(
     NAME,
     passes,
@@ -261,4 +279,8 @@ EVALUATOR = common.Evaluator(
     label="log10 P(violation)",
     combine=combine,
     settings=RarePRSettings,
+    name_part=name_part,
+    describe=describe,
+    # AMLS draws in the base noise of PR's own laws: their recorded definitions are part of its view
+    recorded=amls.LAWS,
 )

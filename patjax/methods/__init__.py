@@ -1,9 +1,17 @@
 """Layer 5, the training objectives ("methods"), registered by name: Algorithm 2 (PAT) and the baselines.
 Imports `pat`, `attacks`, `models`, `data` and `core`.
 
-A method is a pure function
+Each method's objective is a public pure function of two forwards of the model (what a user's
+own train step calls; docs/api.md):
+
+    objective(train_fn, attack_fn, key, x, y, *, state=None, <its settings>) -> (loss, (state, metrics))
+
+with train_fn(x, state) -> (logits, state) the training-mode forward and attack_fn(x) -> logits
+the inner problem's (`common.TrainFn`). The registered method is its adapter to patjax's loop,
 
     method(params, model, batch_stats, x, y, key, s) -> (loss, (new_batch_stats, metrics))
+
+which builds the two forwards from `model` and calls the objective: one implementation.
 
 differentiated with respect to `params` by the train step, so the compiled step is the same
 for every method and `--config.method=NAME` selects one. `model` is a `ModelFns` pair of

@@ -14,7 +14,7 @@ from patjax.attacks.inner import sign_ascent
 from patjax.attacks.logits import LogitsFn
 from patjax.attacks.pgd import cross_entropy_loss, project_linf
 from patjax.core.errors import UserError, check_counts, count
-from patjax.methods.common import Method, Resolution, weighted_update
+from patjax.methods.common import Method, Resolution, TrainFn, weighted_ce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,19 +160,35 @@ def atpr_search(
     return AtprResult(jax.lax.stop_gradient(x_sel), choice, candidates, distances, counts)
 
 
-def atpr(params, model, batch_stats, x, y, key, s):
-    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `atpr_search`.
-    s.own is the config block `atpr` completed with the standard PGD of the `attack` block
-    (`AtprSettings`, `AtprSearchSettings.resolve`)."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
-    result = atpr_search(logits_fn, key, x, y, s.own)
-    loss, (new_batch_stats, metrics) = weighted_update(params, model, batch_stats, result.x_adv, y, 0.0)
+def atpr_loss(
+    train_fn: TrainFn,
+    attack_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    state=None,
+    search: AtprSettings = AtprSettings(),
+):
+    """AT-PR (wellzline/AT-PR `PR`): mean CE(f(x_sel), y), x_sel from `atpr_search` on
+    `attack_fn` (the reference runs it in model.train(): batch statistics) around the standard
+    PGD of `search` (eps, step_size, steps). (loss, (state, metrics)) with atpr_pgd_fraction (how
+    often the standard PGD was kept) and atpr_refine_iters."""
+    result = atpr_search(attack_fn, key, x, y, search)
+    loss, (state, metrics) = weighted_ce(train_fn, result.x_adv, y, 0.0, state)
     metrics = dict(
         metrics,
         atpr_pgd_fraction=jnp.mean(result.choice == 0),
         atpr_refine_iters=jnp.mean(result.refine_iters.astype(jnp.float32)),
     )
-    return loss, (new_batch_stats, metrics)
+    return loss, (state, metrics)
+
+
+def atpr(params, model, batch_stats, x, y, key, s):
+    """AT-PR: `atpr_loss` with s.own, the config block `atpr` completed with the standard PGD of
+    the `attack` block (`AtprSettings`, `AtprSearchSettings.resolve`)."""
+    attack_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
+    return atpr_loss(model.train_fn(params), attack_fn, key, x, y, state=batch_stats, search=s.own)
 
 
 # BatchNorm during the attack: batch statistics, as wellzline/AT-PR attack_algorithms.py runs PR

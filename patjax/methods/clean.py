@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+import jax
+
+from patjax.methods.common import Method, TrainFn, accuracy, mean_ce, train_passes, uniform_weights
+
+
+def clean_loss(train_fn: TrainFn, x: jax.Array, y: jax.Array, *, state=None):
+    """Standard training: mean CE(f(x), y); adv_accuracy is the accuracy on the clean batch.
+    (loss, (state, metrics))."""
+    (logits,), state = train_passes(train_fn, state, [x])
+    loss = mean_ce(logits, y)
+    return loss, (state, {"loss": loss, "adv_accuracy": accuracy(logits, y), **uniform_weights(y.shape[0])})
 
 
 def clean(params, model, batch_stats, x, y, key, s):
-    """Standard training: mean CE(f(x), y); adv_accuracy is the accuracy on the clean batch."""
-    (logits,), new_batch_stats = train_passes(model, params, batch_stats, [x])
-    loss = mean_ce(logits, y)
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": accuracy(logits, y), **uniform_weights(y.shape[0])})
+    """Standard training: `clean_loss`."""
+    return clean_loss(model.train_fn(params), x, y, state=batch_stats)
 
 
 CLEAN = Method("clean", clean, "Clean")

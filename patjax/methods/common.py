@@ -15,8 +15,8 @@ import optax
 
 from patjax.attacks import l2
 from patjax.attacks import pgd as pgd_lib
-from patjax.core.errors import UserError, check_counts, count, linf_radius
-from patjax.models.networks import BN_MODES, ModelFns
+from patjax.core.errors import UserError, check_counts, count, linf_radius, small_l2_radius
+from patjax.models.networks import BN_MODES
 from patjax.pat import langevin as langevin_lib
 
 
@@ -77,6 +77,8 @@ class AttackSettings:
         if self.norm == "linf":
             linf_radius("attack.epsilon", self.epsilon)
             linf_radius("attack.step_size", self.step_size)
+        else:
+            small_l2_radius("attack.epsilon", self.epsilon, l2.RADII["l2"][0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +170,13 @@ class MethodSettings:
                 )
 
 
+def check_beta(beta) -> None:
+    """The one check of beta where an objective takes it (`SnisSettings`'s): a Python number is
+    checked; a traced one (a schedule of beta in the user's step) is the caller's to keep >= 0."""
+    if isinstance(beta, (int, float)):
+        SnisSettings(beta=beta)
+
+
 def snis_weights(losses: jax.Array, beta: float) -> jax.Array:
     """Self-normalized importance weights over the batch (Algorithm 2, lines 17-18; Eq. 2).
 
@@ -186,9 +195,41 @@ def accuracy(logits, y):
     return jnp.mean(jnp.argmax(logits, axis=-1) == y)
 
 
-def weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
-    """Phase 2 of Algorithm 2 on a given adversarial batch."""
-    logits, new_batch_stats = model.train(params, batch_stats, x_adv)
+# The training-mode forward an objective differentiates: (x, state) -> (logits, state). `state` is
+# whatever the model updates in training mode and the objective threads from pass to pass in the
+# order the reference code makes its passes: Linen's batch_stats (`mutable=["batch_stats"]`), or
+# None for an NNX module, which updates its BatchStat variables itself (`models.forwards`).
+TrainFn = Callable[[jax.Array, Any], tuple]
+
+
+def train_logits(train_fn: TrainFn, x: jax.Array, state):
+    """(logits, state) of one training-mode pass, its shape checked while tracing: an objective
+    reads per-example logits (B, classes), and other shapes would broadcast into a wrong loss."""
+    logits, state = train_fn(x, state)
+    if getattr(logits, "ndim", 0) != 2 or logits.shape[0] != x.shape[0] or logits.shape[1] < 2:
+        raise UserError(
+            f"the training forward must return (B, classes) logits with classes >= 2 for B = {x.shape[0]} images, "
+            f"got shape {getattr(logits, 'shape', type(logits).__name__)}"
+        )
+    return logits, state
+
+
+def train_passes(train_fn: TrainFn, state, inputs):
+    """Training-mode forward passes on `inputs` in order, as consecutive PyTorch calls under
+    model.train(): each pass is normalized by its own batch statistics and makes one
+    momentum update of the running statistics. Returns ([logits per input], state).
+    Repeated inputs give identical logits; they are repeated for the statistics only."""
+    all_logits = []
+    for x in inputs:
+        logits, state = train_logits(train_fn, x, state)
+        all_logits.append(logits)
+    return all_logits, state
+
+
+def weighted_ce(train_fn: TrainFn, x_adv, y, beta: float, state=None):
+    """Phase 2 of Algorithm 2 on a given adversarial batch (lines 15-19): one training-mode pass,
+    sum_i w_i CE_i with the detached SNIS weights (beta = 0: the mean). (loss, (state, metrics))."""
+    logits, state = train_logits(train_fn, x_adv, state)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)  # line 16
     loss, weights = weighted_loss(losses, beta)
     metrics = {
@@ -197,19 +238,7 @@ def weighted_update(params, model: ModelFns, batch_stats, x_adv, y, beta):
         "snis_weight_mean": jnp.mean(weights),
         "snis_weight_max": jnp.max(weights),
     }
-    return loss, (new_batch_stats, metrics)
-
-
-def train_passes(model: ModelFns, params, batch_stats, inputs):
-    """Training-mode forward passes on `inputs` in order, as consecutive PyTorch calls under
-    model.train(): each pass is normalized by its own batch statistics and makes one
-    momentum update of the running statistics. Returns ([logits per input], new_batch_stats).
-    Repeated inputs give identical logits; they are repeated for the statistics only."""
-    all_logits = []
-    for x in inputs:
-        logits, batch_stats = model.train(params, batch_stats, x)
-        all_logits.append(logits)
-    return all_logits, batch_stats
+    return loss, (state, metrics)
 
 
 def mean_ce(logits, y):

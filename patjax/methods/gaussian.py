@@ -8,7 +8,7 @@ import dataclasses
 import jax
 
 from patjax.core.errors import UserError
-from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+from patjax.methods.common import Method, TrainFn, accuracy, mean_ce, train_passes, uniform_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,15 +24,24 @@ class GaussianSettings:
             raise UserError(f"gaussian.sigma must be > 0, got {self.sigma}")
 
 
-def gaussian(params, model, batch_stats, x, y, key, s):
-    """mean CE(f(x + sigma z), y), z ~ N(0, I), as train.py's `inputs + randn_like(inputs) *
-    noise_sd`: after the data augmentation, unclipped, before the model's normalization (the
-    noise the smoothed classifier is certified under, `robustness.class_counts`);
-    adv_accuracy is the accuracy on the noisy batch."""
-    noisy = x + s.own.sigma * jax.random.normal(key, x.shape, x.dtype)
-    (logits,), new_batch_stats = train_passes(model, params, batch_stats, [noisy])
+def gaussian_augmentation_loss(
+    train_fn: TrainFn, key: jax.Array, x: jax.Array, y: jax.Array, *, state=None, sigma: float = GaussianSettings.sigma
+):
+    """Gaussian augmentation (Cohen et al. 2019): mean CE(f(x + sigma z), y), z ~ N(0, I), as
+    locuslab/smoothing train.py's `inputs + randn_like(inputs) * noise_sd`: after the data
+    augmentation, unclipped, before the model's normalization (the noise the smoothed classifier
+    is certified under, `robustness.class_counts`); no inner problem, so no attack forward.
+    adv_accuracy is the accuracy on the noisy batch. (loss, (state, metrics))."""
+    GaussianSettings(sigma=sigma)
+    noisy = x + sigma * jax.random.normal(key, x.shape, x.dtype)
+    (logits,), state = train_passes(train_fn, state, [noisy])
     loss = mean_ce(logits, y)
-    return loss, (new_batch_stats, {"loss": loss, "adv_accuracy": accuracy(logits, y), **uniform_weights(y.shape[0])})
+    return loss, (state, {"loss": loss, "adv_accuracy": accuracy(logits, y), **uniform_weights(y.shape[0])})
+
+
+def gaussian(params, model, batch_stats, x, y, key, s):
+    """Gaussian augmentation: `gaussian_augmentation_loss` with sigma s.own.sigma."""
+    return gaussian_augmentation_loss(model.train_fn(params), key, x, y, state=batch_stats, sigma=s.own.sigma)
 
 
 GAUSSIAN = Method("gaussian", gaussian, "Gaussian aug.", settings=GaussianSettings)

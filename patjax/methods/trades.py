@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from patjax.attacks import inner, l2
+from patjax.attacks.logits import LogitsFn
 from patjax.core.errors import UserError
-from patjax.methods.common import Method, accuracy, mean_ce, train_passes, uniform_weights
+from patjax.methods.common import AttackSettings, Method, TrainFn, accuracy, mean_ce, train_passes, uniform_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,27 +30,38 @@ class TradesSettings:
             raise UserError(f"trades.beta must be >= 0, got {self.beta}")
 
 
-def trades(params, model, batch_stats, x, y, key, s):
+def trades_loss(
+    train_fn: TrainFn,
+    attack_fn: LogitsFn,
+    key: jax.Array,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    state=None,
+    attack: AttackSettings = AttackSettings(),
+    trades: TradesSettings = TradesSettings(),
+):
     """TRADES (yaodongyu/TRADES trades.py): mean CE(z(x), y) + beta * mean_i KL(p(x_i) || p(x_adv_i)),
-    x_adv from `inner.trades_kl_attack`; passes x, x_adv, x. The gradient flows through both
-    arguments of the KL, as in the reference (its target softmax(model(x)) is not detached)."""
-    logits_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
+    x_adv from `inner.trades_kl_attack` on `attack_fn` (the reference's model.eval(): running
+    statistics), budget and steps attack.epsilon and attack.steps, its own step size and beta in
+    `trades`; training-mode passes x, x_adv, x. The gradient flows through both arguments of the
+    KL, as in the reference (its target softmax(model(x)) is not detached). (loss, (state, metrics))."""
     x_adv = inner.trades_kl_attack(
-        logits_fn,
+        attack_fn,
         key,
         x,
-        eps=s.attack.epsilon,
-        step_size=s.own.step_size,
-        steps=s.attack.steps,
-        init_noise=s.own.init_noise,
-        norm=s.attack.norm,
+        eps=attack.epsilon,
+        step_size=trades.step_size,
+        steps=attack.steps,
+        init_noise=trades.init_noise,
+        norm=attack.norm,
     )
-    (clean_logits, adv_logits, _), new_batch_stats = train_passes(model, params, batch_stats, [x, x_adv, x])
+    (clean_logits, adv_logits, _), state = train_passes(train_fn, state, [x, x_adv, x])
     natural = mean_ce(clean_logits, y)
     robust = jnp.mean(inner.kl_from_clean_loss(adv_logits, jax.nn.softmax(clean_logits, axis=-1)))
-    loss = natural + s.own.beta * robust
+    loss = natural + trades.beta * robust
     return loss, (
-        new_batch_stats,
+        state,
         {
             "loss": loss,
             "adv_accuracy": accuracy(adv_logits, y),
@@ -60,6 +72,14 @@ def trades(params, model, batch_stats, x, y, key, s):
     )
 
 
+def trades_method(params, model, batch_stats, x, y, key, s):
+    """TRADES: `trades_loss` with s.own, the attack's BatchNorm s.attack.bn_mode."""
+    attack_fn = model.attack_logits_fn(params, batch_stats, s.attack.bn_mode)
+    return trades_loss(model.train_fn(params), attack_fn, key, x, y, state=batch_stats, attack=s.attack, trades=s.own)
+
+
 # BatchNorm during the attack: running statistics, as yaodongyu/TRADES trades.py calls
 # model.eval() before the attack and model.train() after it.
-TRADES = Method("trades", trades, "TRADES", settings=TradesSettings, attack_bn_mode="inference", attack_norms=l2.NORMS)
+TRADES = Method(
+    "trades", trades_method, "TRADES", settings=TradesSettings, attack_bn_mode="inference", attack_norms=l2.NORMS
+)

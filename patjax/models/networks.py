@@ -81,6 +81,11 @@ class ModelFns:
         )
         return logits, updates["batch_stats"]
 
+    def train_fn(self, params):
+        """(x, batch_stats) -> (logits, batch_stats): the training-mode forward the objectives
+        of `patjax.methods` differentiate (`methods.common.TrainFn`)."""
+        return lambda x, batch_stats: self.train(params, batch_stats, x)
+
     def attack_logits_fn(self, params, batch_stats, bn_mode: str = "inference"):
         """x -> logits for attacks, the sampler and evaluation: detached parameters (they
         differentiate with respect to the input only), no statistics update; bn_mode one of

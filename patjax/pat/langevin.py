@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from patjax.attacks.logits import LogitsFn
+from patjax.attacks.logits import LogitsFn, check_inference_mode
 from patjax.core.errors import UserError, check_counts, count
 
 INITS = ("uniform", "clean")
@@ -105,6 +105,7 @@ def langevin_chain(
     index_offset: jax.Array | int = 0,
 ) -> Chain:
     """The start and the step of Algorithm 1 (arguments as `langevin_sample`)."""
+    check_inference_mode(logits_fn)
     s = settings
     keys = per_example_keys(key, x.shape[0], index_offset)
     init_keys, noise_keys = jnp.moveaxis(jax.vmap(lambda k: jax.random.split(k))(keys), 1, 0)

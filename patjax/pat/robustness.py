@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from patjax.attacks.logits import LogitsFn, margin, true_value
+from patjax.attacks.logits import LogitsFn, check_inference_mode, margin, true_value
 from patjax.pat import laws
 
 
@@ -56,6 +56,7 @@ def pr_statistics(
     Memory is bounded by len(levels) * batch * chunk_size images (with their activations); a
     `lax.fori_loop` runs over the chunks.
     """
+    check_inference_mode(logits_fn)
     batch = x.shape[0]
     num_levels = len(levels)
     num_chunks = -(-num_samples // chunk_size)
@@ -124,6 +125,7 @@ def class_counts(
     (`lax.fori_loop`); the counts do not depend on it. Ties in the logits go to the lowest class,
     as torch's and numpy's argmax do.
     """
+    check_inference_mode(logits_fn)
     shape = x.shape[1:]
     num_chunks = -(-num_samples // chunk_size)
     num_classes = jax.eval_shape(logits_fn, x[:1]).shape[-1]

@@ -12,6 +12,7 @@ import numpy as np
 
 from patjax.core import files
 from patjax.data.download import DISPLAY_NAMES
+from patjax.evaluators import certify as certify_lib
 from patjax.evaluators import pr as pr_lib
 from patjax.pat import laws, robustness
 from patjax.reporting.report import confidence_pct, method_label
@@ -34,6 +35,28 @@ def _percent(value) -> float:
 
 # The image sets `plot_pr` can draw PR over: results.json's per-level subsets.
 PR_IMAGE_SETS = {"clean_correct": "the images each run classifies correctly", "all": "all images"}
+
+
+# The comparison plot's file, by what it draws (`drawn`): PR against eps, certified accuracy
+# against the L2 radius, or both side by side; where it draws nothing, no plot is written and
+# the name is the stem of the paired differences' file beside it.
+PLOT_FILES = {
+    ("pr",): "pr_vs_eps.png",
+    ("certify",): "certified_accuracy.png",
+    ("pr", "certify"): "pr_and_certified.png",
+    (): "comparison.png",
+}
+
+
+def drawn(results_list) -> tuple:
+    """What `plot_pr` draws of these results: ('pr',), ('certify',), both, or () for nothing."""
+    has = lambda key: any(r.get("figures", {}).get(key) for r in results_list)
+    return tuple(k for k in ("pr", "certify") if has(k))
+
+
+def plot_file(results_list) -> str:
+    """The file name of the plot of these results, for what it draws (`PLOT_FILES`)."""
+    return PLOT_FILES[drawn(results_list)]
 
 
 def plot_pr(names, results_list, over: str = "clean_correct"):
@@ -59,11 +82,8 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
                 continue
             n = next(iter(pr.values()))[over]["n"]
             _line_with_band(ax, {e: figure[over] for e, figure in pr.items()}, f"{name} (over {n} images)")
-        # The uniform law over clean-correct images is the Table-1 protocol's estimand at any radii,
-        # but for PRBench's, which are PRBench's protocol.
-        name = pr_lib.protocol_name(d, s["pr"].get("epsilons", ())) or (
-            "the Table-1 protocol" if d == "uniform" else ""
-        )
+        # A published protocol is named only at its law, radii and N.
+        name = pr_lib.protocol_name(d, s["pr"].get("epsilons", ()), s["pr"]["samples"])
         protocol = f" ({name})" if name and over == "clean_correct" else ""
         ax.set_title(f"{d} noise{protocol}, N={s['pr']['samples']} per image", fontsize=10)
         ax.set_xlabel(laws.get(d).level)
@@ -72,7 +92,9 @@ def plot_pr(names, results_list, over: str = "clean_correct"):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     dataset = DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
-    fig.suptitle(f"First {s['num_examples']} {dataset} test images;\nPR over {PR_IMAGE_SETS[over]}", fontsize=10)
+    what = [f"PR over {PR_IMAGE_SETS[over]}"] if dists else []
+    what += ["certified accuracy of the smoothed classifiers over all images"] if certified else []
+    fig.suptitle(f"First {s['num_examples']} {dataset} test images;\n{'; '.join(what)}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -89,14 +111,16 @@ def _line_with_band(ax, figures: dict, label: str) -> None:
 
 def _plot_certified(ax, names, results_list, confidence: str) -> None:
     """The smoothed classifiers' certified accuracy against the L2 radius (`evaluators.certify`),
-    one line per run that was certified, with its Clopper-Pearson band: beside PR, the same images."""
-    settings = None
+    one line per run that was certified, with its Clopper-Pearson band: beside PR, the same images.
+    Radii above the largest that n and alpha can certify are not drawn (0 whatever the model): a
+    dashed line marks that radius."""
+    settings = next(r["figures"]["certify"]["settings"] for r in results_list if r.get("figures", {}).get("certify"))
+    top = certify_lib.largest_radius(settings["sigma"], settings["samples"], settings["alpha"])
     for name, r in zip(names, results_list):
         figure = r.get("figures", {}).get("certify")
-        if not figure:
-            continue
-        settings = settings or figure["settings"]  # every model of a comparison certified alike
-        _line_with_band(ax, figure["certified_accuracy"], name)
+        if figure:  # every model of a comparison certified alike
+            _line_with_band(ax, {k: v for k, v in figure["certified_accuracy"].items() if float(k) <= top}, name)
+    ax.axvline(top, color="grey", linestyle="--", linewidth=1, label=f"largest certifiable radius, {top:.3f}")
     ax.set_title(
         f"randomized smoothing, sigma={settings['sigma']}: n={settings['samples']}, alpha={settings['alpha']}",
         fontsize=10,

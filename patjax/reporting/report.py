@@ -10,9 +10,11 @@ them out, in the paper's order and names.
 
 from __future__ import annotations
 
+import re
+
 from patjax import evaluators
 from patjax.data import download
-from patjax.evaluators.common import headline_first
+from patjax.evaluators.common import NORM_SYMBOLS, headline_first, radius, threat_model
 from patjax.methods import DISPLAY_NAMES
 
 
@@ -55,28 +57,6 @@ def md_table(header, rows) -> str:
     return "\n".join(lines)
 
 
-NORM_SYMBOLS = {"linf": "L∞", "l2": "L2"}
-
-
-def radius(eps, norm: str = "linf") -> str:
-    """An attack's radius as it is published: an L-inf one as k/255 where it is one (8/255),
-    else the number (0.5)."""
-    levels = float(eps) * 255
-    if norm == "linf" and levels > 0 and abs(levels - round(levels)) < 1e-6:
-        return f"{round(levels)}/255"
-    return f"{float(eps):g}"
-
-
-def threat_model(settings) -> str:
-    """'L∞, ε = 8/255' of a results.json settings record (`eval_settings.nested_settings`'s shape);
-    '' for one without the attacks' radius."""
-    attack = settings.get("attack") or {}
-    if "eps" not in attack:
-        return ""
-    norm = attack["norm"]
-    return f"{NORM_SYMBOLS.get(norm, norm)}, ε = {radius(attack['eps'], norm)}"
-
-
 def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
     """The line a command prints where a norm given without its radius or step took the norm's
     standard ones (`l2.with_norm_radii`): `filled` is {the flag that would set it: value}."""
@@ -87,12 +67,7 @@ def norm_radii_line(norm_flag: str, norm: str, filled: dict) -> str:
 def pr_law(settings) -> str:
     """'uniform law at ε = 0.1, 0.12, 0.15, 0.2 (the Table-1 protocol), N = 100 per image': the
     headline PR's law, radii and samples of a results.json settings record."""
-    dist, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons", ())
-    name = evaluators.pr.protocol_name(dist, radii)
-    return (
-        f"{dist} law at ε = {', '.join(f'{float(e):g}' for e in radii)}{f' ({name})' if name else ''}, "
-        f"N = {settings['pr']['samples']} per image"
-    )
+    return evaluators.pr.law_words(settings)
 
 
 def confidence_pct(settings) -> str:
@@ -108,7 +83,9 @@ def images_sentence(names, results_list) -> str:
     s = results_list[0]["settings"]
     n = s["num_examples"]
     dataset = download.DISPLAY_NAMES.get(s.get("dataset"), s.get("dataset", ""))
-    text = f"Images: the first {n} {dataset} test images; accuracies and attacks over all {n} of them"
+    attacked = any(a in r.get("figures", {}) for r in results_list for a in evaluators.WORST_CASE)
+    measured = "accuracies and attacks" if attacked else "accuracies"
+    text = f"Images: the first {n} {dataset} test images; {measured} over all {n} of them"
     if any("pr" in r.get("figures", {}) for r in results_list):
         counts = ", ".join(f"{name} {r['settings'].get('num_clean_correct')}" for name, r in zip(names, results_list))
         text += f"; PR(eps) over the images each run classifies correctly ({counts}) unless a table says all images"
@@ -117,27 +94,27 @@ def images_sentence(names, results_list) -> str:
 
 def evaluation_list(directory: str, kept) -> str:
     """The evaluations a folder keeps ((name, folder, results.json) each, `eval_files.evaluations`),
-    one row each with what tells them apart: evaluators, images, the attacks' threat model, the
-    headline PR's law, radii and N, the model's step, the seed."""
+    one row each with what tells them apart: evaluators, images, what the evaluators that ran
+    measured (`evaluators.labels`: the attacks' threat model, the headline PR's law, radii and N,
+    CERTIFY's sigma and n), the model's step, the seed."""
     if not kept:
         return f"{directory}: no evaluation"
     rows = []
     for name, folder, results in kept:
         s = results.get("settings") if isinstance(results.get("settings"), dict) else {}
-        pr = pr_law(s) if "pr" in s.get("evaluators", ()) and "distribution" in s.get("pr", {}) else "-"
+        measured = "; ".join(evaluators.labels(s)[1]) or "-"
         rows.append(
             [
                 name,
                 folder,
                 ",".join(s.get("evaluators", ())) or "?",
                 s.get("num_examples", "?"),
-                threat_model(s) or "-",
-                pr,
+                measured,
                 s.get("step", "?"),
                 s.get("seed", "?"),
             ]
         )
-    header = ["evaluation", "folder", "evaluators", "images", "attacks", "PR", "step", "seed"]
+    header = ["evaluation", "folder", "evaluators", "images", "measured", "step", "seed"]
     return f"{directory}: {len(kept)} evaluation{'s' if len(kept) > 1 else ''}\n" + md_table(header, rows)
 
 
@@ -190,12 +167,9 @@ def comparison(names, results_list) -> str:
             + [pct(f.get(a), 2) for a in table_attacks]
             + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys]
         )
-    tables += [
-        text_table(
-            ["run", "Acc %"] + [attack_header(a) for a in table_attacks] + [f"PR({e}) %" for e in eps_keys],
-            rows,
-        ),
-    ]
+    if table_attacks or eps_keys or any("clean_accuracy" in r.get("figures", {}) for r in results_list):
+        header = ["run", "Acc %"] + [attack_header(a) for a in table_attacks] + [f"PR({e}) %" for e in eps_keys]
+        tables.append(text_table(header, rows))
     tables += [f"PR: {first.get('pr_protocol', dist)}", ""] if eps_keys else [""]
     for d in laws:
         levels = list(pr_of(first, d))
@@ -212,32 +186,7 @@ def comparison(names, results_list) -> str:
                 for name, r in zip(names, results_list)
             ]
             tables += [text_table([f"{d}, {words}"] + [f"PR({e}) %" for e in levels], rows), ""]
-    extra = []
-    for name, r in zip(names, results_list):
-        f = r.get("figures", {})
-        worst = f.get("worst_case")
-        extra.append(
-            [name]
-            + [pct(f.get(a), 2) for a in other_attacks]
-            + [pct(worst, 2), ", ".join(evaluators.REGISTRY[a].label for a in (worst or {}).get("attacks", ())) or "-"]
-            + [bound_cell(pr_of(r, dist).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
-        )
-    note = (
-        f"(N={s['pr']['samples']}, seed {s['seed']}; [{confidence_pct(s)} intervals]: Clopper-Pearson for "
-        f"accuracies, bootstrap over images for PR; worst = robust to every attack of its row's 'worst of'; "
-        f"LB = Theorem 2 lower bound 1 - E[f]/log 2 over all images, {dist} noise, '{VACUOUS}' where it is "
-        f"at most 0 and says nothing (results.json keeps its value))"
-    )
-    tables += [
-        text_table(
-            ["run"]
-            + [attack_header(a) for a in other_attacks]
-            + ["worst %", "worst of"]
-            + [f"LB({e}) %" for e in eps_keys],
-            extra,
-        ),
-        note,
-    ]
+    tables += extra_table(names, results_list, other_attacks, eps_keys, attack_header)
     tables += certified_table(names, results_list)
     tables += rare_pr_table(names, results_list)
     tables += other_figures(names, results_list)
@@ -250,7 +199,50 @@ def comparison(names, results_list) -> str:
                 f"{name}: AutoAttack on {aa['n']} images [{confidence_pct(s)} Clopper-Pearson intervals]: clean % "
                 f"{pct(aa.get('clean_accuracy'), 2)}, robust % after {after}; signs of gradient masking: {signs}"
             )
-    return "\n".join(tables)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(tables))  # one blank line between tables, whichever were printed
+
+
+def extra_table(names, results_list, other_attacks, eps_keys, attack_header) -> list:
+    """Lines of the table beside the headline one: the other attacks, the worst case with the
+    attacks it is the worst of, the Theorem 2 bound at each radius; none where nothing of it
+    was evaluated, and a note that explains only the columns there are."""
+    s = results_list[0]["settings"]
+    worst = any("worst_case" in r.get("figures", {}) for r in results_list)
+    if not (other_attacks or worst or eps_keys):
+        return []
+    dist = s["pr"]["distribution"]
+    rows = []
+    for name, r in zip(names, results_list):
+        f = r.get("figures", {})
+        w = f.get("worst_case")
+        rows.append(
+            [name]
+            + [pct(f.get(a), 2) for a in other_attacks]
+            + (
+                [pct(w, 2), ", ".join(evaluators.REGISTRY[a].label for a in (w or {}).get("attacks", ())) or "-"]
+                if worst
+                else []
+            )
+            + [bound_cell(f.get("pr", {}).get(dist, {}).get(e, {}).get("lower_bound"), 2) for e in eps_keys]
+        )
+    header = ["run"] + [attack_header(a) for a in other_attacks] + (["worst %", "worst of"] if worst else [])
+    said = [f"[{confidence_pct(s)} intervals]: Clopper-Pearson for accuracies"]
+    if eps_keys:
+        said = [f"N={s['pr']['samples']}, seed {s['seed']}; {said[0]}, bootstrap over images for PR"]
+    if worst:
+        said.append("worst = robust to every attack of its row's 'worst of'")
+    if eps_keys:
+        said.append(
+            f"LB = Theorem 2 lower bound 1 - E[f]/log 2 over all images, {dist} noise, '{VACUOUS}' where it is "
+            "at most 0 and says nothing (results.json keeps its value)"
+        )
+    return [text_table(header + [f"LB({e}) %" for e in eps_keys], rows), f"({'; '.join(said)})"]
+
+
+def evaluation_tables(results: dict, name: str = "model") -> str:
+    """The tables `python -m patjax.evaluate` prints for one model, from the dict `patjax.api.evaluate`
+    returns (or a results.json): the same layout, the model's row labelled `name`."""
+    return comparison([name], [results])
 
 
 # The figures `comparison` lays out in its own tables (PR, AutoAttack and CERTIFY by their own layout).
@@ -259,26 +251,35 @@ LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa", "certify", "rare_pr")
 
 def certified_table(names, results_list) -> list:
     """Lines of the smoothed classifiers' certified accuracy at each radius (the radii of the
-    first run that has it), PREDICT's accuracy and CERTIFY's abstentions, one row per run."""
+    first run that has it), PREDICT's accuracy and CERTIFY's abstentions, one row per run. A
+    radius above the largest that n and alpha can certify (`certify.largest_radius`) is marked,
+    not shown as a 0.00 that would read as the model's."""
     found = [r["figures"]["certify"] for r in results_list if "certify" in r.get("figures", {})]
     if not found:
         return []
     radii, own = list(found[0]["certified_accuracy"]), found[0]["settings"]
+    top = evaluators.certify.largest_radius(own["sigma"], own["samples"], own["alpha"])
+    beyond = [k for k in radii if float(k) > top]
     rows = []
     for name, r in zip(names, results_list):
         c = r.get("figures", {}).get("certify", {})
         rows.append(
             [name]
-            + [pct(c.get("certified_accuracy", {}).get(k), 2) for k in radii]
+            + [BEYOND if k in beyond else pct(c.get("certified_accuracy", {}).get(k), 2) for k in radii]
             + [pct(c.get("smoothed_accuracy"), 2), pct(c.get("abstained"), 2)]
         )
     header = ["run"] + [f"cert({k}) %" for k in radii] + ["PREDICT %", "abstain %"]
     note = (
         f"(randomized smoothing, Cohen et al.: certified accuracy at L2 radius r over all images, "
-        f"sigma = {own['sigma']:g}, n0 = {own['selection_samples']}, n = {own['samples']}, alpha = {own['alpha']:g}; "
-        f"Clopper-Pearson intervals over images)"
+        f"sigma = {own['sigma']:g}, n0 = {own['selection_samples']}, n = {own['samples']}, alpha = {own['alpha']:g}, "
+        f"so that no radius above {top:.3f} can be certified"
+        + (f" ('{BEYOND}' at {', '.join(beyond)}: more samples n certify further)" if beyond else "")
+        + "; Clopper-Pearson intervals over images)"
     )
     return ["", text_table(header, rows), note]
+
+
+BEYOND = "beyond n"  # a radius above the largest one CERTIFY's n and alpha can certify
 
 
 def log10_cell(fig) -> str:
@@ -355,13 +356,13 @@ ESTIMAND_WORDS = {
 def differences(diffs, settings) -> str:
     """Paired PR differences of `comparison.paired_differences` under the headline law of
     `settings` (the baseline's results.json record), one table per estimand, under a line naming
-    the law, its radii and N."""
+    the law, its radii and N, where PR was evaluated; then the certified accuracy's, where CERTIFY was."""
     if not diffs:
         return ""
     dist = settings["pr"]["distribution"]
-    eps_keys = list(diffs[0]["distributions"].get(dist, {}))
-    out = [f"Paired PR differences: {pr_law(settings)}."]
-    for estimand, words in ESTIMAND_WORDS.items():
+    eps_keys = next((list(row["distributions"][dist]) for row in diffs if row["distributions"].get(dist)), [])
+    out = [f"Paired PR differences: {pr_law(settings)}."] if eps_keys else []
+    for estimand, words in ESTIMAND_WORDS.items() if eps_keys else ():
         header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({e}) pp" for e in eps_keys]
         rows = [
             [row["run"]] + [signed(row["distributions"].get(dist, {}).get(e, {}).get(estimand)) for e in eps_keys]
@@ -369,6 +370,8 @@ def differences(diffs, settings) -> str:
         ]
         out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
     out += certified_difference_lines(diffs)
+    if not out:
+        return ""
     return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
 
 

@@ -102,7 +102,11 @@ def kept_line(label, outcome, written_to) -> str:
         return (
             f"{label}: reused {path} ({name}: made with this evaluation's settings and images; --overwrite redoes it)"
         )
-    return f"{label}: wrote {path} ({name}; wall time per evaluator, s: {outcome.results['evaluator_wall_time_s']})"
+    taken = outcome.results.get(eval_files.REUSED_KEY) or {}
+    sources = sorted(set(taken.values()))
+    reused = "".join(f"; {', '.join(e for e in taken if taken[e] == s)} taken from {s}" for s in sources)
+    walls = outcome.results["evaluator_wall_time_s"]
+    return f"{label}: wrote {path} ({name}; wall time per evaluator, s: {walls}{reused})"
 
 
 def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None, evals=None) -> str:
@@ -118,13 +122,15 @@ def compare(workdirs, plot_path=None, plot_over="clean_correct", names=None, eva
     text = report.comparison(names, results_list)
     # The default plot is a file of the first run's evaluation: written under its lock, as its evaluation is.
     into_run = plot_path is None
-    plot_path = plot_path or eval_files.plot_path(workdirs[0], evals[0])
+    drawn = plots.drawn(results_list)
+    plot_path = plot_path or eval_files.plot_path(workdirs[0], evals[0], plots.plot_file(results_list))
     with locks.exclusive(workdirs[0], "a comparison plot") if into_run else contextlib.nullcontext():
-        if any({"pr", "certify"} & set(r.get("figures", {})) for r in results_list):
+        if drawn:
             plots.save_figure(plots.plot_pr(names, results_list, plot_over), plot_path)
             text += f"\nplot: {plot_path}"
         if len(workdirs) > 1:
             diffs = paired_differences(workdirs, results_list, [p for _, p in loaded], names)
-            text += "\n\n" + report.differences(diffs, results_list[0]["settings"])
+            paired = report.differences(diffs, results_list[0]["settings"])
+            text += "\n\n" + paired if paired else ""
             files.write_json(os.path.splitext(plot_path)[0] + "_paired_differences.json", diffs)
     return text

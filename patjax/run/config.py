@@ -22,6 +22,7 @@ from patjax.core.errors import (
     UserError,
     UserTypeError,
     finite_numbers,
+    fraction,
     python_scalars,
 )
 from patjax.data import cifar
@@ -303,6 +304,36 @@ def eval_paths(overrides: Optional[Mapping]) -> dict:
 
     walk(overrides or {}, "")
     return out
+
+
+def read_eval_value(path: str, value, flag: str):
+    """A value the command line's `flag` gives for the `eval` field `path` (ml_collections reads
+    --eval.pr.epsilons=8/255,0.1 as the string tuple ('8/255,0.1',)) as its default's type: a
+    tuple field's comma-separated strings split, each element of a tuple of numbers or a number
+    field read as a number or a fraction (`core.errors.fraction`). Anything else as given."""
+    default = default_eval_block()[path]
+    numbers = isinstance(default, float) or (
+        isinstance(default, tuple)
+        and bool(default)
+        and all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in default)
+    )
+    try:
+        if isinstance(default, tuple) and isinstance(value, (str, tuple, list)):
+            parts = [value] if isinstance(value, str) else list(value)
+            # ml_collections reads --eval.X=0.1 as the tuple (0.1,) of a float: only strings are split
+            split = [
+                p.strip() if isinstance(p, str) else p
+                for part in parts
+                for p in (part.split(",") if isinstance(part, str) else [part])
+            ]
+            return tuple(fraction(p) if numbers and isinstance(p, str) else p for p in split if p != "")
+        if numbers and isinstance(value, str):
+            return fraction(value)
+    except UserError:
+        what = "comma-separated numbers or fractions" if isinstance(default, tuple) else "a number or a fraction"
+        text = ",".join(value) if isinstance(value, (tuple, list)) else value
+        raise UserError(f"--{flag} takes {what}, got {text!r}") from None
+    return value
 
 
 def _unknown(path: str) -> UserError:

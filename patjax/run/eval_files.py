@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Optional
 
 import numpy as np
@@ -16,7 +17,7 @@ from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.core.files import atomic, read_json, read_npz, sha256, write_json
 from patjax.pat import laws, robustness
-from patjax.reporting import report
+from patjax.reporting import plots
 from patjax.run import eval_settings
 from patjax.run import workdir as workdir_lib
 
@@ -234,8 +235,9 @@ def results_path(workdir: str, step: Optional[int] = None, name: Optional[str] =
     return os.path.join(eval_dir(workdir, step, name), "results.json")
 
 
-def plot_path(workdir: str, name: Optional[str] = None) -> str:
-    return os.path.join(eval_dir(workdir, name=name), "pr_vs_eps.png")
+def plot_path(workdir: str, name: Optional[str] = None, file: str = plots.PLOT_FILES[("pr",)]) -> str:
+    """The comparison plot in the folder of the evaluation named `name`, as `file` (`plots.plot_file`)."""
+    return os.path.join(eval_dir(workdir, name=name), file)
 
 
 def per_image_path(workdir: str, step: Optional[int] = None, name: Optional[str] = None) -> str:
@@ -264,11 +266,10 @@ def write_results(
     entries = {**per_image, **identity(results["settings"])}
     atomic(os.path.join(folder, "per_image.npz"), lambda tmp: np.savez_compressed(tmp, **entries), suffix=".tmp.npz")
     written = write_json(os.path.join(folder, "results.json"), results)
-    stale_plot = os.path.join(
-        folder, "pr_vs_eps.png"
-    )  # drawn from the previous results; the command line draws it anew
-    if step is None and os.path.isfile(stale_plot):
-        os.remove(stale_plot)
+    for file in plots.PLOT_FILES.values():  # drawn from the previous results; the command line draws it anew
+        stale_plot = os.path.join(folder, file)
+        if step is None and os.path.isfile(stale_plot):
+            os.remove(stale_plot)
     return written
 
 
@@ -328,20 +329,15 @@ def check_name(name: str) -> str:
 
 
 def derived_name(settings: dict) -> str:
-    """An evaluation's name from its settings (results.json's): the attacks' threat model and
-    radius (an L-inf one as k_255), the headline PR's preset (or its law and radii), the number
-    of images: linf-8_255.table1.n500, l2-0.5.table1.n500, linf-8_255.prbench.n500."""
-    parts = []
-    if eval_settings.setting(settings, "attack.eps") is not None:
-        norm = settings["attack"]["norm"]
-        parts.append(f"{norm}-{report.radius(settings['attack']['eps'], norm).replace('/', '_')}")
-    if eval_settings.setting(settings, "pr.distribution") is not None:
-        law, radii = settings["pr"]["distribution"], settings["pr"].get("epsilons") or ()
-        preset = evaluators.pr.preset_of(law, radii)
-        parts.append(preset or "-".join([law, *(f"{float(e):g}" for e in radii)]))
+    """An evaluation's name from its settings (results.json's): the part of each evaluator that
+    ran, from the settings it reads (`evaluators.labels`: the attacks' threat model and radius,
+    an L-inf one as k_255; the headline PR's preset, or its law and radii; CERTIFY's sigma and
+    n), then the number of images: linf-8_255.table1.n500, l2-0.5.n500 (clean and PGD-20),
+    certify-sigma0.25-N100000.n500; the evaluators' names where none of them has a part."""
+    parts = evaluators.labels(settings)[0] or ["-".join(settings.get("evaluators") or ())]
     if "num_examples" in settings:
         parts.append(f"n{settings['num_examples']}")
-    return ".".join(parts) or "eval"
+    return ".".join(p for p in parts if p) or "eval"
 
 
 def name_of(results: dict) -> str:
@@ -351,25 +347,43 @@ def name_of(results: dict) -> str:
     return recorded if isinstance(recorded, str) else derived_name(settings if isinstance(settings, dict) else {})
 
 
-def evaluations(directory: str) -> list:
+def evaluations(directory: str, asked: Optional[str] = None) -> list:
     """(name, folder, results.json) of every evaluation kept in `directory`: eval/'s, then those
-    of evals/ by name."""
+    of evals/ by name. A damaged results.json (cut short, not JSON) is said in one warning line and
+    skipped, its files left as they are, so that one bad evaluation does not block the others;
+    the one `asked` for by name (evals/ASKED/) is refused in that line instead."""
     named = os.path.join(directory, NAMED_DIR)
     found = []
-    first = read_results_file(os.path.join(directory, "eval", "results.json"))
+    first = _readable(os.path.join(directory, "eval", "results.json"))
     if first is not None:
         found.append((name_of(first), os.path.join(directory, "eval"), first))
     for name in sorted(os.listdir(named)) if os.path.isdir(named) else ():
-        results = read_results_file(os.path.join(named, name, "results.json"))
+        results = _readable(os.path.join(named, name, "results.json"), refuse=name == asked)
         if results is not None and not any(name == n for n, _, _ in found):
             found.append((name, os.path.join(named, name), results))
     return found
 
 
+_SKIPPED: set = set()  # the damaged files already said, each said once a process
+
+
+def _readable(path: str, refuse: bool = False) -> Optional[dict]:
+    """`read_results_file`, or None (said once on stderr) for a damaged file, unless `refuse`."""
+    try:
+        return read_results_file(path)
+    except UserError as error:
+        if refuse:
+            raise
+        if path not in _SKIPPED:
+            _SKIPPED.add(path)
+            print(f"warning: skipped: {error}", file=sys.stderr, flush=True)
+        return None
+
+
 def named_dir(directory: str, name: str) -> str:
     """The folder of the evaluation named `name` in `directory`, or where a new one goes: eval/
     while no evaluation is there, else evals/NAME/."""
-    for kept, folder, _ in evaluations(directory):
+    for kept, folder, _ in evaluations(directory, asked=name):
         if kept == name:
             return folder
     free = not os.path.isfile(os.path.join(directory, "eval", "results.json"))
@@ -380,7 +394,7 @@ def reusable(directory: str, planned: dict, record: Optional[dict] = None, name:
     """The name of a saved evaluation in `directory` (the one named `name` with one) that holds
     what an evaluation with `planned` settings of the model `record` describes would compute
     (`covers`), with both its files; else None."""
-    for kept, folder, results in evaluations(directory):
+    for kept, folder, results in evaluations(directory, asked=name):
         settings = results.get("settings")
         if (
             (name is None or kept == name)
@@ -393,13 +407,58 @@ def reusable(directory: str, planned: dict, record: Optional[dict] = None, name:
     return None
 
 
+# results.json's {evaluator: the saved evaluation whose per-image outcomes it took}.
+REUSED_KEY = "reused_from"
+
+
+def ran(settings: dict) -> list:
+    """The evaluators an evaluation with these settings (results.json's) ran: those it lists,
+    and the clean pass that PR's clean-correct subset made it run beside them."""
+    names = list(settings.get("evaluators") or ())
+    needs_clean = any(evaluators.REGISTRY[e].needs_clean for e in names if e in evaluators.REGISTRY)
+    return names + (["clean"] if needs_clean and "clean" not in names else [])
+
+
+def reusable_evaluators(directory: str, planned: dict, record: dict, wanted) -> dict:
+    """{evaluator: name of a saved evaluation in `directory` whose outcomes of it this one may
+    take}: for each evaluator of `wanted`, the first evaluation (`evaluations`' order) of the same
+    model (`record`'s entries, its weights' sha256 among them), with both files, that ran it on
+    the same images with the same view of the settings (`eval_settings.same_view` on its
+    `view_paths`). An L2 evaluation after an L-inf one takes PR and clean accuracy from it;
+    PRBench's radii take PGD-20."""
+    found = {}
+    for kept, folder, results in evaluations(directory):
+        settings = results.get("settings")
+        if (
+            not isinstance(settings, dict)
+            or recorded_differences(results, record)
+            or not os.path.isfile(os.path.join(folder, "per_image.npz"))
+        ):
+            continue
+        for name in wanted:
+            view = evaluators.REGISTRY[name].view_paths()
+            if name not in found and name in ran(settings) and eval_settings.same_view(settings, planned, view):
+                found[name] = kept
+    return found
+
+
+def evaluator_outcomes(per_image: dict, evaluator, passes) -> dict:
+    """{pass: {output: per-image array}} of `evaluator`'s passes, from per_image.npz's arrays
+    (`load_results`), as `evaluation.evaluate_state` holds them before combining."""
+    out = {}
+    for name in passes:
+        prefix = f"{name}."
+        out[name] = {k[len(prefix) :]: v for k, v in per_image.items() if k.startswith(prefix)}
+    return out
+
+
 def chosen(directory: str, name: Optional[str] = None) -> Optional[str]:
     """The name of the evaluation of `directory` a reader takes: the one named `name`, else its
     only one; None where evals/ does not exist (eval/ alone, as before evaluations had names).
     Raises UserError, naming those there are, where the name is not there or several are."""
     if name is None and not os.path.isdir(os.path.join(directory, NAMED_DIR)):
         return None
-    names = [kept for kept, _, _ in evaluations(directory)]
+    names = [kept for kept, _, _ in evaluations(directory, asked=name)]
     if name is None and len(names) <= 1:
         return names[0] if names else None
     if name in names:

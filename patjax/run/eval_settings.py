@@ -192,3 +192,19 @@ def covers(saved: dict, planned: dict) -> bool:
         elif held != wanted:
             return False
     return True
+
+
+# What tells the images an evaluation ran on apart: the same entries, the same images.
+IMAGE_FIELDS = ("num_examples", "dataset", "split")
+
+
+def same_view(saved: dict, planned: dict, entries) -> bool:
+    """Whether two evaluations' settings (results.json's) agree on the images and on every
+    setting under `entries` (an evaluator's `view_paths`), but those that change no figure
+    (`INCIDENTAL_FIELDS`): one's per-image outcomes of that evaluator are the other's. A setting
+    one records and the other does not is a difference."""
+    wanted = (*IMAGE_FIELDS, *entries)
+    pick = lambda settings: {
+        k: v for k, v in _paths(settings).items() if k.split(".")[0] in wanted and k not in INCIDENTAL_FIELDS
+    }
+    return pick(saved) == pick(planned)

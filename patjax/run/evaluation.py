@@ -33,7 +33,6 @@ from patjax.core import files, sharding
 from patjax.data import cifar
 from patjax.evaluators import batches, intervals, stats
 from patjax.pat import laws
-from patjax.reporting import report
 from patjax.run import checkpoints, eval_files
 from patjax.run import settings as settings_lib
 from patjax.run import workdir as workdir_lib
@@ -57,8 +56,13 @@ def evaluate_state(
     progress: bool = True,
     per_image_out: dict | None = None,
     announce_on: bool | None = None,
+    reused: dict | None = None,
 ) -> dict:
     """settings.evaluators on the first settings.num_examples images of `split` (-1: all of them).
+
+    reused: {evaluator: {pass: per-image outputs}} of evaluators whose outcomes a saved evaluation
+      of the same model, images and view already holds (`eval_files.reusable_evaluators`): their
+      passes are not run, their figures are made from these as from their own.
 
     announce_on (default: progress): a long evaluation says what will run and its estimated time
     (`announce`); every process of a multi-process evaluation times the same batches, process 0 speaks.
@@ -73,12 +77,14 @@ def evaluate_state(
     if "clean" not in names and any(e.needs_clean for e in chosen):
         chosen.append(evaluators_lib.REGISTRY["clean"])  # for the clean-correct subset; runs last
     start_time = time.perf_counter()
+    reused = reused or {}
     views = {evaluator.name: s.view(evaluator) for evaluator in chosen}  # what each is handed
     batch_fns = {
         (evaluator.name, pass_name): batches.checking_logits(
             evaluator.make_batch_fn(model_fns, views[evaluator.name], pass_name), model_fns
         )
         for evaluator in chosen
+        if evaluator.name not in reused
         for pass_name in evaluator.passes(views[evaluator.name])
     }
     estimate = (
@@ -87,7 +93,8 @@ def evaluate_state(
     per_image, walls, figures = {}, {}, {}
     for evaluator in chosen:
         view = views[evaluator.name]
-        for pass_name in evaluator.passes(view):
+        per_image.update(reused.get(evaluator.name, {}))
+        for pass_name in evaluator.passes(view) if evaluator.name not in reused else ():
             subset = evaluator.subset(pass_name, per_image) if evaluator.subset else None
             rounds = evaluator.make_rounds(model_fns, view, pass_name) if evaluator.make_rounds else None
             if rounds is not None:
@@ -146,10 +153,7 @@ def announce(settings: settings_lib.EvaluationSettings, batch_fns: dict, state, 
     num_batches = -(-n // settings.batch_size)
     if num_batches < ANNOUNCE_BATCHES:
         return None
-    record = settings_record(settings, n, int(state.step))
-    attacks = set(evaluators_lib.WORST_CASE) & set(settings.evaluators)
-    what = [f"attacks {report.threat_model(record)}"] if attacks else []
-    what += [f"PR {report.pr_law(record)}"] if "pr" in settings.evaluators else []
+    what = evaluators_lib.labels(settings_record(settings, n, int(state.step)))[1]
     say = print if sharding.is_writer() else lambda *a, **k: None
     say(
         f"evaluating {', '.join(settings.evaluators)} on {n} images of {settings.dataset}'s test split, "
@@ -207,17 +211,19 @@ def settings_record(settings: settings_lib.EvaluationSettings, n: int, step: int
 
 
 def protocol_text(distribution: str, num_samples: int, epsilons=()) -> str:
-    """What the headline `pr` of results.json is: the Table-1 protocol (PRBench's at PRBench's
-    radii, the same law and estimand), or the same estimand under another law."""
-    if distribution == "uniform":
+    """What the headline `pr` of results.json is: the Table-1 protocol at Table 1's radii and N
+    (PRBench's at PRBench's), else the same estimand under the law, radii and N it was made with."""
+    preset = evaluators_lib.pr.preset_of(distribution, epsilons, num_samples)
+    if preset == "table1":
+        return PROTOCOL.replace("N samples", f"N = {num_samples} samples")
+    if preset == "prbench":
         text = PROTOCOL.replace("N samples", f"N = {num_samples} samples")
-        if evaluators_lib.pr.protocol_name(distribution, epsilons) == evaluators_lib.pr.PRESET_NAMES["prbench"]:
-            text = text.replace("Table-1 protocol", "PRBench's protocol (the Table-1 protocol's law at its radii)")
-        return text
+        return text.replace("Table-1 protocol", "PRBench's protocol (the Table-1 protocol's law at its radii)")
+    radii = ", ".join(f"{float(e):g}" for e in epsilons)
     return (
         f"per image, the fraction of N = {num_samples} samples of {laws.get(distribution).definition} "
-        f"with s(x') < 0; the mean over the images the model classifies correctly (not the Table-1 "
-        f"protocol's uniform law)"
+        f"at eps = {radii} with s(x') < 0; the mean over the images the model classifies correctly (not the "
+        f"Table-1 protocol, whose law is uniform at eps 0.1, 0.12, 0.15, 0.2 with N = 100)"
     )
 
 
@@ -332,6 +338,23 @@ def evaluate_workdir(
         )
 
 
+def taken_outcomes(settings: settings_lib.EvaluationSettings, out_dir: str, planned: dict, held: dict) -> dict:
+    """{evaluator: (saved evaluation's name, {pass: per-image outputs})} for each evaluator of this
+    evaluation (and the clean pass PR needs) whose outcomes a saved evaluation of out_dir holds
+    for the same model, images and view (`eval_files.reusable_evaluators`); each read back
+    checked (`eval_files.load_results`)."""
+    wanted = eval_files.ran({"evaluators": list(settings.evaluators)})
+    found = eval_files.reusable_evaluators(out_dir, planned, held, wanted)
+    loaded, taken = {}, {}
+    for name, source in found.items():
+        if source not in loaded:
+            loaded[source] = eval_files.load_results(out_dir, name=source)[1]
+        evaluator = evaluators_lib.REGISTRY[name]
+        passes = evaluator.passes(settings.evaluator_settings.view(evaluator))
+        taken[name] = (source, eval_files.evaluator_outcomes(loaded[source], evaluator, passes))
+    return taken
+
+
 def evaluate_and_write(
     settings: settings_lib.EvaluationSettings,
     model_fns,
@@ -369,6 +392,7 @@ def evaluate_and_write(
         eval_name = eval_name or eval_files.derived_name(planned)
     if not overwrite:
         check_replaceable(settings, out_dir, int(state.step), split, record, step, eval_name, keep)
+    taken = taken_outcomes(settings, out_dir, planned, held) if keep and held else {}
     per_image = {}
     results = evaluate_state(
         settings,
@@ -378,10 +402,13 @@ def evaluate_and_write(
         progress=progress and sharding.is_writer(),
         per_image_out=per_image,
         announce_on=progress,
+        reused={name: outcomes for name, (_, outcomes) in taken.items()},
     )
     results.update(record or {})
     if keep:
         results.update(weights)
+        if taken:  # where each evaluator's figures come from, when not from this run
+            results[eval_files.REUSED_KEY] = {name: source for name, (source, _) in taken.items()}
     if not sharding.is_writer():
         results = files.json_safe(results)
     else:

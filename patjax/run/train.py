@@ -73,13 +73,17 @@ def train_step(
     return new_state, metrics
 
 
-def create_step(settings: settings_lib.TrainSettings, steps_per_epoch: int, mesh):
+def create_step(settings: settings_lib.TrainSettings, steps_per_epoch: int, mesh, model=None):
     """(model_fns, initial state, jitted step): SGD with MultiStepLR as in PyTorch (Algorithm 2
-    line 20 / Appendix E), the state initialized from the seed, and the step with the batch
-    sharded over `mesh`."""
+    line 20 / Appendix E), the state initialized from the seed (or a user's module and its own
+    variables, `state.user_model`), and the step with the batch sharded over `mesh`."""
     schedule = settings.optimizer.schedule(steps_per_epoch)
     tx = optimizer_lib.make_optimizer(settings.optimizer, schedule)
-    model_fns, state = state_lib.create_train_state(settings.model, settings.seed, tx)
+    if model is None:
+        model_fns, state = state_lib.create_train_state(settings.model, settings.seed, tx)
+    else:
+        model_fns, params, batch_stats, _ = state_lib.user_model(model)
+        state = state_lib.user_train_state(params, batch_stats, settings.seed, tx)
     step_fn = make_train_step(
         methods.make_method(settings.method),
         model_fns,
@@ -203,8 +207,15 @@ def train_run(
     workdir: str,
     stop_after_steps: Optional[int] = None,
     stop_at: Optional[float] = None,
+    model=None,
 ):
     """Trains (or resumes) the run in `workdir`; returns the final train state.
+
+    model: a user's module trained instead of the network settings.model names: a flax.nnx.Module
+      or a (linen module, variables) pair, from its own variables (`state.user_model`); the
+      workdir records its class and variable shapes (USER_MODEL_FILE), and resuming takes the
+      same module. Its checkpoints and training log are a run's; its evaluation is
+      `patjax.api.evaluate` on the trained module (`patjax.api.train_model` returns it).
 
     settings: `config.train_settings(cfg)`, built where the config enters (the command line, the
       suite runner); it has checked the run's evaluation settings too.
@@ -219,11 +230,37 @@ def train_run(
     mesh = sharding.make_mesh(settings.batch_size)
     # Process 0 writes the workdir's files and holds its lock for the run's processes.
     with sharding.writer_lock(workdir, "a trainer"):
-        return _train(settings, workdir, mesh, stop_after_steps, stop_at)
+        return _train(settings, workdir, mesh, stop_after_steps, stop_at, model)
+
+
+USER_MODEL_FILE = workdir_lib.USER_MODEL_FILE  # the user's module a run trains (`state.user_model`)
+
+
+def _check_user_model(workdir: str, model, resuming: bool) -> Optional[dict]:
+    """The user's module's description, checked against the one the workdir records: a run
+    resumes with the module it started with, and a run of a registry network without one."""
+    path = os.path.join(workdir, USER_MODEL_FILE)
+    description = None if model is None else state_lib.user_model(model)[3]
+    saved = files.read_json(path, "use a new workdir") if resuming else None
+    if resuming and saved != description:
+        if description is None:
+            raise UserError(f"{workdir!r} trains a {saved['class']} of the user's; resume with train_run(..., model=)")
+        if saved is None:
+            raise UserError(f"{workdir!r} trains a network of patjax's registry, not a module of the user's")
+        raise UserError(
+            f"{workdir!r} trains a {saved['class']} whose variables differ from the {description['class']} "
+            f"passed; resume with the same module, or use a new workdir"
+        )
+    return description
 
 
 def _train(
-    settings: settings_lib.TrainSettings, workdir: str, mesh, stop_after_steps: Optional[int], stop_at: Optional[float]
+    settings: settings_lib.TrainSettings,
+    workdir: str,
+    mesh,
+    stop_after_steps: Optional[int],
+    stop_at: Optional[float],
+    model=None,
 ):
     s = settings
     resuming = os.path.isfile(workdir_lib.config_path(workdir))
@@ -231,6 +268,7 @@ def _train(
         workdir_lib.check_resume_compatible(s, workdir)
     elif os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise UserError(f"{workdir!r} has checkpoints but no config.json; use a new --workdir")
+    description = _check_user_model(workdir, model, resuming)
 
     # Everything that can fail on bad input happens before the workdir is written.
     train_split = cifar.load_split(s.dataset, "train", s.data_dir)
@@ -239,10 +277,12 @@ def _train(
     if steps_per_epoch == 0:
         raise UserError(f"batch_size {s.batch_size} exceeds the {len(train_split)} training images")
     num_steps = s.optimizer.total_steps(steps_per_epoch)
-    model_fns, state, step_fn = create_step(s, steps_per_epoch, mesh)
+    model_fns, state, step_fn = create_step(s, steps_per_epoch, mesh, model)
 
     if sharding.is_writer():
         workdir_lib.save_config(s.record, workdir)
+        if description is not None:
+            files.write_json(os.path.join(workdir, USER_MODEL_FILE), description)
     manager = checkpoints.checkpoint_manager(workdir, s.max_checkpoints_to_keep)
     moved = []
 

@@ -129,6 +129,9 @@ def save_config(record: dict, workdir: str) -> None:
     files.write_text(config_path(workdir), json.dumps(record, indent=2))
 
 
+USER_MODEL_FILE = "user_model.json"  # a run of a user's module (`train.train_run(model=)`) writes it
+
+
 def restore(workdir: str, mesh=None, step: Optional[int] = None):
     """(settings, model_fns, state) from a workdir's config and a model, for evaluation.
 
@@ -142,6 +145,11 @@ def restore(workdir: str, mesh=None, step: Optional[int] = None):
     one-line UserError naming the array (`networks.check_finite`).
     """
     settings = load_settings(workdir)
+    if os.path.isfile(os.path.join(workdir, USER_MODEL_FILE)):
+        raise UserError(
+            f"{workdir!r} trained a module of the user's, which its config cannot rebuild; evaluate the module "
+            f"patjax.api.train_model returns (patjax.evaluate_model)"
+        )
     newest = checkpoints.require_checkpoint(workdir)
     optimizer = settings.optimizer
     tx = optimizer_lib.make_optimizer(optimizer, optimizer.schedule(1))

@@ -103,11 +103,12 @@ def _group_tables(g) -> list:
     eps_keys = [robustness.level_key(e) for e in ev["pr"]["epsilons"]]
     pr_cols = [f"PR(·, {e}) %" for e in eps_keys]
     head = ["Method", "Acc. %"] + [f"{evaluators.REGISTRY[a].label} %" for a in evaluators.TABLE_ATTACKS] + pr_cols
+    protocol = evaluators.pr.protocol_name(ev["pr"]["distribution"], ev["pr"].get("epsilons", ()), ev["pr"]["samples"])
     out = [
         f"{ev['num_examples']} test images of {ev['dataset']}; PGD-20 / CW-20 at eps "
         f"{ev['attack']['eps']:.4f} (8/255), alpha {ev['attack']['step_size']:.4f}, CW kappa {ev['cw']['kappa']}; "
         f"PR: {ev['pr']['distribution']} noise first"
-        f"{' (the Table-1 protocol)' if ev['pr']['distribution'] == 'uniform' else ''}, N = {ev['pr']['samples']} per "
+        f"{f' ({protocol})' if protocol else ''}, N = {ev['pr']['samples']} per "
         f"image, evaluation seed {ev['seed']} for every run (common random numbers). Cells: value "
         f"[{confidence_pct(ev)} interval]: in the mean-over-seeds tables a percentile bootstrap over images, which "
         f"collapses to a point at 0 % or 100 %, as do the Every-run table's PR intervals (its accuracy "

@@ -6,7 +6,7 @@ import re
 from helpers import hand_made_results
 
 from patjax.reporting import plots, report
-from patjax.run import evaluation
+from patjax.run import eval_files, evaluation
 
 
 def test_the_comparison_says_which_images_marks_a_vacuous_bound_and_names_every_worst_attack():
@@ -61,7 +61,7 @@ def test_every_table_names_its_threat_model_and_pr_law():
     assert lines[1] == "Attacks: L2, ε = 0.5; PGD and CW 20 steps of 0.125, APGD and AutoAttack their own."
     assert lines[2] == "PR: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
     assert "PGD (L2, ε = 0.5) %" in lines[4] and "L∞" not in "\n".join(lines)
-    diffs = [{"run": "B", "baseline": "A", "distributions": {"uniform": {}}}]
+    diffs = [{"run": "B", "baseline": "A", "distributions": {"uniform": {"0.03": {}}}}]
     assert report.differences(diffs, a["settings"]).splitlines()[0] == (
         "Paired PR differences: uniform law at ε = 0.03, 0.08, 0.1, 0.12 (PRBench's protocol), N = 100 per image."
     )
@@ -79,3 +79,75 @@ def test_a_radius_is_written_as_published():
         "0",
     ]
     assert report.radius(8 / 255, "l2") == f"{8 / 255:g}" and report.radius(0.5, "l2") == "0.5"
+
+
+def certify_only(correct=60):
+    """A clean-and-certify evaluation's results.json as written, figures by hand (sigma 0.25,
+    n = 1,000, alpha 0.001: no radius above 0.616 certifiable)."""
+    fig = lambda v: {"value": v, "interval": [v - 0.01, v + 0.01], "n": 100}
+    own = {"sigma": 0.25, "radii": [0.0, 0.5, 0.75], "selection_samples": 100, "samples": 1000, "alpha": 0.001}
+    return {
+        "figures": {
+            "clean_accuracy": fig(correct / 100),
+            "certify": {
+                "certified_accuracy": {"0.0": fig(0.5), "0.5": fig(0.25), "0.75": fig(0.0)},
+                "smoothed_accuracy": fig(0.55),
+                "abstained": fig(0.1),
+                "settings": own,
+            },
+        },
+        "settings": {
+            "evaluators": ["clean", "certify"],
+            "num_examples": 100,
+            "num_clean_correct": correct,
+            "dataset": "cifar10",
+            "attack": {"norm": "linf", "eps": 8 / 255, "step_size": 2 / 255, "steps": 20},
+            "pr": {"distribution": "uniform", "distributions": ["uniform"], "epsilons": [0.1, 0.2], "samples": 100},
+            "certify": own,
+            "seed": 0,
+            "confidence": 0.95,
+        },
+    }
+
+
+def test_a_certify_only_evaluation_is_named_listed_and_tabled_as_certification():
+    """Named for sigma and n, listed with sigma, n0, n, alpha and the largest certifiable radius;
+    its table has no attack, PR or worst-case caption or column, and a radius above the largest
+    certifiable one is marked, not printed as 0.00; no paired PR table, a plot named for it."""
+    a, b = certify_only(60), certify_only(50)
+    assert eval_files.derived_name(a["settings"]) == "certify-sigma0.25-N1000.n100"
+    listed = report.evaluation_list("run", [("certify-sigma0.25-N1000.n100", "run/eval", a)])
+    assert (
+        "| clean,certify | 100 | certified accuracy (randomized smoothing) sigma = 0.25, n0 = 100, n = 1000, "
+        "alpha = 0.001: radii up to 0.616 certifiable |" in listed
+    )
+    assert "ε" not in listed and "PR" not in listed
+    text = report.comparison(["A", "B"], [a, b])
+    for absent in ("Attacks:", "PR(", "PR:", "worst", "N=100", "bootstrap", "Theorem 2", "0.00 [-1.00"):
+        assert absent not in text, absent
+    row = next(line for line in text.splitlines() if line.strip().startswith("A ") and "55.00" in line)
+    assert text.splitlines()[0] == "Images: the first 100 CIFAR-10 test images; accuracies over all 100 of them."
+    assert re.split(r"\s{2,}", row.strip())[1:4] == ["50.00 [49.00, 51.00]", "25.00 [24.00, 26.00]", report.BEYOND]
+    assert "sigma = 0.25, n0 = 100, n = 1000, alpha = 0.001, so that no radius above 0.616 can be certified" in text
+    diffs = [{"run": "B", "baseline": "A", "distributions": {}, "certified_accuracy": {"0.0": None}}]
+    assert "Paired PR differences" not in report.differences(diffs, a["settings"])
+    assert plots.plot_file([a, b]) == "certified_accuracy.png"
+    fig = plots.plot_pr(["A", "B"], [a, b])
+    assert fig._suptitle.get_text() == (
+        "First 100 CIFAR-10 test images;\ncertified accuracy of the smoothed classifiers over all images"
+    )
+    assert list(fig.axes[0].lines[0].get_xdata()) == [0.0, 0.5]  # 0.75 is beyond n: not drawn as a 0
+
+
+def test_an_evaluation_is_named_for_the_evaluators_that_ran():
+    """Clean and PGD-20 under L2 is not named after a PR law it never ran; a PR at Table 1's
+    radii with another N says its N."""
+    settings = certify_only()["settings"]
+    settings.update(evaluators=["clean", "pgd20"], attack={"norm": "l2", "eps": 0.5, "step_size": 0.125})
+    settings["pr"].update(distribution="gaussian")
+    assert eval_files.derived_name(settings) == "l2-0.5.n100"
+    settings["evaluators"] = ["clean", "pgd20", "pr"]
+    settings["pr"].update(distribution="uniform", epsilons=[0.1, 0.12, 0.15, 0.2], samples=20)
+    assert eval_files.derived_name(settings) == "l2-0.5.table1-N20.n100"
+    settings["evaluators"] = ["clean"]
+    assert eval_files.derived_name(settings) == "clean.n100"

@@ -4,6 +4,7 @@ images match is reused instead of evaluated again, a reader picks one by name; a
 eval/ folder reads as before."""
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from helpers import eval_config, tiny_setup
 from patjax import evaluators
 from patjax.core.errors import UserError
 from patjax.data import cifar
+from patjax.evaluators import batches
 from patjax.pat import laws
 from patjax.run import checkpoints, comparison, eval_files, eval_settings, evaluation
 from patjax.run import config as config_lib
@@ -55,9 +57,9 @@ def test_three_threat_models_are_kept_side_by_side_and_each_is_reused(workdir):
     first, l2, prbench = keep(workdir), keep(workdir, L2), keep(workdir, PRBENCH)
     # Each under the name its settings give, the first in eval/ where older readers look.
     assert [(k.name, os.path.relpath(k.folder, workdir), k.reused) for k in (first, l2, prbench)] == [
-        ("linf-0.05.table1.n7", "eval", False),
-        ("l2-0.5.table1.n7", "evals/l2-0.5.table1.n7", False),
-        ("linf-0.05.prbench.n7", "evals/linf-0.05.prbench.n7", False),
+        ("linf-0.05.table1-N6.n7", "eval", False),
+        ("l2-0.5.table1-N6.n7", "evals/l2-0.5.table1-N6.n7", False),
+        ("linf-0.05.prbench-N6.n7", "evals/linf-0.05.prbench-N6.n7", False),
     ]
     assert len(calls) == 3
     for k in (first, l2, prbench):
@@ -231,3 +233,70 @@ def test_every_committed_results_json_reads_in_the_nested_shape_with_known_setti
         assert settings["pr"]["samples"] >= 1 and isinstance(settings["pr"]["epsilons"], list), path
         read += 1
     assert read >= 100  # the committed suites' runs and their curve points
+
+
+def test_a_damaged_evaluation_is_said_in_one_line_and_skipped_unless_it_is_the_one_asked_for(workdir, capsys):
+    """One results.json cut short does not block the workdir: listing, a new evaluation under
+    another name and a comparison of another go on, each saying it in one warning line; the
+    damaged one, asked for by name, is refused; nothing of it is changed."""
+    workdir, calls = workdir
+    small = dict(evaluators="clean,pgd20")
+    first, l2 = keep(workdir, **small), keep(workdir, L2, **small)
+    # Attacks alone: a comparison draws no plot and says none.
+    text = comparison.compare([workdir], evals=[first.name])
+    assert "plot:" not in text and not any(f.endswith(".png") for f in os.listdir(first.folder))
+    damaged = os.path.join(l2.folder, "results.json")
+    with open(damaged, "r+b") as f:
+        f.truncate(40)
+    kept = folder_bytes(l2.folder)
+    eval_files._SKIPPED.clear()
+    capsys.readouterr()
+    assert [name for name, _, _ in eval_files.evaluations(workdir)] == [first.name]
+    assert eval_files.evaluations(workdir) and capsys.readouterr().err.splitlines() == [
+        f"warning: skipped: {damaged} is damaged ({_json_error(damaged)}); {eval_files.RESULTS_REMEDY}"
+    ]
+    other = keep(workdir, {"seed": 1}, eval_name="seed1", **small)
+    assert not other.reused and len(calls) == 3
+    assert eval_files.chosen(workdir, "seed1") == "seed1"
+    for asked in (lambda: eval_files.chosen(workdir, l2.name), lambda: keep(workdir, L2, **small)):
+        with pytest.raises(UserError, match=f"^{re.escape(damaged)} is damaged"):
+            asked()
+    assert folder_bytes(l2.folder) == kept and len(calls) == 3
+
+
+def _json_error(path):
+    try:
+        json.load(open(path))
+    except ValueError as error:
+        return str(error)[:120]
+
+
+@pytest.mark.slow
+def test_each_evaluator_is_reused_from_any_evaluation_of_the_same_model_images_and_view(workdir, monkeypatch):
+    """An L2 evaluation after an L-inf one runs PGD-20 alone (PR and clean accuracy read no threat
+    model); PRBench's radii then run PR alone (PGD-20 at L-inf is the first's); the figures and
+    per-image outcomes are those of an evaluation made whole; --overwrite runs everything."""
+    workdir, _ = workdir
+    ran = []
+    evaluate_pass = batches.evaluate_pass
+    monkeypatch.setattr(batches, "evaluate_pass", lambda *a, **k: ran.append(a[5]) or evaluate_pass(*a, **k))
+    keep(workdir)
+    assert ran == ["clean", "pgd20", "pr_uniform"]
+    ran.clear()
+    l2 = keep(workdir, L2)
+    assert ran == ["pgd20"] and l2.results["reused_from"] == {
+        "clean": "linf-0.05.table1-N6.n7",
+        "pr": "linf-0.05.table1-N6.n7",
+    }
+    assert comparison.kept_line("run", l2, None).endswith("; clean, pr taken from linf-0.05.table1-N6.n7)")
+    ran.clear()
+    prbench = keep(workdir, PRBENCH)
+    assert ran == ["pr_uniform"] and set(prbench.results["reused_from"]) == {"clean", "pgd20"}
+    ran.clear()
+    whole = keep(workdir, L2, overwrite=True, eval_name="l2_whole")
+    assert ran == ["clean", "pgd20", "pr_uniform"] and "reused_from" not in whole.results
+    assert whole.results["figures"] == l2.results["figures"]
+    reused, made = (eval_files.load_results(workdir, name=n)[1] for n in (l2.name, "l2_whole"))
+    assert sorted(reused) == sorted(made)
+    for key in made:
+        assert (reused[key] == made[key]).all(), key

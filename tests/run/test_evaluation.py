@@ -448,9 +448,10 @@ def test_results_json_equals_numpy_recomputation_from_per_image_npz(tmp_path, mo
             assert fig[name]["value"] == pytest.approx(values.mean(), rel=1e-9, abs=1e-12), (key, name)
             np.testing.assert_allclose(fig[name]["interval"], bootstrap(values), rtol=1e-9, atol=1e-12)
     # The comparison note states the configured confidence, not a hard-coded 95 %.
-    assert saved["settings"]["pr"]["distribution"] == "uniform" and saved["pr_protocol"].startswith("Table-1 protocol")
+    # Table 1's law at its radii but N = 6, not its 100: not called the Table-1 protocol.
+    assert saved["settings"]["pr"]["distribution"] == "uniform" and saved["pr_protocol"].startswith("per image")
     text = comparison.compare([workdir], str(tmp_path / "plot.png"))
-    assert "[90 % intervals]" in text and "PR: Table-1 protocol" in text
+    assert "[90 % intervals]" in text and "PR: per image" in text and "(not the Table-1 protocol" in text
 
     # One estimator per figure: the suite tables' mean over one seed, computed from the
     # per-image outcomes by another path (aggregate.mean_figures), carries the same values

@@ -8,7 +8,7 @@
 - `convergence_cpu`: PAT against PGD near convergence (30 epochs, the paper's optimizer),
   carried across machines in git.
 - `table1_gpu`: PAT against PGD-10 on ResNet-18 for 30 epochs (the paper's optimizer), one
-  GPU, prepared by benchmarks/gpu/gpu_paper_scale.py.
+  GPU, prepared by tools/gpu/gpu_paper_scale.py.
 - `ablation_cpu`: a fraction of an epoch with T = 5, kept as an example of an unconverged sampler.
 - `smoke_cpu`: seconds per run, for tests and for trying out workers.
 

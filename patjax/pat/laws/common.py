@@ -32,6 +32,8 @@ class Law:
     levels: (the PR settings `eval.pr`) -> (level values, their keys in results.json), for a law
         whose level is not eps; None: the eps of `eval.pr.epsilons`, keyed by `level_key`.
     noise: (key, shape) -> the base noise of one sample, for a law of eps (`of_eps`); None else.
+    per_pixel: whether its eps is a per-pixel scale in the units of images in [0, 1] (uniform's
+        L-inf radius, gaussian's standard deviation), where eps > 1 is one written in pixel levels.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Law:
     sample: Callable
     levels: Optional[Callable] = None
     noise: Optional[Callable] = None
+    per_pixel: bool = False
 
 
 def noise_batch(noise: Callable, key: jax.Array, image_indices: jax.Array, sample_ids: jax.Array, shape) -> jax.Array:
@@ -48,7 +51,7 @@ def noise_batch(noise: Callable, key: jax.Array, image_indices: jax.Array, sampl
     return jax.vmap(lambda i: jax.vmap(lambda j: one(i, j))(sample_ids))(image_indices)
 
 
-def of_eps(name: str, definition: str, level: str, noise: Callable, perturb: Callable) -> Law:
+def of_eps(name: str, definition: str, level: str, noise: Callable, perturb: Callable, per_pixel: bool = False) -> Law:
     """A law of eps from its base noise and its map: `noise(key, shape)` draws one sample's base
     noise, `perturb(x, eps, noise)` turns it into the sample at radius eps (broadcast: x
     (1, B, 1, H, W, C), eps (E, 1, 1, 1, 1, 1), noise (1, B, S, H, W, C)). Every eps uses the same
@@ -58,4 +61,4 @@ def of_eps(name: str, definition: str, level: str, noise: Callable, perturb: Cal
         z = noise_batch(noise, key, image_indices, sample_ids, x.shape[1:])
         return perturb(x[None, :, None], levels[:, None, None, None, None, None], z[None])
 
-    return Law(name, definition, level, sample, noise=noise)
+    return Law(name, definition, level, sample, noise=noise, per_pixel=per_pixel)

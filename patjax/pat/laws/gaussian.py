@@ -15,4 +15,6 @@ def perturb(x, eps, z):
     return jnp.clip(x + eps * z, 0.0, 1.0)
 
 
-LAW = of_eps("gaussian", "x + eps * N(0, I), clipped to [0,1]", "eps (std. dev. per pixel)", noise, perturb)
+LAW = of_eps(
+    "gaussian", "x + eps * N(0, I), clipped to [0,1]", "eps (std. dev. per pixel)", noise, perturb, per_pixel=True
+)

@@ -25,4 +25,5 @@ LAW = of_eps(
     "eps (L-inf radius)",
     noise,
     perturb,
+    per_pixel=True,
 )

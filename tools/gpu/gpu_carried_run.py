@@ -9,17 +9,17 @@ checkpoint of its workdir). Once trained, the final model is exported and evalua
 much as each window has time for; the checkpoint then stays behind.
 
 Here, before a window (after gpu_paper_scale.py's `wheels`, `stage --data 1`, `stage --data 2`):
-  python benchmarks/gpu/gpu_carried_run.py stage --run pgd_atpr --from docs/results/gpu/e1/pgd_atpr
+  python tools/gpu/gpu_carried_run.py stage --run pgd_atpr --from docs/results/gpu/e1/pgd_atpr
       # the committed run, in pieces, into the room the data leave in .gpu/carry1 and carry2, then
       # .gpu/carry3, ...; prints each call of the window (the first window: no --from)
-  python benchmarks/gpu/gpu_paper_scale.py travel untrack
+  python tools/gpu/gpu_paper_scale.py travel untrack
 On the device machine, the calls `stage` printed: `gpu_paper_scale.py device setup [smoke]` for all
 but the last, which runs
-  python3 benchmarks/gpu/gpu_carried_run.py device --run pgd_atpr --budget_s B
-  python3 benchmarks/gpu/gpu_paper_scale.py device send --name run_pgd_atpr --first K   # if it says so
+  python3 tools/gpu/gpu_carried_run.py device --run pgd_atpr --budget_s B
+  python3 tools/gpu/gpu_paper_scale.py device send --name run_pgd_atpr --first K   # if it says so
 Here, after:
-  python benchmarks/gpu/gpu_paper_scale.py collect FILES_AT... --into docs/results/gpu/WINDOW
-  python benchmarks/gpu/gpu_paper_scale.py travel retrack
+  python tools/gpu/gpu_paper_scale.py collect FILES_AT... --into docs/results/gpu/WINDOW
+  python tools/gpu/gpu_paper_scale.py travel retrack
   git add -f docs/results/gpu/WINDOW   # the checkpoint is ignored elsewhere; here it must travel on
 
 What a window brings back of run R (packed as run_R, into R/): config.json, metrics.jsonl (one line
@@ -175,9 +175,9 @@ def window_calls(folders: list, run: str) -> list:
     calls = []
     for index, name in enumerate(folders):
         if index < len(folders) - 1:
-            command = "python3 benchmarks/gpu/gpu_paper_scale.py device setup" + (" smoke" if index == 0 else "")
+            command = "python3 tools/gpu/gpu_paper_scale.py device setup" + (" smoke" if index == 0 else "")
         else:
-            command = f"python3 benchmarks/gpu/gpu_carried_run.py device --run {run} --budget_s B"
+            command = f"python3 tools/gpu/gpu_carried_run.py device --run {run} --budget_s B"
         calls.append((f'[".gpu/{name}"]', command))
     return calls
 

@@ -2,17 +2,17 @@
 """The paper-scale GPU run, prepared so that a GPU window is spent on no debugging.
 
 Here (the machine with the repository and the data), before the window:
-  python benchmarks/gpu/gpu_paper_scale.py travel untrack   # docs/results/ leaves the index: it does not travel
-  python benchmarks/gpu/gpu_paper_scale.py wheels           # the wheels the GPU machine lacks, into .gpu/whl (once)
-  python benchmarks/gpu/gpu_paper_scale.py stage --data 1   # CIFAR-10 batches 1-3, encoded, and the wheels: .gpu/carry1
-  python benchmarks/gpu/gpu_paper_scale.py stage --data 2   # batches 4-5 and the test batch: .gpu/carry2
+  python tools/gpu/gpu_paper_scale.py travel untrack   # docs/results/ leaves the index: it does not travel
+  python tools/gpu/gpu_paper_scale.py wheels           # the wheels the GPU machine lacks, into .gpu/whl (once)
+  python tools/gpu/gpu_paper_scale.py stage --data 1   # CIFAR-10 batches 1-3, encoded, and the wheels: .gpu/carry1
+  python tools/gpu/gpu_paper_scale.py stage --data 2   # batches 4-5 and the test batch: .gpu/carry2
 On the device machine (call K carries [".gpu/carryK"]):
-  python3 benchmarks/gpu/gpu_paper_scale.py device setup smoke rates     # call 1
-  python3 benchmarks/gpu/gpu_paper_scale.py device setup pair             # call 2
+  python3 tools/gpu/gpu_paper_scale.py device setup smoke rates     # call 1
+  python3 tools/gpu/gpu_paper_scale.py device setup pair             # call 2
   (also: main-job [--epochs N] [--compute_dtypes float32,bfloat16] [--no_evaluate], send --name NAME --first K)
 Here, after the calls:
-  python benchmarks/gpu/gpu_paper_scale.py collect FILES_AT [FILES_AT ...]  # check the pieces' hashes, unpack
-  python benchmarks/gpu/gpu_paper_scale.py travel retrack   # docs/results/ back in the index, the tree as before
+  python tools/gpu/gpu_paper_scale.py collect FILES_AT [FILES_AT ...]  # check the pieces' hashes, unpack
+  python tools/gpu/gpu_paper_scale.py travel retrack   # docs/results/ back in the index, the tree as before
 
 Why each piece (limits of the device tool, /work/.library/device/README.md):
 - What travels is the tracked and untracked-not-ignored tree plus the carried paths, 64 MiB in
@@ -255,7 +255,7 @@ def send(name: str, outbox: str, out: str, first: int = 0) -> list:
         left = list(range(first, len(manifest["pieces"])))
         print(
             f"{name}: no room in $OUT; the next call brings it: "
-            f"python3 benchmarks/gpu/gpu_paper_scale.py device send --name {name} --first {first}",
+            f"python3 tools/gpu/gpu_paper_scale.py device send --name {name} --first {first}",
             flush=True,
         )
         return left
@@ -273,7 +273,7 @@ def send(name: str, outbox: str, out: str, first: int = 0) -> list:
     if left:
         print(
             f"{name}: {len(left)} piece(s) did not fit in $OUT; the next call brings them: "
-            f"python3 benchmarks/gpu/gpu_paper_scale.py device send --name {name} --first {left[0]}",
+            f"python3 tools/gpu/gpu_paper_scale.py device send --name {name} --first {left[0]}",
             flush=True,
         )
     return left
@@ -299,7 +299,7 @@ def unpack(folders: list, into: str) -> list:
             first = manifest["pieces"].index(next(p for p in manifest["pieces"] if p["file"] == missing[0]))
             raise Failure(
                 f"{name}: {len(missing)} piece(s) missing ({', '.join(missing)}); bring them with "
-                f"`python3 benchmarks/gpu/gpu_paper_scale.py device send --name {name} --first {first}` there"
+                f"`python3 tools/gpu/gpu_paper_scale.py device send --name {name} --first {first}` there"
             )
         whole = hashlib.sha256()
         os.makedirs(into, exist_ok=True)

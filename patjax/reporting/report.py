@@ -188,6 +188,7 @@ def comparison(names, results_list) -> str:
             tables += [text_table([f"{d}, {words}"] + [f"PR({e}) %" for e in levels], rows), ""]
     tables += extra_table(names, results_list, other_attacks, eps_keys, attack_header)
     tables += certified_table(names, results_list)
+    tables += rare_pr_table(names, results_list)
     tables += other_figures(names, results_list)
     for name, r in zip(names, results_list):  # AutoAttack: each attack's share, the masking checks
         aa = r.get("figures", {}).get("aa")
@@ -245,7 +246,7 @@ def evaluation_tables(results: dict, name: str = "model") -> str:
 
 
 # The figures `comparison` lays out in its own tables (PR, AutoAttack and CERTIFY by their own layout).
-LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa", "certify")
+LAID_OUT = ("clean_accuracy", "worst_case", "pr", "aa", "certify", "rare_pr")
 
 
 def certified_table(names, results_list) -> list:
@@ -279,6 +280,42 @@ def certified_table(names, results_list) -> list:
 
 
 BEYOND = "beyond n"  # a radius above the largest one CERTIFY's n and alpha can certify
+
+
+def log10_cell(fig) -> str:
+    """A median log10 p with its interval; an end below the run's depth reads '< -depth'."""
+    if not fig or not fig.get("n"):
+        return "-"
+    below = f"<-{fig['below'][3:]}" if fig.get("below", "").startswith("1e-") else "-inf"
+    show = lambda v: below if v is None else f"{v:.1f}"
+    lo, hi = fig["interval"]
+    return f"{show(fig['value'])} [{show(lo)}, {show(hi)}]"
+
+
+def rare_pr_table(names, results_list) -> list:
+    """Lines of log10 P(violation) by AMLS (`rare_pr`) at each radius of the first run that has it:
+    the median over clean-correct images and the fraction below 1e-k for its largest k."""
+    found = [r["figures"]["rare_pr"] for r in results_list if "rare_pr" in r.get("figures", {})]
+    if not found:
+        return []
+    radii, own = list(found[0]["by_radius"]), found[0]["settings"]
+    deepest = f"1e-{max(own['decades']):g}"
+    rows = []
+    for name, r in zip(names, results_list):
+        by = r.get("figures", {}).get("rare_pr", {}).get("by_radius", {})
+        rows.append(
+            [name]
+            + [log10_cell(by.get(k, {}).get("median_log10_p")) for k in radii]
+            + [pct(by.get(k, {}).get("below", {}).get(deepest), 1) for k in radii]
+        )
+    header = ["run"] + [f"log10 p({k})" for k in radii] + [f"p<{deepest}({k}) %" for k in radii]
+    note = (
+        f"(AMLS, Webb et al. 2019: log10 P(violation) under the {own['distribution']} law, median over "
+        f"clean-correct images with a bootstrap interval; rho = {own['rho']:g}, {own['particles']} particles, "
+        f"{own['mh_steps']} MH steps a level, {own['repetitions']} run(s) an image; '<-{own['depth']:g}': below "
+        f"the depth, not estimated)"
+    )
+    return ["", text_table(header, rows), note]
 
 
 def plain(fig) -> str:

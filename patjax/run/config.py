@@ -320,7 +320,12 @@ def read_eval_value(path: str, value, flag: str):
     try:
         if isinstance(default, tuple) and isinstance(value, (str, tuple, list)):
             parts = [value] if isinstance(value, str) else list(value)
-            split = [p.strip() for part in parts for p in (part.split(",") if isinstance(part, str) else [part])]
+            # ml_collections reads --eval.X=0.1 as the tuple (0.1,) of a float: only strings are split
+            split = [
+                p.strip() if isinstance(p, str) else p
+                for part in parts
+                for p in (part.split(",") if isinstance(part, str) else [part])
+            ]
             return tuple(fraction(p) if numbers and isinstance(p, str) else p for p in split if p != "")
         if numbers and isinstance(value, str):
             return fraction(value)

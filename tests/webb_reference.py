@@ -12,7 +12,10 @@ keep its numbers:
 - the lines that only print or collect debugging statistics (`debug`, `stats`, commented-out
   code) are left out, and the unused constants (target_acc_ratio, max/min_width_proposal) with them;
 - `count_max_levels` (500 there, a constant) is an argument with that default, and the random
-  generator is torch's global one, seeded by the caller.
+  generator is torch's global one, seeded by the caller;
+- the Uniform distributions are built with `validate_args=False`, PyTorch's default when the code
+  was written (validation became the default in PyTorch 1.8): with validation, a point that float
+  rounding puts on or past a bound of its proposal's support raises instead of weighing -inf.
 
 MIT License
 
@@ -55,7 +58,9 @@ def multilevel_uniform(
     count_max_levels=500,
 ):
     prior = dist.Uniform(
-        low=torch.max(x_sample - sigma, torch.tensor([x_min])), high=torch.min(x_sample + sigma, torch.tensor([x_max]))
+        low=torch.max(x_sample - sigma, torch.tensor([x_min])),
+        high=torch.min(x_sample + sigma, torch.tensor([x_max])),
+        validate_args=False,
     )
 
     # Parameters
@@ -111,6 +116,7 @@ def multilevel_uniform(
             g_bottom = dist.Uniform(
                 low=torch.max(x - width_proposal.unsqueeze(-1), prior.low),
                 high=torch.min(x + width_proposal.unsqueeze(-1), prior.high),
+                validate_args=False,
             )
 
             x_maybe = g_bottom.sample()
@@ -120,6 +126,7 @@ def multilevel_uniform(
             g_top = dist.Uniform(
                 low=torch.max(x_maybe - width_proposal.unsqueeze(-1), prior.low),
                 high=torch.min(x_maybe + width_proposal.unsqueeze(-1), prior.high),
+                validate_args=False,
             )
             lg_alpha = (
                 prior.log_prob(x_maybe) + g_top.log_prob(x) - prior.log_prob(x) - g_bottom.log_prob(x_maybe)

@@ -9,24 +9,25 @@ loss (Algorithm 1's sampler, then the SNIS-weighted cross-entropy), differentiat
 the same optimizer: main.py's through `methods.make_method`, the own loop through
 `patjax.linen_forwards` and `patjax.pat_loss` in a `jax.jit` of its own (as
 examples/linen_pat_own_loop.py, with the batch assembly of main.py's step in front). Each arm
-runs in a process of its own (`--arm`), the arms alternate over --rounds rounds (own, main, own,
-main, ...), the 1-minute load average is printed before and after every arm, and each arm reports
-its compile time apart from the mean seconds per step over --steps steps after it. The figure is
-the ratio of the medians, own / main (issue 68: within 5 %), valid on a quiet machine only.
+runs in a process of its own (`--arm`), timed by benchmarks/timing.py (alternating rounds, the
+load gated and recorded before and after every arm), and reports its compile time apart from the
+mean seconds per step over --steps steps after it. The figure is the ratio of the medians,
+own / main: the public path is meant to cost nothing (within 5 %).
 
-`--arm own|main` runs one arm and prints one JSON line, {"wall_s", "compile_s", "step_s"}: the
-layout benchmarks/timing.py's arms report, so its runner can take these commands as they are.
+`--arm own|main` runs one arm and prints timing.py's JSON line, with its seconds per step.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from epoch_throughput import emit  # noqa: E402
+from torch_arms import timing  # noqa: E402
 
 ARMS = ("own", "main")
 
@@ -93,19 +94,6 @@ def run_arm(args) -> dict:
     return {"wall_s": wall, "compile_s": compile_s, "step_s": wall / args.steps, "arm": args.arm}
 
 
-def arm_command(arm: str, args) -> list:
-    flags = [f"--model={args.model}", f"--batch={args.batch}", f"--steps={args.steps}"]
-    flags.append(f"--langevin_steps={args.langevin_steps}")
-    return [sys.executable, os.path.abspath(__file__), f"--arm={arm}", *flags]
-
-
-def run_process(command: list) -> dict:
-    """One arm in a fresh process; its last output line is its JSON (swappable for
-    benchmarks/timing.py's runner)."""
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", choices=ARMS)
@@ -113,28 +101,32 @@ def main():
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--langevin_steps", type=int, default=100)  # Appendix E's T
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of a summary")
+    timing.add_arguments(p)
     args = p.parse_args()
     if args.arm:
-        print(json.dumps(run_arm(args)), flush=True)
+        result = run_arm(args)
+        print(timing.arm_line(result["wall_s"], result["compile_s"], step_s=result["step_s"]), flush=True)
         return
-    times = {arm: [] for arm in ARMS}
-    for r in range(args.rounds):
-        for arm in ARMS:
-            load_before = os.getloadavg()[0]
-            result = run_process(arm_command(arm, args))
-            times[arm].append(result["step_s"])
-            print(
-                f"round {r + 1} {arm}: {result['step_s'] * 1e3:.1f} ms/step, compile {result['compile_s']:.1f} s, "
-                f"load {load_before:.2f} -> {os.getloadavg()[0]:.2f}",
-                flush=True,
-            )
-    median = {arm: statistics.median(t) for arm, t in times.items()}
-    print(
-        f"own / main = {median['own'] / median['main']:.3f} (medians {median['own'] * 1e3:.1f} and "
-        f"{median['main'] * 1e3:.1f} ms/step over {args.rounds} rounds; {args.model}, batch {args.batch}, "
-        f"T = {args.langevin_steps})"
-    )
+    flags = [f"--model={args.model}", f"--batch={args.batch}", f"--steps={args.steps}"]
+    flags.append(f"--langevin_steps={args.langevin_steps}")
+    command = (sys.executable, os.path.abspath(__file__), *flags)
+    arms = [timing.Arm(arm, (*command, f"--arm={arm}")) for arm in ARMS]
+    measured = timing.measure(arms, rounds=args.rounds, max_load=args.max_load, force=args.force)
+    steps = {arm: statistics.median(r["step_s"] for r in measured["arms"][arm]["records"]) for arm in ARMS}
+    out = {
+        "model": args.model,
+        "batch": args.batch,
+        "langevin_steps": args.langevin_steps,
+        "figure": measured["figure"],
+        "start_load": measured["start_load"],
+        "rounds": measured["rounds"],
+        "loads": {arm: [(r["load_before"], r["load_after"]) for r in measured["arms"][arm]["records"]] for arm in ARMS},
+        "median_step_s": {arm: round(v, 4) for arm, v in steps.items()},
+        "compile_s": {arm: measured["arms"][arm]["compile_s"] for arm in ARMS},
+        "own_over_main": round(steps["own"] / steps["main"], 3),
+    }
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

@@ -170,3 +170,34 @@ def test_the_ratios_command_measures_and_writes_its_table_at_tiny_size(tmp_path)
     # The warm arm loads what its untimed first run compiled.
     assert arms["patjax warm"]["compile_s"]["median"] < arms["patjax cold"]["compile_s"]["median"]
     assert "| certify |" in (out / "ratios.md").read_text()
+
+
+def run_script(name, flags):
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "speed" / name), *flags, "--rounds=1", "--force", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_amls_speed_arms_each_start_one_framework_and_estimate_the_same_images():
+    out = run_script("amls_speed.py", ["--images=1", "--eps=0.1", "--particles=16", "--mh-steps=1"])
+    assert out["figure"] is False and out["images"] == 1 and len(out["indices"]) == 1
+    assert set(out["walls_s"]) == {"theirs", "patjax cold", "patjax warm"}
+    assert set(out["median_log10_p"]) == set(out["walls_s"])
+
+
+@pytest.mark.slow
+def test_the_own_loop_step_benchmark_times_both_steps_under_the_discipline():
+    flags = ["--batch=8", "--steps=1", "--langevin_steps=1"]
+    out = run_script("own_loop_step.py", flags)
+    assert out["figure"] is False and set(out["median_step_s"]) == {"own", "main"}
+    assert out["own_over_main"] == pytest.approx(out["median_step_s"]["own"] / out["median_step_s"]["main"], rel=1e-2)

@@ -42,6 +42,14 @@ README_HERE = {
         *EVALUATE,
         *AA,
     ],
+    "python -m patjax.evaluate --workdir=runs/pat_c10 --evaluators=clean,pr,rare_pr [--num_examples=100]": [
+        *EVALUATE,
+        "--eval.rare_pr.epsilons=0.1",
+        "--eval.rare_pr.particles=8",
+        "--eval.rare_pr.mh_steps=1",
+        "--eval.rare_pr.depth=3",
+        "--eval.rare_pr.max_levels=30",
+    ],
     "python -m patjax.experiments --suite=table1_cpu --workdir=suites/table1": ["--dry_run"],
     "python benchmarks/speed/epoch_throughput.py --model resnet18 --batch 32 --langevin-steps 10": [
         *RESNET,

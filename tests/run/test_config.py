@@ -276,8 +276,8 @@ def test_an_evaluation_records_its_settings_in_the_shape_committed_results_read_
     committed = eval_settings.nested_settings(flat)
     settings = config_lib.evaluation_settings(workdir_lib.load_config(str(COMMITTED.parent)))
     record = evaluation.settings_record(settings, committed["num_examples"], committed["step"])
-    # The settings recorded since: the certify evaluator's block.
-    assert set(record) == set(committed) | {"certify"}
+    # The settings recorded since: the certify and rare_pr evaluators' blocks.
+    assert set(record) == set(committed) | {"certify", "rare_pr"}
     for block in committed:
         if isinstance(committed[block], dict):
             assert set(record[block]) == set(committed[block]), block

@@ -340,7 +340,8 @@ def test_bad_evaluator_is_one_line_user_error(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, apgd_ce, apgd_dlr, aa, pr, certify, apgd, all"
+        "error: unknown evaluator 'pgd7'; choose from clean, pgd20, cw20, apgd_ce, apgd_dlr, aa, pr, rare_pr, certify, "
+        "apgd, all"
     ]
 
 

@@ -31,6 +31,7 @@ NON_DEFAULT_EVAL = {
     "aa": {"fab_steps": 9},
     "pr": {"epsilons": [0.05, 0.1], "prob_acc_q": [0.3]},
     "certify": {"sigma": 0.5},
+    "rare_pr": {"rho": 0.2},
 }
 
 

@@ -48,6 +48,7 @@ README_HERE = {
         "--eval.rare_pr.particles=8",
         "--eval.rare_pr.mh_steps=1",
         "--eval.rare_pr.depth=3",
+        "--eval.rare_pr.decades=2",
         "--eval.rare_pr.max_levels=30",
     ],
     "python -m patjax.experiments --suite=table1_cpu --workdir=suites/table1": ["--dry_run"],

@@ -800,6 +800,7 @@ SETTINGS_CLASSES = {
     "ModelSettings",
     "OptimizerSettings",
     "PRSettings",
+    "RarePRSettings",
     "SamplerSettings",
     "Settings",
     "SharedSettings",
@@ -865,6 +866,9 @@ def config_with(name, value):
     cfg.model = "resnet18"  # a network that takes model_width
     if name == "eval.pr.chunk_size":
         cfg.eval.pr.samples = 1_000_000
+    if name == "eval.rare_pr.max_levels":  # one level reaches 10^-1 at rho = 0.1: a depth it can reach
+        cfg.eval.rare_pr.depth = 1.0
+        cfg.eval.rare_pr.decades = (1,)
     if name == "num_epochs":
         cfg.num_train_steps = 7
     if name.startswith(("attack.", "atpr.")):  # a method that reads both blocks, so that they are read back
@@ -930,6 +934,8 @@ def test_each_declared_count_is_accepted_at_its_bounds_and_refused_beyond_them(n
     if name.startswith("eval.") and name not in ("eval.num_examples", "eval.batch_size"):
         field = name[len("eval.") :]  # its path, as the API's settings and a suite's overrides name it
         base = {"pr.samples": 1_000_000} if field == "pr.chunk_size" else {}
+        if field == "rare_pr.max_levels":
+            base = {"rare_pr.depth": 1.0, "rare_pr.decades": (1,)}
         for value in (r.minimum, r.maximum):
             settings = config_lib.default_evaluation_settings("cifar10", {**base, field: value})
             assert evaluator_setting(settings, name) == value

@@ -53,7 +53,11 @@ COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
+# JAX's event for an executable loaded from the persistent cache instead of compiled
+# (jax._src.compiler): a warm arm's count shows that it ran warm, whatever its compile seconds.
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _COMPILE_SPANS: list = []
+_CACHE_HITS = [0]
 _LISTENING = []
 
 
@@ -88,12 +92,19 @@ def _keep_compile_span(event, start, end, **_):
         _COMPILE_SPANS.append((start, end))
 
 
+def _count_cache_hit(event, **_):
+    if event == CACHE_HIT_EVENT:
+        _CACHE_HITS[0] += 1
+
+
 def compile_spans() -> list:
-    """JAX's compile spans so far in this process (a list that grows; slice it to time a part)."""
+    """JAX's compile spans so far in this process (a list that grows; slice it to time a part);
+    from the first call on, the persistent cache's hits are counted too (`arm_line` reports them)."""
     if not _LISTENING:
         import jax
 
         jax.monitoring.register_event_time_span_listener(_keep_compile_span)
+        jax.monitoring.register_event_listener(_count_cache_hit)
         _LISTENING.append(True)
     return _COMPILE_SPANS
 
@@ -123,8 +134,11 @@ def frameworks() -> list:
 
 def arm_line(wall_s: float, compile_s: Optional[float] = None, **outputs) -> str:
     """The JSON line an arm prints last, with the frameworks it started (`measure` refuses an
-    arm that started both)."""
+    arm that started both) and, for an arm that timed JAX, the executables it loaded from the
+    persistent compilation cache (`cache_hits`: 0 in a cold arm)."""
     out = {"wall_s": round(wall_s, 3), **({"compile_s": round(compile_s, 3)} if compile_s is not None else {})}
+    if _LISTENING:
+        out["cache_hits"] = _CACHE_HITS[0]
     return json.dumps({**out, **outputs, "frameworks": frameworks()}, default=float)
 
 

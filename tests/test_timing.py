@@ -150,7 +150,9 @@ def test_the_ratios_command_measures_and_writes_its_table_at_tiny_size(tmp_path)
     import subprocess
 
     out = tmp_path / "ratios"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # JAX keeps only executables that took a second to compile; these tiny ones take less, so the
+    # threshold is lowered for the warm arm to have something to load.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     flags = ["--items=certify", "--certify-images=2", "--certify-n=100", "--rounds=1", "--force"]
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "speed" / "ratios.py"), f"--out={out}", *flags],
@@ -167,8 +169,11 @@ def test_the_ratios_command_measures_and_writes_its_table_at_tiny_size(tmp_path)
     # Each arm started one framework: PyTorch for the authors' loop, JAX for patjax's.
     assert arms["theirs"]["records"][0]["frameworks"] == ["torch"]
     assert arms["patjax warm"]["records"][0]["frameworks"] == ["jax"]
-    # The warm arm loads what its untimed first run compiled.
-    assert arms["patjax warm"]["compile_s"]["median"] < arms["patjax cold"]["compile_s"]["median"]
+    # The warm arm loads what its untimed first run compiled; the cold arm loads nothing. (Their
+    # compile seconds are not compared: at this size they differ by less than a shared CI
+    # machine's noise.)
+    assert arms["patjax warm"]["records"][0]["cache_hits"] > 0
+    assert arms["patjax cold"]["records"][0]["cache_hits"] == 0
     assert "| certify |" in (out / "ratios.md").read_text()
 
 

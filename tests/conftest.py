@@ -16,10 +16,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items):
-    """A stress, reference or past-windows test is slow too, so that `-m "not slow"` (which
+    """A stress, reference, past-windows or long test is slow too, so that `-m "not slow"` (which
     replaces the default `-m` of pyproject.toml) leaves them out as the default run does."""
     for item in items:
-        if any(item.get_closest_marker(m) for m in ("stress", "reference", "past_windows")):
+        if any(item.get_closest_marker(m) for m in ("stress", "reference", "past_windows", "long")):
             item.add_marker(pytest.mark.slow)
 
 

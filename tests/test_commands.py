@@ -169,6 +169,7 @@ def test_a_workdir_and_its_own_model_exported_to_pytorch_compare_in_one_command_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_no_data_error_gives_advice_that_works_in_each_command_that_prints_it(tmp_path, data_dir):
     """From a checkout with no data beside it, an empty cache and no network, training and
     evaluation each end in one line whose advice names a flag or variable; each piece of advice,
@@ -282,6 +283,7 @@ def test_evaluate_step_reproduces_a_suite_curve_point_and_leaves_eval_alone(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_one_workdir_keeps_linf_l2_and_prbench_evaluations_and_a_comparison_with_its_export_reuses_them(
     tiny_run, tmp_path
 ):

@@ -60,6 +60,7 @@ def training_lines(workdir):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_run_split_over_two_windows_ends_bitwise_as_one_run_and_brings_its_curve_and_evaluations(
     tmp_path, data_stage
 ):

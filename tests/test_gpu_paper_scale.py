@@ -264,6 +264,7 @@ def stage_data(stage):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_dry_run_lays_the_data_down_in_two_calls_and_runs_the_smoke(tmp_path):
     """The first calls of every window still to run (docs/maintainers.md: E and F, C2, C3), on
     the CPU: the data staged in two carried folders, a damaged file refused in one line naming

@@ -1008,6 +1008,7 @@ def test_every_integer_flag_of_every_command_has_its_range_declared():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_each_count_flag_is_refused_beyond_its_bound_in_one_line_naming_the_flag_writing_nothing(tmp_path):
     """Every integer flag whose range is a declared count, beyond its upper bound (and the
     evaluation's below its lower one), and the commands' own: the line names the flag the user
@@ -1091,6 +1092,7 @@ def test_docs_inputs_states_each_declared_count_range_as_the_code_declares_it():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_training_command_refuses_each_declared_count_beyond_its_bound_in_one_line_writing_nothing(tmp_path):
     """`--config.NAME=maximum + 1` for every declared count, each in its own process (the lower
     bounds' refusals take the same path: the test above tries them through the config)."""

@@ -316,6 +316,7 @@ DOC_SMALLER = {
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_own_loop_snippets_of_docs_api_md_run_in_order(tmp_path, data_dir):
     text = (REPO / "docs" / "api.md").read_text()
     section = text.split("## Your own training loop")[1].split("\n## ")[0]

@@ -193,6 +193,7 @@ def run_script(name, flags):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_amls_speed_arms_each_start_one_framework_and_estimate_the_same_images():
     out = run_script("amls_speed.py", ["--images=1", "--eps=0.1", "--particles=16", "--mh-steps=1"])
     assert out["figure"] is False and out["images"] == 1 and len(out["indices"]) == 1
@@ -201,6 +202,7 @@ def test_the_amls_speed_arms_each_start_one_framework_and_estimate_the_same_imag
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_own_loop_step_benchmark_times_both_steps_under_the_discipline():
     flags = ["--batch=8", "--steps=1", "--langevin_steps=1"]
     out = run_script("own_loop_step.py", flags)

@@ -241,15 +241,26 @@ def figures(per_image, s) -> dict:
 
 
 def paired_median_difference(a, b, mask, s: common.SharedSettings) -> dict:
-    """Median over the images of `mask` of log10 p(a) - log10 p(b) (the same images and streams),
-    with a percentile bootstrap interval over images; images where either is below the depth or
-    not an estimate are left out (their difference is not known), and counted."""
+    """Log10 p(a) - log10 p(b) over the images of `mask` (the same images and streams, `ordered`
+    values: -inf below the depth, nan without an estimate): the median over the images where both
+    are estimates, with a percentile bootstrap interval over images; and, counted apart, the
+    images whose sign alone is known (one side below 10^-depth, the other an estimate above it:
+    `a_lower`, `b_lower`), those where both are below the depth, and those where either has no
+    estimate (`no_value`)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    usable = np.asarray(mask, bool) & np.isfinite(a) & np.isfinite(b)
+    mask = np.asarray(mask, bool)
+    usable = mask & np.isfinite(a) & np.isfinite(b)
     with np.errstate(invalid="ignore"):
         fig = median_with_interval(np.where(usable, a - b, np.nan), usable, s, np.inf)
     fig.pop("below", None)
-    return dict(fig, left_out=int(np.sum(np.asarray(mask, bool) & ~usable)))
+    a_below, b_below = mask & (a == -np.inf), mask & (b == -np.inf)
+    return dict(
+        fig,
+        a_lower=int(np.sum(a_below & np.isfinite(b))),
+        b_lower=int(np.sum(b_below & np.isfinite(a))),
+        both_below=int(np.sum(a_below & b_below)),
+        no_value=int(np.sum(mask & (np.isnan(a) | np.isnan(b)))),
+    )
 
 
 def name_part(settings) -> str:

@@ -26,12 +26,12 @@ def pct(fig, digits=1) -> str:
     return f"{100 * fig['value']:.{digits}f} [{100 * lo:.{digits}f}, {100 * hi:.{digits}f}]"
 
 
-def signed(fig, digits=2) -> str:
-    """The same with signs, for differences in percentage points."""
+def signed(fig, digits=2, scale=100) -> str:
+    """The same with signs, for differences: in percentage points (scale 100), or as they are (1)."""
     if not fig or fig.get("value") is None:
         return "-"
     lo, hi = fig["interval"]
-    return f"{100 * fig['value']:+.{digits}f} [{100 * lo:+.{digits}f}, {100 * hi:+.{digits}f}]"
+    return f"{scale * fig['value']:+.{digits}f} [{scale * lo:+.{digits}f}, {scale * hi:+.{digits}f}]"
 
 
 VACUOUS = "≤ 0 (vacuous)"
@@ -370,6 +370,7 @@ def differences(diffs, settings) -> str:
         ]
         out += [f"{dist} noise, {words}:", text_table(header, rows), ""]
     out += certified_difference_lines(diffs)
+    out += rare_pr_difference_lines(diffs, settings)
     if not out:
         return ""
     return "\n".join(out) + "(paired: same images and perturbations; percentile bootstrap over images)"
@@ -385,6 +386,31 @@ def certified_difference_lines(diffs) -> list:
     header = [f"run - {diffs[0]['baseline']}"] + [f"dcert({r}) pp" for r in radii]
     rows = [[row["run"]] + [signed(row["certified_accuracy"].get(r)) for r in radii] for row in certified]
     return ["certified accuracy (randomized smoothing), all images:", text_table(header, rows), ""]
+
+
+def rare_pr_difference_lines(diffs, settings) -> list:
+    """Lines of the paired log10 P(violation) differences of `comparison.paired_differences` at
+    each radius: the median over the images both runs have an estimate on, and how many images
+    only a sign is known of (one run below the depth), both are below, or either has no value."""
+    rows_in = [row for row in diffs if row.get("rare_pr")]
+    if not rows_in:
+        return []
+    depth = f"1e-{float(settings['rare_pr']['depth']):g}"
+    base = diffs[0]["baseline"]
+    header = [f"run - {base}", "radius", "median dlog10 p", "n", "run lower", "run higher"]
+    header += [f"both < {depth}", "no value"]
+    counts = ("n", "a_lower", "b_lower", "both_below", "no_value")
+    rows = [
+        [row["run"], radius, signed(fig, scale=1), *(fig[c] for c in counts)]
+        for row in rows_in
+        for radius, fig in row["rare_pr"].items()
+    ]
+    return [
+        f"log10 P(violation) by AMLS ({settings['rare_pr']['distribution']} law), images both classify correctly; "
+        f"median over those both have an estimate on; run lower / higher: one below {depth}, the other above it:",
+        text_table(header, rows),
+        "",
+    ]
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Comparing evaluated runs: one table of their figures, the paired PR and certified-accuracy
-differences against the first run (same images, same perturbations: common random numbers), and
-the PR plot. Reads the eval/ files `evaluation` writes (`eval_files.load_results`)."""
+"""Comparing evaluated runs: one table of their figures, the paired PR, certified-accuracy and
+log10 P(violation) differences against the first run (same images, same perturbations: common
+random numbers), and the PR plot. Reads the eval/ files `evaluation` writes (`eval_files.load_results`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import os
 
 from patjax.core import files, locks
-from patjax.evaluators import certify, stats
+from patjax.evaluators import certify, common, rare_pr, stats
 from patjax.pat import robustness
 from patjax.reporting import plots, report
 from patjax.run import eval_files, eval_settings
@@ -37,6 +37,25 @@ def certified_differences(settings, per_image, base_settings, base, indices, con
     return out
 
 
+def rare_pr_differences(settings, per_image, base) -> dict:
+    """log10 P(violation) of the run minus the first run's at each radius both estimated
+    (`rare_pr.paired_median_difference`), over the images both classify correctly: {radius: figure};
+    {} when either lacks rare_pr (their rare_pr settings are the same: `pairing`)."""
+    key = f"{rare_pr.NAME}.ordered"
+    if key not in per_image or key not in base:
+        return {}
+    shared = common.SharedSettings(
+        seed=int(settings["seed"]),
+        confidence=float(settings["confidence"]),
+        bootstrap_resamples=int(settings["bootstrap_resamples"]),
+    )
+    both = per_image["clean.correct"] & base["clean.correct"]
+    return {
+        robustness.level_key(eps): rare_pr.paired_median_difference(per_image[key][:, j], base[key][:, j], both, shared)
+        for j, eps in enumerate(settings[rare_pr.BLOCK]["epsilons"])
+    }
+
+
 def pairing(settings_list, names, aside=()) -> tuple:
     """(bootstrap indices, confidence) that evaluations (their results.json `settings`, named by
     `names` in errors) share when paired: one resampling of the same images for all of them, so
@@ -51,7 +70,8 @@ def pairing(settings_list, names, aside=()) -> tuple:
 
 
 def paired_differences(workdirs, results_list, per_images, names=None) -> list:
-    """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`): same
+    """PR(run) - PR(first run) per distribution, level and estimand (`pr_difference`), and the
+    certified accuracy's and log10 P(violation)'s differences where both were evaluated: same
     images, same perturbations; the runs named by `names` (default: `labels(workdirs)`)."""
     names = names or labels(workdirs)
     base_res, base = results_list[0], per_images[0]
@@ -79,6 +99,9 @@ def paired_differences(workdirs, results_list, per_images, names=None) -> list:
         certified = certified_differences(res["settings"], pi, st, base, indices, confidence)
         if certified:
             row["certified_accuracy"] = certified
+        rare = rare_pr_differences(res["settings"], pi, base)
+        if rare:
+            row["rare_pr"] = rare
         out.append(row)
     return out
 

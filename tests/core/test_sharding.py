@@ -88,6 +88,7 @@ assert not unequal, f"leaves differ after resume: {{unequal}}"
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_device_run_resumes_bitwise(tmp_path, data_dir):
     """Every command line splits the batch over one CPU device per core, so the README's
     'an interrupted run resumes to the same parameters, bitwise' must hold on two devices."""

@@ -96,6 +96,7 @@ def test_the_masking_sign_test_is_the_exact_one_sided_binomial_test(wins, losses
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_figures_do_not_depend_on_the_batch(evaluated):
     """Each pass packs the images it attacks into the batch widths of its batch size
     (batches.batch_widths): a batch size of 40 gives every image the same outcome as one of 8."""

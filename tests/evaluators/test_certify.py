@@ -279,6 +279,7 @@ def test_linear_certificates_stay_within_the_exact_radius_and_approach_it():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_gaussian_augmentation_run_trains_and_is_certified_beside_pr_from_the_command_line(tmp_path, data_dir):
     cfg = tiny_config(data_dir=data_dir, method="gaussian", num_train_steps=4, **{"gaussian.sigma": 0.25})
     workdir = str(tmp_path / "run")

@@ -78,11 +78,18 @@ def test_rare_pr_figures_against_a_hand_count():
     assert fig["outcomes"] == {"reached": 5, "died_out": 0, "censored": 1, "not_reached": 0}
 
 
-def test_paired_median_difference_leaves_out_what_is_not_known():
-    a = np.array([-3.0, -5.0, -np.inf, -8.0])
-    b = np.array([-2.0, -4.0, -6.0, -6.0])
-    fig = rare_pr.paired_median_difference(a, b, np.ones(4, bool), common.SharedSettings(bootstrap_resamples=200))
-    assert fig["value"] == pytest.approx(-1.0) and fig["n"] == 3 and fig["left_out"] == 1
+def test_paired_median_difference_counts_apart_what_only_a_sign_is_known_of():
+    # Images: three with both estimates (differences -1, -1, -2), one where only a is below the
+    # depth (a lower), one where only b is, one where both are, one where a has no value, and one
+    # outside the mask.
+    a = np.array([-3.0, -5.0, -9.0, -np.inf, -4.0, -np.inf, np.nan, -1.0])
+    b = np.array([-2.0, -4.0, -7.0, -6.0, -np.inf, -np.inf, -3.0, -9.0])
+    mask = np.array([1, 1, 1, 1, 1, 1, 1, 0], bool)
+    fig = rare_pr.paired_median_difference(a, b, mask, common.SharedSettings(bootstrap_resamples=200))
+    assert fig["value"] == pytest.approx(-1.0) and fig["n"] == 3
+    assert (fig["a_lower"], fig["b_lower"], fig["both_below"], fig["no_value"]) == (1, 1, 1, 1)
+    lo, hi = fig["interval"]
+    assert -2.0 <= lo <= -1.0 <= hi <= -1.0
 
 
 @pytest.mark.slow

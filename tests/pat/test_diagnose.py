@@ -46,6 +46,7 @@ def test_first_step_within_is_the_step_from_which_the_distance_stays_below():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_command_line_writes_json_and_plot_from_a_checkpoint(tmp_path, data_dir):
 
     workdir = str(tmp_path / "run")

@@ -204,6 +204,33 @@ def test_comparison_table_paired_differences_and_plot(tmp_path):
         comparison.compare([a, b], plot)
 
 
+def test_a_comparison_pairs_log10_p_image_by_image_and_counts_where_only_a_sign_is_known():
+    from patjax.reporting import report
+
+    settings = {"seed": 0, "confidence": 0.95, "bootstrap_resamples": 200,
+                "rare_pr": {"epsilons": [0.1, 0.2], "depth": 20.0, "distribution": "uniform"}}  # fmt: skip
+    inf = np.inf
+    # Five images; the fifth is misclassified by the run (left out of the pairing).
+    run = {
+        "clean.correct": np.array([1, 1, 1, 1, 0], bool),
+        "rare_pr.ordered": np.array([[-4.0, -2.0], [-6.0, -3.0], [-inf, -5.0], [-3.0, np.nan], [-1.0, -1.0]]),
+    }
+    base = {
+        "clean.correct": np.ones(5, bool),
+        "rare_pr.ordered": np.array([[-2.0, -1.0], [-3.0, -2.0], [-7.0, -4.0], [-inf, -inf], [-9.0, -9.0]]),
+    }
+    figs = comparison.rare_pr_differences(settings, run, base)
+    assert set(figs) == {"0.1", "0.2"}
+    # At 0.1: differences -2 and -3 on images 0 and 1; image 2 only the run below the depth, image 3 only the base.
+    assert figs["0.1"]["value"] == pytest.approx(-2.5) and figs["0.1"]["n"] == 2
+    assert (figs["0.1"]["a_lower"], figs["0.1"]["b_lower"], figs["0.1"]["both_below"]) == (1, 1, 0)
+    # At 0.2: -1, -1, -1 on images 0-2; image 3 the run has no value.
+    assert figs["0.2"]["value"] == pytest.approx(-1.0) and figs["0.2"]["n"] == 3 and figs["0.2"]["no_value"] == 1
+    lines = "\n".join(report.rare_pr_difference_lines([{"run": "pat", "baseline": "pgd", "rare_pr": figs}], settings))
+    assert "both < 1e-20" in lines and "-2.50 [" in lines and "-1.00 [-1.00, -1.00]" in lines
+    assert comparison.rare_pr_differences(settings, {"clean.correct": run["clean.correct"]}, base) == {}
+
+
 def test_paired_evaluations_share_one_resampling_of_their_images():
     s = {"num_examples": 7, "bootstrap_resamples": 100, "seed": 3, "confidence": 0.9, "pr": {"samples": 6}}
     indices, confidence = comparison.pairing([s, dict(s)], ["a", "b"])

@@ -108,6 +108,7 @@ def test_methods_with_batch_statistics_in_their_attack_are_refused_on_several_cp
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(tmp_path, data_dir):
     two_dir, one_dir = str(tmp_path / "two"), str(tmp_path / "one")
     two = launch(

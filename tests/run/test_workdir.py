@@ -67,6 +67,7 @@ def leaves_of(result, prefix):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_checkpoints_restore_and_resume_on_another_device_count(tmp_path, data_dir):
     a, b, c = (str(tmp_path / n) for n in "abc")
     # On 2 devices: a stops after 2 of 4 steps; c trains 4 steps straight (the reference).
@@ -182,6 +183,7 @@ with locks.exclusive(sys.argv[1], "a trainer"):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_live_writer_blocks_a_second_one_and_a_killed_one_does_not(tmp_path, data_dir):
     workdir = str(tmp_path / "run")
     cfg = tiny_config(data_dir=data_dir, num_train_steps=2)

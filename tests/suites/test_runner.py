@@ -82,6 +82,7 @@ def load_counts(workdir, name):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_suite_trains_evaluates_reports_and_resumes(tmp_path, fake_data_dir, monkeypatch):
     workdir = str(tmp_path / "suite")
     suite = tiny_suite(fake_data_dir)
@@ -336,6 +337,7 @@ def lines_about(log, run, what):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_workers_share_a_suite_and_train_each_run_once(tmp_path, data_dir):
     workdir = str(tmp_path / "suite")
     procs = [worker(workdir, data_dir) for _ in range(2)]  # no partition: the claims alone share the work
@@ -854,6 +856,7 @@ class Clock:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_unfinished_run_carried_in_git_resumes_bitwise_on_a_clean_copy(tmp_path, data_dir, monkeypatch):
     # smoke_cpu: 4 steps, a checkpoint every 2, PAT's learning curve at step 2, models kept.
     suite = cpu_suites.smoke_cpu_suite(data_dir)

@@ -89,12 +89,13 @@ NORM_SYMBOLS = {"linf": "L∞", "l2": "L2"}
 
 
 def radius(eps, norm: str = "linf") -> str:
-    """An attack's radius as it is published: an L-inf one as k/255 where it is one (8/255),
-    else the number (0.5)."""
-    levels = float(eps) * 255
-    if norm == "linf" and levels > 0 and abs(levels - round(levels)) < 1e-6:
+    """A radius as it is published: a number that four digits write exactly as itself (0.2, 0.5,
+    1), an L-inf one that is not but is k/255 as k/255 (8/255), else the number (0.0314159)."""
+    eps = float(eps)
+    levels = eps * 255
+    if norm == "linf" and float(f"{eps:.4g}") != eps and 0 < levels and abs(levels - round(levels)) < 1e-6:
         return f"{round(levels)}/255"
-    return f"{float(eps):g}"
+    return f"{eps:g}"
 
 
 def threat_model(settings) -> str:

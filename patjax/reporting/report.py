@@ -18,6 +18,15 @@ from patjax.evaluators.common import NORM_SYMBOLS, headline_first, radius, threa
 from patjax.methods import DISPLAY_NAMES
 
 
+def level_label(key: str) -> str:
+    """A level of results.json (`robustness.level_key`) as a column names it: a radius as it is
+    published (`radius`: 8/255, 0.1), a level that is not a number (a law's own) as it is."""
+    try:
+        return radius(float(key))
+    except ValueError:
+        return key
+
+
 def pct(fig, digits=1) -> str:
     """'value [low, high]' in percent; '-' for a missing figure."""
     if not fig or fig.get("value") is None:
@@ -168,7 +177,8 @@ def comparison(names, results_list) -> str:
             + [pct(pr_of(r, dist).get(e, {}).get("clean_correct"), 2) for e in eps_keys]
         )
     if table_attacks or eps_keys or any("clean_accuracy" in r.get("figures", {}) for r in results_list):
-        header = ["run", "Acc %"] + [attack_header(a) for a in table_attacks] + [f"PR({e}) %" for e in eps_keys]
+        header = ["run", "Acc %"] + [attack_header(a) for a in table_attacks]
+        header += [f"PR({level_label(e)}) %" for e in eps_keys]
         tables.append(text_table(header, rows))
     tables += [f"PR: {first.get('pr_protocol', dist)}", ""] if eps_keys else [""]
     for d in laws:
@@ -185,7 +195,7 @@ def comparison(names, results_list) -> str:
                 [name] + [pct(pr_of(r, d).get(e, {}).get(subset), 2) for e in levels]
                 for name, r in zip(names, results_list)
             ]
-            tables += [text_table([f"{d}, {words}"] + [f"PR({e}) %" for e in levels], rows), ""]
+            tables += [text_table([f"{d}, {words}"] + [f"PR({level_label(e)}) %" for e in levels], rows), ""]
     tables += extra_table(names, results_list, other_attacks, eps_keys, attack_header)
     tables += certified_table(names, results_list)
     tables += rare_pr_table(names, results_list)
@@ -236,7 +246,7 @@ def extra_table(names, results_list, other_attacks, eps_keys, attack_header) -> 
             f"LB = Theorem 2 lower bound 1 - E[f]/log 2 over all images, {dist} noise, '{VACUOUS}' where it is "
             "at most 0 and says nothing (results.json keeps its value)"
         )
-    return [text_table(header + [f"LB({e}) %" for e in eps_keys], rows), f"({'; '.join(said)})"]
+    return [text_table(header + [f"LB({level_label(e)}) %" for e in eps_keys], rows), f"({'; '.join(said)})"]
 
 
 def evaluation_tables(results: dict, name: str = "model") -> str:
@@ -308,7 +318,8 @@ def rare_pr_table(names, results_list) -> list:
             + [log10_cell(by.get(k, {}).get("median_log10_p")) for k in radii]
             + [pct(by.get(k, {}).get("below", {}).get(deepest), 1) for k in radii]
         )
-    header = ["run"] + [f"log10 p({k})" for k in radii] + [f"p<{deepest}({k}) %" for k in radii]
+    header = ["run"] + [f"log10 p({level_label(k)})" for k in radii]
+    header += [f"p<{deepest}({level_label(k)}) %" for k in radii]
     note = (
         f"(AMLS, Webb et al. 2019: log10 P(violation) under the {own['distribution']} law, median over "
         f"clean-correct images with a bootstrap interval; rho = {own['rho']:g}, {own['particles']} particles, "
@@ -363,7 +374,7 @@ def differences(diffs, settings) -> str:
     eps_keys = next((list(row["distributions"][dist]) for row in diffs if row["distributions"].get(dist)), [])
     out = [f"Paired PR differences: {pr_law(settings)}."] if eps_keys else []
     for estimand, words in ESTIMAND_WORDS.items() if eps_keys else ():
-        header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({e}) pp" for e in eps_keys]
+        header = [f"run - {diffs[0]['baseline']}"] + [f"dPR({level_label(e)}) pp" for e in eps_keys]
         rows = [
             [row["run"]] + [signed(row["distributions"].get(dist, {}).get(e, {}).get(estimand)) for e in eps_keys]
             for row in diffs
@@ -401,9 +412,9 @@ def rare_pr_difference_lines(diffs, settings) -> list:
     header += [f"both < {depth}", "no value"]
     counts = ("n", "a_lower", "b_lower", "both_below", "no_value")
     rows = [
-        [row["run"], radius, signed(fig, scale=1), *(fig[c] for c in counts)]
+        [row["run"], level_label(at), signed(fig, scale=1), *(fig[c] for c in counts)]
         for row in rows_in
-        for radius, fig in row["rare_pr"].items()
+        for at, fig in row["rare_pr"].items()
     ]
     return [
         f"log10 P(violation) by AMLS ({settings['rare_pr']['distribution']} law), images both classify correctly; "

@@ -151,3 +151,10 @@ def test_an_evaluation_is_named_for_the_evaluators_that_ran():
     assert eval_files.derived_name(settings) == "l2-0.5.table1-N20.n100"
     settings["evaluators"] = ["clean"]
     assert eval_files.derived_name(settings) == "clean.n100"
+
+
+def test_a_column_names_a_radius_as_it_is_published_and_never_as_another_number():
+    # 0.2 is 51/255 exactly; it is published as 0.2. 8/255 has no short decimal; 'c1=0.3' is a
+    # law's own level, not a number.
+    labels = [report.level_label(k) for k in ("0.2", "0.1", repr(8 / 255), repr(2 / 255), "1.0", "c1=0.3")]
+    assert labels == ["0.2", "0.1", "8/255", "2/255", "1", "c1=0.3"]

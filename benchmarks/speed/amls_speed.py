@@ -4,7 +4,7 @@ statistical-robustness's `multilevel_uniform`, transcribed in tests/webb_referen
 network, images, radius, rho, particles and MH steps; the arms timed by benchmarks/timing.py (each
 in a process of its own, alternating rounds, the load gated and recorded; patjax cold and warm).
 
-  python benchmarks/speed/amls_speed.py --images 2 --eps 0.0314 --particles 300 --mh-steps 10 --rounds 3 --json
+  python benchmarks/speed/amls_speed.py --images 2 --particles 100 --mh-steps 10 --rounds 3 --json
 
 The network is torch_arms.py's (the committed small CNN in both frameworks); the images are the
 first CIFAR-10 test images it classifies correctly (an image it misclassifies has p = 1, which
@@ -48,14 +48,15 @@ def parse_args(argv=None):
     p.add_argument("--rho", type=float, default=0.1)
     p.add_argument("--particles", type=int, default=1000, help="their count_particles")
     p.add_argument("--mh-steps", type=int, default=100, help="their count_mh_steps")
-    p.add_argument("--chunk", type=int, default=0, help="patjax: images run at once (default: all, one vmap)")
+    p.add_argument(
+        "--chunk", type=int, default=1, help="patjax: images run at once (eval.rare_pr.chunk_size; default 1, as its)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a summary")
     p.add_argument("--arm", choices=("select", "patjax", "theirs"), help="run one arm once in this process")
     p.add_argument("--indices", help="with --arm: the test images' indices, comma-separated")
     p.add_argument("--torch-weights", help="with --arm=theirs: the exported network")
     timing.add_arguments(p)
     args = p.parse_args(argv)
-    args.chunk = args.chunk or args.images
     return args
 
 

@@ -173,6 +173,7 @@ def test_a_model_with_outputs_of_the_wrong_shape_or_dtype_is_refused_as_python_w
     assert isinstance(raised.value, UserError) and "\n" not in str(raised.value)
 
 
+@pytest.mark.slow
 def test_settings_take_numpy_scalars_and_refuse_other_types_and_unknown_datasets():
     # np.int64(2) and np.float32 where 2 and a float are asked: the same figures as the Python numbers.
     numpy_args = api.evaluate(

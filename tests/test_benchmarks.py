@@ -273,6 +273,7 @@ def test_compare_per_image_counts_each_flip_on_the_shared_images(tmp_path):
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_matched_accuracy_reads_curve_points_as_the_suite_does_and_interpolates_by_hand():
     """matched_accuracy.py on the committed table1_cpu runs of seed 1 (PAT's curve, PGD's final
     evaluation) gives the suite report's matched row to the last digit, and its point value is
@@ -338,6 +339,7 @@ def test_the_new_user_path_runs_its_four_steps_as_separate_commands_on_a_copy(tm
         module.main(["--run", str(tmp_path / "nothing"), "--dry_run"])
 
 
+@pytest.mark.slow
 def test_epoch_throughput_counts_t_sampler_steps_of_pat_from_the_uniform_start():
     # PAT from the uniform start with T = 0 is refused, so the count cannot lower that step; it
     # must still grow by one sampler step per step of T, the loop body XLA counts once.

@@ -81,6 +81,7 @@ def test_the_linen_example_runs_tiny_and_prints_the_table(linen_example, data_di
     assert set(results["figures"]) >= {"clean_accuracy", "pgd20"} and results["pr"]
 
 
+@pytest.mark.slow
 def test_nnx_and_linen_small_cnn_with_the_same_weights_give_identical_figures(nnx_example, data_dir):
     module, variables = linen_small_cnn()
     model = nnx_twin(nnx_example, variables)
@@ -126,6 +127,7 @@ def own_step_inputs(state, images, labels, batch_size, step):
     return cifar.augment(augment_key, images[indices]), labels[indices], method_key, permutation
 
 
+@pytest.mark.slow
 def test_a_linen_own_loop_with_the_public_pat_loss_trains_to_main_py_s_parameters(linen_example):
     settings, state, step_fn, images, labels = main_py_step()
     module = settings.model.build()
@@ -181,7 +183,8 @@ def objective_inputs(seed=0, batch=4):
     return module, variables, x, jnp.arange(batch) % 10, jax.random.PRNGKey(seed + 1)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "pat" else pytest.mark.slow) for n in PUBLIC])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PUBLIC)
 def test_each_public_objective_on_an_nnx_module_computes_main_py_s_method(name, nnx_example):
     """main.py's method on the Linen small CNN against the public objective on its NNX twin with
     the same weights: the loss, the metrics, the gradient and the running statistics after the

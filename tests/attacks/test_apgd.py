@@ -355,6 +355,7 @@ def test_apgd_equals_a_float64_transcription_of_auto_attack_halving_and_restarts
     assert runs["dlr", 10][2] > 1e-3
 
 
+@pytest.mark.slow
 def test_apgd_x_adv_is_what_perturb_returns_and_misclassified_exactly_where_not_robust():
     # Effectively binary linear model: robust and fooled images (closed form). Four robust images
     # are made clean-misclassified by a bump in the logits that only the clean image itself sees:
@@ -398,6 +399,7 @@ def test_apgd_refuses_an_unknown_norm():
         apgd.apgd(lambda z: jnp.zeros((z.shape[0], 3)), jax.random.PRNGKey(0), x, y, eps=0.1, norm="L2")
 
 
+@pytest.mark.slow
 def test_apgd_l2_evaluates_only_points_in_the_l2_ball_and_the_box():
     # Every point the model sees (clean x, start, each iterate), recorded from inside the loop:
     # L2 distance to x at most eps and pixels in [0, 1]. x spans the whole box and eps is large,
@@ -452,6 +454,7 @@ def test_apgd_l2_reaches_the_closed_form_worst_case_of_a_linear_classifier():
             np.testing.assert_allclose(np.asarray(result.best_loss), ce_opt, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_apgd_l2_first_step_equals_the_reference_formulas():
     # One step from the Gaussian start, on a model misclassifying every point but the clean x
     # (a +50 logit for y at x, for another class elsewhere, constant, so the gradient is the

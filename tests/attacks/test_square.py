@@ -366,6 +366,7 @@ def test_l2_start_matches_the_reference(height, width, shared):
     assert np.asarray(res.queries).tolist() == [1] * batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared", [True, False])
 def test_l2_iterations_match_the_reference(shared):
     """40 iterations (sides 15 then 11 on 16x16) of square_l2_run against the transcription on the
@@ -466,6 +467,7 @@ def test_l2_stays_in_the_ball_and_the_unit_box_and_counts_queries():
     np.testing.assert_allclose(trace[-1, 1:], np_margin(logits_fn(res.x_best), y)[1:], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_l2_linear_model_fools_inside_and_never_beyond():
     """Binary linear model z = (a . x, 0), y = 0: on the L2 ball of radius eps the smallest margin
     is a . x - eps |a|_2, so no point of the ball fools an image whose clean margin is above

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 # One process for every case (importing JAX is the slow part): each case sets the environment and
@@ -26,6 +27,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_the_cache_directory_and_its_switches(tmp_path):
     xdg, mine, own = str(tmp_path / "xdg"), str(tmp_path / "mine"), str(tmp_path / "jax_own")
     cases = [

@@ -128,6 +128,7 @@ def umask():
     return mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replace", [True, False])
 def test_two_writers_of_one_path_at_once_leave_one_whole_file_and_no_temporary(tmp_path, replace):
     folder, barrier = tmp_path / "out", tmp_path / "barrier"
@@ -240,6 +241,7 @@ def test_a_reader_never_sees_part_of_a_file_published_without_replacing(tmp_path
     assert sizes == {size}, sorted(sizes)[:5]
 
 
+@pytest.mark.slow
 def test_a_writer_killed_halfway_leaves_a_hidden_leftover_that_blocks_no_one(tmp_path):
     """A writer of a kept model killed in the middle (kill -9): its temporary file stays, is not
     read as a kept model, and the next writer of the same path writes it whole."""

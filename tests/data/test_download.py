@@ -353,6 +353,7 @@ def test_an_incomplete_dataset_directory_is_not_touched(server, tmp_path):
     assert (cache / "cifar-10-batches-bin" / "test_batch.bin").read_bytes() == b"mine"
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_download(server, tmp_path, records_per_file):
     records_per_file(3)  # synthetic archives: 3 records a file
     files, _ = synthetic("cifar10")

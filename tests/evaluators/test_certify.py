@@ -155,6 +155,7 @@ def certify_images(model_fns, state, split, num_images, **settings):
     return per_image, s.evaluator_settings
 
 
+@pytest.mark.slow
 def test_the_exported_model_under_the_same_noise_gives_the_authors_certificates(exported, monkeypatch):
     """Their `_sample_noise`, verbatim, fed patjax's Gaussian draws through `torch.randn_like`."""
     model_fns, state, net, split = exported
@@ -236,6 +237,7 @@ def test_linear_counts_follow_the_exact_law_of_unclipped_noise():
     assert abs(z.mean()) < 4 / np.sqrt(len(z))
 
 
+@pytest.mark.slow
 def test_linear_certificates_stay_within_the_exact_radius_and_approach_it():
     logits_fn, x, w, b = linear_problem()
     sigma, n0, n, alpha = 0.8, 100, 20_000, 0.001

@@ -36,6 +36,7 @@ def images():
     return random_images()
 
 
+@pytest.mark.slow
 def test_a_pt_file_loads_with_weights_only(images, tmp_path):
     from patjax_torch import models as torch_models
 

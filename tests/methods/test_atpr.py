@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import linear_batch, np_softmax
 
 from patjax.methods import atpr
@@ -37,6 +38,7 @@ def np_pick_best_ae(candidates, y, predict, grad_fn, step_size, max_iters, fract
     return best, choice
 
 
+@pytest.mark.slow
 def test_atpr_search_returns_per_example_one_of_its_candidates_chosen_as_the_reference_does():
     logits_fn, x, y, W, b = linear_batch(batch=8, k=3, seed=4)
     settings = atpr.AtprSettings(

@@ -51,6 +51,7 @@ def test_robustness_networks_match_the_reference_parameter_counts(name, expected
     assert count(abstract_params(networks.create_model(name, "cifar10", 10))["params"]) == expected
 
 
+@pytest.mark.slow
 def test_normalize_none_feeds_the_network_raw_inputs():
     x = jax.random.uniform(jax.random.PRNGKey(0), (2, 32, 32, 3))
     raw = networks.create_model("small_cnn", "cifar10", 10, normalize="none")

@@ -97,6 +97,7 @@ def test_linear_classifier_gaussian_pr_matches_phi_within_the_clopper_pearson_in
     assert d == np.prod(SHAPE)
 
 
+@pytest.mark.slow
 def test_statistics_equal_an_independent_numpy_computation():
     """Counts, summed CE and log-sum-exp of lambda*CE from the documented noise (fold_in(fold_in(key, i), j))."""
     rng = np.random.default_rng(2)

@@ -106,6 +106,7 @@ def test_batch_size_and_chunk_size_change_no_figure():
     }
 
 
+@pytest.mark.slow
 def test_accuracies_have_exact_binomial_intervals_and_worst_case_is_per_example():
     model_fns, state, split = tiny_setup()
     per_image = {}
@@ -242,6 +243,7 @@ def test_paired_evaluations_share_one_resampling_of_their_images():
         comparison.pairing([s, dict(s, seed=4)], ["a", "b"])
 
 
+@pytest.mark.slow
 def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(tmp_path, monkeypatch):
     """The certify evaluator's per-image counts, certificates and figures against numpy and
     scipy.stats: f's classes at x + sigma z (unclipped) with z drawn from its documented stream,
@@ -323,6 +325,7 @@ def test_certify_figures_equal_cohen_et_als_procedure_recomputed_from_the_noise(
     np.testing.assert_array_equal(other["certify_counts.estimation"], estimation)
 
 
+@pytest.mark.slow
 def test_certified_accuracy_differences_are_paired_over_the_same_images_and_noise():
     cfg = eval_config(
         certify={"sigma": 0.1, "selection_samples": 5, "samples": 40, "alpha": 0.05, "radii": (0.0, 0.05)}
@@ -843,6 +846,7 @@ def binary_linear_images(n=60, seed=0):
     return images, logits.argmax(1).astype(np.int32), kernel, bias
 
 
+@pytest.mark.slow
 def test_pgd_l2_and_apgd_l2_find_the_closed_form_attack_of_a_linear_model():
     """For two classes the loss gradient points along w_other - w_y at every point, so PGD-L2 (and
     APGD-CE in L2) ends
